@@ -1,0 +1,38 @@
+# replaykit: `make test` (CPU suite, what CI runs) and `make demo` (replay vs eager on the device present).
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# A CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test demo gpu lint bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/ruff check replaykit tests scripts
+	$(BIN)/python -m pytest -q
+
+demo: $(STAMP)
+	$(BIN)/python -m replaykit.demo
+
+# On a GPU host with torch already installed: the CUDA tests, no venv.
+gpu:
+	$(PY) -m pytest -q -m cuda
+
+bench:
+	$(PY) scripts/bench_replay.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check replaykit tests scripts
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
