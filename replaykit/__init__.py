@@ -1,0 +1,29 @@
+"""replaykit: replay a network's recorded forward+backward in training, bitwise equal to eager.
+
+    import replaykit as rk
+    rec = rk.capture(module)   # module(x) now routes: record | replay | eager(reason)
+    ...
+    rec.journal, rec.counts, rec.eager_reasons, rec.retired, rec.retire_reason
+    rec.release()
+"""
+
+from __future__ import annotations
+
+from .errors import ReplayError, ReplayWarning
+from .journal import Event, Journal
+from .protections import PROTECTIONS
+from .recorder import Recorder, capture, recorder_of
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PROTECTIONS",
+    "Event",
+    "Journal",
+    "Recorder",
+    "ReplayError",
+    "ReplayWarning",
+    "__version__",
+    "capture",
+    "recorder_of",
+]

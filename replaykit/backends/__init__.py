@@ -1,0 +1,39 @@
+"""Backends behind one small interface: ``cuda`` (CUDA graphs) and ``emulated`` (any device)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import ReplayError
+from .base import Backend, Recording
+from .emulated import EmulatedBackend
+
+BACKENDS: tuple[str, ...] = ("auto", "cuda", "emulated")
+
+
+def module_device(module: torch.nn.Module) -> torch.device | None:
+    """The device of the module's first parameter or buffer (None for a stateless module)."""
+    for t in (*module.parameters(), *module.buffers()):
+        return t.device
+    return None
+
+
+def resolve_backend(name: str, module: torch.nn.Module) -> Backend:
+    """``auto`` is ``cuda`` for a module on a CUDA device and ``emulated`` otherwise."""
+    if name not in BACKENDS:
+        raise ReplayError(f"unknown backend {name!r}; choose from {list(BACKENDS)}")
+    device = module_device(module)
+    if name == "auto":
+        name = "cuda" if device is not None and device.type == "cuda" else "emulated"
+    if name == "emulated":
+        return EmulatedBackend()
+    from .cuda import CudaBackend
+
+    if device is None:
+        if not torch.cuda.is_available():
+            raise ReplayError("backend='cuda' needs a CUDA GPU, and torch sees none")
+        device = torch.device("cuda", torch.cuda.current_device())
+    return CudaBackend(device)
+
+
+__all__ = ["BACKENDS", "Backend", "Recording", "module_device", "resolve_backend"]

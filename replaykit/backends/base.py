@@ -1,0 +1,98 @@
+"""The small interface every backend implements: record once, replay forward and backward."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils._pytree import TreeSpec, tree_flatten
+
+from ..errors import ReplayError
+
+#: Runs the module's own forward on the static inputs and returns its output tree.
+ForwardFn = Callable[..., Any]
+
+
+def flatten_outputs(outputs: Any) -> tuple[list[torch.Tensor], TreeSpec]:
+    """Flatten a forward's output tree; every leaf must be a tensor."""
+    flat, spec = tree_flatten(outputs)
+    bad = sorted({type(x).__name__ for x in flat if not isinstance(x, torch.Tensor)})
+    if bad:
+        raise ReplayError(f"forward returned non-tensor leaves ({', '.join(bad)}); only tensors can replay")
+    return flat, spec
+
+
+class Recording(ABC):
+    """One input signature's forward and backward, with its static buffers.
+
+    ``static_inputs`` are written before each forward replay; ``static_outputs`` and the
+    static gradient buffers are overwritten in place by every replay, and one set of
+    saved activations serves the latest forward only. ``targets`` are what gradients
+    are computed for: the static inputs that require grad, then the parameters.
+    """
+
+    static_inputs: list[torch.Tensor]
+    static_outputs: list[torch.Tensor]
+    out_spec: TreeSpec
+    differentiable: tuple[int, ...]
+    params: list[torch.Tensor]
+    static_grads: list[torch.Tensor | None]  # one per target; None where no output reaches it
+    generation: int = 0
+
+    @abstractmethod
+    def replay_forward(self) -> None:
+        """Recompute static outputs and activations from the static inputs."""
+
+    @abstractmethod
+    def replay_backward(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
+        """Gradients for every target from a gradient for every differentiable output.
+
+        Returns tensors aliasing the static gradient buffers (None where a target is
+        unreachable from every output).
+        """
+
+    @abstractmethod
+    def partial_backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """Gradients as eager computes them when only some outputs receive one.
+
+        Only the outputs with a gradient are differentiated, so a target they do not
+        reach gets None. Returns fresh tensors that alias nothing static.
+        """
+
+    @abstractmethod
+    def free(self) -> None:
+        """Release graphs and static memory; the recording is unusable afterwards."""
+
+
+class Backend(ABC):
+    """Makes recordings for one recorder; owns what they share (a CUDA memory pool)."""
+
+    name: str
+
+    @abstractmethod
+    def record(
+        self,
+        fn: ForwardFn,
+        static_inputs: list[torch.Tensor],
+        params: list[torch.Tensor],
+        warmup: int,
+    ) -> Recording:
+        """Warm up ``warmup`` times, then record ``fn`` over ``static_inputs``.
+
+        The caller snapshots and restores module state and RNG around this call.
+        """
+
+    def free(self) -> None:  # noqa: B027 - optional hook
+        """Release what the recordings shared."""
+
+
+def grad_targets(static_inputs: list[torch.Tensor], params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors a backward computes gradients for, in the order backends return them."""
+    return [x for x in static_inputs if x.requires_grad] + list(params)
+
+
+def differentiable_indices(outputs: list[torch.Tensor]) -> tuple[int, ...]:
+    """Indices of the outputs that carry a gradient."""
+    return tuple(i for i, o in enumerate(outputs) if o.requires_grad)

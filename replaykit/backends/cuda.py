@@ -1,0 +1,152 @@
+"""The CUDA backend: ``torch.cuda.CUDAGraph`` recordings sharing one private memory pool.
+
+Recording follows ``torch.cuda.make_graphed_callables``: warm-up iterations on a side
+stream, then one graph for the forward and one for the full backward, captured into
+the recorder's pool. Autocast's cast cache is off while capturing (a cached cast
+would outlive the capture). The default CUDA generator is registered with each graph
+by ``torch.cuda.graph``, so dropout replays advance the Philox offset as eager does.
+
+The forward is captured under saved-tensor hooks that save tensors without autograd's
+version check: the captured autograd graph stays usable after the optimizer updates
+parameters in place, which ``partial_backward`` needs to differentiate only the
+outputs that received a gradient, exactly as eager would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..errors import ReplayError
+from ..signature import autocast_key
+from .base import (
+    Backend,
+    ForwardFn,
+    Recording,
+    differentiable_indices,
+    flatten_outputs,
+    grad_targets,
+)
+
+
+def _pack(t: torch.Tensor) -> torch.Tensor:
+    return t.detach()
+
+
+def _unpack(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+class CudaRecording(Recording):
+    """A forward graph, a full-backward graph, and the autograd graph they came from."""
+
+    def __init__(
+        self,
+        fn: ForwardFn,
+        static_inputs: list[torch.Tensor],
+        params: list[torch.Tensor],
+        warmup: int,
+        pool: tuple[int, int],
+        device: torch.device,
+    ) -> None:
+        self.static_inputs = static_inputs
+        self.params = params
+        self._targets = grad_targets(static_inputs, params)
+        enabled, dtype = autocast_key("cuda")
+
+        def forward() -> list[torch.Tensor]:
+            with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False):
+                outs, self.out_spec = flatten_outputs(fn(*static_inputs))
+            return outs
+
+        def backward(outs: list[torch.Tensor], grads: Sequence[torch.Tensor], retain: bool):
+            if not self.differentiable or not self._targets:
+                return [None] * len(self._targets)
+            with torch.autocast("cuda", enabled=False):
+                return torch.autograd.grad(
+                    [outs[i] for i in self.differentiable],
+                    self._targets,
+                    list(grads),
+                    retain_graph=retain,
+                    allow_unused=True,
+                )
+
+        current = torch.cuda.current_stream(device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                outs = forward()
+                self.differentiable = differentiable_indices(outs)
+                backward(outs, [torch.zeros_like(outs[i]) for i in self.differentiable], retain=False)
+                del outs
+        current.wait_stream(side)
+        torch.cuda.synchronize(device)
+
+        self._fwd = torch.cuda.CUDAGraph()
+        with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack), torch.cuda.graph(self._fwd, pool=pool):
+            outs = forward()
+        self.differentiable = differentiable_indices(outs)
+        self.static_outputs = outs
+        self._static_grad_outputs = [torch.empty_like(outs[i]) for i in self.differentiable]
+        self._bwd = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self._bwd, pool=pool):
+            grads = backward(outs, self._static_grad_outputs, retain=True)
+        self.static_grads: list[torch.Tensor | None] = list(grads)
+
+    def replay_forward(self) -> None:
+        self._fwd.replay()
+        self.generation += 1
+
+    def replay_backward(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
+        for static, g in zip(self._static_grad_outputs, grads, strict=True):
+            if static.data_ptr() != g.data_ptr():
+                static.copy_(g)
+        self._bwd.replay()
+        return [None if g is None else g.detach() for g in self.static_grads]
+
+    def partial_backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        pairs = [(i, g) for i, g in zip(self.differentiable, grads, strict=True) if g is not None]
+        if not pairs or not self._targets:
+            return [None] * len(self._targets)
+        return list(
+            torch.autograd.grad(
+                [self.static_outputs[i] for i, _ in pairs],
+                self._targets,
+                [g for _, g in pairs],
+                retain_graph=True,
+                allow_unused=True,
+            )
+        )
+
+    def free(self) -> None:
+        self._fwd.reset()
+        self._bwd.reset()
+        self.static_outputs = []
+        self.static_grads = []
+        self._static_grad_outputs = []
+        self.static_inputs = []
+
+
+class CudaBackend(Backend):
+    """CUDA graphs in one private memory pool shared by a recorder's recordings."""
+
+    name = "cuda"
+
+    def __init__(self, device: torch.device) -> None:
+        if not torch.cuda.is_available():
+            raise ReplayError("backend='cuda' needs a CUDA GPU, and torch sees none")
+        if device.type != "cuda":
+            raise ReplayError(f"backend='cuda' needs the module on a CUDA device, not {device}")
+        self.device = device
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def record(
+        self, fn: ForwardFn, static_inputs: list[torch.Tensor], params: list[torch.Tensor], warmup: int
+    ) -> Recording:
+        for t in static_inputs:
+            if t.device != self.device:
+                raise ReplayError(f"input on {t.device}, recorder on {self.device}")
+        with torch.cuda.device(self.device):
+            return CudaRecording(fn, static_inputs, params, warmup, self.pool, self.device)

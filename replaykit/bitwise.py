@@ -1,0 +1,111 @@
+"""Bitwise comparison of tensors and of whole states: the parity contract's comparator.
+
+Two tensors are equal when their bits are: NaN payloads and the sign of zero count,
+so ``-0.0`` differs from ``0.0`` and ``NaN`` equals the same ``NaN``. ``None`` equals
+only ``None`` (the ``.grad`` None pattern).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's elements reinterpreted as integers of the same width, on the CPU."""
+    t = t.detach()
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    if t.dtype == torch.bool:
+        t = t.to(torch.uint8)
+    t = t.cpu().contiguous()
+    if t.is_floating_point():
+        return t.view(_INT_OF_SIZE[t.element_size()])
+    return t
+
+
+def bitwise_equal(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """True when both are None, or both are tensors of one dtype and shape with equal bits."""
+    if a is None or b is None:
+        return a is None and b is None
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(_bits(a), _bits(b))
+
+
+@dataclass(frozen=True)
+class TensorDiff:
+    """One row of a diff table: how two tensors under one name differ."""
+
+    name: str
+    problem: str  # "values", "none_pattern", "dtype", "shape", "missing"
+    max_abs: float = math.nan
+    max_ulp: int = 0
+    mismatched: int = 0
+    numel: int = 0
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "problem": self.problem,
+            "max_abs": self.max_abs,
+            "max_ulp": self.max_ulp,
+            "mismatched": self.mismatched,
+            "numel": self.numel,
+        }
+
+
+def _ordered_int(t: torch.Tensor) -> torch.Tensor:
+    """Map float bits to int64 whose order and distance follow the float line (ULPs); -0.0 maps to 0."""
+    i = _bits(t).to(torch.int64)  # sign-extends narrower widths
+    magnitude = i & ((1 << (t.element_size() * 8 - 1)) - 1)
+    return torch.where(i < 0, -magnitude, i)
+
+
+def diff(name: str, a: torch.Tensor | None, b: torch.Tensor | None) -> TensorDiff | None:
+    """The difference between ``a`` (reference) and ``b``, or None when they are bitwise equal."""
+    if a is None or b is None:
+        if a is None and b is None:
+            return None
+        return TensorDiff(name, "none_pattern", numel=(a if a is not None else b).numel())
+    if a.dtype != b.dtype:
+        return TensorDiff(name, "dtype", numel=a.numel())
+    if a.shape != b.shape:
+        return TensorDiff(name, "shape", numel=a.numel())
+    ba, bb = _bits(a), _bits(b)
+    neq = ba != bb
+    if a.is_complex():
+        neq = neq.any(-1)
+    mismatched = int(neq.sum())
+    if mismatched == 0:
+        return None
+    ad, bd = a.detach().cpu(), b.detach().cpu()
+    if ad.is_floating_point() or ad.is_complex():
+        delta = (ad.double() - bd.double()).abs() if not ad.is_complex() else (ad - bd).abs().double()
+        max_abs = float(torch.nan_to_num(delta, nan=math.inf).max())
+    else:
+        max_abs = float((ad.long() - bd.long()).abs().max())
+    max_ulp = 0
+    if ad.is_floating_point():
+        max_ulp = int((_ordered_int(ad) - _ordered_int(bd)).abs().max())
+    return TensorDiff(name, "values", max_abs, max_ulp, mismatched, a.numel())
+
+
+def diff_states(
+    reference: Mapping[str, torch.Tensor | None], other: Mapping[str, torch.Tensor | None]
+) -> list[TensorDiff]:
+    """Rows for every name whose tensors differ bitwise; names present on one side only are 'missing'."""
+    rows: list[TensorDiff] = []
+    for name in reference.keys() | other.keys():
+        if name not in reference or name not in other:
+            rows.append(TensorDiff(name, "missing"))
+            continue
+        row = diff(name, reference[name], other[name])
+        if row is not None:
+            rows.append(row)
+    return sorted(rows, key=lambda r: r.name)

@@ -1,0 +1,58 @@
+"""The pending-backward hold.
+
+From a replayed forward until its backward has run, a replay would overwrite the
+activations and gradient buffers the pending backward still needs, so later forwards
+route eager (reason ``hold``). The hold ends when the backward runs, or when the
+pending autograd graph is dropped without one (its outputs discarded), so a forward
+whose result nobody differentiates cannot leave the recorder eager for ever.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+
+
+class PendingBackward:
+    """Token kept alive by the replayed call's autograd node; dies with that graph."""
+
+    __slots__ = ("__weakref__", "call", "generation")
+
+    def __init__(self, call: int, generation: int) -> None:
+        self.call = call
+        self.generation = generation
+
+
+class Hold:
+    """At most one pending backward per recorder; ``on_release(call, reason)`` hears each end."""
+
+    def __init__(self, on_release: Callable[[int, str], None]) -> None:
+        self._pending: weakref.ref[PendingBackward] | None = None
+        self._pending_call = -1
+        self._on_release = on_release
+
+    @property
+    def active(self) -> bool:
+        return self._pending is not None
+
+    def begin(self, call: int, generation: int) -> PendingBackward:
+        """Start holding for ``call``; the caller stores the token where autograd keeps it alive."""
+        token = PendingBackward(call, generation)
+        self._pending = weakref.ref(token, self._dropped)
+        self._pending_call = call
+        return token
+
+    def release(self, token: PendingBackward, reason: str = "backward") -> None:
+        """End the hold of ``token`` (no-op when it is not the pending one)."""
+        if self._pending is not None and self._pending() is token:
+            self._pending = None
+            self._on_release(token.call, reason)
+
+    def clear(self) -> None:
+        """Forget any pending backward (retirement, release)."""
+        self._pending = None
+
+    def _dropped(self, ref: weakref.ref) -> None:
+        if self._pending is ref:
+            self._pending = None
+            self._on_release(self._pending_call, "dropped")

@@ -1,0 +1,90 @@
+"""The recorder's event log: exact counts, and a bounded record of the events themselves."""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+KINDS: tuple[str, ...] = ("record", "replay", "eager", "copy_out", "retire", "release", "unsafe")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing the recorder did: ``kind`` with an optional ``reason``, during forward call ``call``."""
+
+    seq: int
+    kind: str
+    call: int
+    reason: str | None = None
+    detail: str | None = None
+
+
+class Journal(Sequence[Event]):
+    """Ordered events, bounded for long runs.
+
+    Counts are exact. Every ``record``, ``retire`` and ``unsafe`` event and the first
+    event of each (kind, reason) pair are kept for ever; the rest keep a tail of
+    ``tail`` events. Memory and per-event cost stay flat however many calls run.
+    """
+
+    def __init__(self, tail: int = 1000) -> None:
+        if tail < 1:
+            raise ValueError("tail must be >= 1")
+        self._pinned: list[Event] = []
+        self._tail: deque[Event] = deque(maxlen=tail)
+        self._seen: set[tuple[str, str | None]] = set()
+        self.counts: Counter[str] = Counter()
+        self.eager_reasons: Counter[str] = Counter()
+        self.total = 0
+
+    def add(self, kind: str, call: int, reason: str | None = None, detail: str | None = None) -> Event:
+        event = Event(self.total, kind, call, reason, detail)
+        self.total += 1
+        self.counts[kind] += 1
+        if kind == "eager":
+            self.eager_reasons[reason or "unknown"] += 1
+        key = (kind, reason)
+        if kind in ("record", "retire", "unsafe") or key not in self._seen:
+            self._seen.add(key)
+            self._pinned.append(event)
+        else:
+            self._tail.append(event)
+        return event
+
+    @property
+    def dropped(self) -> int:
+        """How many events were counted but are no longer kept."""
+        return self.total - len(self)
+
+    def _events(self) -> list[Event]:
+        tail = list(self._tail)
+        if not tail or not self._pinned or self._pinned[-1].seq < tail[0].seq:
+            return self._pinned + tail
+        return sorted(self._pinned + tail, key=lambda e: e.seq)
+
+    def __len__(self) -> int:
+        return len(self._pinned) + len(self._tail)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self._events()[index]
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self._events())
+
+    def summary(self) -> dict:
+        """Counts by kind and eager reasons, for tables and notebooks."""
+        return {
+            "events": self.total,
+            **{k: self.counts.get(k, 0) for k in KINDS},
+            "eager_reasons": dict(self.eager_reasons),
+        }
+
+    def format(self, limit: int = 40) -> str:
+        """A readable listing of the kept events (the last ``limit``)."""
+        lines = [f"journal: {self.total} events, {self.dropped} not kept"]
+        for e in self._events()[-limit:]:
+            why = f" ({e.reason})" if e.reason else ""
+            more = f" {e.detail}" if e.detail else ""
+            lines.append(f"  #{e.seq:<6} call {e.call:<6} {e.kind}{why}{more}")
+        return "\n".join(lines)

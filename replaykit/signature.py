@@ -1,0 +1,76 @@
+"""What must match for a replay to be valid, computed once per call.
+
+A signature is a hashable key: the structure of the arguments, each tensor's shape,
+dtype, strides (so memory format), device and ``requires_grad``, the non-tensor
+arguments by type and value, and the autocast state of the module's device type.
+Grad mode and the training flag are routes of their own (eager with a reason) and
+never reach a signature.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
+
+
+@dataclass(frozen=True)
+class CallArgs:
+    """One call's arguments split into tensors and a structure to rebuild them from."""
+
+    tensors: list[torch.Tensor]
+    leaves: list[Any]
+    spec: TreeSpec
+    tensor_slots: tuple[int, ...]
+
+    def rebuild(self, tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> tuple[tuple, dict]:
+        """The (args, kwargs) of this call with its tensors replaced by ``tensors``."""
+        leaves = list(self.leaves)
+        for slot, t in zip(self.tensor_slots, tensors, strict=True):
+            leaves[slot] = t
+        args, kwargs = tree_unflatten(leaves, self.spec)
+        return args, kwargs
+
+
+class UnhashableArgument(TypeError):
+    """A non-tensor argument that cannot be part of a signature."""
+
+
+def _tensor_key(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad)
+
+
+def _leaf_key(x: Any) -> tuple:
+    try:
+        hash(x)
+    except TypeError as exc:
+        raise UnhashableArgument(f"argument of type {type(x).__name__} is not hashable") from exc
+    return (type(x), x)
+
+
+def autocast_key(device_type: str) -> tuple[bool, torch.dtype | None]:
+    """Autocast's state for ``device_type``: enabled, and its dtype when enabled."""
+    if torch.is_autocast_enabled(device_type):
+        return True, torch.get_autocast_dtype(device_type)
+    return False, None
+
+
+def split_call(args: tuple, kwargs: dict) -> CallArgs:
+    """Flatten a call's arguments into tensors and the rest."""
+    leaves, spec = tree_flatten((args, kwargs))
+    slots = tuple(i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor))
+    return CallArgs([leaves[i] for i in slots], leaves, spec, slots)
+
+
+def signature(call: CallArgs, device_type: str) -> tuple:
+    """The hashable key under which a recording of this call is kept."""
+    slots = set(call.tensor_slots)
+    constants = tuple(_leaf_key(x) for i, x in enumerate(call.leaves) if i not in slots)
+    return (
+        call.spec,
+        tuple(_tensor_key(t) for t in call.tensors),
+        constants,
+        autocast_key(device_type),
+    )
