@@ -1,0 +1,53 @@
+"""Shared fixtures: every semantic test runs on the emulated backend, and on CUDA where there is a GPU."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import replaykit as rk
+
+HAS_CUDA = torch.cuda.is_available()
+
+BACKENDS = [
+    pytest.param("emulated", id="emulated"),
+    pytest.param(
+        "cuda",
+        id="cuda",
+        marks=[pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")],
+    ),
+]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The backend name; tests put their model on 'cuda' for the cuda backend, else on the CPU."""
+    return request.param
+
+
+@pytest.fixture
+def device(backend: str) -> str:
+    return "cuda" if backend == "cuda" else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _quiet_replay_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rk.ReplayWarning)
+        yield
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that ask for the cuda-only fixture carry the marker too, so `-m cuda` selects them."""
+    for item in items:
+        if "cuda_device" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cuda)
+
+
+@pytest.fixture
+def cuda_device() -> str:
+    if not HAS_CUDA:
+        pytest.skip("needs a CUDA GPU")
+    return "cuda"

@@ -1,0 +1,44 @@
+"""The journal stays bounded over long runs with exact counts, and the routing state stays flat."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import replaykit as rk
+from replaykit.journal import Journal
+
+
+def test_a_million_events_stay_bounded_with_exact_counts() -> None:
+    j = Journal(tail=100)
+    j.add("record", 1)
+    for call in range(2, 1_000_002):
+        j.add("replay", call)
+        if call % 1000 == 0:
+            j.add("eager", call, "hold")
+    j.add("retire", 1_000_002, "done")
+    j.add("eager", 1_000_003, "retired")
+    assert j.counts["replay"] == 1_000_000
+    assert j.eager_reasons == {"hold": 1000, "retired": 1}
+    assert len(j) <= 100 + 5
+    kept = list(j)
+    assert [e.kind for e in kept][:2] == ["record", "replay"]
+    assert ("retire", "done") in [(e.kind, e.reason) for e in kept]
+    assert ("eager", "hold") in [(e.kind, e.reason) for e in kept]
+    assert [e.seq for e in kept] == sorted(e.seq for e in kept)
+    assert j.dropped == j.total - len(j)
+    assert "journal:" in j.format()
+
+
+def test_routing_state_is_flat_over_many_replays() -> None:
+    model = nn.Linear(4, 4)
+    rec = rk.capture(model, backend="emulated")
+    x = torch.randn(2, 4)
+    sizes = []
+    for i in range(3000):
+        model(x).sum().backward()
+        if i in (1500, 2999):
+            sizes.append((len(rec.journal), len(rec._aliases), rec.recordings))
+    assert sizes[0] == sizes[1]
+    assert rec.counts["replay"] == 2999
+    rec.release()
