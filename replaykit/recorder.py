@@ -139,6 +139,10 @@ class Recorder:
         """How many recordings are held now."""
         return len(self._recordings)
 
+    def __deepcopy__(self, memo: dict) -> None:
+        """A deep copy of a captured module is a plain module: it gets no recorder."""
+        return None
+
     def __repr__(self) -> str:
         state = f"retired: {self.retire_reason}" if self.retired else f"{self.recordings} recordings"
         return f"<Recorder {type(self.module).__name__} backend={self.backend.name} {state} {self.counts}>"
@@ -245,7 +249,7 @@ class Recorder:
     def _forward_replay(self, ctx: Any, step: _Step, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         recording = step.recording
         for static, x in zip(recording.static_inputs, inputs, strict=True):
-            static.copy_(x)
+            static.data.copy_(x)  # like a graph's own writes: no autograd version bump
         recording.replay_forward()
         step.generation = recording.generation
         if self._hold_enabled:

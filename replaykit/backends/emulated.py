@@ -67,7 +67,7 @@ class EmulatedRecording(Recording):
         self._activations = outs  # the one set of saved activations: replaces the last forward's
         with torch.no_grad():
             for static, out in zip(self.static_outputs, outs, strict=True):
-                static.copy_(out)
+                static.data.copy_(out)  # in place and, like a graph replay, without a version bump
         self.generation += 1
 
     def _grad(self, indices: Sequence[int], grads: Sequence[torch.Tensor]) -> Sequence[torch.Tensor | None]:
@@ -90,7 +90,7 @@ class EmulatedRecording(Recording):
                 if static is None or g is None:
                     out.append(None)
                 else:
-                    static.copy_(g)
+                    static.data.copy_(g)
                     out.append(static.detach())
         return out
 
