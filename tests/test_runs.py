@@ -10,10 +10,12 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-import nbformat
 import pytest
 
-from replaykit.runs import (
+nbformat = pytest.importorskip("nbformat", reason="papermill tooling not installed")
+pytest.importorskip("papermill", reason="papermill tooling not installed")
+
+from replaykit.runs import (  # noqa: E402 - after the importorskip guards
     SUMMARY_FILE,
     cli_parameters,
     ensure_kernel,
