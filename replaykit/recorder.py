@@ -10,7 +10,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
-from torch.utils._pytree import tree_unflatten
 
 from .backends import Backend, Recording, module_device, resolve_backend
 from .copy_out import StaticAliases
@@ -231,7 +230,7 @@ class Recorder:
         step = _Step(self, recording, key, call, len(callargs.tensors))
         outputs = _Replay.apply(step, *callargs.tensors, *recording.params)
         self._aliases[key].handed_out(outputs)
-        return tree_unflatten(list(outputs), recording.out_spec)
+        return recording.build_outputs(outputs)
 
     # ----------------------------------------------------------------- the replayed call
     def _copy_out(self, call: int) -> bool:

@@ -22,11 +22,13 @@ class CallArgs:
 
     tensors: list[torch.Tensor]
     leaves: list[Any]
-    spec: TreeSpec
+    spec: TreeSpec | None  # None: positional tensors only (the fast path)
     tensor_slots: tuple[int, ...]
 
     def rebuild(self, tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> tuple[tuple, dict]:
         """The (args, kwargs) of this call with its tensors replaced by ``tensors``."""
+        if self.spec is None:
+            return tuple(tensors), {}
         leaves = list(self.leaves)
         for slot, t in zip(self.tensor_slots, tensors, strict=True):
             leaves[slot] = t
@@ -59,6 +61,8 @@ def autocast_key(device_type: str) -> tuple[bool, torch.dtype | None]:
 
 def split_call(args: tuple, kwargs: dict) -> CallArgs:
     """Flatten a call's arguments into tensors and the rest."""
+    if not kwargs and all(isinstance(a, torch.Tensor) for a in args):
+        return CallArgs(list(args), list(args), None, tuple(range(len(args))))
     leaves, spec = tree_flatten((args, kwargs))
     slots = tuple(i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor))
     return CallArgs([leaves[i] for i in slots], leaves, spec, slots)
@@ -66,11 +70,14 @@ def split_call(args: tuple, kwargs: dict) -> CallArgs:
 
 def signature(call: CallArgs, device_type: str) -> tuple:
     """The hashable key under which a recording of this call is kept."""
+    tensors = tuple(_tensor_key(t) for t in call.tensors)
+    if call.spec is None:
+        return (len(tensors), tensors, autocast_key(device_type))
     slots = set(call.tensor_slots)
     constants = tuple(_leaf_key(x) for i, x in enumerate(call.leaves) if i not in slots)
     return (
-        call.spec,
-        tuple(_tensor_key(t) for t in call.tensors),
+        str(call.spec),
+        tensors,
         constants,
         autocast_key(device_type),
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from replaykit import bench
+from replaykit.determinism import enable_determinism
 from replaykit.fingerprint import fingerprint
 
 
@@ -25,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="folder for bench.md and bench.json")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run on a CPU")
     args = ap.parse_args(argv)
+    enable_determinism()  # every arm is compared with eager bit for bit
     sizes = bench.SIZES
     if args.quick:
         sizes = (bench.Size("tiny", 2, 8, 4, 2),)

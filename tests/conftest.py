@@ -8,8 +8,11 @@ import pytest
 import torch
 
 import replaykit as rk
+from replaykit.determinism import enable_determinism
 
 HAS_CUDA = torch.cuda.is_available()
+if HAS_CUDA:
+    enable_determinism()  # parity with eager needs eager to repeat itself
 
 BACKENDS = [
     pytest.param("emulated", id="emulated"),

@@ -40,6 +40,13 @@ class Recording(ABC):
     params: list[torch.Tensor]
     static_grads: list[torch.Tensor | None]  # one per target; None where no output reaches it
     generation: int = 0
+    _builder: Callable[[Sequence[torch.Tensor]], Any] | None = None
+
+    def build_outputs(self, outputs: Sequence[torch.Tensor]) -> Any:
+        """The forward's output tree from replayed flat outputs."""
+        if self._builder is None:
+            self._builder = output_builder(self.out_spec)
+        return self._builder(outputs)
 
     @abstractmethod
     def replay_forward(self) -> None:
@@ -86,6 +93,22 @@ class Backend(ABC):
 
     def free(self) -> None:  # noqa: B027 - optional hook
         """Release what the recordings shared."""
+
+
+def output_builder(spec: TreeSpec) -> Callable[[Sequence[torch.Tensor]], Any]:
+    """A fast inverse of ``flatten_outputs`` for the common shapes (tensor, tuple, flat dict)."""
+    from torch.utils._pytree import LeafSpec, tree_unflatten
+
+    children = spec.children() if hasattr(spec, "children") else spec.children_specs
+    if isinstance(spec, LeafSpec) or spec.is_leaf():
+        return lambda outs: outs[0]
+    if all(c.is_leaf() for c in children):
+        if spec.type is tuple:
+            return tuple
+        if spec.type is dict:
+            keys = tuple(spec.context)
+            return lambda outs: dict(zip(keys, outs, strict=True))
+    return lambda outs: tree_unflatten(list(outs), spec)
 
 
 def grad_targets(static_inputs: list[torch.Tensor], params: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -73,6 +73,11 @@ class CudaRecording(Recording):
                 )
 
         current = torch.cuda.current_stream(device)
+        # Each parameter's AccumulateGrad node takes the stream it is created on. Made during
+        # side-stream warm-up and kept alive by the retained capture graph, it would make every
+        # later backward wait across streams, once per parameter. Create them here, on the
+        # caller's stream, and keep them.
+        self._accumulators = [torch.autograd.graph.get_gradient_edge(p).node for p in params]
         side = torch.cuda.Stream(device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
@@ -121,6 +126,7 @@ class CudaRecording(Recording):
         )
 
     def free(self) -> None:
+        self._accumulators = []
         self._fwd.reset()
         self._bwd.reset()
         self.static_outputs = []
