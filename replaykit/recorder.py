@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
+from torch.nn.utils.stateless import _reparametrize_module
 
 from .backends import Backend, Recording, module_device, resolve_backend
 from .copy_out import StaticAliases
@@ -191,9 +192,15 @@ class Recorder:
         self.journal.add("eager", call, reason)
         return self._forward(*args, **kwargs)
 
-    def _run_forward(self, callargs: CallArgs, *tensors: torch.Tensor) -> Any:
+    def _run_forward(
+        self, callargs: CallArgs, names: list[str], *tensors: torch.Tensor, params: list[torch.Tensor] | None = None
+    ) -> Any:
+        """The module's own forward on ``tensors``; with ``params``, those stand in for the parameters."""
         args, kwargs = callargs.rebuild(tensors)
-        return self._forward(*args, **kwargs)
+        if params is None:
+            return self._forward(*args, **kwargs)
+        with _reparametrize_module(self.module, dict(zip(names, params, strict=True)), tie_weights=True):
+            return self._forward(*args, **kwargs)
 
     def _record(self, call: int, callargs: CallArgs, key: tuple) -> Recording | None:
         if not self._recordings:
@@ -203,8 +210,9 @@ class Recorder:
             return None
         snapshot = StateSnapshot(self.module)
         static_inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in callargs.tensors]
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        fn = partial(self._run_forward, callargs)
+        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        params = [p for _, p in named]
+        fn = partial(self._run_forward, callargs, [n for n, _ in named])
         try:
             recording = self.backend.record(fn, static_inputs, params, self.warmup)
         except Exception as exc:

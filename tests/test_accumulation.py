@@ -16,8 +16,9 @@ def test_accumulation_matches_eager(backend: str, device: str, accumulation: int
     trial = Trial(steps=3, accumulation=accumulation, set_to_none=set_to_none, device=device)
     diffs, _, replay = compare(trial, DetectionNet, backend=backend)
     assert diffs == []
-    assert replay.recorder["copy_out"] >= 1
     assert replay.recorder["eager"] == 0
+    if backend == "emulated":  # on CUDA AccumulateGrad may copy instead of adopting (layout contract)
+        assert replay.recorder["copy_out"] >= 1
 
 
 def test_a_gradient_kept_by_a_callback_keeps_its_values(backend: str, device: str) -> None:

@@ -11,7 +11,8 @@ from torch.utils._pytree import TreeSpec, tree_flatten
 
 from ..errors import ReplayError
 
-#: Runs the module's own forward on the static inputs and returns its output tree.
+#: Runs the module's own forward on the static inputs and returns its output tree;
+#: ``fn(*inputs, params=leaves)`` runs it with ``leaves`` standing in for the parameters.
 ForwardFn = Callable[..., Any]
 
 

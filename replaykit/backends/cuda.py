@@ -6,6 +6,13 @@ the recorder's pool. Autocast's cast cache is off while capturing (a cached cast
 would outlive the capture). The default CUDA generator is registered with each graph
 by ``torch.cuda.graph``, so dropout replays advance the Philox offset as eager does.
 
+Warm-up and capture run the module with detached stand-ins for its parameters
+(same storage, own autograd leaves). The parameters' own AccumulateGrad nodes are
+then never created on the side stream nor kept alive by the retained capture graph:
+such a node keeps its creation stream, and every later backward would wait across
+streams once per parameter (seen on the H200 with torch 2.11: replay fell to eager
+speed at the launch-bound size).
+
 The forward is captured under saved-tensor hooks that save tensors without autograd's
 version check: the captured autograd graph stays usable after the optimizer updates
 parameters in place, which ``partial_backward`` needs to differentiate only the
@@ -52,12 +59,13 @@ class CudaRecording(Recording):
     ) -> None:
         self.static_inputs = static_inputs
         self.params = params
-        self._targets = grad_targets(static_inputs, params)
+        leaves = [p.detach().requires_grad_(True) for p in params]
+        self._targets = grad_targets(static_inputs, leaves)
         enabled, dtype = autocast_key("cuda")
 
         def forward() -> list[torch.Tensor]:
             with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False):
-                outs, self.out_spec = flatten_outputs(fn(*static_inputs))
+                outs, self.out_spec = flatten_outputs(fn(*static_inputs, params=leaves))
             return outs
 
         def backward(outs: list[torch.Tensor], grads: Sequence[torch.Tensor], retain: bool):
@@ -73,11 +81,6 @@ class CudaRecording(Recording):
                 )
 
         current = torch.cuda.current_stream(device)
-        # Each parameter's AccumulateGrad node takes the stream it is created on. Made during
-        # side-stream warm-up and kept alive by the retained capture graph, it would make every
-        # later backward wait across streams, once per parameter. Create them here, on the
-        # caller's stream, and keep them.
-        self._accumulators = [torch.autograd.graph.get_gradient_edge(p).node for p in params]
         side = torch.cuda.Stream(device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
@@ -126,7 +129,6 @@ class CudaRecording(Recording):
         )
 
     def free(self) -> None:
-        self._accumulators = []
         self._fwd.reset()
         self._bwd.reset()
         self.static_outputs = []
