@@ -103,7 +103,8 @@ def _make_arm(name: str, model: nn.Module, sample: torch.Tensor, backend: str) -
     if name == "eager":
         return _Arm(name, model, model)
     if name == "make_graphed_callables":
-        graphed = torch.cuda.make_graphed_callables(model, (sample,))
+        # make_graphed_callables adopts its sample as the static input and overwrites it
+        graphed = torch.cuda.make_graphed_callables(model, (sample.clone(),))
         return _Arm(name, model, graphed)
     rec = capture(model, backend=backend, warmup=3)
     return _Arm(name, model, model, release=rec)
