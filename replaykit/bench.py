@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import tables
 from .bitwise import diff_states
 from .nets import DetectionNet
 from .recorder import capture
@@ -198,14 +199,11 @@ def table(results: list[ArmResult]) -> list[dict[str, Any]]:
     return rows
 
 
+MARKDOWN_COLUMNS = (
+    "size", "arm", "median_ms", "p10_ms", "p90_ms", "speedup_vs_eager", "time_vs_mgc", "peak_mib", "mem_vs_mgc", "equals_eager",
+)
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The table as Markdown."""
-    cols = ["size", "arm", "median_ms", "p10_ms", "p90_ms", "speedup_vs_eager", "time_vs_mgc", "peak_mib", "mem_vs_mgc", "equals_eager"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for row in rows:
-        cells = []
-        for c in cols:
-            v = row.get(c, "")
-            cells.append(f"{v:.3f}" if isinstance(v, float) else str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return tables.markdown(rows, MARKDOWN_COLUMNS)

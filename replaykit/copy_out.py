@@ -66,18 +66,15 @@ class StaticAliases:
         if self._clean():
             self.dirty, self._refs = False, []
             return 0, True
-        copied = 0
-        with torch.no_grad():
-            for ref in self._refs:
-                t = ref()
-                if t is not None and t.untyped_storage()._cdata in self._cdatas:
-                    t.data = t.data.clone()
-                    copied += 1
-            for param, buf in self._grads:
-                g = param.grad
-                if g is not None and g.data_ptr() == buf.data_ptr():
-                    g.data = g.data.clone()
-                    copied += 1
+        live = [t for ref in self._refs if (t := ref()) is not None and _cdata(t) in self._cdatas]
+        live += [g for param, buf in self._grads if (g := param.grad) is not None and g.data_ptr() == buf.data_ptr()]
+        if live:
+            with torch.no_grad():
+                fresh = [torch.empty_like(t) for t in live]
+                torch._foreach_copy_(fresh, live)  # one launch per dtype/device, not one per tensor
+                for t, f in zip(live, fresh, strict=True):
+                    t.data = f
+        copied = len(live)
         self._refs = []
         clean = self._clean()
         self.dirty = not clean

@@ -14,6 +14,7 @@ import warnings
 
 import torch
 
+from . import tables
 from .determinism import enable_determinism
 from .errors import ReplayWarning
 from .nets import DetectionNet
@@ -66,13 +67,7 @@ def rows(device: str, steps: int) -> tuple[list[dict], str]:
     return table, journal
 
 
-def format_table(table: list[dict]) -> str:
-    cols = ["scenario", "arm", "expected", "equal", "ok", "tensors_differing", "record", "replay", "eager", "eager_reasons"]
-    widths = {c: max(len(c), *(len(str(r[c])) for r in table)) for c in cols}
-    line = "  ".join(c.ljust(widths[c]) for c in cols)
-    out = [line, "-" * len(line)]
-    out += ["  ".join(str(r[c]).ljust(widths[c]) for c in cols) for r in table]
-    return "\n".join(out)
+COLUMNS = ("scenario", "arm", "expected", "equal", "ok", "tensors_differing", "record", "replay", "eager", "eager_reasons")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = "cuda (CUDA graphs)" if args.device.startswith("cuda") else "emulated"
     print(f"replaykit demo on {args.device}, backend {backend}, torch {torch.__version__}\n")
     table, journal = rows(args.device, args.steps)
-    print(format_table(table))
+    print(tables.text(table, COLUMNS))
     print("\nJournal of the acc2 replay arm:")
     print(journal)
     failed = [r for r in table if not r["ok"]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections import Counter
 from functools import partial
 from typing import Any
@@ -95,7 +96,8 @@ class Recorder:
         strict: bool,
         disabled: frozenset[str],
     ) -> None:
-        self.module = module
+        self.module: nn.Module | None = module
+        self.module_name = type(module).__name__
         self.backend = backend
         self.warmup = warmup
         self.max_recordings = max_recordings
@@ -111,7 +113,8 @@ class Recorder:
         self._guard_grads = "copy_out" not in disabled
         self._guard_outputs = "live_outputs" not in disabled
         self._aliases: dict[tuple, StaticAliases] = {}
-        self._hold = Hold(self._on_release)
+        me = weakref.ref(self)  # the hold must not keep its recorder alive (no cycle)
+        self._hold = Hold(lambda call, reason: (r := me()) is not None and r._on_release(call, reason))
         self._hold_enabled = "hold" not in disabled
         self._exact_none = "none_pattern" not in disabled
         self._watch = ModuleWatch(module)
@@ -145,7 +148,7 @@ class Recorder:
 
     def __repr__(self) -> str:
         state = f"retired: {self.retire_reason}" if self.retired else f"{self.recordings} recordings"
-        return f"<Recorder {type(self.module).__name__} backend={self.backend.name} {state} {self.counts}>"
+        return f"<Recorder {self.module_name} backend={self.backend.name} {state} {self.counts}>"
 
     # ----------------------------------------------------------------- routing
     def _route(self, args: tuple, kwargs: dict) -> Any:
@@ -322,7 +325,7 @@ class Recorder:
         self.retire_reason = reason
         self.journal.add("retire", call, reason)
         warnings.warn(
-            f"replaykit: {type(self.module).__name__} recorder retired to eager: {reason}",
+            f"replaykit: {self.module_name} recorder retired to eager: {reason}",
             ReplayWarning,
             stacklevel=4,
         )
@@ -357,11 +360,15 @@ class Recorder:
         self._watch.close()
         self._hold.clear()
         self._free_recordings()
+        module = self.module
+        assert module is not None
         if self._own_forward:
-            self.module.forward = self._forward
+            module.forward = self._forward
         else:
-            self.module.__dict__.pop("forward", None)
-        self.module.__dict__.pop(_RECORDER_ATTR, None)
+            module.__dict__.pop("forward", None)
+        module.__dict__.pop(_RECORDER_ATTR, None)
+        self.module = None  # a released recorder keeps its journal, not the module
+        self._forward = None
         self.journal.add("release", self._calls, "recorder")
 
     def __enter__(self) -> Recorder:

@@ -16,6 +16,8 @@ from torch import nn
 from replaykit.tasks.data import Batch
 
 OPTIMIZERS = ("sgd", "adamw")
+#: Diagnostic probes for the parity harness: each makes one replay protection matter.
+PROBES = (None, "two_forwards", "keep_outputs", "drop_head")
 SCHEDULERS = (None, "step", "cosine")
 
 
@@ -50,6 +52,10 @@ class TaskModule(L.LightningModule):
         ema: None, or the decay of an exponential moving average of ``net.state_dict()``,
             updated after each batch on which the optimizer stepped. Kept in ``ema_state``.
         channels_last: feed ``net`` channels-last inputs.
+        probe: None, or a parity-harness probe: ``"two_forwards"`` (a second forward of
+            ``net`` before the backward), ``"keep_outputs"`` (every batch's outputs kept in
+            ``kept_outputs``), ``"drop_head"`` (the loss reads no gradient from the last head).
+        overflow_step: at this optimizer step, scale the loss so fp16 gradients overflow.
     """
 
     net: nn.Module
@@ -64,8 +70,12 @@ class TaskModule(L.LightningModule):
         sched_period: int = 4,
         ema: float | None = None,
         channels_last: bool = False,
+        probe: str | None = None,
+        overflow_step: int | None = None,
     ) -> None:
         super().__init__()
+        if probe not in PROBES:
+            raise ValueError(f"unknown probe {probe!r}; expected one of {PROBES}")
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {OPTIMIZERS}")
         if scheduler not in SCHEDULERS:
@@ -77,6 +87,8 @@ class TaskModule(L.LightningModule):
         self.scheduler_name, self.sched_period = scheduler, sched_period
         self.ema_decay, self.channels_last = ema, channels_last
         self.ema_state: dict[str, torch.Tensor] | None = None
+        self.probe, self.overflow_step = probe, overflow_step
+        self.kept_outputs: list[dict[str, torch.Tensor]] = []
         self._steps_at_batch_start = 0
 
     # -- the task's own parts -------------------------------------------------------------
@@ -103,7 +115,18 @@ class TaskModule(L.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         x = self.image(batch)
-        loss, parts = self.loss(self.net(x), batch)
+        out = self.net(x)
+        if self.probe == "keep_outputs":
+            self.kept_outputs.append(out)
+        elif self.probe == "drop_head":
+            last = sorted(out)[-1]
+            out = {k: v.detach() if k == last else v for k, v in out.items()}
+        loss, parts = self.loss(out, batch)
+        if self.probe == "two_forwards":
+            extra = self.net(x.flip(0))  # before the first forward's backward
+            loss = loss + 0.01 * torch.stack([o.float().square().mean() for o in extra.values()]).sum()
+        if self.overflow_step is not None and self.trainer.global_step == self.overflow_step:
+            loss = loss * 1e12  # fp16 gradients overflow: GradScaler skips the step and backs off
         n = x.shape[0]
         self.log("train_loss", loss, batch_size=n)
         for name, value in parts.items():

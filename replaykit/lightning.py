@@ -1,0 +1,84 @@
+"""``ReplayCallback``: replay submodules of a LightningModule inside ordinary ``Trainer.fit``.
+
+    cb = ReplayCallback("net", backend="auto", **capture_kwargs)
+    trainer = L.Trainer(callbacks=[cb], accumulate_grad_batches=2, precision="16-mixed")
+    trainer.fit(model, datamodule)
+    cb.recorders["net"].journal
+
+The recorders are made when a fit starts (after the strategy has moved the model to
+its device) and released when it ends, so the modules' ``forward`` is restored and
+graphs and pools are freed; ``cb.recorders`` keeps the last fit's recorders for their
+journals. Everything Lightning does around the network stays native: the loss, AMP's
+autocast and GradScaler (a skipped overflow step included), gradient clipping,
+accumulation (also changed between or during fits), schedulers, validation (eval mode
+routes eager), checkpoints.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+
+from .errors import ReplayError
+from .recorder import Recorder, capture
+
+
+def resolve(root: nn.Module, path: str) -> nn.Module:
+    """The submodule at a dotted attribute path (``"net"``, ``"model.backbone"``)."""
+    module: Any = root
+    for part in path.split("."):
+        if not hasattr(module, part):
+            raise ReplayError(f"{type(root).__name__} has no attribute path {path!r} (stopped at {part!r})")
+        module = getattr(module, part)
+    if not isinstance(module, nn.Module):
+        raise ReplayError(f"{path!r} is a {type(module).__name__}, not an nn.Module")
+    return module
+
+
+class ReplayCallback(L.Callback):
+    """Record and replay the named submodules during every ``fit``."""
+
+    def __init__(self, *paths: str, backend: str = "auto", **capture_kwargs: Any) -> None:
+        if not paths:
+            raise ReplayError("ReplayCallback needs at least one attribute path, e.g. ReplayCallback('net')")
+        if len(set(paths)) != len(paths):
+            raise ReplayError(f"duplicate paths in {paths}")
+        self.paths = paths
+        self.capture_kwargs = {"backend": backend, **capture_kwargs}
+        self.recorders: dict[str, Recorder] = {}
+        self.fits = 0
+
+    @property
+    def state_key(self) -> str:
+        return f"ReplayCallback{self.paths}"
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._release()
+        modules = {path: resolve(pl_module, path) for path in self.paths}
+        self.recorders = {path: capture(module, **self.capture_kwargs) for path, module in modules.items()}
+        self.fits += 1
+        if "bf16" in str(trainer.precision):
+            for rec in self.recorders.values():
+                if rec.backend.name == "cuda" and not torch.cuda.is_bf16_supported():
+                    rec.retire("bf16-mixed: this GPU has no bf16 support")
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._release()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._release()  # also after an exception inside fit
+
+    def _release(self) -> None:
+        for rec in self.recorders.values():
+            rec.release()
+
+    def summary(self) -> dict[str, dict]:
+        """Each recorder's journal summary and retirement, for tables."""
+        return {
+            path: {**rec.journal.summary(), "retired": rec.retire_reason if rec.retire_reason != "released" else None}
+            for path, rec in self.recorders.items()
+        }
