@@ -50,6 +50,13 @@ class StaticAliases:
         self._refs: list[weakref.ref[torch.Tensor]] = []
         self.dirty = False
 
+    def add_grads(self, grads: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Guard static gradient buffers captured later (before any of them is handed out)."""
+        self._grads += grads
+        cdatas = [_cdata(buf) for _, buf in grads]
+        self._cdatas += cdatas
+        self._baseline += list(map(_use_count, cdatas))
+
     def handed_out(self, outputs: Sequence[torch.Tensor] = ()) -> None:
         """Aliases went out: outputs (kept weakly, to reach them) or gradients (reached via ``.grad``)."""
         if self._outputs and outputs:

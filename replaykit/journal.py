@@ -6,7 +6,9 @@ from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-KINDS: tuple[str, ...] = ("record", "replay", "eager", "copy_out", "retire", "release", "unsafe")
+KINDS: tuple[str, ...] = ("record", "replay", "eager", "backward", "copy_out", "retire", "release", "unsafe")
+#: Kinds whose reasons are tallied: eager forwards, and backwards not replayed from a graph.
+REASONED: tuple[str, ...] = ("eager", "backward")
 
 
 @dataclass(frozen=True)
@@ -35,15 +37,23 @@ class Journal(Sequence[Event]):
         self._tail: deque[Event] = deque(maxlen=tail)
         self._seen: set[tuple[str, str | None]] = set()
         self.counts: Counter[str] = Counter()
-        self.eager_reasons: Counter[str] = Counter()
+        self.reasons: dict[str, Counter[str]] = {k: Counter() for k in REASONED}
         self.total = 0
+
+    @property
+    def eager_reasons(self) -> Counter[str]:
+        return self.reasons["eager"]
+
+    @property
+    def backward_reasons(self) -> Counter[str]:
+        return self.reasons["backward"]
 
     def add(self, kind: str, call: int, reason: str | None = None, detail: str | None = None) -> Event:
         event = Event(self.total, kind, call, reason, detail)
         self.total += 1
         self.counts[kind] += 1
-        if kind == "eager":
-            self.eager_reasons[reason or "unknown"] += 1
+        if kind in self.reasons:
+            self.reasons[kind][reason or "unknown"] += 1
         key = (kind, reason)
         if kind in ("record", "retire", "unsafe") or key not in self._seen:
             self._seen.add(key)
@@ -78,6 +88,7 @@ class Journal(Sequence[Event]):
             "events": self.total,
             **{k: self.counts.get(k, 0) for k in KINDS},
             "eager_reasons": dict(self.eager_reasons),
+            "backward_reasons": dict(self.backward_reasons),
         }
 
     def format(self, limit: int = 40) -> str:

@@ -365,6 +365,7 @@ def rows(results: Iterable[ScenarioResult]) -> list[dict[str, Any]]:
                     "replays": rec.get("replay", 0),
                     "eager": rec.get("eager", 0),
                     "eager_reasons": rec.get("eager_reasons", {}),
+                    "backward_reasons": rec.get("backward_reasons", {}),
                     "retired": rec.get("retired"),
                     "native_step_ms": _median_steady(native.step_ms),
                     "arm_step_ms": _median_steady(arm.step_ms),

@@ -130,12 +130,18 @@ class Recorder:
     @property
     def counts(self) -> dict[str, int]:
         """Events by kind, exact however long the run."""
-        return {k: self.journal.counts.get(k, 0) for k in ("record", "replay", "eager", "copy_out", "retire", "release")}
+        kinds = ("record", "replay", "eager", "backward", "copy_out", "retire", "release")
+        return {k: self.journal.counts.get(k, 0) for k in kinds}
 
     @property
     def eager_reasons(self) -> Counter[str]:
         """Eager routes by reason, exact however long the run."""
         return Counter(self.journal.eager_reasons)
+
+    @property
+    def backward_reasons(self) -> Counter[str]:
+        """Backwards run eagerly through the recorded graph, by reason (``partial``, ``first``, ``layout``)."""
+        return Counter(self.journal.backward_reasons)
 
     @property
     def recordings(self) -> int:
@@ -224,20 +230,23 @@ class Recorder:
             return None
         snapshot.restore()
         self._recordings[key] = recording
-        n_in = len(recording.static_grads) - len(params)
-        self._aliases[key] = StaticAliases(
-            recording.static_outputs if self._guard_outputs else (),
-            [
-                (p, g)
-                for p, g in zip(params, recording.static_grads[n_in:], strict=True)
-                if g is not None and self._guard_grads
-            ],
-        )
+        self._aliases[key] = StaticAliases(recording.static_outputs if self._guard_outputs else (), ())
+        self._guard_new_grads(key, recording)
         shapes = ", ".join("x".join(map(str, t.shape)) for t in callargs.tensors)
         self.journal.add("record", call, None, f"[{shapes}] recording {len(self._recordings)}")
         return recording
 
+    def _guard_new_grads(self, key: tuple, recording: Recording) -> None:
+        """Put static gradient buffers a recording has (now) under copy-out."""
+        if not self._guard_grads:
+            return
+        params = recording.params
+        grads = recording.static_grads[len(recording.static_grads) - len(params) :]
+        self._aliases[key].add_grads([(p, g) for p, g in zip(params, grads, strict=True) if g is not None])
+
     def _replay(self, call: int, recording: Recording, key: tuple, callargs: CallArgs) -> Any:
+        if recording.prepare():  # a backward graph was captured: its buffers join copy-out
+            self._guard_new_grads(key, recording)
         step = _Step(self, recording, key, call, len(callargs.tensors))
         outputs = _Replay.apply(step, *callargs.tensors, *recording.params)
         self._aliases[key].handed_out(outputs)
@@ -286,19 +295,16 @@ class Recorder:
                 "(a retained graph differentiated twice across replays)"
             )
         wanted = [grads[i] for i in recording.differentiable]
-        if all(g is not None for g in wanted):
-            result = recording.replay_backward(wanted)  # type: ignore[arg-type]
-            self._aliases[step.key].handed_out()
-        elif self._exact_none:
-            result = recording.partial_backward(wanted)
-            self.journal.add("eager", step.call, "partial_backward")
-        else:
-            filled = [
+        if not self._exact_none:  # unsafe: unread outputs get zeros, as plain CUDA graphs do
+            wanted = [
                 torch.zeros_like(recording.static_outputs[i]) if g is None else g
                 for i, g in zip(recording.differentiable, wanted, strict=True)
             ]
-            result = recording.replay_backward(filled)
+        result, how = recording.backward(wanted)
+        if how is None:
             self._aliases[step.key].handed_out()
+        else:
+            self.journal.add("backward", step.call, how)
         n_in = sum(step.inputs_requiring_grad)
         # input gradients leave as copies: their holders (x.grad of a new x each call) are unreachable
         it = iter(result[:n_in])

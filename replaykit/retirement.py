@@ -87,3 +87,4 @@ class ModuleWatch:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self._tensors, self._params, self._hook_dicts = [], [], []  # pin no old tensors (e.g. after .cpu())

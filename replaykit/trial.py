@@ -37,7 +37,9 @@ class Trial:
     partial: str | None = None  # None, "last" (last micro-batch smaller) or "between" (one inside a window)
     set_to_none: bool = True
     read: tuple[int, ...] | None = None  # which flat outputs the loss reads; None reads all
-    channels_last: bool = False
+    channels_last: bool = False  # model and inputs
+    channels_last_inputs: bool = False  # inputs only: outputs and loss gradients then differ in layout
+    loss: str = "mixed"  # "mixed" (nonlinear) or "sum" (broadcast gradients, stride 0)
     autocast: torch.dtype | None = None
     two_forwards: bool = False  # two forwards before one backward on each micro-batch
     keep_outputs: bool = False  # hold every micro-batch's outputs to the end
@@ -82,20 +84,23 @@ def make_inputs(trial: Trial) -> list[torch.Tensor]:
     for b in batch_sizes(trial):
         shape = (b, trial.features) if trial.features else (b, trial.in_channels, trial.size, trial.size)
         x = torch.randn(shape, generator=g).to(trial.device)
-        if trial.channels_last and x.dim() == 4:
+        if (trial.channels_last or trial.channels_last_inputs) and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         inputs.append(x)
     return inputs
 
 
-def loss_of(outputs: Any, read: tuple[int, ...] | None) -> torch.Tensor:
-    """A nonlinear loss over the flat outputs the loss reads."""
+def loss_of(outputs: Any, read: tuple[int, ...] | None, kind: str = "mixed") -> torch.Tensor:
+    """A loss over the flat outputs the loss reads: nonlinear ("mixed") or a plain sum ("sum")."""
     flat, _ = tree_flatten(outputs)
     chosen = [flat[i] for i in read] if read is not None else flat
     total = torch.zeros((), device=chosen[0].device)
     for k, o in enumerate(chosen):
         o = o.float()
-        total = total + o.square().mean() + (k + 1) * 0.1 * torch.tanh(o).mean()
+        if kind == "sum":
+            total = total + (k + 1) * 0.01 * o.sum()
+        else:
+            total = total + o.square().mean() + (k + 1) * 0.1 * torch.tanh(o).mean()
     return total
 
 
@@ -148,9 +153,9 @@ def run(
     for i, x in enumerate(inputs):
         with autocast:
             out = model(x)
-            loss = loss_of(out, trial.read)
+            loss = loss_of(out, trial.read, trial.loss)
             if trial.two_forwards:
-                loss = loss + 0.5 * loss_of(model(x.flip(0)), trial.read)
+                loss = loss + 0.5 * loss_of(model(x.flip(0)), trial.read, trial.loss)
         (loss / trial.accumulation).backward()
         losses.append(float(loss.detach()))
         if trial.keep_outputs:

@@ -34,6 +34,18 @@ def test_channels_last_inputs(backend: str, device: str) -> None:
     assert replay.recorder["replay"] == 5
 
 
+@pytest.mark.parametrize(
+    "trial",
+    [Trial(accumulation=2, channels_last_inputs=True), Trial(accumulation=2, loss="sum"), Trial(channels_last_inputs=True, loss="sum")],
+    ids=["channels_last_inputs", "broadcast_grads", "both"],
+)
+def test_gradients_in_another_layout_than_the_outputs(backend: str, device: str, trial: Trial) -> None:
+    """The backward graph is captured for the layout the loss's gradients really have."""
+    diffs, _, replay = compare(trial.with_(device=device), DetectionNet, backend=backend)
+    assert diffs == []
+    assert replay.recorder["replay"] == trial.steps * trial.accumulation - 1
+
+
 def test_autocast_bf16(backend: str, device: str) -> None:
     trial = Trial(accumulation=2, autocast=torch.bfloat16, device=device)
     diffs, _, replay = compare(trial, DetectionNet, backend=backend)

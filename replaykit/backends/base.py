@@ -39,7 +39,7 @@ class Recording(ABC):
     out_spec: TreeSpec
     differentiable: tuple[int, ...]
     params: list[torch.Tensor]
-    static_grads: list[torch.Tensor | None]  # one per target; None where no output reaches it
+    static_grads: list[torch.Tensor | None]  # one per target (None: unreached, or not captured yet)
     generation: int = 0
     _builder: Callable[[Sequence[torch.Tensor]], Any] | None = None
 
@@ -54,20 +54,20 @@ class Recording(ABC):
         """Recompute static outputs and activations from the static inputs."""
 
     @abstractmethod
-    def replay_backward(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
-        """Gradients for every target from a gradient for every differentiable output.
+    def backward(self, grads: Sequence[torch.Tensor | None]) -> tuple[list[torch.Tensor | None], str | None]:
+        """Gradients for every target from one gradient (or None) per differentiable output.
 
-        Returns tensors aliasing the static gradient buffers (None where a target is
-        unreachable from every output).
+        Returns ``(gradients, how)``. ``how`` is None for a replay: the gradients alias
+        static buffers. Otherwise it names why the backward ran eagerly through the
+        recorded autograd graph, exactly as eager would (``"partial"``: only some
+        outputs have a gradient; ``"first"``, ``"layout"``: the backward graph is not
+        captured for these gradients), and the gradients are fresh tensors. A target no
+        output with a gradient reaches gets None.
         """
 
-    @abstractmethod
-    def partial_backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        """Gradients as eager computes them when only some outputs receive one.
-
-        Only the outputs with a gradient are differentiated, so a target they do not
-        reach gets None. Returns fresh tensors that alias nothing static.
-        """
+    def prepare(self) -> bool:
+        """Called before each forward replay; True when it captured new static gradient buffers."""
+        return False
 
     @abstractmethod
     def free(self) -> None:

@@ -1,8 +1,14 @@
 """The CUDA backend: ``torch.cuda.CUDAGraph`` recordings sharing one private memory pool.
 
 Recording follows ``torch.cuda.make_graphed_callables``: warm-up iterations on a side
-stream, then one graph for the forward and one for the full backward, captured into
-the recorder's pool. Autocast's cast cache is off while capturing (a cached cast
+stream, then a graph for the forward, captured into the recorder's pool. The backward
+graph is captured once the first backward has shown which outputs receive a
+gradient and in what memory layout (a loss's gradient is often contiguous, or a
+broadcast, where the output is channels-last): a graph replays fixed kernels, and a
+reduction over another layout sums in another order, so a static gradient buffer of
+the wrong layout would differ from eager in the last bits (seen on the H200 for
+channels-last inputs). The first backward, and any later one whose outputs or
+layouts differ, runs eagerly through the recorded autograd graph, which is exact. Autocast's cast cache is off while capturing (a cached cast
 would outlive the capture). The default CUDA generator is registered with each graph
 by ``torch.cuda.graph``, so dropout replays advance the Philox offset as eager does.
 
@@ -16,8 +22,8 @@ speed at the launch-bound size).
 The forward is captured under saved-tensor hooks (``_Saved``) that keep the
 captured autograd graph usable after the optimizer updates parameters in place (no
 version check) and after the backward capture let its activations go:
-``partial_backward`` differentiates through it only the outputs that received a
-gradient, exactly as eager would.
+the eager path differentiates through it only the outputs that received a gradient,
+exactly as eager would.
 """
 
 from __future__ import annotations
@@ -127,31 +133,69 @@ class CudaRecording(Recording):
         torch.cuda.synchronize(device)
 
         self._fwd = torch.cuda.CUDAGraph()
-        hooks = _SavedHooks()
-        with torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack), torch.cuda.graph(self._fwd, pool=pool):
+        self._hooks = _SavedHooks()
+        with (
+            torch.autograd.graph.saved_tensors_hooks(self._hooks.pack, self._hooks.unpack),
+            torch.cuda.graph(self._fwd, pool=pool),
+        ):
             outs = forward()
         self.differentiable = differentiable_indices(outs)
         self.static_outputs = outs
-        self._static_grad_outputs = [torch.empty_like(outs[i]) for i in self.differentiable]
-        self._bwd = torch.cuda.CUDAGraph()
-        hooks.release = True  # the capture frees each saved tensor after its last read
-        with torch.cuda.graph(self._bwd, pool=pool):
-            grads = backward(outs, self._static_grad_outputs, retain=True)
-        hooks.release = False
-        self.static_grads: list[torch.Tensor | None] = list(grads)
+        self.static_grads = [None] * len(self._targets)
+        self._pool, self._device = pool, device
+        self._bwd: torch.cuda.CUDAGraph | None = None
+        self._bwd_layout: tuple | None = None
+        self._grad_bases: list[torch.Tensor | None] = []
+        self._wanted: list[tuple | None] | None = None
 
     def replay_forward(self) -> None:
         self._fwd.replay()
         self.generation += 1
 
-    def replay_backward(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
-        for static, g in zip(self._static_grad_outputs, grads, strict=True):
-            if static.data_ptr() != g.data_ptr():
-                static.copy_(g)
-        self._bwd.replay()
-        return [None if g is None else g.detach() for g in self.static_grads]
+    def backward(self, grads: Sequence[torch.Tensor | None]) -> tuple[list[torch.Tensor | None], str | None]:
+        if self._bwd is not None and _layout(grads) == self._bwd_layout:
+            for base, g in zip(self._grad_bases, grads, strict=True):
+                if base is not None:
+                    base.copy_(_compact(g))  # type: ignore[arg-type]
+            self._bwd.replay()
+            return [None if g is None else g.detach() for g in self.static_grads], None
+        if self._bwd is None and self._wanted is None:  # capture for these gradients at the next forward
+            self._wanted = [None if g is None else (g.size(), g.stride(), g.dtype) for g in grads]
+        how = "partial" if any(g is None for g in grads) else ("first" if self._bwd is None else "layout")
+        return self._eager_backward(grads), how
 
-    def partial_backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    def prepare(self) -> bool:
+        """Capture the backward graph for the gradients the first backward brought (once)."""
+        if self._wanted is None or self._bwd is not None:
+            return False
+        wanted, self._wanted = self._wanted, None
+        bases: list[torch.Tensor | None] = []
+        views: list[torch.Tensor] = []
+        for spec in wanted:
+            if spec is None:
+                bases.append(None)
+                continue
+            size, stride, dtype = spec
+            base = torch.empty_strided(_compact_size(size, stride), stride, dtype=dtype, device=self._device)
+            bases.append(base)
+            views.append(base.as_strided(size, stride))  # the incoming layout, broadcasts included
+        read = [i for i, spec in zip(self.differentiable, wanted, strict=True) if spec is not None]
+        graph = torch.cuda.CUDAGraph()
+        self._hooks.release = True  # the capture frees each saved tensor after its last read
+        try:
+            with torch.cuda.device(self._device), torch.cuda.graph(graph, pool=self._pool), torch.autocast("cuda", enabled=False):
+                grads = torch.autograd.grad(
+                    [self.static_outputs[i] for i in read], self._targets, views, retain_graph=True, allow_unused=True
+                )
+        finally:
+            self._hooks.release = False
+        self._bwd, self._bwd_layout = graph, tuple(None if w is None else w[1] for w in wanted)
+        self._grad_bases = bases
+        self.static_grads = list(grads)
+        return True
+
+    def _eager_backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """Eager through the recorded autograd graph: exactly what eager computes for these gradients."""
         pairs = [(i, g) for i, g in zip(self.differentiable, grads, strict=True) if g is not None]
         if not pairs or not self._targets:
             return [None] * len(self._targets)
@@ -167,11 +211,25 @@ class CudaRecording(Recording):
 
     def free(self) -> None:
         self._fwd.reset()
-        self._bwd.reset()
+        if self._bwd is not None:
+            self._bwd.reset()
         self.static_outputs = []
         self.static_grads = []
-        self._static_grad_outputs = []
+        self._grad_bases = []
         self.static_inputs = []
+
+
+def _layout(grads: Sequence[torch.Tensor | None]) -> tuple:
+    return tuple(None if g is None else g.stride() for g in grads)
+
+
+def _compact_size(size: Sequence[int], stride: Sequence[int]) -> list[int]:
+    """Broadcast (stride 0) dimensions shrunk to 1: the memory a gradient really has."""
+    return [1 if st == 0 else sz for sz, st in zip(size, stride, strict=True)]
+
+
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    return t.as_strided(_compact_size(t.size(), t.stride()), t.stride(), t.storage_offset())
 
 
 class CudaBackend(Backend):

@@ -82,7 +82,12 @@ class EmulatedRecording(Recording):
             allow_unused=True,
         )
 
-    def replay_backward(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
+    def backward(self, grads: Sequence[torch.Tensor | None]) -> tuple[list[torch.Tensor | None], str | None]:
+        if any(g is None for g in grads):
+            return self._partial(grads), "partial"
+        return self._replay_backward(grads), None  # type: ignore[arg-type]
+
+    def _replay_backward(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
         computed = self._grad(self.differentiable, grads)
         out: list[torch.Tensor | None] = []
         with torch.no_grad():
@@ -94,7 +99,7 @@ class EmulatedRecording(Recording):
                     out.append(static.detach())
         return out
 
-    def partial_backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    def _partial(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         pairs = [(i, g) for i, g in zip(self.differentiable, grads, strict=True) if g is not None]
         return list(self._grad([i for i, _ in pairs], [g for _, g in pairs]))
 
