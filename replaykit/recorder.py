@@ -245,8 +245,6 @@ class Recorder:
         self._aliases[key].add_grads([(p, g) for p, g in zip(params, grads, strict=True) if g is not None])
 
     def _replay(self, call: int, recording: Recording, key: tuple, callargs: CallArgs) -> Any:
-        if recording.prepare():  # a backward graph was captured: its buffers join copy-out
-            self._guard_new_grads(key, recording)
         step = _Step(self, recording, key, call, len(callargs.tensors))
         outputs = _Replay.apply(step, *callargs.tensors, *recording.params)
         self._aliases[key].handed_out(outputs)
@@ -300,6 +298,8 @@ class Recorder:
                 torch.zeros_like(recording.static_outputs[i]) if g is None else g
                 for i, g in zip(recording.differentiable, wanted, strict=True)
             ]
+        if recording.prepare_backward(wanted):  # a backward graph was captured: its buffers join copy-out
+            self._guard_new_grads(step.key, recording)
         result, how = recording.backward(wanted)
         if how is None:
             self._aliases[step.key].handed_out()

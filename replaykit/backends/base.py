@@ -60,13 +60,13 @@ class Recording(ABC):
         Returns ``(gradients, how)``. ``how`` is None for a replay: the gradients alias
         static buffers. Otherwise it names why the backward ran eagerly through the
         recorded autograd graph, exactly as eager would (``"partial"``: only some
-        outputs have a gradient; ``"first"``, ``"layout"``: the backward graph is not
-        captured for these gradients), and the gradients are fresh tensors. A target no
+        outputs have a gradient; ``"layout"``: the backward graph was captured for
+        other gradient layouts; ``"capture failed: ..."``), and the gradients are fresh tensors. A target no
         output with a gradient reaches gets None.
         """
 
-    def prepare(self) -> bool:
-        """Called before each forward replay; True when it captured new static gradient buffers."""
+    def prepare_backward(self, grads: Sequence[torch.Tensor | None]) -> bool:
+        """Called before each ``backward``; True when it captured new static gradient buffers."""
         return False
 
     @abstractmethod

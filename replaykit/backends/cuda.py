@@ -2,13 +2,13 @@
 
 Recording follows ``torch.cuda.make_graphed_callables``: warm-up iterations on a side
 stream, then a graph for the forward, captured into the recorder's pool. The backward
-graph is captured once the first backward has shown which outputs receive a
+graph is captured at the first backward, once it shows which outputs receive a
 gradient and in what memory layout (a loss's gradient is often contiguous, or a
 broadcast, where the output is channels-last): a graph replays fixed kernels, and a
 reduction over another layout sums in another order, so a static gradient buffer of
 the wrong layout would differ from eager in the last bits (seen on the H200 for
-channels-last inputs). The first backward, and any later one whose outputs or
-layouts differ, runs eagerly through the recorded autograd graph, which is exact. Autocast's cast cache is off while capturing (a cached cast
+channels-last inputs). A later backward whose outputs or layouts differ runs eagerly
+through the recorded autograd graph, which is exact. Autocast's cast cache is off while capturing (a cached cast
 would outlive the capture). The default CUDA generator is registered with each graph
 by ``torch.cuda.graph``, so dropout replays advance the Philox offset as eager does.
 
@@ -146,7 +146,7 @@ class CudaRecording(Recording):
         self._bwd: torch.cuda.CUDAGraph | None = None
         self._bwd_layout: tuple | None = None
         self._grad_bases: list[torch.Tensor | None] = []
-        self._wanted: list[tuple | None] | None = None
+        self.capture_error: str | None = None
 
     def replay_forward(self) -> None:
         self._fwd.replay()
@@ -159,39 +159,50 @@ class CudaRecording(Recording):
                     base.copy_(_compact(g))  # type: ignore[arg-type]
             self._bwd.replay()
             return [None if g is None else g.detach() for g in self.static_grads], None
-        if self._bwd is None and self._wanted is None:  # capture for these gradients at the next forward
-            self._wanted = [None if g is None else (g.size(), g.stride(), g.dtype) for g in grads]
-        how = "partial" if any(g is None for g in grads) else ("first" if self._bwd is None else "layout")
+        how = "partial" if any(g is None for g in grads) else "layout"
+        if self._bwd is None:
+            how = f"capture failed: {self.capture_error}"
         return self._eager_backward(grads), how
 
-    def prepare(self) -> bool:
-        """Capture the backward graph for the gradients the first backward brought (once)."""
-        if self._wanted is None or self._bwd is not None:
+    def prepare_backward(self, grads: Sequence[torch.Tensor | None]) -> bool:
+        """At the first backward: capture the backward graph for these gradients, in their layout.
+
+        Runs inside the replayed node's backward, on the autograd engine's thread; the
+        capture's own autograd call is a reentrant backward over the recorded graph.
+        The capture frees each saved tensor after its last read, so the graph's
+        temporaries reuse activation memory as in ``make_graphed_callables``.
+        """
+        if self._bwd is not None or self.capture_error is not None:
             return False
-        wanted, self._wanted = self._wanted, None
         bases: list[torch.Tensor | None] = []
         views: list[torch.Tensor] = []
-        for spec in wanted:
-            if spec is None:
+        for g in grads:
+            if g is None:
                 bases.append(None)
                 continue
-            size, stride, dtype = spec
-            base = torch.empty_strided(_compact_size(size, stride), stride, dtype=dtype, device=self._device)
+            base = torch.empty_strided(_compact_size(g.size(), g.stride()), g.stride(), dtype=g.dtype, device=g.device)
             bases.append(base)
-            views.append(base.as_strided(size, stride))  # the incoming layout, broadcasts included
-        read = [i for i, spec in zip(self.differentiable, wanted, strict=True) if spec is not None]
+            views.append(base.as_strided(g.size(), g.stride()))  # the incoming layout, broadcasts included
+        read = [i for i, g in zip(self.differentiable, grads, strict=True) if g is not None]
         graph = torch.cuda.CUDAGraph()
-        self._hooks.release = True  # the capture frees each saved tensor after its last read
+        self._hooks.release = True
         try:
-            with torch.cuda.device(self._device), torch.cuda.graph(graph, pool=self._pool), torch.autocast("cuda", enabled=False):
-                grads = torch.autograd.grad(
+            with (
+                torch.cuda.device(self._device),
+                torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"),
+                torch.autocast("cuda", enabled=False),
+            ):
+                static = torch.autograd.grad(
                     [self.static_outputs[i] for i in read], self._targets, views, retain_graph=True, allow_unused=True
                 )
+        except Exception as exc:  # the eager path stays exact; the journal says why
+            self.capture_error = f"{type(exc).__name__}: {exc}"
+            return False
         finally:
             self._hooks.release = False
-        self._bwd, self._bwd_layout = graph, tuple(None if w is None else w[1] for w in wanted)
+        self._bwd, self._bwd_layout = graph, _layout(grads)
         self._grad_bases = bases
-        self.static_grads = list(grads)
+        self.static_grads = list(static)
         return True
 
     def _eager_backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
