@@ -18,8 +18,9 @@ def test_unread_outputs_leave_none(backend: str, device: str, accumulation: int)
     assert diffs == []
     assert eager.state["grad/step0/o2m_box.weight"] is None
     assert eager.state["grad/step0/o2m_cls.weight"] is not None
-    assert replay.recorder["backward_reasons"]["partial"] >= 1  # eager through the recorded graph
     assert replay.recorder["eager"] == 0
+    if backend == "emulated":  # eager through the recorded graph; CUDA captures its graph for these heads
+        assert replay.recorder["backward_reasons"]["partial"] >= 1
 
 
 def test_without_the_none_pattern_unread_heads_get_zeros(backend: str, device: str) -> None:

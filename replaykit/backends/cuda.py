@@ -77,9 +77,24 @@ class _SavedHooks:
 
     def __init__(self) -> None:
         self.release = False
+        self.saved: list[_Saved] = []
 
     def pack(self, t: torch.Tensor) -> _Saved:
-        return _Saved(t)
+        saved = _Saved(t)
+        self.saved.append(saved)
+        return saved
+
+    def disown(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Saved tensors on these tensors' storage are owned by them already: hold no second reference.
+
+        Copy-out counts a static output's references; one that disappeared later, when
+        the backward capture lets saved tensors go, would read as a change.
+        """
+        storages = {t.untyped_storage().data_ptr() for t in tensors}
+        for saved in self.saved:
+            if saved.tensor is not None and saved.meta[0] in storages:
+                saved.tensor = None
+        self.saved = []
 
     def unpack(self, saved: _Saved) -> torch.Tensor:
         return saved.get(self.release)
@@ -141,6 +156,7 @@ class CudaRecording(Recording):
             outs = forward()
         self.differentiable = differentiable_indices(outs)
         self.static_outputs = outs
+        self._hooks.disown(outs)
         self.static_grads = [None] * len(self._targets)
         self._pool, self._device = pool, device
         self._bwd: torch.cuda.CUDAGraph | None = None
