@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 KINDS: tuple[str, ...] = ("record", "replay", "eager", "backward", "copy_out", "retire", "release", "unsafe")
 #: Kinds whose reasons are tallied: eager forwards, and backwards not replayed from a graph.
 REASONED: tuple[str, ...] = ("eager", "backward")
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(NamedTuple):
     """One thing the recorder did: ``kind`` with an optional ``reason``, during forward call ``call``."""
 
     seq: int
