@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo gpu lint bench clean
+.PHONY: venv test demo demo-core gpu lint bench clean
 
 venv: $(STAMP)
 
@@ -20,8 +20,15 @@ $(STAMP): pyproject.toml Makefile
 test: $(STAMP)
 	$(BIN)/ruff check replaykit tests scripts
 	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
+		--nbval-sanitize-with notebooks/nbval_sanitize.cfg notebooks
 
+# The main job: the parity notebook on the device present, saved under runs/ with its summary.
 demo: $(STAMP)
+	$(BIN)/python scripts/demo.py
+
+# Replay vs eager with plain PyTorch (no notebook): a parity table and a journal.
+demo-core: $(STAMP)
 	$(BIN)/python -m replaykit.demo
 
 # On a GPU host with torch already installed: the CUDA tests, no venv.

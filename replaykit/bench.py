@@ -199,6 +199,20 @@ def table(results: list[ArmResult]) -> list[dict[str, Any]]:
     return rows
 
 
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Ratios per size for summary.json, and one line for a log."""
+    mine = [r for r in rows if r["arm"] == "replaykit"]
+    parts = []
+    for r in mine:
+        vs = f", {r['time_vs_mgc']:.3f}x mgc time, {r['mem_vs_mgc']:.3f}x mgc memory" if "time_vs_mgc" in r else ""
+        parts.append(f"{r['size']}: {r['speedup_vs_eager']:.2f}x eager{vs}")
+    return {
+        "line": "replaykit " + "; ".join(parts) + f"; bitwise equal to eager: {all(r['equals_eager'] for r in mine)}",
+        "replaykit_equal": all(r["equals_eager"] for r in mine),
+        "rows": rows,
+    }
+
+
 MARKDOWN_COLUMNS = (
     "size", "arm", "median_ms", "p10_ms", "p90_ms", "speedup_vs_eager", "time_vs_mgc", "peak_mib", "mem_vs_mgc", "equals_eager",
 )

@@ -335,6 +335,30 @@ def run_matrix(
             bar.close()
 
 
+def summary(results: Iterable[ScenarioResult]) -> dict[str, Any]:
+    """Counts for a run's summary.json, and the one line an engineering log quotes."""
+    results = list(results)
+    table = rows(results)
+    replay = [r for r in table if r["arm"] == "replay"]
+    unsafe = [r for r in table if r["arm"] != "replay"]
+    diverged = [r for r in unsafe if not r["equal"]]
+    line = (
+        f"{sum(r.passed for r in results)}/{len(results)} scenarios passed; replay arm: "
+        f"{sum(r['equal'] for r in replay)}/{len(replay)} bitwise equal; unsafe arms: "
+        f"{len(diverged)}/{len(unsafe)} diverged"
+    )
+    return {
+        "line": line,
+        "scenarios": len(results),
+        "passed": sum(r.passed for r in results),
+        "failed": [r.scenario.name for r in results if not r.passed],
+        "replay_equal": sum(r["equal"] for r in replay),
+        "replay_cases": len(replay),
+        "unsafe_diverged": len(diverged),
+        "unsafe_cases": len(unsafe),
+    }
+
+
 def _median_steady(ms: list[float]) -> float:
     steady = ms[2:] if len(ms) > 4 else ms
     return statistics.median(steady) if steady else float("nan")

@@ -1,0 +1,41 @@
+#!/usr/bin/env python3
+"""`make demo`: run notebooks/parity.ipynb on the device present, then print where it was saved and its table.
+
+    python scripts/demo.py [--runs-dir runs] [-y '{"tasks": ["detection"]}']
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from replaykit import tables  # noqa: E402
+from replaykit.runs import run_notebook, summary_line  # noqa: E402
+
+COLUMNS = ["scenario", "arm", "expected", "equal", "ok", "recordings", "replays", "eager_reasons", "native_step_ms", "arm_step_ms"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs-dir", type=Path, default=ROOT / "runs")
+    ap.add_argument("-y", "--yaml", default="{}", help="parameters as JSON/YAML, e.g. '{\"device\": \"cuda\"}'")
+    args = ap.parse_args(argv)
+    result = run_notebook(ROOT / "notebooks" / "parity.ipynb", json.loads(args.yaml), runs_dir=args.runs_dir, cwd=ROOT)
+    print(f"\nsaved: {result.run_dir}")
+    table = result.run_dir / "parity.csv"
+    if table.exists():
+        with table.open() as f:
+            print(tables.text(list(csv.DictReader(f)), COLUMNS))
+    print(summary_line(result.summary))
+    print((result.summary.get("results") or {}).get("line", ""))
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
