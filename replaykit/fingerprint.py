@@ -83,18 +83,20 @@ def _git_info(tree: Path) -> dict[str, Any]:
 
 
 def tree_info(tree: str | Path | None = None) -> dict[str, Any]:
-    """Commit and dirty flag of ``tree``: its manifest if it has one, else its git checkout.
+    """Commit and dirty flag of ``tree``: its git checkout if it is one, else its manifest.
 
-    ``tree`` must be the root of the tree (a directory with ``.git`` or the manifest);
-    a subdirectory of some other checkout is not attributed to that checkout.
+    A checkout's own history wins over a manifest lying in it (which may be stale);
+    an uploaded tree has no ``.git`` and is known by its manifest. ``tree`` must be
+    the root of the tree; a subdirectory of some other checkout is not attributed
+    to that checkout.
     """
     path = Path(tree) if tree is not None else default_tree()
     path = path.resolve()
     base = {"path": str(path)}
-    if (path / MANIFEST_NAME).is_file():
-        return base | _manifest_info(path / MANIFEST_NAME)
     if (path / ".git").exists():
         return base | _git_info(path)
+    if (path / MANIFEST_NAME).is_file():
+        return base | _manifest_info(path / MANIFEST_NAME)
     return base | {"source": None, "commit": None, "dirty": None}
 
 

@@ -73,14 +73,20 @@ def test_git_commit_and_dirty(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-def test_manifest_preferred(tmp_path: Path) -> None:
-    _git_tree(tmp_path)
+def test_manifest_of_an_uploaded_tree(tmp_path: Path) -> None:
     manifest = {"commit": "feedbeef" * 5, "dirty": False, "sha256": "0" * 64, "files": 3}
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(manifest))
     tree = fingerprint(tmp_path)["tree"]
     assert tree["source"] == "manifest"
     assert (tree["commit"], tree["dirty"], tree["sha256"]) == (manifest["commit"], False, "0" * 64)
     assert tree["manifest"] == manifest and "error" not in tree
+
+
+def test_a_checkout_is_known_by_git_even_with_a_stale_manifest(tmp_path: Path) -> None:
+    _git_tree(tmp_path)
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps({"commit": "feedbeef" * 5, "dirty": False, "sha256": "0" * 64}))
+    tree = fingerprint(tmp_path)["tree"]
+    assert tree["source"] == "git" and tree["commit"] != "feedbeef" * 5
 
 
 def test_bad_manifest_is_reported(tmp_path: Path) -> None:
