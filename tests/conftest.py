@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import warnings
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -33,6 +35,21 @@ def backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def device(backend: str) -> str:
     return "cuda" if backend == "cuda" else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _restore_global_flags() -> Iterator[None]:
+    """Trainer(deterministic=True) and seed_everything set process-wide state; put it back."""
+    algorithms = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    env = {k: os.environ.get(k) for k in ("CUBLAS_WORKSPACE_CONFIG", "PL_GLOBAL_SEED")}
+    yield
+    torch.use_deterministic_algorithms(algorithms, warn_only=warn_only)
+    for key, value in env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 @pytest.fixture(autouse=True)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from types import SimpleNamespace
 
 import lightning as L
@@ -20,21 +18,6 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:.*does not have many workers.*",
     "ignore:`isinstance.treespec, LeafSpec.` is deprecated",
 )
-
-
-@pytest.fixture(autouse=True)
-def _restore_global_flags() -> Iterator[None]:
-    """Trainer(deterministic=True) and seed_everything set process-wide state; put it back."""
-    algorithms = torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    env = {k: os.environ.get(k) for k in ("CUBLAS_WORKSPACE_CONFIG", "PL_GLOBAL_SEED")}
-    yield
-    torch.use_deterministic_algorithms(algorithms, warn_only=warn_only)
-    for key, value in env.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
 
 
 def _cpu_fp16_scaler_works() -> bool:
