@@ -140,7 +140,7 @@ class Recorder:
 
     @property
     def backward_reasons(self) -> Counter[str]:
-        """Backwards run eagerly through the recorded graph, by reason (``partial``, ``first``, ``layout``)."""
+        """Backwards run eagerly through the recorded graph, by reason (``partial``, ``layout``, ``capture failed: ...``)."""
         return Counter(self.journal.backward_reasons)
 
     @property
@@ -194,10 +194,9 @@ class Recorder:
         return self._replay(call, recording, key, callargs)
 
     def _eager(self, call: int, reason: str, args: tuple, kwargs: dict) -> Any:
-        if self.strict and reason != "retired":
-            raise ReplayError(f"replaykit: call {call} would run eagerly: {reason}")
         if self.strict:
-            raise ReplayError(f"replaykit: recorder is retired ({self.retire_reason})")
+            why = f"recorder is retired ({self.retire_reason})" if reason == "retired" else f"call {call} would run eagerly: {reason}"
+            raise ReplayError(f"replaykit: {why}")
         self.journal.add("eager", call, reason)
         return self._forward(*args, **kwargs)
 
