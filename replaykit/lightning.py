@@ -38,6 +38,21 @@ def resolve(root: nn.Module, path: str) -> nn.Module:
     return module
 
 
+#: Strategies under which replay keeps parity: one device, and DDP (gradients reach the
+#: parameters' AccumulateGrad nodes as in eager, so DDP's hooks all-reduce them unchanged).
+SUPPORTED_STRATEGIES = ("SingleDeviceStrategy", "DDPStrategy")
+
+
+def unsupported(trainer: L.Trainer) -> str | None:
+    """Why replay must not run under this trainer's configuration, or None."""
+    strategy = type(trainer.strategy).__name__
+    if strategy not in SUPPORTED_STRATEGIES:
+        return f"strategy {strategy} is not supported (supported: {', '.join(SUPPORTED_STRATEGIES)})"
+    if "bf16" in str(trainer.precision) and trainer.strategy.root_device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return "bf16-mixed: this GPU has no bf16 support"
+    return None
+
+
 class ReplayCallback(L.Callback):
     """Record and replay the named submodules during every ``fit``."""
 
@@ -60,10 +75,10 @@ class ReplayCallback(L.Callback):
         modules = {path: resolve(pl_module, path) for path in self.paths}
         self.recorders = {path: capture(module, **self.capture_kwargs) for path, module in modules.items()}
         self.fits += 1
-        if "bf16" in str(trainer.precision):
+        reason = unsupported(trainer)
+        if reason is not None:  # the same on every rank: no rank replays while another runs eager
             for rec in self.recorders.values():
-                if rec.backend.name == "cuda" and not torch.cuda.is_bf16_supported():
-                    rec.retire("bf16-mixed: this GPU has no bf16 support")
+                rec.retire(reason)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._release()

@@ -65,6 +65,7 @@ class Scenario:
     assign_at_step: int | None = None  # load_state_dict(..., assign=True) into net at this step
     seed: int = 0
     device: str = "cpu"
+    devices: int = 1  # processes (DDP when > 1: launched by replaykit.ddp_parity under torchrun)
 
     @property
     def name(self) -> str:
@@ -195,7 +196,9 @@ def _trainer(scenario: Scenario, callbacks: list[L.Callback], epochs: int, **ext
         logging.getLogger(name).setLevel(logging.ERROR)
     return L.Trainer(
         accelerator="gpu" if scenario.device.startswith("cuda") else "cpu",
-        devices=1,
+        devices=scenario.devices,
+        strategy="ddp" if scenario.devices > 1 else "auto",
+        use_distributed_sampler=False,  # the datamodule shards its fixed batches by rank itself
         max_epochs=epochs,
         max_steps=scenario.max_steps,
         accumulate_grad_batches=scenario.accumulation,

@@ -29,19 +29,24 @@ Batch = dict[str, torch.Tensor]
 
 
 class FixedBatches(Sampler[list[int]]):
-    """A batch sampler over consecutive indices with the given batch sizes, in order."""
+    """A batch sampler over consecutive indices with the given batch sizes, in order.
 
-    def __init__(self, sizes: Sequence[int]) -> None:
+    Under data parallelism rank ``rank`` of ``world`` takes every ``world``-th batch.
+    """
+
+    def __init__(self, sizes: Sequence[int], rank: int = 0, world: int = 1) -> None:
         self.sizes = list(sizes)
+        self.rank, self.world = rank, world
 
     def __iter__(self) -> Iterator[list[int]]:
         start = 0
-        for size in self.sizes:
-            yield list(range(start, start + size))
+        for i, size in enumerate(self.sizes):
+            if i % self.world == self.rank:
+                yield list(range(start, start + size))
             start += size
 
     def __len__(self) -> int:
-        return len(self.sizes)
+        return len(range(self.rank, len(self.sizes), self.world))
 
 
 def batch_sizes(n: int, batch_size: int, layout: str) -> list[int]:
@@ -190,10 +195,15 @@ class SyntheticDataModule(L.LightningDataModule):
     def n_val(self) -> int:
         return len(self.val_data["image"])
 
+    def _shard(self) -> tuple[int, int]:
+        """This process's rank and the world size (0, 1 outside distributed training)."""
+        trainer = getattr(self, "trainer", None)
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
     def _loader(self, data: Batch, sizes: Sequence[int]) -> DataLoader:
         return DataLoader(
             range(sum(sizes)),
-            batch_sampler=FixedBatches(sizes),
+            batch_sampler=FixedBatches(sizes, *self._shard()),
             collate_fn=partial(_collate, data, self.channels_last),
             num_workers=0,
         )
