@@ -5,25 +5,45 @@
     ...
     rec.journal, rec.counts, rec.eager_reasons, rec.retired, rec.retire_reason
     rec.release()
+
+The names below load on first use, so the workflow tools (``replaykit.runs``,
+``replaykit.pack``, ``replaykit.verify`` ...) start without importing torch.
 """
 
 from __future__ import annotations
 
-from .errors import ReplayError, ReplayWarning
-from .journal import Event, Journal
-from .protections import PROTECTIONS
-from .recorder import Recorder, capture, recorder_of
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "PROTECTIONS",
-    "Event",
-    "Journal",
-    "Recorder",
-    "ReplayError",
-    "ReplayWarning",
+_EXPORTS = {
+    "PROTECTIONS": "protections",
+    "Event": "journal",
+    "Journal": "journal",
+    "Recorder": "recorder",
+    "ReplayError": "errors",
+    "ReplayWarning": "errors",
+    "capture": "recorder",
+    "recorder_of": "recorder",
+}
+
+__all__ = [  # noqa: RUF022 - the public names, then the version
+    "PROTECTIONS", "Event", "Journal", "Recorder", "ReplayError", "ReplayWarning", "capture", "recorder_of",
     "__version__",
-    "capture",
-    "recorder_of",
 ]
+
+if TYPE_CHECKING:
+    from .errors import ReplayError, ReplayWarning
+    from .journal import Event, Journal
+    from .protections import PROTECTIONS
+    from .recorder import Recorder, capture, recorder_of
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'replaykit' has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
