@@ -101,10 +101,33 @@ def write_results(run_dir: str | Path | None, results: dict[str, Any]) -> None:
 # --- parameters from a command line -----------------------------------------
 
 
+_TYPES: dict[str, tuple[type, ...]] = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,), "list": (list,), "dict": (dict,)}
+
+
+def check_parameter_types(notebook: Path, params: dict[str, Any]) -> None:
+    """Refuse, before anything runs, a parameter whose value does not match its declared type.
+
+    ``-p quick false`` would otherwise inject the string ``"false"``, which is truthy.
+    """
+    import nbformat
+    from papermill.translators import PythonTranslator
+
+    cells = [c for c in nbformat.read(str(notebook), as_version=4).cells if "parameters" in c.metadata.get("tags", [])]
+    declared = {p.name: p.inferred_type_name for cell in cells for p in PythonTranslator.inspect(cell)}
+    for name, value in params.items():
+        kind = declared.get(name, "")
+        allowed = _TYPES.get(kind)
+        if allowed is None or value is None:
+            continue
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise TypeError(f"parameter {name!r} of {Path(notebook).name} is declared {kind}; got {value!r} ({type(value).__name__})")
+
+
 def cli_value(text: str) -> Any:
-    """Convert a ``-p`` value as papermill's CLI does: True/False/None, int, float, else str."""
-    if text in ("True", "False", "None"):
-        return {"True": True, "False": False, "None": None}[text]
+    """Convert a ``-p`` value as papermill's CLI does (True/False/None, int, float, else str),
+    accepting true/false/none in any case too."""
+    if text.lower() in ("true", "false", "none"):
+        return {"true": True, "false": False, "none": None}[text.lower()]
     for kind in (int, float):
         try:
             return kind(text)
@@ -324,6 +347,7 @@ def run_notebook(
     if not _has_parameters_cell(source_nb):
         raise ValueError(f"{notebook} has no cell tagged 'parameters'; papermill would only warn")
     params = _jsonable(dict(parameters or {}), "parameters")
+    check_parameter_types(notebook, params)
     if "run_dir" in params:
         raise ValueError("'run_dir' is set by the runner; do not pass it")
     kernel = kernel_name or ensure_kernel()

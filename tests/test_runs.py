@@ -170,3 +170,11 @@ def test_dead_kernel(tmp_path: Path) -> None:
     # papermill marks the dead cell and the never-run ones "completed"; the runner corrects that
     assert [c["status"] for c in s["cells"]][-2:] == ["failed", "pending"]
     assert result.notebook.is_file()
+
+
+def test_parameter_of_the_wrong_type_is_refused_before_running(tmp_path: Path) -> None:
+    nb = ROOT / "notebooks" / "benchmark.ipynb"
+    with pytest.raises(TypeError, match="quick"):
+        run_notebook(nb, {"quick": "false"}, runs_dir=tmp_path, progress=False)
+    assert not list(tmp_path.iterdir())  # nothing ran, nothing was written
+    assert cli_parameters([("quick", "false")], [], []) == {"quick": False}
