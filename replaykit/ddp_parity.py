@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from .bitwise import TensorDiff, diff_states
-from .parity import Scenario, quiet_replay_warnings, run_arm
+from .parity import ArmOutcome, Scenario, ScenarioResult, quiet_replay_warnings, run_arm
 
 
 def launch(scenario: Scenario, arm: str, out_dir: Path, timeout: float = 600) -> list[dict[str, Any]]:
@@ -75,6 +75,31 @@ def compare(scenario: Scenario, arms: tuple[str, ...] = ("native", "replay")) ->
         "errors": errors,
         "steps": [int(o["state"]["progress/global_step"]) for o in outcomes["native"]],
     }
+
+
+def run_scenario(scenario: Scenario, arms: tuple[str, ...] = ("native", "replay")) -> ScenarioResult:
+    """``compare`` as a :class:`ScenarioResult`: rank 0's outcomes, every rank's diffs (``rank<r>/...``).
+
+    Ranks that disagree with each other add a ``ranks/disagree`` row to the replay arm.
+    """
+    names = ("native", *[a for a in arms if a != "native"])
+    with tempfile.TemporaryDirectory() as tmp:
+        per_rank = {arm: launch(scenario, arm, Path(tmp)) for arm in names}
+    native = per_rank["native"]
+    outcomes, diffs = {}, {}
+    for arm, ranks in per_rank.items():
+        error = next((r["error"] for r in ranks if r["error"]), None)
+        outcomes[arm] = ArmOutcome(arm, ranks[0]["state"], ranks[0]["recorder"], [], 0.0, error)
+        if arm != "native":
+            diffs[arm] = [
+                TensorDiff(f"rank{r}/{d.name}", d.problem, d.max_abs, d.max_ulp, d.mismatched, d.numel)
+                for r, (n, o) in enumerate(zip(native, ranks, strict=True))
+                for d in diff_states(n["state"], o["state"])
+            ]
+    weights = [{k: v for k, v in o["state"].items() if k.startswith("param/")} for o in per_rank["replay"]]
+    if any(diff_states(weights[0], w) for w in weights[1:]):
+        diffs["replay"].append(TensorDiff("ranks/disagree", "values"))
+    return ScenarioResult(scenario, outcomes, diffs)
 
 
 def _worker(spec_path: Path) -> None:

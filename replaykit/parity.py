@@ -328,7 +328,12 @@ def run_matrix(
     try:
         for scenario in scenarios:
             arms = ["replay", *(unsafe_arms(scenario) if with_unsafe else [])]
-            result = run_scenario(scenario, arms)
+            if scenario.devices > 1:  # each arm as DDP processes under torchrun
+                from .ddp_parity import run_scenario as run_ddp
+
+                result = run_ddp(scenario, ("native", *arms))
+            else:
+                result = run_scenario(scenario, arms)
             if bar is not None:
                 bar.set_postfix_str(f"{scenario.name}: {'pass' if result.passed else 'FAIL'}")
                 bar.update()

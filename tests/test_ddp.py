@@ -40,3 +40,17 @@ def test_unsupported_strategy_retires_every_recorder() -> None:
     rec = cb.recorders["net"]
     assert rec.retired and "FSDPStrategy" in rec.retire_reason
     cb.on_fit_end(trainer, task)
+
+
+@pytest.mark.slow
+def test_parity_notebook_with_ddp(tmp_path) -> None:
+    pytest.importorskip("papermill")
+    from pathlib import Path
+
+    from replaykit.runs import run_notebook
+
+    root = Path(__file__).resolve().parents[1]
+    params = {"tasks": ["detection"], "accumulations": [2], "devices": 2, "with_unsafe": True}
+    result = run_notebook(root / "notebooks" / "parity.ipynb", params, runs_dir=tmp_path, cwd=root, progress=False)
+    assert result.ok, result.summary.get("failed_cell")
+    assert result.summary["results"]["replay_equal"] == 1 and result.summary["results"]["unsafe_diverged"] == 1
