@@ -54,3 +54,23 @@ def test_parity_notebook_with_ddp(tmp_path) -> None:
     result = run_notebook(root / "notebooks" / "parity.ipynb", params, runs_dir=tmp_path, cwd=root, progress=False)
     assert result.ok, result.summary.get("failed_cell")
     assert result.summary["results"]["replay_equal"] == 1 and result.summary["results"]["unsafe_diverged"] == 1
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        Scenario(accumulation=1, devices=2, device="cuda"),
+        Scenario(accumulation=2, devices=2, device="cuda"),
+        Scenario(precision="bf16-mixed", accumulation=2, devices=2, device="cuda"),
+    ],
+    ids=lambda s: s.name,
+)
+def test_cuda_ddp_two_gpus(scenario: Scenario) -> None:
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA GPUs")
+    result = compare(scenario, arms=("native", "replay", "unsafe:copy_out") if scenario.accumulation > 1 else ("native", "replay"))
+    assert all(not d for d in result["diffs"]["replay"]) and result["ranks_agree"], result
+    assert all(r["replay"] >= 1 for r in result["recorders"]["replay"])
