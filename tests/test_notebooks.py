@@ -51,3 +51,41 @@ def test_runs_through_papermill_with_injected_parameters(path: Path, tmp_path: P
     assert (result.run_dir / path.name).exists()
     assert result.summary["fingerprint_source"] == "notebook"  # the notebook's own fingerprint cell ran
     assert result.summary.get("results"), "the notebook wrote no results.json"
+
+
+def test_bootstrap_takes_a_packed_archive(tmp_path: Path) -> None:
+    """tree=<archive>: the bootstrap cell unpacks it, checks it against its manifest and imports from it."""
+    pytest.importorskip("papermill")
+    from replaykit.pack import pack
+    from replaykit.runs import run_notebook
+
+    archive = pack(ROOT, tmp_path / "tree.tar.gz").path
+    result = run_notebook(
+        ROOT / "notebooks" / "benchmark.ipynb", {"tree": str(archive), "steps": 6, "rounds": 1},
+        runs_dir=tmp_path / "runs", cwd=tmp_path, progress=False,
+    )
+    assert result.ok, result.summary.get("failed_cell")
+    unpacked = tmp_path / "tree"
+    assert (unpacked / "replaykit" / "__init__.py").exists() or any(unpacked.rglob("replaykit-manifest.json"))
+
+
+def test_bootstrap_refuses_an_edited_archive(tmp_path: Path) -> None:
+    pytest.importorskip("papermill")
+    import io
+    import tarfile
+
+    from replaykit.pack import pack
+    from replaykit.runs import run_notebook
+
+    archive = pack(ROOT, tmp_path / "tree.tar.gz").path
+    edited = tmp_path / "edited.tar.gz"
+    with tarfile.open(archive) as src, tarfile.open(edited, "w:gz") as dst:
+        for member in src.getmembers():
+            data = src.extractfile(member).read() if member.isfile() else None
+            if member.name.endswith("replaykit/bench.py"):
+                data = data + b"\n# edited after packing\n"
+                member.size = len(data)
+            dst.addfile(member, io.BytesIO(data) if data is not None else None)
+    result = run_notebook(ROOT / "notebooks" / "benchmark.ipynb", {"tree": str(edited)}, runs_dir=tmp_path / "runs", cwd=tmp_path, progress=False)
+    assert not result.ok
+    assert "does not match its manifest" in json.dumps(result.summary["failed_cell"])
