@@ -12,7 +12,6 @@ could not be built) appear as errors. Folders without a notebook summary are ski
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from replaykit import tables
+
+from .hashing import file_sha256
 
 __all__ = ["Evidence", "RunEvidence", "collect", "counts_text", "load_run", "result_text", "runtime_text"]
 
@@ -86,14 +87,6 @@ class RunEvidence:
         return failures(self)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def check_integrity(run: RunEvidence) -> None:
     """Set ``run.integrity``: the executed notebook's sha256 against summary.json (and the index)."""
     if run.summary is None:
@@ -109,7 +102,7 @@ def check_integrity(run: RunEvidence) -> None:
         run.integrity = MISSING
         run.problems.append(f"{path}: the executed notebook is missing")
         return
-    actual = _sha256(path)
+    actual = file_sha256(path)
     if actual != recorded:
         run.integrity = EDITED
         run.problems.append(

@@ -24,6 +24,8 @@ from typing import Any
 
 from replaykit.fingerprint import FINGERPRINT_FILE, fingerprint, fingerprint_slug
 
+from .hashing import file_sha256
+
 SUMMARY_FILE = "summary.json"
 RESULTS_FILE = "results.json"
 SCHEMA = 1
@@ -188,10 +190,6 @@ def _make_run_dir(runs_dir: Path, stamp: str, slug: str) -> Path:
             continue
         return path
     raise RuntimeError(f"no free run folder for {stamp}_{slug} in {runs_dir}")
-
-
-def _sha256(path: Path) -> str | None:
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
 def _read_json(path: Path) -> tuple[Any, str | None]:
@@ -478,7 +476,7 @@ def _summarise(
         "input_path": str(notebook.resolve()),
         "run_dir": str(run_dir),
         "output": out_path.name,
-        "sha256": _sha256(out_path),
+        "sha256": file_sha256(out_path) if out_path.is_file() else None,
         "status": status,
         "reason": reason,
         "failed_cell": failed,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import hashlib
 import json
 import os
 import re
@@ -29,6 +28,8 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from replaykit.fingerprint import MANIFEST_NAME, default_tree
+
+from .hashing import file_sha256
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -53,14 +54,6 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 # --- the tree ---------------------------------------------------------------
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _unsafe(name: str) -> bool:
@@ -96,7 +89,7 @@ def check_manifest(tree: Path) -> dict[str, Any] | None:
         target = tree / rel
         if not target.is_file():
             raise ValueError(f"manifest mismatch: {rel} is listed in {MANIFEST_NAME} but missing")
-        actual = _sha256(target)
+        actual = file_sha256(target)
         if actual != str(expected).lower():
             raise ValueError(
                 f"manifest mismatch: {rel} has sha256 {actual[:16]}…, "
