@@ -328,16 +328,18 @@ class Evidence:
         return [p for r in self.runs for p in r.problems]
 
     def rows(self) -> list[dict[str, str]]:
-        """One row per run: Tree, Runtime, Result (and Notebook when runs mix notebooks)."""
+        """One row per run: Tree, Runtime, Result (and Notebook, Environment when runs mix them)."""
         rows = []
         for r in self.runs:
             rows.append({"Tree": r.tree(), "Runtime": r.runtime(), "Result": r.result(),
-                         "Notebook": (r.summary or {}).get("notebook") or (r.cell or {}).get("notebook", "")})  # fmt: skip
+                         "Notebook": (r.summary or {}).get("notebook") or (r.cell or {}).get("notebook", ""),
+                         "Environment": _environment(r)})  # fmt: skip
         return rows
 
     def columns(self) -> tuple[str, ...]:
-        notebooks = {row["Notebook"] for row in self.rows()}
-        return ("Tree", "Notebook", "Runtime", "Result") if len(notebooks) > 1 else COLUMNS
+        rows = self.rows()
+        extra = [c for c in ("Notebook", "Environment") if len({row[c] for row in rows if row[c]}) > 1]
+        return ("Tree", *extra, "Runtime", "Result")
 
     def table(self) -> str:
         return tables.markdown(self.rows(), self.columns())
@@ -364,6 +366,11 @@ class Evidence:
         if self.warnings:
             out += ["", "Warnings:", "", *(f"- {w}" for w in self.warnings)]
         return "\n".join(out) + "\n"
+
+
+def _environment(run: RunEvidence) -> str:
+    """The batch environment's name, else the interpreter that ran (from the fingerprint)."""
+    return run.env or ((run.summary or {}).get("fingerprint") or {}).get("executable") or ""
 
 
 def _link(run: RunEvidence, base: Path, prefix: str = "") -> str:

@@ -127,9 +127,11 @@ def test_failures_links_and_unrun_cells(tmp_path: Path) -> None:
     out = tmp_path / "log"
     md = collect(batches=[path]).markdown(relative_to=out)
     table = md.split("\n\n")[0].splitlines()
-    assert table[2] == "| bb3c0b8 (main) | Python 3.11 / torch 2.9.1+cu129 | 1 failed, 1 passed |"
-    assert table[3] == "| 3cf592d-dirty | Python 3.13 / torch 2.11.0+cu130 / NVIDIA H200 | 1 passed |"
-    assert table[4] == "| 3cf592d (old) | torch2.9 (not run) | error: env build failed |"
+    # two environments in the batch: an Environment column tells their rows apart
+    assert table[0] == "| Tree | Environment | Runtime | Result |"
+    assert table[2] == "| bb3c0b8 (main) | main | Python 3.11 / torch 2.9.1+cu129 | 1 failed, 1 passed |"
+    assert table[3] == "| 3cf592d-dirty | main | Python 3.13 / torch 2.11.0+cu130 / NVIDIA H200 | 1 passed |"
+    assert table[4] == "| 3cf592d (old) | torch2.9 | torch2.9 (not run) | error: env build failed |"
     assert "  - `tests/test_x.py::TestA::test_b[1]` stable fail: AssertionError: boom" in md
     link = "[20261129T0801Z_cuda/verify.ipynb](../runs/batch_y/20261129T0801Z_cuda/verify.ipynb)"
     assert f"- bb3c0b8 (main) · Python 3.11 / torch 2.9.1+cu129: {link}" in md
