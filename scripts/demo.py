@@ -21,6 +21,14 @@ from replaykit.runs import run_notebook, summary_line  # noqa: E402
 COLUMNS = ["scenario", "arm", "expected", "equal", "ok", "recordings", "replays", "eager_reasons", "native_step_ms", "arm_step_ms"]
 
 
+def _number(text: str) -> object:
+    """A CSV cell as a float where it is one (so tables round it), else the text."""
+    try:
+        return float(text) if "." in text else text
+    except ValueError:
+        return text
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs-dir", type=Path, default=ROOT / "runs")
@@ -31,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     table = result.run_dir / "parity.csv"
     if table.exists():
         with table.open() as f:
-            print(tables.text(list(csv.DictReader(f)), COLUMNS))
+            rows = [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
+        print(tables.text(rows, COLUMNS))
     print(summary_line(result.summary))
     print((result.summary.get("results") or {}).get("line", ""))
     return 0 if result.ok else 1
