@@ -216,6 +216,10 @@ class Recorder:
         if self._watch.hooks_at_start:
             self._retire("module hooks inside the module would not run under replay", call)
             return None
+        frozen = _host_dependent(self.module)
+        if frozen is not None:  # refused on both backends: the emulated one mirrors what a graph can do
+            self._retire(frozen, call)
+            return None
         snapshot = StateSnapshot(self.module)
         static_inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in callargs.tensors]
         named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
@@ -381,6 +385,18 @@ class Recorder:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _host_dependent(module: nn.Module) -> str | None:
+    """Why a graph would freeze a host-side value of this module, or None.
+
+    BatchNorm with ``momentum=None`` averages with ``1 / num_batches_tracked`` read on the
+    host at every call; a graph would replay the first call's factor for ever.
+    """
+    for name, m in module.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.momentum is None and m.track_running_stats:
+            return f"BatchNorm {name or type(m).__name__} with momentum=None reads a host-side counter every call"
+    return None
 
 
 def _device_kind(module: nn.Module, backend: Backend) -> str:

@@ -157,3 +157,22 @@ def test_user_retire_frees_and_continues(backend: str, device: str) -> None:
     assert rec.eager_reasons["retired"] == 1
     assert [e.reason for e in rec.journal if e.kind == "retire"] == ["enough"]
     rec.release()
+
+
+def test_batchnorm_with_cumulative_average_retires_and_matches_eager(backend: str, device: str) -> None:
+    """momentum=None reads num_batches_tracked on the host each call: a graph would freeze it."""
+
+    def make() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, momentum=None)).to(device)
+
+    eager, model = make(), make()
+    rec = rk.capture(model, backend=backend)
+    for _ in range(3):
+        x = torch.randn(2, 3, 8, 8, device=device)
+        for m in (eager, model):
+            m(x).square().mean().backward()
+    assert rec.retired and "momentum=None" in rec.retire_reason
+    for a, b in zip(eager.state_dict().values(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    rec.release()
