@@ -343,6 +343,16 @@ def run_matrix(
             bar.close()
 
 
+def diff_rows(results: Iterable[ScenarioResult], limit: int = 20) -> list[dict[str, Any]]:
+    """The diff table: per scenario and non-native arm, one row per tensor that differs
+    (name, problem, max abs diff, max ULP distance, mismatched elements), ``limit`` rows at most each."""
+    out = []
+    for r in results:
+        for arm, diffs in r.diffs.items():
+            out += [{"scenario": r.scenario.name, "arm": arm, **d.as_dict()} for d in diffs[:limit]]
+    return out
+
+
 def summary(results: Iterable[ScenarioResult]) -> dict[str, Any]:
     """Counts for a run's summary.json, and the one line an engineering log quotes."""
     results = list(results)

@@ -94,3 +94,18 @@ def test_fp16_overflow_step_is_skipped_like_native() -> None:
     assert result.passed
     state = result.arms["replay"].state
     assert "scaler/_growth_tracker" in state and torch.equal(state["scaler/scale"], result.arms["native"].state["scaler/scale"])
+
+
+def test_bf16_on_a_gpu_without_it_retires_instead_of_crashing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    from replaykit.lightning import unsupported
+
+    strategy = SingleDeviceStrategy.__new__(SingleDeviceStrategy)
+    monkeypatch.setattr(SingleDeviceStrategy, "root_device", property(lambda self: torch.device("cuda", 0)))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    reason = unsupported(SimpleNamespace(strategy=strategy, precision="bf16-mixed"))
+    assert reason is not None and "no bf16 support" in reason
+    assert unsupported(SimpleNamespace(strategy=strategy, precision="16-mixed")) is None
