@@ -109,3 +109,26 @@ def test_bf16_on_a_gpu_without_it_retires_instead_of_crashing(monkeypatch: pytes
     reason = unsupported(SimpleNamespace(strategy=strategy, precision="bf16-mixed"))
     assert reason is not None and "no bf16 support" in reason
     assert unsupported(SimpleNamespace(strategy=strategy, precision="16-mixed")) is None
+
+
+def test_accumulation_changed_between_fits_keeps_replay_and_parity() -> None:
+    from replaykit.bitwise import diff_states
+    from replaykit.snapshot import snapshot
+
+    def two_fits(replay: bool) -> tuple[dict, ReplayCallback | None]:
+        L.seed_everything(0, verbose=False)
+        task = make_task("detection")
+        cb = ReplayCallback("net") if replay else None
+        for acc in (1, 2):
+            trainer = L.Trainer(
+                accelerator="cpu", max_epochs=1, accumulate_grad_batches=acc, logger=False, enable_checkpointing=False,
+                enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                deterministic=True, callbacks=[cb] if cb else [],
+            )
+            trainer.fit(task, datamodule=make_datamodule("detection"))
+        return snapshot(task, trainer), cb
+
+    native, _ = two_fits(False)
+    replayed, cb = two_fits(True)
+    assert diff_states(native, replayed) == []
+    assert cb.fits == 2 and cb.recorders["net"].counts["replay"] == 5
