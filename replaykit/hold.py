@@ -16,11 +16,10 @@ from collections.abc import Callable
 class PendingBackward:
     """Token kept alive by the replayed call's autograd node; dies with that graph."""
 
-    __slots__ = ("__weakref__", "call", "generation")
+    __slots__ = ("__weakref__", "call")
 
-    def __init__(self, call: int, generation: int) -> None:
+    def __init__(self, call: int) -> None:
         self.call = call
-        self.generation = generation
 
 
 class Hold:
@@ -35,9 +34,9 @@ class Hold:
     def active(self) -> bool:
         return self._pending is not None
 
-    def begin(self, call: int, generation: int) -> PendingBackward:
+    def begin(self, call: int) -> PendingBackward:
         """Start holding for ``call``; the caller stores the token where autograd keeps it alive."""
-        token = PendingBackward(call, generation)
+        token = PendingBackward(call)
         self._pending = weakref.ref(token, self._dropped)
         self._pending_call = call
         return token

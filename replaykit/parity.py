@@ -23,7 +23,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import lightning as L
@@ -82,9 +82,6 @@ class Scenario:
         }
         parts += [p for p in (self.probe, *(k for k, on in flags.items() if on)) if p]
         return "/".join(str(p) for p in parts)
-
-    def with_(self, **changes: Any) -> Scenario:
-        return replace(self, **changes)
 
     def exercised(self) -> tuple[str, ...]:
         """Protections whose absence this scenario can expose."""

@@ -46,7 +46,7 @@ class _Step:
     """What one replayed call's autograd node needs to know."""
 
     __slots__ = (
-        "call", "generation", "inputs_requiring_grad", "key", "n_inputs", "pending", "recorder", "recording",
+        "call", "generation", "key", "n_inputs", "pending", "recorder", "recording",
     )
 
     def __init__(self, recorder: Recorder, recording: Recording, key: tuple, call: int, n_inputs: int) -> None:
@@ -55,7 +55,6 @@ class _Step:
         self.key = key
         self.call = call
         self.n_inputs = n_inputs
-        self.inputs_requiring_grad = [x.requires_grad for x in recording.static_inputs]
         self.generation = 0
         self.pending: PendingBackward | None = None
 
@@ -274,7 +273,7 @@ class Recorder:
         step.generation = recording.generation
         if self._hold_enabled:
             # ctx (and so step) lives exactly as long as the pending autograd graph
-            step.pending = self._hold.begin(step.call, recording.generation)
+            step.pending = self._hold.begin(step.call)
         outputs = tuple(o.detach() for o in recording.static_outputs)
         frozen = [o for i, o in enumerate(outputs) if i not in recording.differentiable]
         if frozen:
@@ -308,12 +307,13 @@ class Recorder:
             self._aliases[step.key].handed_out()
         else:
             self.journal.add("backward", step.call, how)
-        n_in = sum(step.inputs_requiring_grad)
+        needs = recording.inputs_requiring_grad
+        n_in = sum(needs)
         # input gradients leave as copies: their holders (x.grad of a new x each call) are unreachable
         it = iter(result[:n_in])
         input_grads = [
             (None if (g := next(it)) is None else g.clone()) if req else None
-            for req in step.inputs_requiring_grad
+            for req in needs
         ]
         if self._free_after_backward:
             self._free_recordings()

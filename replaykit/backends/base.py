@@ -43,6 +43,14 @@ class Recording(ABC):
     generation: int = 0
     _builder: Callable[[Sequence[torch.Tensor]], Any] | None = None
 
+    @property
+    def inputs_requiring_grad(self) -> list[bool]:
+        """Which static inputs get a gradient (fixed for the recording; computed once)."""
+        needs = self.__dict__.get("_needs")
+        if needs is None:
+            needs = self.__dict__["_needs"] = [x.requires_grad for x in self.static_inputs]
+        return needs
+
     def build_outputs(self, outputs: Sequence[torch.Tensor]) -> Any:
         """The forward's output tree from replayed flat outputs."""
         if self._builder is None:
