@@ -274,10 +274,9 @@ class Recorder:
         if self._hold_enabled:
             # ctx (and so step) lives exactly as long as the pending autograd graph
             step.pending = self._hold.begin(step.call)
-        outputs = tuple(o.detach() for o in recording.static_outputs)
-        frozen = [o for i, o in enumerate(outputs) if i not in recording.differentiable]
-        if frozen:
-            ctx.mark_non_differentiable(*frozen)
+        outputs = tuple([o.detach() for o in recording.static_outputs])
+        if recording.frozen_outputs:
+            ctx.mark_non_differentiable(*[outputs[i] for i in recording.frozen_outputs])
         return outputs
 
     def _backward_replay(
@@ -308,16 +307,15 @@ class Recorder:
         else:
             self.journal.add("backward", step.call, how)
         needs = recording.inputs_requiring_grad
-        n_in = sum(needs)
-        # input gradients leave as copies: their holders (x.grad of a new x each call) are unreachable
-        it = iter(result[:n_in])
-        input_grads = [
-            (None if (g := next(it)) is None else g.clone()) if req else None
-            for req in needs
-        ]
+        if any(needs):
+            # input gradients leave as copies: their holders (x.grad of a new x each call) are unreachable
+            it = iter(result)
+            result = [(None if (g := next(it)) is None else g.clone()) if req else None for req in needs] + list(it)
+        else:
+            result = [None] * len(needs) + result
         if self._free_after_backward:
             self._free_recordings()
-        return [*input_grads, *result[n_in:]]
+        return result
 
     def _on_release(self, call: int, reason: str) -> None:
         self.journal.add("release", call, reason)

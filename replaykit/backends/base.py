@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,13 +44,15 @@ class Recording(ABC):
     generation: int = 0
     _builder: Callable[[Sequence[torch.Tensor]], Any] | None = None
 
-    @property
-    def inputs_requiring_grad(self) -> list[bool]:
-        """Which static inputs get a gradient (fixed for the recording; computed once)."""
-        needs = self.__dict__.get("_needs")
-        if needs is None:
-            needs = self.__dict__["_needs"] = [x.requires_grad for x in self.static_inputs]
-        return needs
+    @functools.cached_property
+    def inputs_requiring_grad(self) -> tuple[bool, ...]:
+        """Which static inputs get a gradient (fixed for the recording)."""
+        return tuple(x.requires_grad for x in self.static_inputs)
+
+    @functools.cached_property
+    def frozen_outputs(self) -> tuple[int, ...]:
+        """Indices of the outputs that carry no gradient (fixed for the recording)."""
+        return tuple(i for i in range(len(self.static_outputs)) if i not in self.differentiable)
 
     def build_outputs(self, outputs: Sequence[torch.Tensor]) -> Any:
         """The forward's output tree from replayed flat outputs."""

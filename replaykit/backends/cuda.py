@@ -161,7 +161,8 @@ class CudaRecording(Recording):
         self._pool, self._device = pool, device
         self._bwd: torch.cuda.CUDAGraph | None = None
         self._bwd_layout: tuple | None = None
-        self._grad_bases: list[torch.Tensor | None] = []
+        self._grad_bases: list[torch.Tensor] = []  # one per gradient the captured backward reads
+        self._broadcast: list[bool] = []
         self.capture_error: str | None = None
 
     def replay_forward(self) -> None:
@@ -170,9 +171,8 @@ class CudaRecording(Recording):
 
     def backward(self, grads: Sequence[torch.Tensor | None]) -> tuple[list[torch.Tensor | None], str | None]:
         if self._bwd is not None and _layout(grads) == self._bwd_layout:
-            for base, g in zip(self._grad_bases, grads, strict=True):
-                if base is not None:
-                    base.copy_(_compact(g))  # type: ignore[arg-type]
+            srcs = [g if not broadcast else _compact(g) for g, broadcast in zip(grads, self._broadcast, strict=True) if g is not None]
+            torch._foreach_copy_(self._grad_bases, srcs)  # one launch (same dtype) where mgc copies per output
             self._bwd.replay()
             return [None if g is None else g.detach() for g in self.static_grads], None
         how = "partial" if any(g is None for g in grads) else "layout"
@@ -217,7 +217,8 @@ class CudaRecording(Recording):
         finally:
             self._hooks.release = False
         self._bwd, self._bwd_layout = graph, _layout(grads)
-        self._grad_bases = bases
+        self._grad_bases = [b for b in bases if b is not None]
+        self._broadcast = [g is not None and 0 in g.stride() for g in grads]
         self.static_grads = list(static)
         return True
 
