@@ -29,6 +29,16 @@ def test_committed_without_outputs(path: Path) -> None:
             assert cell.get("outputs") == [] and cell.get("execution_count") is None, f"{path.name} carries outputs"
 
 
+def _bootstrap(name: str) -> str:
+    cells = json.loads((ROOT / "notebooks" / name).read_text())["cells"]
+    return next("".join(c["source"]) for c in cells if "".join(c["source"]).startswith("# Bootstrap"))
+
+
+def test_parity_and_benchmark_share_one_bootstrap() -> None:
+    """The bootstrap runs before replaykit is importable, so it cannot live in replaykit: the copies must not drift."""
+    assert _bootstrap("parity.ipynb") == _bootstrap("benchmark.ipynb")
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_parameters_are_typed_and_documented(path: Path) -> None:
     papermill = pytest.importorskip("papermill")
