@@ -306,13 +306,10 @@ class Recorder:
             self._aliases[step.key].handed_out()
         else:
             self.journal.add("backward", step.call, how)
+        # input gradients leave as copies: their holders (x.grad of a new x each call) are unreachable
+        it = iter(result)
         needs = recording.inputs_requiring_grad
-        if any(needs):
-            # input gradients leave as copies: their holders (x.grad of a new x each call) are unreachable
-            it = iter(result)
-            result = [(None if (g := next(it)) is None else g.clone()) if req else None for req in needs] + list(it)
-        else:
-            result = [None] * len(needs) + result
+        result = [(None if (g := next(it)) is None else g.clone()) if req else None for req in needs] + list(it)
         if self._free_after_backward:
             self._free_recordings()
         return result
