@@ -6,7 +6,11 @@ from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
-KINDS: tuple[str, ...] = ("record", "replay", "eager", "backward", "copy_out", "retire", "release", "unsafe")
+#: ``hold_end``: a pending backward ran or its graph was dropped; ``release``: the recorder was released;
+#: ``refuse``: the probe refused a signature (its calls then run eager); ``check``: a shadow check.
+KINDS: tuple[str, ...] = (
+    "record", "replay", "eager", "backward", "copy_out", "retire", "hold_end", "release", "refuse", "check", "unsafe",
+)
 #: Kinds whose reasons are tallied: eager forwards, and backwards not replayed from a graph.
 REASONED: tuple[str, ...] = ("eager", "backward")
 

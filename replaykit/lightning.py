@@ -94,6 +94,6 @@ class ReplayCallback(L.Callback):
     def summary(self) -> dict[str, dict]:
         """Each recorder's journal summary and retirement, for tables."""
         return {
-            path: {**rec.journal.summary(), "retired": rec.retire_reason if rec.retire_reason != "released" else None}
+            path: {**rec.journal.summary(), "retired": rec.retire_reason}
             for path, rec in self.recorders.items()
         }

@@ -8,13 +8,25 @@ from collections.abc import Iterable
 from .errors import ReplayError, ReplayWarning
 
 #: Every protection, by the name ``unsafe_disable`` takes.
-PROTECTIONS: tuple[str, ...] = ("copy_out", "hold", "live_outputs", "none_pattern")
+PROTECTIONS: tuple[str, ...] = (
+    "copy_out", "hold", "live_outputs", "none_pattern",  # static buffers and the pending backward
+    "module_state", "param_identity", "argument_values", "input_aliasing", "input_layout",  # guards
+    "record_probe", "repeat_backward", "inplace_weights",
+)
 
 _WHAT = {
     "copy_out": "live gradients are not copied out before a replay: accumulation reads overwritten buffers",
     "hold": "forwards replay while a backward is pending: it reads the later forward's activations",
     "live_outputs": "outputs the caller still holds are overwritten by the next replay",
     "none_pattern": "parameters behind unread outputs get zero gradients where eager leaves None",
+    "module_state": "submodules' training flags and attributes are not guarded: a changed value replays the old one",
+    "param_identity": "parameters swapped for other tensors (functional_call) replay the recorded ones",
+    "argument_values": "non-tensor arguments are keyed by ==: -0.0 replays 0.0, objects are frozen",
+    "input_aliasing": "the same tensor passed twice replays a recording made for distinct tensors",
+    "input_layout": "static inputs are contiguous copies: strided or expanded inputs change reduction order",
+    "record_probe": "side effects, in-place input writes, private generators and sparse gradients are not looked for",
+    "repeat_backward": "a second backward through one replayed call rewrites the first one's gradient buffers",
+    "inplace_weights": "parameters changed in place between a replayed forward and its backward go unnoticed",
 }
 
 

@@ -2,28 +2,35 @@
 
 from __future__ import annotations
 
+import operator
+import threading
 import warnings
 import weakref
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
-from torch.autograd.function import once_differentiable
 from torch.nn.utils.stateless import _reparametrize_module
 
 from .backends import Backend, Recording, module_device, resolve_backend
 from .copy_out import StaticAliases
 from .errors import ReplayError, ReplayWarning
+from .guards import ModuleGuard, tree_contains
 from .hold import Hold, PendingBackward
 from .journal import Journal
+from .probe import probe
 from .protections import disabled_protections
 from .retirement import ModuleWatch
+from .shadow import Shadow
 from .signature import CallArgs, UnhashableArgument, signature, split_call
 from .state import StateSnapshot
 
 _RECORDER_ATTR = "_replaykit_recorder"
+_VERSION = operator.attrgetter("_version")
 
 
 class _Replay(torch.autograd.Function):
@@ -36,17 +43,20 @@ class _Replay(torch.autograd.Function):
         return step.recorder._forward_replay(ctx, step, tensors[: step.n_inputs])
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         step: _Step = ctx.step
-        return (None, *step.recorder._backward_replay(ctx, step, grads))
+        if torch.is_grad_enabled():  # create_graph=True: the replayed gradients would carry no graph
+            step.recorder._refuse_double_backward(step)
+        with torch.no_grad():
+            return (None, *step.recorder._backward_replay(step, grads))
 
 
 class _Step:
     """What one replayed call's autograd node needs to know."""
 
     __slots__ = (
-        "call", "generation", "key", "n_inputs", "pending", "recorder", "recording",
+        "backwards", "call", "exact", "generation", "key", "n_inputs", "pending", "recorder", "recording", "shadow",
+        "versions",
     )
 
     def __init__(self, recorder: Recorder, recording: Recording, key: tuple, call: int, n_inputs: int) -> None:
@@ -57,6 +67,10 @@ class _Step:
         self.n_inputs = n_inputs
         self.generation = 0
         self.pending: PendingBackward | None = None
+        self.backwards = 0  # backwards run through this call so far
+        self.exact = False  # whether the first one left the activations untouched (eager through the graph)
+        self.shadow: Shadow | None = None
+        self.versions: list[int] | None = None  # parameters' versions at the forward
 
 
 class _RoutedForward:
@@ -77,13 +91,25 @@ class _RoutedForward:
             raise ReplayError("a captured module's forward cannot be copied on its own")
         return type(copy).forward.__get__(copy)
 
+    def __reduce__(self) -> tuple:
+        """Pickled (``torch.save`` of a whole module) as the class's own forward: a plain module loads."""
+        return (_class_forward, (self.module,))
+
+
+def _class_forward(module: nn.Module) -> Any:
+    return type(module).forward.__get__(module)
+
+
+def _nothing() -> None:
+    return None
+
 
 class Recorder:
     """Records a module's forward+backward per input signature and replays them.
 
     Made by :func:`replaykit.capture`; see its docstring for the routes and the
     guarantees. Read ``journal``, ``counts``, ``eager_reasons``, ``retired`` and
-    ``retire_reason``; call ``retire(reason)`` or ``release()``.
+    ``retire_reason``; call ``retire(reason)``, ``paused()`` or ``release()``.
     """
 
     def __init__(
@@ -94,6 +120,8 @@ class Recorder:
         max_recordings: int,
         strict: bool,
         disabled: frozenset[str],
+        check_every: int = 0,
+        multi_backward: bool = False,
     ) -> None:
         self.module: nn.Module | None = module
         self.module_name = type(module).__name__
@@ -102,22 +130,31 @@ class Recorder:
         self.max_recordings = max_recordings
         self.strict = strict
         self.disabled = disabled
+        self.check_every = check_every
+        self.multi_backward = multi_backward
         self.journal = Journal()
         self.retired = False
         self.retire_reason: str | None = None
         self.released = False
         self._device_kind = _device_kind(module, backend)
         self._calls = 0
+        self._replays = 0  # forward replays of any recording: a generation for retained graphs
+        self._replayed_calls = 0  # calls routed to replay (the shadow check samples them)
         self._recordings: dict[tuple, Recording] = {}
+        self._refused: dict[tuple, str] = {}  # signatures the probe refused, with the eager route
         self._guard_grads = "copy_out" not in disabled
         self._guard_outputs = "live_outputs" not in disabled
         self._aliases: dict[tuple, StaticAliases] = {}
         me = weakref.ref(self)  # the hold must not keep its recorder alive (no cycle)
-        self._hold = Hold(lambda call, reason: (r := me()) is not None and r._on_release(call, reason))
+        self._hold = Hold(lambda call, reason: (r := me()) is not None and r._on_hold_end(call, reason))
         self._hold_enabled = "hold" not in disabled
         self._exact_none = "none_pattern" not in disabled
+        self._check_versions = "inplace_weights" not in disabled
         self._watch = ModuleWatch(module)
+        self._guard = ModuleGuard(module)
         self._free_after_backward = False
+        self._paused = 0
+        self._owner: int | None = None  # the thread that calls the module; others run eagerly
         for name in sorted(disabled):
             self.journal.add("unsafe", 0, name)
         self._own_forward = "forward" in module.__dict__
@@ -129,7 +166,7 @@ class Recorder:
     @property
     def counts(self) -> dict[str, int]:
         """Events by kind, exact however long the run."""
-        kinds = ("record", "replay", "eager", "backward", "copy_out", "retire", "release")
+        kinds = ("record", "replay", "eager", "backward", "copy_out", "retire", "hold_end", "release", "check")
         return {k: self.journal.counts.get(k, 0) for k in kinds}
 
     @property
@@ -139,7 +176,7 @@ class Recorder:
 
     @property
     def backward_reasons(self) -> Counter[str]:
-        """Backwards run eagerly through the recorded graph, by reason (``partial``, ``layout``, ``capture failed: ...``)."""
+        """Backwards run eagerly through the recorded graph, by reason (``partial``, ``layout``, ``retained``, ...)."""
         return Counter(self.journal.backward_reasons)
 
     @property
@@ -151,22 +188,48 @@ class Recorder:
         """A deep copy of a captured module is a plain module: it gets no recorder."""
         return None
 
+    def __reduce__(self) -> tuple:
+        """A pickled captured module loads as a plain module: its recorder pickles as None."""
+        return (_nothing, ())
+
     def __repr__(self) -> str:
         state = f"retired: {self.retire_reason}" if self.retired else f"{self.recordings} recordings"
         return f"<Recorder {self.module_name} backend={self.backend.name} {state} {self.counts}>"
+
+    @contextmanager
+    def paused(self) -> Iterator[Recorder]:
+        """Calls inside the block run eagerly (reason ``paused``), e.g. a double-backward step."""
+        self._paused += 1
+        try:
+            yield self
+        finally:
+            self._paused -= 1
 
     # ----------------------------------------------------------------- routing
     def _route(self, args: tuple, kwargs: dict) -> Any:
         self._calls += 1
         call = self._calls
-        if self.retired:
+        if self.retired or self.released:
             return self._eager(call, "retired", args, kwargs)
+        if self._paused:
+            return self._eager(call, "paused", args, kwargs)
+        if self._owner != threading.get_ident() and not self._adopt_thread():
+            return self._eager(call, "thread", args, kwargs)
         if not torch.is_grad_enabled():
             return self._eager(call, "no_grad", args, kwargs)
         if not self.module.training:
             return self._eager(call, "eval", args, kwargs)
         if self._hold_enabled and self._hold.active:
             return self._eager(call, "hold", args, kwargs)
+        verdict = self._guard.verdict()
+        if not self._recordings and verdict.retire:  # changed for good before anything was recorded
+            self._guard.rebaseline()
+            verdict = self._guard.verdict()
+        if verdict.retire is not None and self._recordings:
+            self._retire(verdict.retire, call)
+            return self._eager(call, "retired", args, kwargs)
+        if verdict.eager is not None and "param_identity" not in self.disabled:
+            return self._eager(call, verdict.eager, args, kwargs)
         if self._recordings:
             changed = self._watch.reason()
             if changed is not None:
@@ -174,9 +237,12 @@ class Recorder:
                 return self._eager(call, "retired", args, kwargs)
         try:
             callargs = split_call(args, kwargs)
-            key = signature(callargs, self._device_kind)
-        except UnhashableArgument:
-            return self._eager(call, "unhashable_argument", args, kwargs)
+            key = (self._state_key(verdict), *signature(callargs, self._device_kind, "argument_values" not in self.disabled))
+        except UnhashableArgument as exc:
+            return self._eager(call, exc.reason, args, kwargs)
+        refused = self._refused.get(key)
+        if refused is not None:
+            return self._eager(call, refused, args, kwargs)
         recording = self._recordings.get(key)
         if recording is None:
             if len(self._recordings) >= self.max_recordings:
@@ -185,12 +251,21 @@ class Recorder:
                 return self._eager(call, "live_alias", args, kwargs)
             recording = self._record(call, callargs, key)
             if recording is None:
-                return self._eager(call, "retired", args, kwargs)
+                return self._eager(call, self._refused.get(key, "retired"), args, kwargs)
         else:
             if not self._copy_out(call):
                 return self._eager(call, "live_alias", args, kwargs)
             self.journal.add("replay", call)
-        return self._replay(call, recording, key, callargs)
+        return self._replay(call, recording, key, callargs, args, kwargs)
+
+    def _adopt_thread(self) -> bool:
+        """The first thread to call owns the recorder; a call from any other runs eagerly."""
+        if self._owner is None and "thread" not in self.disabled:
+            self._owner = threading.get_ident()
+        return self._owner == threading.get_ident() or "thread" in self.disabled
+
+    def _state_key(self, verdict: Any) -> Any:
+        return None if "module_state" in self.disabled else verdict.key
 
     def _eager(self, call: int, reason: str, args: tuple, kwargs: dict) -> Any:
         if self.strict:
@@ -220,23 +295,55 @@ class Recorder:
             self._retire(frozen, call)
             return None
         snapshot = StateSnapshot(self.module)
-        static_inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in callargs.tensors]
+        static_inputs = self._static_inputs(callargs.tensors)
         named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
         fn = partial(self._run_forward, callargs, [n for n, _ in named])
         try:
-            recording = self.backend.record(fn, static_inputs, params, self.warmup)
+            refusal = None if "record_probe" in self.disabled else probe(self.module, fn, static_inputs, params)
+            if refusal is None:
+                recording = self.backend.record(fn, static_inputs, params, self.warmup)
         except Exception as exc:
             snapshot.restore()
             self._retire(f"capture failed: {type(exc).__name__}: {exc}", call, cause=exc)
             return None
+        except BaseException:  # KeyboardInterrupt: leave nothing of the warm-up behind, record again later
+            snapshot.restore()
+            raise
         snapshot.restore()
+        if refusal is not None:
+            if refusal.scope == "signature":
+                self._refused[key] = refusal.reason
+                self.journal.add("refuse", call, refusal.reason, refusal.detail)
+            else:
+                self._retire(refusal.reason, call)
+            return None
         self._recordings[key] = recording
         self._aliases[key] = StaticAliases(recording.static_outputs if self._guard_outputs else (), ())
         self._guard_new_grads(key, recording)
         shapes = ", ".join("x".join(map(str, t.shape)) for t in callargs.tensors)
         self.journal.add("record", call, None, f"[{shapes}] recording {len(self._recordings)}")
         return recording
+
+    def _static_inputs(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Private copies of the inputs, in the caller's exact layout and with the caller's aliasing.
+
+        A kernel's reduction order can depend on strides and offset, so an expanded or
+        sliced input copied into a contiguous buffer could sum differently from eager.
+        """
+        exact = "input_layout" not in self.disabled
+        same = "input_aliasing" not in self.disabled
+        made: dict[int, torch.Tensor] = {}
+        out = []
+        for t in tensors:
+            if same and id(t) in made:
+                out.append(made[id(t)])
+                continue
+            static = _same_layout(t) if exact else t.detach().clone()
+            static.requires_grad_(t.requires_grad)
+            made[id(t)] = static
+            out.append(static)
+        return out
 
     def _guard_new_grads(self, key: tuple, recording: Recording) -> None:
         """Put static gradient buffers a recording has (now) under copy-out."""
@@ -246,9 +353,22 @@ class Recorder:
         grads = recording.static_grads[len(recording.static_grads) - len(params) :]
         self._aliases[key].add_grads([(p, g) for p, g in zip(params, grads, strict=True) if g is not None])
 
-    def _replay(self, call: int, recording: Recording, key: tuple, callargs: CallArgs) -> Any:
+    def _replay(self, call: int, recording: Recording, key: tuple, callargs: CallArgs, args: tuple, kwargs: dict) -> Any:
         step = _Step(self, recording, key, call, len(callargs.tensors))
+        self._replayed_calls += 1
+        if self.check_every and (self._replayed_calls - 1) % self.check_every == 0:
+            names = [n for n, p in self.module.named_parameters() if p.requires_grad]
+            step.shadow = Shadow(self.module, partial(self._run_forward, callargs, names), callargs.tensors, recording.params)
         outputs = _Replay.apply(step, *callargs.tensors, *recording.params)
+        shadow = step.shadow
+        if shadow is not None:
+            difference = shadow.check_forward(self.module, outputs)
+            self.journal.add("check", call, "forward", difference)
+            if difference is not None:
+                del outputs, step  # the hold ends with the discarded graph
+                shadow.snapshot.restore()  # the state before this call: eager runs it again
+                self._diverged(difference, call)
+                return self._forward(*args, **kwargs)
         self._aliases[key].handed_out(outputs)
         return recording.build_outputs(outputs)
 
@@ -267,10 +387,16 @@ class Recorder:
 
     def _forward_replay(self, ctx: Any, step: _Step, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         recording = step.recording
+        copied: set[int] = set()
         for static, x in zip(recording.static_inputs, inputs, strict=True):
-            static.data.copy_(x)  # like a graph's own writes: no autograd version bump
+            if id(static) not in copied:  # one static buffer per distinct input tensor
+                copied.add(id(static))
+                _copy_into(static, x)  # like a graph's own writes: no autograd version bump
         recording.replay_forward()
-        step.generation = recording.generation
+        if self._check_versions:
+            step.versions = list(map(_VERSION, recording.params))
+        self._replays += 1
+        step.generation = self._replays
         if self._hold_enabled:
             # ctx (and so step) lives exactly as long as the pending autograd graph
             step.pending = self._hold.begin(step.call)
@@ -279,43 +405,117 @@ class Recorder:
             ctx.mark_non_differentiable(*[outputs[i] for i in recording.frozen_outputs])
         return outputs
 
-    def _backward_replay(
-        self, ctx: Any, step: _Step, grads: tuple[torch.Tensor | None, ...]
-    ) -> list[torch.Tensor | None]:
+    def _backward_replay(self, step: _Step, grads: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor | None]:
+        """One backward through a replayed call: replayed from the graph, or exact through the recorded graph."""
         recording = step.recording
-        if step.pending is not None:
-            self._hold.release(step.pending, "backward")
-            step.pending = None
-        if not recording.static_inputs:
-            raise ReplayError("replaykit: the recording was freed before this backward ran")
-        if self._hold_enabled and recording.generation != step.generation:
+        self._end_hold(step)
+        self._check_activations(step)
+        if step.versions is not None and list(map(_VERSION, recording.params)) != step.versions:
             raise ReplayError(
-                f"replaykit: backward of call {step.call} after a later replay overwrote its activations "
-                "(a retained graph differentiated twice across replays)"
+                "replaykit: one of the variables needed for gradient computation has been modified by an inplace "
+                f"operation: a parameter of {self.module_name} changed between replayed call {step.call} and its "
+                "backward (eager raises here too)"
             )
-        wanted = [grads[i] for i in recording.differentiable]
-        if not self._exact_none:  # unsafe: unread outputs get zeros, as plain CUDA graphs do
-            wanted = [
-                torch.zeros_like(recording.static_outputs[i]) if g is None else g
-                for i, g in zip(recording.differentiable, wanted, strict=True)
-            ]
-        if recording.prepare_backward(wanted):  # a backward graph was captured: its buffers join copy-out
-            self._guard_new_grads(step.key, recording)
-        result, how = recording.backward(wanted)
+        wanted = self._incoming(recording, grads)
+        step.backwards += 1
+        if step.backwards > 1 and "repeat_backward" not in self.disabled:
+            result, how = recording.exact_backward(wanted), "repeat"
+        elif self.multi_backward:
+            result, how = recording.exact_backward(wanted), "multi_backward"
+        else:
+            if recording.prepare_backward(wanted):  # a backward graph was captured: its buffers join copy-out
+                self._guard_new_grads(step.key, recording)
+            result, how = recording.backward(wanted)
+        step.exact = step.exact or how is not None
         if how is None:
             self._aliases[step.key].handed_out()
         else:
             self.journal.add("backward", step.call, how)
-        # input gradients leave as copies: their holders (x.grad of a new x each call) are unreachable
-        it = iter(result)
-        needs = recording.inputs_requiring_grad
-        result = [(None if (g := next(it)) is None else g.clone()) if req else None for req in needs] + list(it)
+        result = self._leave_inputs(recording, result)
+        if step.shadow is not None:
+            result = self._check_backward(step, wanted, result)
         if self._free_after_backward:
             self._free_recordings()
         return result
 
-    def _on_release(self, call: int, reason: str) -> None:
-        self.journal.add("release", call, reason)
+    def _end_hold(self, step: _Step) -> None:
+        if step.pending is not None:
+            self._hold.release(step.pending, "backward")
+            step.pending = None
+
+    def _check_activations(self, step: _Step) -> None:
+        """A backward may read this call's activations only if no later replay overwrote them."""
+        if not step.recording.static_inputs:
+            raise ReplayError("replaykit: the recording was freed before this backward ran")
+        overwritten = self._replays != step.generation
+        if overwritten and (self._hold_enabled or step.backwards):
+            raise ReplayError(
+                f"replaykit: backward of call {step.call} after a later replay overwrote its activations "
+                "(a retained graph differentiated across replays)"
+            )
+        if step.backwards and "repeat_backward" not in self.disabled and not step.exact:
+            raise ReplayError(
+                f"replaykit: a second backward through replayed call {step.call} of {self.module_name} "
+                "(retain_graph=True, or one autograd.grad per loss): the first one replayed the backward graph, "
+                "whose temporaries may reuse the activations. Capture with multi_backward=True (backwards then run "
+                "exactly through the recorded graph) or run that forward eagerly (with recorder.paused(): ...)"
+            )
+
+    def _incoming(self, recording: Recording, grads: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor | None]:
+        wanted = [grads[i] for i in recording.differentiable]
+        if self._exact_none:
+            return wanted
+        # unsafe: unread outputs get zeros, as plain CUDA graphs do
+        return [
+            torch.zeros_like(recording.static_outputs[i]) if g is None else g
+            for i, g in zip(recording.differentiable, wanted, strict=True)
+        ]
+
+    @staticmethod
+    def _leave_inputs(recording: Recording, result: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """Input gradients leave as copies: their holders (x.grad of a new x each call) are unreachable."""
+        it = iter(result)
+        needs = recording.inputs_requiring_grad
+        return [(None if (g := next(it)) is None else g.clone()) if req else None for req in needs] + list(it)
+
+    def _check_backward(
+        self, step: _Step, wanted: list[torch.Tensor | None], result: list[torch.Tensor | None]
+    ) -> list[torch.Tensor | None]:
+        """Shadow check of a backward: on a difference, retire and hand eager's gradients back."""
+        shadow, recording = step.shadow, step.recording
+        assert shadow is not None
+        step.shadow = None
+        with torch.enable_grad():
+            reference = shadow.reference_grads(recording.differentiable, wanted)
+        needs = recording.inputs_requiring_grad
+        ref = iter(reference)
+        full = [next(ref) if req else None for req in needs] + list(ref)
+        names = [f"input {i} grad" for i in range(len(needs))] + [f"grad {n}" for n in self._param_names(recording)]
+        difference = shadow.check_backward(names, full, result)
+        self.journal.add("check", step.call, "backward", difference)
+        if difference is None:
+            return result
+        self._diverged(difference, step.call)
+        return full
+
+    def _param_names(self, recording: Recording) -> list[str]:
+        names = {id(p): n for n, p in self.module.named_parameters()} if self.module is not None else {}
+        return [names.get(id(p), "?") for p in recording.params]
+
+    def _diverged(self, difference: str, call: int) -> None:
+        self._retire(f"diverged: {difference}", call)
+
+    def _refuse_double_backward(self, step: _Step) -> None:
+        self._end_hold(step)
+        self._retire("create_graph=True (double backward) through a replayed call", step.call)
+        raise ReplayError(
+            f"replaykit: create_graph=True through replayed call {step.call} of {self.module_name}: replayed "
+            "gradients carry no graph, so a gradient penalty would silently contribute nothing. The recorder "
+            "retired (later calls run eagerly); run this step's forward eagerly (with recorder.paused(): ...)"
+        )
+
+    def _on_hold_end(self, call: int, reason: str) -> None:
+        self.journal.add("hold_end", call, reason)
         if self._free_after_backward and reason == "dropped":
             self._free_recordings()
 
@@ -334,6 +534,7 @@ class Recorder:
             stacklevel=4,
         )
         self._watch.close()
+        self._guard.close()
         if self._hold.active:
             self._free_after_backward = True  # the pending backward still needs its recording
         else:
@@ -358,10 +559,8 @@ class Recorder:
         if self.released:
             return
         self.released = True
-        if not self.retired:
-            self.retired = True
-            self.retire_reason = "released"
         self._watch.close()
+        self._guard.close()
         self._hold.clear()
         self._free_recordings()
         module = self.module
@@ -373,13 +572,34 @@ class Recorder:
         module.__dict__.pop(_RECORDER_ATTR, None)
         self.module = None  # a released recorder keeps its journal, not the module
         self._forward = None
-        self.journal.add("release", self._calls, "recorder")
+        self.journal.add("release", self._calls)
 
     def __enter__(self) -> Recorder:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _same_layout(t: torch.Tensor) -> torch.Tensor:
+    """A private copy of ``t`` with its sizes, strides and storage offset (broadcast dimensions kept)."""
+    t = t.detach()
+    compact = [1 if st == 0 else sz for sz, st in zip(t.shape, t.stride(), strict=True)]
+    extent = t.storage_offset() + sum((n - 1) * st for n, st in zip(compact, t.stride(), strict=True)) + 1
+    storage = torch.empty(extent if t.numel() else 0, dtype=t.dtype, device=t.device)
+    static = storage.as_strided(t.shape, t.stride(), t.storage_offset())
+    _copy_into(static, t)
+    return static
+
+
+def _copy_into(static: torch.Tensor, x: torch.Tensor) -> None:
+    """``static.copy_(x)`` without a version bump; a broadcast (stride 0) layout copies its real elements."""
+    if 0 in static.stride():  # same strides as x (they are part of the signature) unless input_layout is off
+        size = [1 if st == 0 else n for n, st in zip(static.shape, static.stride(), strict=True)]
+        static = static.as_strided(size, static.stride(), static.storage_offset())
+        x = x.detach().as_strided(size, x.stride(), x.storage_offset())
+    static.data.copy_(x)
+
 
 
 def _host_dependent(module: nn.Module) -> str | None:
@@ -412,6 +632,8 @@ def capture(
     warmup: int = 3,
     max_recordings: int = 8,
     strict: bool = False,
+    check_every: int = 0,
+    multi_backward: bool = False,
     unsafe_disable: tuple[str, ...] | list[str] | str = (),
 ) -> Recorder:
     """Route every call of ``module`` through a recorder: record, replay, or eager with a reason.
@@ -419,29 +641,64 @@ def capture(
     - A call in training mode with grad enabled and no replay backward pending records
       its signature (shapes, dtypes, strides, devices, requires_grad, non-tensor
       arguments, autocast state) while ``max_recordings`` lasts, then replays it.
+    - Host-side values the forward reads are guarded (:mod:`replaykit.guards`): every
+      submodule's ``training`` flag and plain attributes (``dropout.p``, ``momentum``, a
+      float schedule) are part of the key, so a change records anew; parameters swapped
+      for other tensors (``torch.func.functional_call``) route eager.
     - Otherwise it runs eagerly, with the reason in the journal: ``no_grad``, ``eval``,
-      ``hold``, ``budget``, ``unhashable_argument``, ``retired``.
+      ``hold``, ``budget``, ``unhashable_argument``, ``object_argument``,
+      ``parameters_swapped``, ``input_reused``, ``thread``, ``paused``, ``retired``.
     - Replays end bitwise equal to eager training: live gradients and outputs are
       copied out before each replay, the hold keeps a pending backward's activations,
       and parameters behind unread outputs keep ``.grad is None``.
-    - Parameter replacement, storage changes, new submodule hooks or a failing capture
-      retire the recorder (permanent eager, graphs freed, one warning).
+    - Parameter replacement, storage changes, new submodule hooks, a forward with side
+      effects a replay cannot repeat (:mod:`replaykit.probe`) or a failing capture retire
+      the recorder (permanent eager, graphs freed, one warning).
+    - What cannot be replayed exactly raises :class:`ReplayError` rather than give a
+      wrong number: ``create_graph=True`` through a replayed call, a second backward
+      through a call whose first backward replayed the graph (pass
+      ``multi_backward=True`` to run every backward exactly through the recorded graph).
 
     ``backend`` is ``"cuda"``, ``"emulated"`` or ``"auto"`` (cuda for a module on a CUDA
     device). ``strict=True`` raises :class:`ReplayError` instead of any eager route or
-    retirement. ``unsafe_disable`` switches protections off, for diagnosis only.
-    Capturing a module that is already captured raises :class:`ReplayError`; release
-    the live recorder (see :func:`recorder_of`) first.
+    retirement. ``check_every=N`` compares every N-th replayed call with eager on the
+    same state and retires with reason ``diverged: ...`` on any difference
+    (:mod:`replaykit.shadow`). ``unsafe_disable`` switches protections off, for
+    diagnosis only. Capturing a module that is already captured, or one inside (or
+    around) a captured module, raises :class:`ReplayError`.
     """
     if not isinstance(module, nn.Module):
         raise ReplayError(f"capture() takes an nn.Module, not {type(module).__name__}")
     for name, value in (("warmup", warmup), ("max_recordings", max_recordings)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ReplayError(f"{name} must be an int >= 1, got {value!r}")
+    if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 0:
+        raise ReplayError(f"check_every must be an int >= 0 (0: off), got {check_every!r}")
     if recorder_of(module) is not None:
         raise ReplayError(
             f"{type(module).__name__} is already captured; call release() on its recorder first"
         )
+    _refuse_nesting(module)
     disabled = disabled_protections(unsafe_disable)
     chosen = resolve_backend(backend, module)
-    return Recorder(module, chosen, warmup, max_recordings, bool(strict), disabled)
+    recorder = Recorder(module, chosen, warmup, max_recordings, bool(strict), disabled, check_every, bool(multi_backward))
+    _live[id(recorder)] = weakref.ref(recorder)
+    weakref.finalize(recorder, _live.pop, id(recorder), None)
+    return recorder
+
+
+#: Live recorders, weakly: to refuse capturing a module inside or around a captured one.
+_live: dict[int, weakref.ref[Recorder]] = {}
+
+
+def _refuse_nesting(module: nn.Module) -> None:
+    """A captured module's forward runs inside the other's recording: two recorders would share one call."""
+    for m in module.modules():
+        if m is not module and recorder_of(m) is not None:
+            raise ReplayError(f"{type(m).__name__} inside {type(module).__name__} is captured already; release it first")
+    for ref in list(_live.values()):
+        other = ref()
+        if other is not None and other.module is not None and not other.released and tree_contains(other.module, module):
+            raise ReplayError(
+                f"{type(module).__name__} is inside {other.module_name}, which is captured; release that recorder first"
+            )

@@ -2,13 +2,17 @@
 
 A recording reads parameter and buffer memory by address and runs no Python of the
 submodules, so the recorder retires (permanent eager, graphs freed) when
-- a parameter, buffer or submodule is registered anew in the module tree
-  (``load_state_dict(..., assign=True)``, ``module.weight = nn.Parameter(...)``),
+- a parameter or submodule is registered anew in the module tree
+  (``load_state_dict(..., assign=True)``, ``module.weight = nn.Parameter(...)``;
+  reported by the guard, :mod:`replaykit.guards`),
 - a parameter's or buffer's storage changes (``.to()`` of dtype or device,
-  ``param.data = ...``), or a parameter's ``requires_grad`` flips,
+  ``param.data = ...``), or a parameter frozen when recording starts to require grad
+  (the recording computes no gradient for it; freezing a parameter is harmless: autograd
+  drops the gradient the replay returns for it, as eager never computes it),
 - forward or backward hooks of submodules (or global module hooks) change: under
   replay they would silently not run.
-The per-call check is a few C-level ``map`` passes, flat in the number of calls.
+The per-call check is two C-level ``map`` passes over the parameters, flat in the number
+of calls; nothing process-wide refers to the module, so a dropped one is collected.
 """
 
 from __future__ import annotations
@@ -36,55 +40,40 @@ def hook_dicts(module: nn.Module) -> list[dict]:
 
 
 class ModuleWatch:
-    """Detects the changes above since construction; ``reason()`` names the first one found."""
+    """Detects what no write notification reports; ``reason()`` names the first change found.
+
+    Registrations, swapped tensors and submodule hooks are reported by
+    :class:`replaykit.guards.ModuleGuard`; storage changes and ``requires_grad`` flips
+    happen in C and are compared here on every call (one pass over parameters and buffers).
+    """
 
     def __init__(self, module: nn.Module) -> None:
         self._module = module
         self.rebaseline()
-        self._handles = [
-            module_mod.register_module_parameter_registration_hook(self._on_register("parameter")),
-            module_mod.register_module_buffer_registration_hook(self._on_register("buffer")),
-            module_mod.register_module_module_registration_hook(self._on_register("submodule")),
-        ]
 
     def rebaseline(self) -> None:
         """Take the module as it is now as the reference (done while no recording exists)."""
         module = self._module
-        self._modules = {id(m) for m in module.modules()}
         self._tensors = [*module.parameters(), *module.buffers()]
-        self._params = list(module.parameters())
+        self._frozen = [p for p in module.parameters() if not p.requires_grad]
         self._ptrs = list(map(torch.Tensor.data_ptr, self._tensors))
-        self._flags = list(map(_requires_grad, self._params))
-        self._hook_dicts = hook_dicts(module)
-        self._hooks = sum(map(len, self._hook_dicts))
-        self._registered: str | None = None
+        self._globals = sum(map(len, _GLOBAL_HOOKS))
+        self._hooks = sum(map(len, hook_dicts(module)))
 
     @property
     def hooks_at_start(self) -> int:
         return self._hooks
 
-    def _on_register(self, what: str):
-        def hook(owner: nn.Module, name: str, value: object) -> None:
-            if id(owner) in self._modules and self._registered is None:
-                self._registered = f"{what} {name!r} registered anew"
-
-        return hook
-
     def reason(self) -> str | None:
         """Why the recordings are no longer valid, or None when nothing changed."""
-        if self._registered is not None:
-            return self._registered
         if list(map(torch.Tensor.data_ptr, self._tensors)) != self._ptrs:
             return "parameter or buffer storage changed"
-        if list(map(_requires_grad, self._params)) != self._flags:
-            return "requires_grad of a parameter changed"
-        if sum(map(len, self._hook_dicts)) != self._hooks:
-            return "module hooks changed"
+        if any(map(_requires_grad, self._frozen)):
+            return "requires_grad of a parameter changed (a frozen parameter now requires grad)"
+        if sum(map(len, _GLOBAL_HOOKS)) != self._globals:
+            return "module hooks changed (global)"
         return None
 
     def close(self) -> None:
-        """Remove the global registration hooks."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-        self._tensors, self._params, self._hook_dicts = [], [], []  # pin no old tensors (e.g. after .cpu())
+        """Pin no old tensors (e.g. after .cpu())."""
+        self._tensors, self._frozen = [], []

@@ -1,8 +1,11 @@
 """What must match for a replay to be valid, computed once per call.
 
 A signature is a hashable key: the structure of the arguments, each tensor's shape,
-dtype, strides (so memory format), device and ``requires_grad``, the non-tensor
-arguments by type and value, and the autocast state of the module's device type.
+dtype, strides (so memory format), storage offset, device and ``requires_grad``, which
+arguments are the same tensor (``q is k`` takes other code paths, e.g. in
+``nn.MultiheadAttention``), the non-tensor arguments by type and value (floats by their
+bits: ``-0.0`` is not ``0.0``), and the autocast state of the module's device type. An
+argument that is an object (its attributes could change under a recording) routes eager.
 Grad mode and the training flag are routes of their own (eager with a reason) and
 never reach a signature.
 """
@@ -10,6 +13,8 @@ never reach a signature.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
+from types import BuiltinFunctionType, FunctionType
 from typing import Any
 
 import torch
@@ -37,19 +42,46 @@ class CallArgs:
 
 
 class UnhashableArgument(TypeError):
-    """A non-tensor argument that cannot be part of a signature."""
+    """A non-tensor argument that cannot be part of a signature; ``reason`` is the eager route."""
+
+    def __init__(self, message: str, reason: str = "unhashable_argument") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+_VALUES = (type(None), bool, int, str, bytes, torch.dtype, torch.device, torch.layout, torch.memory_format, Enum)
+_BY_IDENTITY = (FunctionType, BuiltinFunctionType, type)
 
 
 def _tensor_key(t: torch.Tensor) -> tuple:
-    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad)
+    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad)
 
 
 def _leaf_key(x: Any) -> tuple:
+    if isinstance(x, float):
+        return (float, x.hex())
+    if isinstance(x, _VALUES):
+        return (type(x), x)
+    if isinstance(x, complex):
+        return (complex, x.real.hex(), x.imag.hex())
+    if isinstance(x, _BY_IDENTITY):
+        return ("id", id(x))
     try:
         hash(x)
     except TypeError as exc:
         raise UnhashableArgument(f"argument of type {type(x).__name__} is not hashable") from exc
-    return (type(x), x)
+    raise UnhashableArgument(
+        f"argument of type {type(x).__name__} is an object whose attributes a recording would freeze",
+        "object_argument",
+    )
+
+
+def aliasing(tensors: list[torch.Tensor]) -> tuple[int, ...]:
+    """For each tensor argument, the index of the first argument that is the same tensor."""
+    if len(tensors) < 2:
+        return ()
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(id(t), i) for i, t in enumerate(tensors))
 
 
 def autocast_key(device_type: str) -> tuple[bool, torch.dtype | None]:
@@ -68,16 +100,31 @@ def split_call(args: tuple, kwargs: dict) -> CallArgs:
     return CallArgs([leaves[i] for i in slots], leaves, spec, slots)
 
 
-def signature(call: CallArgs, device_type: str) -> tuple:
-    """The hashable key under which a recording of this call is kept."""
+def signature(call: CallArgs, device_type: str, exact_arguments: bool = True) -> tuple:
+    """The hashable key under which a recording of this call is kept.
+
+    ``exact_arguments=False`` (unsafe, diagnosis only) keys non-tensor arguments by ``==``
+    and ignores aliasing, as plain CUDA-graph wrappers do.
+    """
     tensors = tuple(_tensor_key(t) for t in call.tensors)
+    aliases = aliasing(call.tensors) if exact_arguments else ()
     if call.spec is None:
-        return (len(tensors), tensors, autocast_key(device_type))
+        return (len(tensors), tensors, aliases, autocast_key(device_type))
     slots = set(call.tensor_slots)
-    constants = tuple(_leaf_key(x) for i, x in enumerate(call.leaves) if i not in slots)
+    leaf = _leaf_key if exact_arguments else _loose_key
+    constants = tuple(leaf(x) for i, x in enumerate(call.leaves) if i not in slots)
     return (
         str(call.spec),
         tensors,
+        aliases,
         constants,
         autocast_key(device_type),
     )
+
+
+def _loose_key(x: Any) -> tuple:
+    try:
+        hash(x)
+    except TypeError as exc:
+        raise UnhashableArgument(f"argument of type {type(x).__name__} is not hashable") from exc
+    return (type(x), x)

@@ -1,8 +1,9 @@
 """Snapshot and restore of what warm-up and capture may touch: parameters, buffers, ``.grad``, RNG.
 
-Recording runs the module several times (warm-up, capture). Those runs must leave no
-trace: BatchNorm statistics, dropout's RNG stream, parameters and gradients are put
-back exactly, so the call that records is bitwise equal to eager.
+Recording runs the module several times (probe, warm-up, capture). Those runs must
+leave no trace: BatchNorm statistics, plain tensor attributes a forward updates in
+place, dropout's RNG stream, parameters and gradients are put back exactly, so the call
+that records is bitwise equal to eager.
 """
 
 from __future__ import annotations
@@ -15,12 +16,10 @@ class StateSnapshot:
     """Values of a module's parameters and buffers, its ``.grad`` tensors and the RNG states."""
 
     def __init__(self, module: nn.Module) -> None:
-        tensors = [*module.parameters(), *module.buffers()]
+        tensors = [*module.parameters(), *module.buffers(), *tensor_attributes(module)]
         self._values = [(t, t.detach().clone()) for t in tensors]
         self._grads = [(p, p.grad, None if p.grad is None else p.grad.detach().clone()) for p in module.parameters()]
-        self._cpu_rng = torch.get_rng_state()
-        devices = {t.device for t in tensors if t.device.type == "cuda"}
-        self._cuda_rng = {d: torch.cuda.get_rng_state(d) for d in devices}
+        self._cpu_rng, self._cuda_rng = rng_states(tensors)
 
     def restore(self) -> None:
         """Put every value back in place (same tensor objects, no autograd version bump)."""
@@ -35,3 +34,14 @@ class StateSnapshot:
         torch.set_rng_state(self._cpu_rng)
         for device, state in self._cuda_rng.items():
             torch.cuda.set_rng_state(state, device)
+
+
+def tensor_attributes(module: nn.Module) -> list[torch.Tensor]:
+    """Tensors held as plain attributes (neither parameters nor buffers) anywhere in the tree."""
+    return [v for m in module.modules() for v in m.__dict__.values() if isinstance(v, torch.Tensor)]
+
+
+def rng_states(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, dict[torch.device, torch.Tensor]]:
+    """The CPU generator's state and each CUDA device's (of the devices ``tensors`` live on)."""
+    devices = {t.device for t in tensors if t.device.type == "cuda"}
+    return torch.get_rng_state(), {d: torch.cuda.get_rng_state(d) for d in devices}

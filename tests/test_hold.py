@@ -40,7 +40,7 @@ def test_hold_released_by_backward(backend: str, device: str) -> None:
     model(x)  # pending backward: eager
     sum(o.sum() for o in out.values()).backward()
     model(x)  # released: replays
-    releases = [e.reason for e in rec.journal if e.kind == "release"]
+    releases = [e.reason for e in rec.journal if e.kind == "hold_end"]
     assert "backward" in releases
     assert rec.eager_reasons["hold"] == 1
     assert rec.counts["replay"] == 1
@@ -55,7 +55,7 @@ def test_hold_released_when_the_graph_is_dropped(backend: str, device: str) -> N
     model(x)
     model(x)
     assert rec.eager_reasons.get("hold", 0) == 0
-    assert [e.reason for e in rec.journal if e.kind == "release"][:1] == ["dropped"]
+    assert [e.reason for e in rec.journal if e.kind == "hold_end"][:1] == ["dropped"]
     assert rec.counts["replay"] == 2
     rec.release()
 

@@ -52,12 +52,16 @@ def _freeze(model, opt):
     model.o2o_box.weight.requires_grad_(False)
 
 
+def _unfreeze(model, opt):
+    model.o2o_box.weight.requires_grad_(True)  # frozen before the first call (see test below)
+
+
 CHANGES = {
     "load_state_dict_assign": (_assign, "registered anew"),
     "param_data": (_data, "storage changed"),
     "new_parameter": (_new_param, "registered anew"),
     "hook_added": (_hook, "hooks changed"),
-    "requires_grad": (_freeze, "requires_grad"),
+    "requires_grad": (_unfreeze, "requires_grad"),
 }
 
 
@@ -65,9 +69,14 @@ CHANGES = {
 def test_changes_retire_and_training_matches_eager(backend: str, device: str, name: str) -> None:
     change, reason = CHANGES[name]
     torch.manual_seed(0)
-    eager = _train(DetectionNet().to(device), device, change)
+    eager = DetectionNet().to(device)
+    if name == "requires_grad":
+        _freeze(eager, None)
+    eager = _train(eager, device, change)
     torch.manual_seed(0)
     model = DetectionNet().to(device)
+    if name == "requires_grad":
+        _freeze(model, None)
     rec = rk.capture(model, backend=backend)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", rk.ReplayWarning)
@@ -77,6 +86,19 @@ def test_changes_retire_and_training_matches_eager(backend: str, device: str, na
     assert rec.recordings == 0
     assert rec.eager_reasons["retired"] == 2
     assert len([w for w in caught if issubclass(w.category, rk.ReplayWarning)]) == 1
+    rec.release()
+
+
+def test_freezing_a_parameter_keeps_replaying_with_parity(backend: str, device: str) -> None:
+    """Autograd drops the gradient a replay returns for a frozen parameter, as eager never computes it."""
+    torch.manual_seed(0)
+    eager = _train(DetectionNet().to(device), device, _freeze)
+    torch.manual_seed(0)
+    model = DetectionNet().to(device)
+    rec = rk.capture(model, backend=backend)
+    replayed = _train(model, device, _freeze)
+    assert diff_states(eager, replayed) == []
+    assert not rec.retired and rec.counts["replay"] == 3
     rec.release()
 
 

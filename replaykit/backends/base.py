@@ -76,6 +76,14 @@ class Recording(ABC):
         output with a gradient reaches gets None.
         """
 
+    @abstractmethod
+    def exact_backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """Fresh gradients computed eagerly through the recorded autograd graph, exactly as eager would.
+
+        Touches no static buffer and leaves the activations as they are, so it can run
+        again for the same forward (a retained graph, one ``autograd.grad`` per loss).
+        """
+
     def prepare_backward(self, grads: Sequence[torch.Tensor | None]) -> bool:
         """Called before each ``backward``; True when it captured new static gradient buffers."""
         return False

@@ -178,7 +178,7 @@ class CudaRecording(Recording):
         how = "partial" if any(g is None for g in grads) else "layout"
         if self._bwd is None:
             how = f"capture failed: {self.capture_error}"
-        return self._eager_backward(grads), how
+        return self.exact_backward(grads), how
 
     def prepare_backward(self, grads: Sequence[torch.Tensor | None]) -> bool:
         """At the first backward: capture the backward graph for these gradients, in their layout.
@@ -222,8 +222,11 @@ class CudaRecording(Recording):
         self.static_grads = list(static)
         return True
 
-    def _eager_backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        """Eager through the recorded autograd graph: exactly what eager computes for these gradients."""
+    def exact_backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """Eager through the recorded autograd graph: exactly what eager computes for these gradients.
+
+        Its temporaries come from the ordinary allocator, not the pool, so the activations stay.
+        """
         pairs = [(i, g) for i, g in zip(self.differentiable, grads, strict=True) if g is not None]
         if not pairs or not self._targets:
             return [None] * len(self._targets)

@@ -1,0 +1,325 @@
+"""Guards: the host-side values a recording depends on, noticed when they change.
+
+A graph replays the kernels of the recorded call, so every Python value the forward read
+then is frozen into it: each submodule's ``training`` flag, ``dropout.p``,
+``bn.momentum``, a float schedule attribute, a flag choosing a branch, which tensors sit
+in ``_parameters`` and ``_buffers``. ``torch.compile`` re-reads such values on every call;
+with a few hundred submodules that is thousands of reads per call. Here *writes* are
+watched instead, so an unchanged module costs one integer comparison per call:
+
+- ``nn.Module.__setattr__`` and ``__delattr__`` get one process-wide wrapper (installed at
+  the first capture, never removed; a module nobody captured pays a set lookup), and
+- the watched modules' ``_parameters``, ``_buffers``, ``_modules`` and hook dicts are
+  swapped for dict subclasses (``torch.func.functional_call`` writes ``_parameters``
+  directly),
+
+and both bump one global epoch. Only when the epoch moved is the tree read again
+(:meth:`ModuleGuard.refresh`): its plain values form the *state key*, part of every
+recording's key, so a changed value records anew (within ``max_recordings``) and a value
+set back replays its earlier recording; parameters swapped for other tensors route eager
+(``parameters_swapped``) until they are put back; a new ``nn.Parameter``, buffer or
+submodule retires the recorder. Plain-data objects and mutable containers held by
+modules of user code (not ``torch.*`` classes) cannot report writes, so they are re-read
+on every call; torch's own modules keep only immutable settings in such containers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Iterator
+from enum import Enum
+from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+#: Dict-valued module attributes that are containers, not values the forward reads.
+_CONTAINERS = ("_parameters", "_buffers", "_modules")
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+_SKIP = frozenset({"forward", "_replaykit_recorder", "_compiled_call_impl", "_non_persistent_buffers_set"})
+
+_epoch = itertools.count(1)
+_state = {"epoch": 0}  # bumped (from the counter) on every watched write
+_watched: Counter[int] = Counter()  # id(module) -> number of guards watching it
+_local = threading.local()  # .writes: list of (module, name) while a probe listens
+
+
+def epoch() -> int:
+    """The global write epoch: changes whenever a watched module or one of its dicts is written."""
+    return _state["epoch"]
+
+
+def _bump() -> None:
+    _state["epoch"] = next(_epoch)
+
+
+class _WatchedDict(dict):
+    """A module's ``_parameters``/``_buffers``/``_modules`` dict that reports writes."""
+
+    __slots__ = ("__weakref__",)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        dict.__setitem__(self, key, value)
+        _bump()
+
+    def __delitem__(self, key: Any) -> None:
+        dict.__delitem__(self, key)
+        _bump()
+
+    def pop(self, *args: Any) -> Any:
+        _bump()
+        return dict.pop(self, *args)
+
+    def popitem(self) -> Any:
+        _bump()
+        return dict.popitem(self)
+
+    def clear(self) -> None:
+        _bump()
+        dict.clear(self)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        dict.update(self, *args, **kwargs)
+        _bump()
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        _bump()
+        return dict.setdefault(self, key, default)
+
+    def __reduce__(self) -> tuple:  # pickles and deep-copies as a plain dict
+        return (dict, (dict(self),))
+
+
+class _WatchedHooks(OrderedDict):
+    """A module's hook dict that reports writes (hooks would not run inside a replay)."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        OrderedDict.__setitem__(self, key, value)
+        _bump()
+
+    def __delitem__(self, key: Any) -> None:
+        OrderedDict.__delitem__(self, key)
+        _bump()
+
+    def __reduce__(self) -> tuple:
+        return (OrderedDict, (list(self.items()),))
+
+
+_original_setattr = nn.Module.__setattr__
+_original_delattr = nn.Module.__delattr__
+
+
+def _setattr(self: nn.Module, name: str, value: Any) -> None:
+    _original_setattr(self, name, value)
+    if id(self) in _watched:
+        _bump()
+        writes = getattr(_local, "writes", None)
+        if writes is not None:
+            writes.append((self, name))
+
+
+def _delattr(self: nn.Module, name: str) -> None:
+    _original_delattr(self, name)
+    if id(self) in _watched:
+        _bump()
+
+
+def _install() -> None:
+    if nn.Module.__setattr__ is not _setattr:
+        nn.Module.__setattr__ = _setattr  # type: ignore[method-assign]
+        nn.Module.__delattr__ = _delattr  # type: ignore[method-assign]
+
+
+def _swap_dicts(module: nn.Module, watched: bool) -> None:
+    """Swap the module's container and hook dicts for watched ones (or back), keeping their contents."""
+    d = module.__dict__
+    for name in _CONTAINERS:
+        cls = _WatchedDict if watched else dict
+        if name in d and type(d[name]) is not cls:
+            d[name] = cls(d[name])
+    for name in _HOOK_DICTS:
+        cls = _WatchedHooks if watched else OrderedDict
+        if name in d and type(d[name]) is not cls:
+            d[name] = cls(d[name])
+
+
+class listen_for_writes:
+    """Collect ``(module, attribute)`` assignments on watched modules inside the block (one thread)."""
+
+    def __enter__(self) -> list[tuple[nn.Module, str]]:
+        self._previous = getattr(_local, "writes", None)
+        _local.writes = []
+        return _local.writes
+
+    def __exit__(self, *exc: object) -> None:
+        _local.writes = self._previous
+
+
+# ----------------------------------------------------------------------------- value keys
+_PLAIN = (type(None), bool, int, str, bytes, torch.dtype, torch.device, torch.layout, torch.memory_format, Enum)
+
+
+def value_key(value: Any) -> Any:
+    """A hashable key that changes whenever ``value`` would make a forward behave differently.
+
+    Floats are keyed by their bits (``-0.0`` is not ``0.0``; a NaN equals itself), tensors
+    and callables by identity (a graph reads a tensor's memory, whatever it holds).
+    """
+    if isinstance(value, float):
+        return ("f", value.hex())
+    if isinstance(value, _PLAIN):
+        return (type(value), value)
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(value_key(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((value_key(k), value_key(v)) for k, v in value.items()))
+    if isinstance(value, complex):
+        return ("c", value.real.hex(), value.imag.hex())
+    if isinstance(value, (set, frozenset)):
+        return (type(value), frozenset(value_key(v) for v in value))
+    if isinstance(value, (torch.Tensor, nn.Module, FunctionType, BuiltinFunctionType, MethodType, type, ModuleType)):
+        return ("id", id(value))
+    attrs = getattr(value, "__dict__", None)
+    if attrs is not None:
+        return ("obj", id(value), value_key(attrs))
+    return ("id", id(value))
+
+
+def _needs_polling(value: Any) -> bool:
+    """Values that can change without a module ``__setattr__``: mutable containers, plain-data objects."""
+    if isinstance(value, (list, dict, set)):
+        return True
+    if isinstance(value, (torch.Tensor, nn.Module, FunctionType, BuiltinFunctionType, MethodType, type, ModuleType)):
+        return False
+    return hasattr(value, "__dict__") and not isinstance(value, Enum)
+
+
+def _is_torch_class(module: nn.Module) -> bool:
+    return type(module).__module__.startswith("torch.")
+
+
+# ----------------------------------------------------------------------------- the guard
+class Verdict:
+    """What the module tree says now: the state key, or a reason to route eager or retire."""
+
+    __slots__ = ("eager", "key", "retire")
+
+    def __init__(self, key: Any = None, eager: str | None = None, retire: str | None = None) -> None:
+        self.key = key
+        self.eager = eager
+        self.retire = retire
+
+
+class ModuleGuard:
+    """Watches one captured module tree; :meth:`verdict` is O(1) until something is written."""
+
+    def __init__(self, module: nn.Module) -> None:
+        _install()
+        self._module = module
+        self._ids: list[int] = []
+        self._closed = False
+        self.rebaseline()
+
+    def _names(self) -> Iterator[tuple[str, nn.Module]]:
+        return self._module.named_modules(remove_duplicate=True)
+
+    def rebaseline(self) -> None:
+        """Take the tree as it is now as the reference for identities (done while no recording exists)."""
+        self._unwatch()
+        mods = list(self._names())
+        for _, m in mods:
+            _swap_dicts(m, True)
+            _watched[id(m)] += 1
+            self._ids.append(id(m))
+        self._params = {(n, k): t for n, m in mods for k, t in m._parameters.items()}
+        self._buffers = {(n, k): t for n, m in mods for k, t in m._buffers.items()}
+        self._submodules = {n: id(m) for n, m in mods}
+        self._hooks = _hook_count(mods)
+        self._seen = -1
+        self._verdict = Verdict()
+        self._polled: list[tuple[Any, Any]] = []
+        self._interned: dict[tuple, int] = {}  # state tuple -> small int: hashing the tuple per call would cost
+
+    def verdict(self) -> Verdict:
+        """The current state key (or why to route eager / retire): one comparison when nothing was written."""
+        if self._seen != _state["epoch"] or (self._polled and self._polled_changed()):
+            self._seen = _state["epoch"]
+            self._verdict = self.refresh()
+        return self._verdict
+
+    def _polled_changed(self) -> bool:
+        return any(value_key(v) != k for v, k in self._polled)
+
+    def refresh(self) -> Verdict:
+        """Read the tree: identities against the baseline, then every module's plain values."""
+        mods = list(self._names())
+        for n, m in mods:
+            if self._submodules.get(n) != id(m):
+                return Verdict(retire=f"submodule {n or '<root>'!r} registered anew")
+        if len(mods) != len(self._submodules):
+            return Verdict(retire="a submodule was removed")
+        if _hook_count(mods) != self._hooks:
+            return Verdict(retire="module hooks changed")
+        for n, m in mods:
+            _swap_dicts(m, True)  # a dict replaced wholesale (rare) is watched again
+            for k, t in m._parameters.items():
+                if self._params.get((n, k), t) is not t and isinstance(t, nn.Parameter):
+                    return Verdict(retire=f"parameter {_dotted(n, k)!r} registered anew")
+            for k, t in m._buffers.items():
+                if self._buffers.get((n, k)) is not t:  # .to()/.double() replace buffers for good
+                    return Verdict(retire=f"buffer {_dotted(n, k)!r} replaced (storage changed)")
+        swapped = [_dotted(n, k) for n, m in mods for k, t in m._parameters.items() if self._params.get((n, k)) is not t]
+        if swapped or len(self._params) != sum(len(m._parameters) for _, m in mods):
+            return Verdict(eager="parameters_swapped")  # torch.func.functional_call: until they are put back
+        if len(self._buffers) != sum(len(m._buffers) for _, m in mods):
+            return Verdict(retire="a buffer was removed")
+        keys = []
+        polled: list[tuple[Any, Any]] = []
+        for n, m in mods:
+            poll = not _is_torch_class(m)
+            for name, value in m.__dict__.items():
+                if name in _SKIP or name in _CONTAINERS or "hooks" in name:
+                    continue
+                k = value_key(value)
+                keys.append((n, name, k))
+                if poll and _needs_polling(value):
+                    polled.append((value, k))
+        self._polled = polled
+        state = tuple(keys)
+        return Verdict(key=self._interned.setdefault(state, len(self._interned)))
+
+    def _unwatch(self) -> None:
+        for i in self._ids:
+            _watched[i] -= 1
+            if _watched[i] <= 0:
+                del _watched[i]
+        self._ids = []
+
+    def close(self) -> None:
+        """Stop watching: plain dicts again, nothing global refers to the tree."""
+        if self._closed:
+            return
+        self._closed = True
+        for _, m in self._names():
+            if _watched.get(id(m), 0) <= 1:
+                _swap_dicts(m, False)
+        self._unwatch()
+        self._params, self._buffers, self._polled = {}, {}, []
+
+
+def _hook_count(mods: list[tuple[str, nn.Module]]) -> int:
+    """Hooks of submodules (the root's own run outside its forward, as in eager)."""
+    return sum(len(m.__dict__.get(h, ())) for _, m in mods[1:] for h in _HOOK_DICTS)
+
+
+def _dotted(module_name: str, name: str) -> str:
+    return f"{module_name}.{name}" if module_name else name
+
+
+def tree_contains(root: nn.Module, module: nn.Module) -> bool:
+    """Whether ``module`` is ``root`` or one of its submodules."""
+    return any(m is module for m in root.modules())
+

@@ -1,0 +1,144 @@
+"""The record-time probe: one eager forward and backward that finds what no replay can repeat.
+
+Some behaviour of a forward is invisible to a signature and frozen by any graph, so it
+is looked for once, before recording, on the same stand-ins the backends use:
+
+- assignments to module attributes (an auxiliary loss stored on the module, a Python
+  counter, a cached tensor): a replay would not run them;
+- in-place writes to an input: eager changes the caller's tensor, a replay its own copy;
+- random ops drawing from a private ``torch.Generator``: a graph registers only the
+  default generator and would replay the first numbers for ever;
+- sparse gradients (``nn.Embedding(sparse=True)``): no static buffer can hold them;
+- gradient hooks on several parameters: eager runs them as the backward reaches each
+  parameter, a replay all at once after its backward, in another order;
+- an input that requires grad and is read several times: its gradient is a sum whose
+  order, together with the caller's other uses of the tensor, can differ from eager.
+
+The first four and the hooks retire the recorder (they hold for every signature); the
+last routes only that signature eagerly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from .guards import listen_for_writes
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a call cannot be recorded; ``scope`` is ``"module"`` (retire) or ``"signature"`` (eager).
+
+    For a signature, ``reason`` is the eager route's one word and ``detail`` says why.
+    """
+
+    scope: str
+    reason: str
+    detail: str = ""
+
+
+class _PrivateGenerators(TorchDispatchMode):
+    """Notes aten ops given an explicit generator, and puts each generator's state back afterwards."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+        self._states: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        gen = kwargs.get("generator")
+        if gen is not None:
+            self.ops.append(str(func))
+            self._states.setdefault(id(gen), (gen, gen.get_state()))
+        return func(*args, **kwargs)
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        for gen, state in self._states.values():
+            gen.set_state(state)
+
+
+def _names(module: nn.Module) -> dict[int, str]:
+    return {id(m): n or type(module).__name__ for n, m in module.named_modules()}
+
+
+def gradient_hooks(params: Sequence[torch.Tensor]) -> int:
+    """How many parameters carry gradient hooks (tensor hooks or post-accumulate hooks)."""
+    return sum(1 for p in params if p._backward_hooks or p._post_accumulate_grad_hooks)
+
+
+def _uses(outputs: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor]) -> list[int]:
+    """How many graph edges reach each leaf's AccumulateGrad node from ``outputs``."""
+    index = {id(t): i for i, t in enumerate(leaves)}
+    counts = [0] * len(leaves)
+    seen: set[int] = set()
+    stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        for nxt, _ in node.next_functions:
+            if nxt is None:
+                continue
+            var = getattr(nxt, "variable", None)
+            if var is not None and id(var) in index:
+                counts[index[id(var)]] += 1
+            elif id(nxt) not in seen:
+                stack.append(nxt)
+    for o in outputs:  # an input returned as is counts as a use too
+        if o.grad_fn is None and id(o) in index:
+            counts[index[id(o)]] += 1
+    return counts
+
+
+def probe(
+    module: nn.Module,
+    fn: Callable[..., Any],
+    static_inputs: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor],
+) -> Refusal | None:
+    """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None.
+
+    The caller snapshots and restores module state and RNG around this call.
+    """
+    if gradient_hooks(params) > 1:
+        return Refusal("module", f"gradient hooks on {gradient_hooks(params)} parameters would run in another order than eager")
+    leaves = [p.detach().requires_grad_(True) for p in params]
+    versions = [x._version for x in static_inputs]
+    generators = _PrivateGenerators()
+    with listen_for_writes() as writes, generators:
+        outs, _ = tree_flatten(fn(*static_inputs, params=leaves))
+    names = _names(module)
+    written = sorted({f"{names.get(id(m), type(m).__name__)}.{attr}" for m, attr in writes if id(m) in names})
+    if written:
+        return Refusal("module", f"forward assigns {', '.join(written)}; a replay would not repeat the assignment")
+    mutated = [i for i, (x, v) in enumerate(zip(static_inputs, versions, strict=True)) if x._version != v]
+    if mutated:
+        return Refusal("module", f"forward writes input {mutated[0]} in place; a replay would write its own copy")
+    if generators.ops:
+        return Refusal("module", f"{generators.ops[0]} draws from a private torch.Generator, which a graph would freeze")
+    tensors = [o for o in outs if isinstance(o, torch.Tensor)]
+    diff = [o for o in tensors if o.requires_grad]
+    wanting = [x for x in static_inputs if x.requires_grad]
+    if not diff:
+        return None
+    targets = wanting + leaves
+    grads = torch.autograd.grad(diff, targets, [torch.zeros_like(o) for o in diff], allow_unused=True, retain_graph=True)
+    sparse = [i for i, g in enumerate(grads) if g is not None and g.layout != torch.strided]
+    if sparse:
+        return Refusal("module", f"a {grads[sparse[0]].layout} gradient (e.g. nn.Embedding(sparse=True)) cannot live in a static buffer")
+    uses = _uses(diff, wanting)
+    reused = [i for i, n in enumerate(uses) if n > 1]
+    if reused:
+        n = uses[reused[0]]
+        return Refusal("signature", "input_reused", f"input {reused[0]} requires grad and is read {n} times; its gradient sum order could differ from eager")
+    return None

@@ -1,0 +1,119 @@
+"""The shadow check: a sampled replayed call compared with eager; a difference retires with ``diverged``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import replaykit as rk
+from replaykit.backends import resolve_backend
+from replaykit.backends.base import Backend, Recording
+
+
+class _Skewed(Recording):
+    """A recording whose replays are off by one ULP in the chosen place: what no guard foresaw."""
+
+    def __init__(self, inner: Recording, where: str) -> None:
+        self._inner, self._where = inner, where
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    def replay_forward(self) -> None:
+        self._inner.replay_forward()
+        if self._where == "output":
+            out = self._inner.static_outputs[0]
+            out.data.copy_(torch.nextafter(out, torch.full_like(out, float("inf"))))
+
+    def backward(self, grads):
+        result, how = self._inner.backward(grads)
+        if self._where == "grad" and result[-1] is not None:
+            g = result[-1]
+            g.data.copy_(torch.nextafter(g, torch.full_like(g, float("inf"))))
+        return result, how
+
+    def exact_backward(self, grads):
+        return self._inner.exact_backward(grads)
+
+    def prepare_backward(self, grads):
+        return self._inner.prepare_backward(grads)
+
+    def free(self) -> None:
+        self._inner.free()
+
+
+class _SkewedBackend(Backend):
+    def __init__(self, inner: Backend, where: str) -> None:
+        self._inner, self._where = inner, where
+        self.name = inner.name
+        self.device = getattr(inner, "device", None)
+
+    def record(self, fn, static_inputs, params, warmup):
+        return _Skewed(self._inner.record(fn, static_inputs, params, warmup), self._where)
+
+    def free(self) -> None:
+        self._inner.free()
+
+
+def _net(device: str) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3)).to(device)
+
+
+def _train(model: nn.Module, device: str, steps: int = 4) -> dict[str, torch.Tensor]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        model(torch.randn(5, 6, generator=g).to(device)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _skewed_capture(model: nn.Module, backend: str, where: str, **kw) -> rk.Recorder:
+    rec = rk.capture(model, backend=backend, **kw)
+    rec.backend = _SkewedBackend(resolve_backend(backend, model), where)
+    return rec
+
+
+@pytest.mark.parametrize("where", ["output", "grad"])
+def test_a_difference_retires_as_diverged_and_training_stays_eager_exact(backend: str, device: str, where: str) -> None:
+    eager = _train(_net(device), device)
+    model = _net(device)
+    rec = _skewed_capture(model, backend, where, check_every=2)
+    replayed = _train(model, device)
+    assert rec.retired and rec.retire_reason.startswith("diverged: ")
+    assert ("output 0" if where == "output" else "grad 3.bias") in rec.retire_reason
+    assert "1 ulp" in rec.retire_reason
+    for k in eager:
+        assert torch.equal(eager[k], replayed[k]), k
+    rec.release()
+
+
+@pytest.mark.parametrize("where", ["output", "grad"])
+def test_without_the_check_the_difference_is_silent(backend: str, device: str, where: str) -> None:
+    """The negative control: the skew is real, and only the check sees it."""
+    eager = _train(_net(device), device)
+    model = _net(device)
+    rec = _skewed_capture(model, backend, where)
+    replayed = _train(model, device)
+    assert not rec.retired
+    assert any(not torch.equal(eager[k], replayed[k]) for k in eager)
+    rec.release()
+
+
+def test_checks_are_sampled_every_n_replayed_calls(backend: str, device: str) -> None:
+    model = _net(device)
+    rec = rk.capture(model, backend=backend, check_every=3)
+    _train(model, device, steps=7)
+    checks = [e for e in rec.journal if e.kind == "check"]
+    assert [e.call for e in checks if e.reason == "forward"] == [1, 4, 7]
+    assert all(e.detail is None for e in checks)  # equal: no difference named
+    assert not rec.retired
+    rec.release()
+
+
+def test_check_every_is_validated() -> None:
+    with pytest.raises(rk.ReplayError, match="check_every"):
+        rk.capture(nn.Linear(2, 2), backend="emulated", check_every=-1)
