@@ -20,8 +20,8 @@ from pathlib import Path
 # Run from a tree that is not installed (an uploaded tree): import its own replaykit.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from replaykit.batch import BatchSpec, Environment, TreeSpec, load_spec, run_batch
-from replaykit.runs import cli_parameters
+from replaykit.workflow.batch import BatchSpec, Environment, TreeSpec, load_spec, run_batch
+from replaykit.workflow.runs import cli_parameters
 
 
 def build_parser() -> argparse.ArgumentParser:

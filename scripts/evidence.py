@@ -19,7 +19,7 @@ from pathlib import Path
 # Run from a tree that is not installed (an uploaded tree): import its own replaykit.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from replaykit.evidence import collect
+from replaykit.workflow.evidence import collect
 
 
 def build_parser() -> argparse.ArgumentParser:
