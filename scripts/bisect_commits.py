@@ -39,14 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--kernel", help="kernelspec name (default: this interpreter)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("extra", nargs="*", help="more pytest arguments, after --")
-    return ap  # fmt: skip
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     common = {"markers": args.markers or None, "ids": args.ids, "runs_dir": args.runs_dir,
               "kernel": args.kernel, "progress": not args.no_progress, "repeats": args.repeats,
-              "extra_args": args.extra, "run_timeout": args.timeout}  # fmt: skip
+              "extra_args": args.extra, "run_timeout": args.timeout}
     try:
         if args.arm:
             if args.good or args.bad:

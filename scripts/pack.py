@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--no-deps", action="store_true", help="wheelhouse without dependencies")
     ap.add_argument("--verify", type=Path, metavar="ARCHIVE", help="check an archive and exit")
-    return ap  # fmt: skip
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,13 +48,13 @@ EXCLUDED_TOP = frozenset({"runs", "dist", WHEELHOUSE_DIR, MANIFEST_NAME})
 NOTEBOOK_REQUIREMENTS = [
     "papermill>=2.6", "nbformat", "nbclient", "ipykernel", "jupyter_client",
     "nbval", "junitparser", "tqdm", "ipywidgets",
-]  # fmt: skip
+]
 """What the notebooks need on a host that already has torch, lightning, pandas, matplotlib."""
 
 MANYLINUX_X86_64 = (
     "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
     "manylinux2014_x86_64", "manylinux1_x86_64",
-)  # fmt: skip
+)
 
 HUGE = ("torch", "triton", "nvidia-*")
 """Projects dropped from a wheelhouse: the GPU host has them, and they weigh gigabytes."""
@@ -89,7 +89,7 @@ def _git(root: Path, *args: str, input: bytes | None = None, ok: tuple[int, ...]
     proc = subprocess.run(
         ["git", "--no-optional-locks", "-c", "core.quotepath=off", *args],
         cwd=root, input=input, capture_output=True, check=False,
-    )  # fmt: skip
+    )
     if proc.returncode not in ok:
         msg = proc.stderr.decode(errors="replace").strip()
         raise ValueError(f"git {' '.join(args[:3])} failed in {root}: {msg}")
@@ -188,7 +188,7 @@ def _snapshot_rev(root: Path, rev: str, extra: tuple[str, ...]) -> _Snapshot:
         files=dict(zip(paths, blobs, strict=True)),
         executable={p for p in paths if entries[p].mode == "100755"},
         commit=commit, short=short, dirty=False, tree_hash=tree, diff="", mtime=mtime,
-    )  # fmt: skip
+    )
 
 
 def _snapshot_worktree(root: Path, extra: tuple[str, ...]) -> _Snapshot:
@@ -217,7 +217,7 @@ def _snapshot_worktree(root: Path, extra: tuple[str, ...]) -> _Snapshot:
         if p not in files
         or e.oid != _git_blob_id(files[p], algo)
         or (e.mode == "100755") != (p in executable)
-    ]  # fmt: skip
+    ]
     new = [p for p in files if p not in head]
     dirty = bool(changed or new)
     diff = ""
@@ -226,7 +226,7 @@ def _snapshot_worktree(root: Path, extra: tuple[str, ...]) -> _Snapshot:
         diff = _git(
             root, "diff", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "HEAD",
             "--", *specs,
-        ).decode("utf-8", "replace")  # fmt: skip
+        ).decode("utf-8", "replace")
     diff += _diff_new(root, new)
     mtime = _now_ts() if dirty else int(_git(root, "show", "-s", "--format=%ct", commit).decode())
     return _Snapshot(files, executable, commit, short, dirty, tree, diff, mtime)
@@ -329,7 +329,7 @@ def pip_download_command(wh: Wheelhouse, dest: Path, python: str = sys.executabl
     cmd = [
         python, "-m", "pip", "download", "--only-binary=:all:",
         "--python-version", wh.python, "--implementation", "cp",
-    ]  # fmt: skip
+    ]
     for plat in wh.platforms:
         cmd += ["--platform", plat]
     if wh.no_deps:

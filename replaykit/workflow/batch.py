@@ -42,7 +42,7 @@ __all__ = [
     "build_venv", "declares", "error_cell", "index_rows", "interpreter_problem", "kernel_name",
     "load_spec", "new_folder", "prepare_tree", "register_kernel", "run_batch", "run_cell",
     "same_interpreter", "write_index",
-]  # fmt: skip
+]
 
 INDEX_FILE = "index.json"
 INDEX_MD = "index.md"
@@ -184,7 +184,7 @@ class BatchSpec:
         if not isinstance(data, dict):
             raise ValueError(f"a batch spec is a mapping, got {type(data).__name__}")
         known = {"name", "environments", "trees", "notebooks", "parameters", "repo",
-                 "cell_timeout", "venvs_dir"}  # fmt: skip
+                 "cell_timeout", "venvs_dir"}
         if unknown := sorted(set(data) - known):
             raise ValueError(f"unknown batch spec keys: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
         envs = [_env_from(e, i) for i, e in enumerate(_list(data, "environments"))]
@@ -197,7 +197,7 @@ class BatchSpec:
             environments=envs, notebooks=notebooks, trees=trees, parameters=list(params),
             name=str(data.get("name", "batch")), repo=str(data.get("repo", ".")),
             cell_timeout=data.get("cell_timeout"), venvs_dir=data.get("venvs_dir"),
-        )  # fmt: skip
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -281,7 +281,7 @@ class PreparedTree:
             "label": self.label, "source": self.source, "rev": self.rev, "commit": self.commit,
             "short": self.short, "dirty": self.dirty, "sha256": self.sha256,
             "path": str(self.path) if self.source == "path" and self.path else None,
-        }  # fmt: skip
+        }
 
 
 DEFAULT_TREE = PreparedTree(label="default", path=None, source="default")
@@ -290,7 +290,7 @@ DEFAULT_TREE = PreparedTree(label="default", path=None, source="default")
 def _from_manifest(label: str, root: Path, source: str, rev: str | None) -> PreparedTree:
     manifest = json.loads((root / pk.MANIFEST_NAME).read_text())
     return PreparedTree(label=label, path=root, source=source, rev=rev, commit=manifest["commit"],
-                        dirty=manifest["dirty"], sha256=manifest["sha256"])  # fmt: skip
+                        dirty=manifest["dirty"], sha256=manifest["sha256"])
 
 
 def prepare_tree(spec: TreeSpec, repo: str | Path, workdir: Path) -> PreparedTree:
@@ -316,7 +316,7 @@ def prepare_tree(spec: TreeSpec, repo: str | Path, workdir: Path) -> PreparedTre
         return _from_manifest(label, pk.unpack(path, fresh("trees")), "archive", None)
     info = tree_info(path)
     return PreparedTree(label=label, path=path.resolve(), source="path",
-                        commit=info.get("commit"), dirty=info.get("dirty"))  # fmt: skip
+                        commit=info.get("commit"), dirty=info.get("dirty"))
 
 
 # --- interpreters and kernels ------------------------------------------------
@@ -345,7 +345,7 @@ def _probe(python: str) -> dict[str, str]:
     if not exe or not os.path.exists(exe):
         raise EnvBuildError(f"interpreter not found: {python}")
     code = "import json, platform, sys; print(json.dumps({'executable': sys.executable, " \
-           "'version': platform.python_version(), 'prefix': sys.prefix}))"  # fmt: skip
+           "'version': platform.python_version(), 'prefix': sys.prefix}))"
     try:
         proc = subprocess.run([exe, "-c", code], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -383,7 +383,7 @@ def register_kernel(python: str, name: str, prefix: Path) -> str:
     name resolves to another interpreter.
     """
     cmd = [python, "-m", "ipykernel", "install", "--prefix", str(prefix), "--name", name,
-           "--display-name", f"{name} ({python})"]  # fmt: skip
+           "--display-name", f"{name} ({python})"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         tail = (proc.stdout + proc.stderr).strip()[-800:]
@@ -423,7 +423,7 @@ def build_venv(env: Environment, venvs_dir: Path, timeout: float = 3600) -> str:
     base = _probe(env.base_python or sys.executable)["executable"]
     key = {"base": base, "requirements": list(env.requirements or ()),
            "system_site_packages": env.system_site_packages, "site_dirs": list(env.site_dirs),
-           "pip_args": list(env.pip_args)}  # fmt: skip
+           "pip_args": list(env.pip_args)}
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     dest = Path(venvs_dir).resolve() / f"{_slug(env.name)}-{digest}"
     stamp = dest / ENV_STAMP
@@ -444,7 +444,7 @@ def build_venv(env: Environment, venvs_dir: Path, timeout: float = 3600) -> str:
         lines = [f"import site; site.addsitedir({os.path.abspath(d)!r})" for d in env.site_dirs]
         (Path(_site_packages(python)) / "_replaykit_site_dirs.pth").write_text("\n".join(lines) + "\n")
     pip = [python, "-m", "pip", "install", "--disable-pip-version-check", *env.pip_args,
-           *(env.requirements or ()), "ipykernel"]  # fmt: skip
+           *(env.requirements or ()), "ipykernel"]
     _run_logged(pip, log, f"pip install for {env.name!r}", timeout)
     stamp.write_text(json.dumps({"key": key, "python": python, "built_utc": _utc().isoformat()}, indent=1))
     return python
@@ -482,7 +482,7 @@ def error_cell(base: dict[str, Any], reason: str, detail: str) -> dict[str, Any]
     first = detail.strip().splitlines()[0][:300] if detail.strip() else ""
     return base | {"status": "error", "reason": reason, "summary": f"error: {reason}: {first}".rstrip(": "),
                    "detail": detail[-3000:], "run_dir": None, "sha256": None, "counts": None,
-                   "duration_s": 0.0}  # fmt: skip
+                   "duration_s": 0.0}
 
 
 def run_cell(
@@ -502,7 +502,7 @@ def run_cell(
     ``kernel`` None: this interpreter (``ensure_kernel``), checked against ``sys.executable``.
     """
     base = {"env": env, "python": python, "kernel": kernel, "tree": tree.record(),
-            "notebook": str(notebook), "parameters": dict(parameters)}  # fmt: skip
+            "notebook": str(notebook), "parameters": dict(parameters)}
     params = dict(parameters)
     cwd = None
     try:
@@ -515,7 +515,7 @@ def run_cell(
             kernel, python = ensure_kernel(), sys.executable
             base |= {"kernel": kernel, "python": python}
         result = run_notebook(notebook, params, runs_dir=folder, kernel_name=kernel,
-                              cell_timeout=cell_timeout, progress=False, tree=tree.path, cwd=cwd)  # fmt: skip
+                              cell_timeout=cell_timeout, progress=False, tree=tree.path, cwd=cwd)
     except KeyboardInterrupt:
         raise
     except Exception as exc:
@@ -525,11 +525,11 @@ def run_cell(
         "status": s["status"], "reason": s.get("reason"), "summary": summary_line(s),
         "run_dir": os.path.relpath(result.run_dir, folder), "sha256": s.get("sha256"),
         "counts": s.get("counts"), "duration_s": s.get("duration_s"),
-    }  # fmt: skip
+    }
     problem = interpreter_problem(s, python) if python else None
     if problem:
         record |= {"status": "error", "reason": WRONG_INTERPRETER,
-                   "summary": f"error: {WRONG_INTERPRETER}: {problem}", "detail": problem}  # fmt: skip
+                   "summary": f"error: {WRONG_INTERPRETER}: {problem}", "detail": problem}
     return record
 
 
@@ -565,7 +565,7 @@ def index_rows(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         params = json.dumps(c["parameters"], sort_keys=True) if c["parameters"] else ""
         rows.append({"env": c["env"], "tree": _tree_text(c["tree"]), "notebook": Path(c["notebook"]).name,
                      "parameters": params, "status": status, "summary": c["summary"],
-                     "run_dir": c.get("run_dir") or ""})  # fmt: skip
+                     "run_dir": c.get("run_dir") or ""})
     return rows
 
 
@@ -582,7 +582,7 @@ def write_index(folder: Path, doc: dict[str, Any], title: str) -> Path:
     tmp.replace(path)
     tally = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no cells yet"
     md = [f"# {title}", "", f"{len(cells)} cells: {tally}", "",
-          tables.markdown(index_rows(cells), INDEX_COLUMNS), ""]  # fmt: skip
+          tables.markdown(index_rows(cells), INDEX_COLUMNS), ""]
     (Path(folder) / INDEX_MD).write_text("\n".join(md))
     return path
 
@@ -650,11 +650,11 @@ def run_batch(spec: BatchSpec, runs_dir: Path = Path("runs"), progress: bool = T
         doc: dict[str, Any] = {
             "kind": "batch", "name": spec.name, "started_utc": started.isoformat(timespec="seconds"),
             "spec": spec.to_dict(), "environments": [], "trees": [t.record() for t in trees], "cells": [],
-        }  # fmt: skip
+        }
         title = f"Batch {spec.name} ({started.strftime('%Y-%m-%d %H:%M UTC')})"
         per_env = len(trees) * len(notebooks) * len(spec.parameters)
         bar = tqdm(total=len(spec.environments) * per_env, desc=f"batch {spec.name}", unit="run",
-                   disable=not progress)  # fmt: skip
+                   disable=not progress)
         with bar, _jupyter_path(kernels / "share" / "jupyter"):
             for env in spec.environments:
                 bar.set_postfix_str(f"{env.name}: {'building' if env.built else 'registering'}")
@@ -666,26 +666,26 @@ def run_batch(spec: BatchSpec, runs_dir: Path = Path("runs"), progress: bool = T
                             bar.set_postfix_str(f"{env.name} | {tree.label} | {nb.name}")
                             cell_base = {"env": env.name, "python": python, "kernel": kernel,
                                          "tree": tree.record(), "notebook": str(nb),
-                                         "parameters": dict(params)}  # fmt: skip
+                                         "parameters": dict(params)}
                             if kernel is None:
                                 cell = error_cell(cell_base, ENV_FAILED, env_rec["error"])
                             else:
                                 cell = run_cell(nb, params, tree, folder=folder, kernel=kernel,
                                                 python=python, env=env.name,
-                                                cell_timeout=spec.cell_timeout)  # fmt: skip
+                                                cell_timeout=spec.cell_timeout)
                             doc["cells"].append(cell)
                             write_index(folder, doc, title)
                             bar.update()
         doc["ended_utc"] = _utc().isoformat(timespec="seconds")
         index = write_index(folder, doc, title)
     return BatchResult(folder=folder, index=index, cells=doc["cells"],
-                       environments=doc["environments"], trees=doc["trees"])  # fmt: skip
+                       environments=doc["environments"], trees=doc["trees"])
 
 
 def _prepare_env(env: Environment, venvs_dir: Path, kernels: Path) -> tuple[dict[str, Any], str | None, str | None]:
     """(record, interpreter, kernel name); interpreter and kernel are None when it failed."""
     record: dict[str, Any] = {"name": env.name, "built": env.built, "python": None, "version": None,
-                              "kernel": None, "error": None}  # fmt: skip
+                              "kernel": None, "error": None}
     t0 = time.monotonic()
     try:
         python = build_venv(env, venvs_dir) if env.built else str(env.python)

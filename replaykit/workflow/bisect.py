@@ -154,7 +154,7 @@ class _Runner:
     def run(self, tree: PreparedTree) -> tuple[dict[str, Any], dict[str, Any] | None]:
         python = kernel_executable(self.kernel) if self.kernel else None
         cell = run_cell(self.notebook, self.params, tree, folder=self.folder, kernel=self.kernel,
-                        python=python, env=self.kernel or "current")  # fmt: skip
+                        python=python, env=self.kernel or "current")
         summary = None
         if cell.get("run_dir"):
             path = self.folder / cell["run_dir"] / "summary.json"
@@ -167,12 +167,12 @@ class _Runner:
 
 
 def _parameters(markers: str | None, ids: list[str] | None, repeats: int, isolate_failures: bool,
-                extra_args: list[str] | None, run_timeout: float) -> dict[str, Any]:  # fmt: skip
+                extra_args: list[str] | None, run_timeout: float) -> dict[str, Any]:
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     return {"markers": markers or "", "ids": list(ids or []), "repeats": repeats,
             "isolate_failures": isolate_failures, "extra_args": list(extra_args or []),
-            "run_timeout": run_timeout}  # fmt: skip
+            "run_timeout": run_timeout}
 
 
 def _check(notebook: Path, kernel: str | None) -> None:
@@ -227,10 +227,10 @@ class BisectResult:
         order = {c.sha: i for i, c in enumerate(self.commits)}
         rows = [{"commit": s.commit.short, "subject": s.commit.subject, "verdict": s.verdict,
                  "why": s.why, "run": s.run_dir or ""}
-                for s in sorted(self.steps, key=lambda s: order[s.commit.sha])]  # fmt: skip
+                for s in sorted(self.steps, key=lambda s: order[s.commit.sha])]
         head = f"Bisect {self.good}..{self.bad}: {len(self.commits)} commits, {len(self.steps)} tested."
         return "\n".join([head, "", self.conclusion(), "",
-                          tables.markdown(rows, ("commit", "subject", "verdict", "why", "run")), ""])  # fmt: skip
+                          tables.markdown(rows, ("commit", "subject", "verdict", "why", "run")), ""])
 
 
 def bisect(
@@ -262,12 +262,12 @@ def bisect(
     commits = commits_between(repo, good, bad)
     folder = new_folder(Path(runs_dir), "bisect", f"{_commit(repo, good)[:7]}..{commits[-1].short}")
     doc: dict[str, Any] = {"kind": "bisect", "repo": str(repo.resolve()), "good": good, "bad": bad,
-                           "parameters": params, "commits": [asdict(c) for c in commits], "cells": []}  # fmt: skip
+                           "parameters": params, "commits": [asdict(c) for c in commits], "cells": []}
     runner = _Runner(folder, params, kernel, Path(notebook), doc, f"Bisect {good}..{bad}")
     steps: list[Step] = []
     expected = max(1, math.ceil(math.log2(len(commits))))
     with tempfile.TemporaryDirectory(prefix="replaykit-bisect-") as tmp, \
-            tqdm(total=expected, desc="bisect", unit="commit", disable=not progress) as bar:  # fmt: skip
+            tqdm(total=expected, desc="bisect", unit="commit", disable=not progress) as bar:
 
         def test(i: int) -> str:
             c = commits[i]
@@ -276,7 +276,7 @@ def bisect(
                 tree = prepare_tree(TreeSpec(label=c.short, rev=c.sha), repo, Path(tmp) / c.short)
             except ValueError as exc:  # e.g. a symlink pack refuses: untestable, not fatal
                 record = {"env": "current", "tree": {"label": c.short, "commit": c.sha, "short": c.short},
-                          "notebook": str(notebook), "parameters": params}  # fmt: skip
+                          "notebook": str(notebook), "parameters": params}
                 cell, summary = error_cell(record, "cannot pack", str(exc)), None
             else:
                 cell, summary = runner.run(tree)
@@ -289,10 +289,10 @@ def bisect(
 
         found = search(len(commits), test)
     result = BisectResult(good=good, bad=bad, commits=commits, steps=steps,
-                          candidates=[commits[i] for i in found], folder=folder, index=folder / "index.json")  # fmt: skip
+                          candidates=[commits[i] for i in found], folder=folder, index=folder / "index.json")
     doc["result"] = {"candidates": [c.sha for c in result.candidates],
                      "first_bad": result.first_bad.sha if result.first_bad else None,
-                     "conclusion": result.conclusion()}  # fmt: skip
+                     "conclusion": result.conclusion()}
     write_index(folder, doc, f"Bisect {good}..{bad}")
     (folder / "bisect.md").write_text(result.report())
     return result
@@ -321,7 +321,7 @@ class ArmsResult:
             verdicts.append(results.get("verdicts", {}) if isinstance(results, dict) else {})
         ids = list(dict.fromkeys(i for v in verdicts for i in v))
         rows = [{"test": i, **{lab: SHORT_VERDICTS.get(v.get(i, "-"), v.get(i, "-"))
-                               for lab, v in zip(self.labels, verdicts, strict=True)}} for i in ids]  # fmt: skip
+                               for lab, v in zip(self.labels, verdicts, strict=True)}} for i in ids]
         result = {"test": "result"}
         for lab, cell, summary in zip(self.labels, self.cells, self.summaries, strict=True):
             result[lab] = result_text(summary) if summary else cell["summary"]
@@ -367,7 +367,7 @@ def arms(
         prepared = [prepare_tree(_tree_spec(lab, trees[lab]), repo, Path(tmp)) for lab in labels]
         folder = new_folder(Path(runs_dir), "arms", "-".join(labels))
         doc: dict[str, Any] = {"kind": "arms", "parameters": params,
-                               "trees": [t.record() for t in prepared], "cells": []}  # fmt: skip
+                               "trees": [t.record() for t in prepared], "cells": []}
         runner = _Runner(folder, params, kernel, Path(notebook), doc, f"Arms: {', '.join(labels)}")
         cells, summaries = [], []
         for tree in tqdm(prepared, desc="arms", unit="arm", disable=not progress):
@@ -376,6 +376,6 @@ def arms(
             cells.append(cell)
             summaries.append(summary)
     result = ArmsResult(labels=labels, cells=cells, summaries=summaries, folder=folder,
-                        index=folder / "index.json", trees=doc["trees"])  # fmt: skip
+                        index=folder / "index.json", trees=doc["trees"])
     (folder / "arms.md").write_text(result.markdown() + "\n")
     return result

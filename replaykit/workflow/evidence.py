@@ -116,7 +116,7 @@ def check_integrity(run: RunEvidence) -> None:
 
 
 def load_run(folder: Path, *, label: str | None = None, env: str | None = None,
-             cell: dict[str, Any] | None = None) -> RunEvidence | None:  # fmt: skip
+             cell: dict[str, Any] | None = None) -> RunEvidence | None:
     """The run in ``folder`` with its integrity checked, or None when it holds no notebook summary."""
     folder = Path(folder)
     try:
@@ -265,10 +265,10 @@ def failures(run: RunEvidence) -> list[dict[str, str]]:
     if summary.get("status") != "passed" and cell:
         why = f"{cell.get('ename') or ''}: {cell.get('evalue') or ''}".strip(": ")
         return [{"id": f"cell {cell.get('index')}", "status": summary.get("reason") or summary["status"],
-                 "message": why.splitlines()[0][:300] if why else ""}]  # fmt: skip
+                 "message": why.splitlines()[0][:300] if why else ""}]
     if summary.get("status") == "error" and summary.get("errors"):
         return [{"id": "run", "status": summary.get("reason") or "error",
-                 "message": str(summary["errors"][0]).splitlines()[0][:300]}]  # fmt: skip
+                 "message": str(summary["errors"][0]).splitlines()[0][:300]}]
     return []
 
 
@@ -290,7 +290,7 @@ def _from_index(path: Path) -> list[RunEvidence]:
             run = load_run(path.parent / cell["run_dir"], label=label, env=cell.get("env"), cell=cell)
             if run is None:
                 run = RunEvidence(folder=path.parent / cell["run_dir"], summary=None, label=label,
-                                  env=cell.get("env"), cell=cell, integrity=MISSING)  # fmt: skip
+                                  env=cell.get("env"), cell=cell, integrity=MISSING)
                 run.problems.append(f"{run.folder}: listed in {path.name} but holds no summary.json")
         else:
             run = RunEvidence(folder=None, summary=None, label=label, env=cell.get("env"), cell=cell)
@@ -333,7 +333,7 @@ class Evidence:
         for r in self.runs:
             rows.append({"Tree": r.tree(), "Runtime": r.runtime(), "Result": r.result(),
                          "Notebook": (r.summary or {}).get("notebook") or (r.cell or {}).get("notebook", ""),
-                         "Environment": _environment(r)})  # fmt: skip
+                         "Environment": _environment(r)})
         return rows
 
     def columns(self) -> tuple[str, ...]:
@@ -360,7 +360,7 @@ class Evidence:
                     message = f": {row['message']}" if row["message"] else ""
                     out.append(f"  - `{row['id']}` {row['status']}{message}")
         links = [f"- {r.tree()} · {r.runtime()}: {_link(r, base)}"
-                 for r in self.runs if r.notebook and r.integrity != UNHASHED]  # fmt: skip
+                 for r in self.runs if r.notebook and r.integrity != UNHASHED]
         if links:
             out += ["", "Executed notebooks:", "", *links]
         if self.warnings:

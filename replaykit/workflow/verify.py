@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "VERDICTS", "CaseResult", "Run", "Selection", "check_manifest", "node_id",
     "pytest_summary_line", "read_junit", "resolve_tree", "run_selection",
-]  # fmt: skip
+]
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 STATUSES = ("passed", "failed", "error", "skipped")
@@ -358,7 +358,7 @@ def _run_pytest(
         proc = subprocess.Popen(
             cmd, cwd=tree, env=_env(tree), stdin=subprocess.DEVNULL, stdout=fh,
             stderr=subprocess.STDOUT, start_new_session=hasattr(os, "killpg"),
-        )  # fmt: skip
+        )
         try:
             returncode: int | None = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -378,7 +378,7 @@ def _run_pytest(
         error = f"no junit XML (pytest exit {returncode})"
     summary = pytest_summary_line(log.read_text(errors="replace"))
     return Run(kind=kind, index=index, test_id=test_id, returncode=returncode, summary=summary,
-               junit=junit, log=log, seconds=seconds, cases=cases, error=error)  # fmt: skip
+               junit=junit, log=log, seconds=seconds, cases=cases, error=error)
 
 
 def run_selection(
@@ -415,14 +415,14 @@ def run_selection(
         for k in range(1, repeats + 1):
             bar.set_postfix_str(f"r{k}")
             runs.append(_run_pytest(base, [*select, *(ids or []), *extra], kind="repeat",
-                                    index=k, test_id=None, **common))  # fmt: skip
+                                    index=k, test_id=None, **common))
             bar.update()
         failing = _failing(runs) if isolate_failures else []
         bar.total = repeats + len(failing)
         for n, test_id in enumerate(failing, 1):
             bar.set_postfix_str(f"alone {n}/{len(failing)}")
             runs.append(_run_pytest(base, [*select, test_id, *extra], kind="alone",
-                                    index=n, test_id=test_id, **common))  # fmt: skip
+                                    index=n, test_id=test_id, **common))
             bar.update()
     return Selection(tree=tree, command=[*base, *select, *(ids or []), *extra], runs=runs)
 
@@ -495,7 +495,7 @@ class Selection:
             {"id": i, **{lab: st.get(i, "") for lab, st in zip(labels, per_run, strict=True)},
              "alone": self.alone_status(i), "stable": self.verdict(i)}
             for i in self.ids()
-        ]  # fmt: skip
+        ]
         return pd.DataFrame(rows, columns=["id", *labels, "alone", "stable"])
 
     def failures(self) -> pd.DataFrame:

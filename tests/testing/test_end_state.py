@@ -132,7 +132,7 @@ def test_none_grads_stay_none_and_count_in_the_diff() -> None:
 @pytest.mark.parametrize("make", [
     lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
     lambda p: torch.optim.AdamW(p, lr=0.1),
-], ids=["sgd", "adamw"])  # fmt: skip
+], ids=["sgd", "adamw"])
 def test_optimizer_state_after_a_step(make) -> None:
     torch.manual_seed(0)
     net = TwoHeads()

@@ -178,7 +178,7 @@ def test_ema_changes_only_after_optimizer_steps(tmp_path) -> None:
     model, trainer = fit(
         "detection", "partial_last", max_steps=-1, accumulate=2, callbacks=[rec],
         task_kw={"ema": 0.5},
-    )  # fmt: skip
+    )
     # batches [4, 4, 4, 4, 4, 2]: the optimizer steps after batches 1, 3 and 5 (partial)
     assert rec.steps == [0, 0, 1, 1, 2, 2, 3]
     initial = {k: v.detach() for k, v in rec.states[0].items()}

@@ -21,7 +21,7 @@ ENV = {
     **os.environ,
     "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
     "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_NOSYSTEM": "1",
-}  # fmt: skip
+}
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "pack.py"
 
 
@@ -132,7 +132,7 @@ def test_round_trip(repo: Path, tmp_path: Path) -> None:
     assert info["source"] == "manifest" and "error" not in info
     assert (info["commit"], info["dirty"], info["sha256"]) == (
         res.commit, True, res.manifest["sha256"],
-    )  # fmt: skip
+    )
     assert pk.MANIFEST_NAME == MANIFEST_NAME
     with pytest.raises(FileExistsError):
         pk.unpack(res.path, tmp_path / "dest")
@@ -197,7 +197,7 @@ def _handmade(path: Path, members: dict[str, bytes], links: dict[str, str] | Non
 def _manifest_for(files: dict[str, bytes], short: str = "abc1234") -> bytes:
     hashes = {p: pk.sha256_bytes(b) for p, b in files.items()}
     m = {"format": 1, "commit": None, "short": short, "dirty": False, "files": hashes,
-         "sha256": pk.tree_sha256(hashes), "wheelhouse": None}  # fmt: skip
+         "sha256": pk.tree_sha256(hashes), "wheelhouse": None}
     return json.dumps(m).encode()
 
 
@@ -205,7 +205,7 @@ def _manifest_for(files: dict[str, bytes], short: str = "abc1234") -> bytes:
     ("name", "match"),
     [("replaykit-abc1234/../evil", "unsafe member"), ("../evil", "unsafe member"),
      ("/tmp/evil", "unsafe member")],
-)  # fmt: skip
+)
 def test_unsafe_member_is_refused(tmp_path: Path, name: str, match: str) -> None:
     files = {"a.py": b"x\n"}
     members = {"replaykit-abc1234/" + MANIFEST_NAME: _manifest_for(files)}

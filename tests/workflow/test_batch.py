@@ -82,11 +82,11 @@ def test_two_environments_two_trees_with_failures(tmp_path: Path, clean_jupyter_
     repo = make_repo(tmp_path / "repo", ["one", "two"])
     (repo / "VERSION").write_text("worktree\n")  # the path tree is dirty: not what HEAD holds
     probe = make_notebook(tmp_path / "probe.ipynb", PROBE, "assert 1 / x",
-                          params='tree = ""\nx = 1\nrun_dir = ""')  # fmt: skip
+                          params='tree = ""\nx = 1\nrun_dir = ""')
     second = Environment(
         name="second", requirements=[], system_site_packages=True, pip_args=["--no-index"],
         site_dirs=[sysconfig.get_paths()["purelib"]],  # reuse this venv's packages: no download
-    )  # fmt: skip
+    )
     spec = BatchSpec(
         name="two envs",
         environments=[
@@ -178,7 +178,7 @@ def test_spec_files_and_bad_input(tmp_path: Path) -> None:
         "trees": ["HEAD", {"label": "here", "path": str(tmp_path)}],
         "notebooks": [str(nb)],
         "parameters": {"x": 1},
-    }  # fmt: skip
+    }
     (tmp_path / "spec.json").write_text(json.dumps(data))
     (tmp_path / "spec.yaml").write_text(
         "name: spec\nenvironments:\n  - {name: here, python: python3}\nnotebooks: [nb.ipynb]\n"
@@ -217,7 +217,7 @@ def test_spec_files_and_bad_input(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo", ["one"])
     with pytest.raises(ValueError, match="not a commit"):
         run_batch(BatchSpec(environments=here, notebooks=[str(nb)], trees=[TreeSpec(rev="nope")],
-                            repo=str(repo)), tmp_path / "r")  # fmt: skip
+                            repo=str(repo)), tmp_path / "r")
     assert not (tmp_path / "r").exists() or not list((tmp_path / "r").iterdir())  # nothing ran
 
 
@@ -230,7 +230,7 @@ def test_cli_quick_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     spec.loader.exec_module(cli)
     nb = make_notebook(tmp_path / "nb.ipynb", "assert x == 1", params='x = 0\nrun_dir = ""')
     args = ["--env", f"here={sys.executable}", "--notebook", str(nb), "--runs-dir", str(tmp_path / "runs"),
-            "--no-progress"]  # fmt: skip
+            "--no-progress"]
     assert cli.main([*args, "-p", "x", "1", "--name", "quick"]) == 0
     out = capsys.readouterr().out
     assert "index.json" in out and "passed" in out

@@ -157,14 +157,14 @@ def test_arms_side_by_side(repo: tuple[Path, list[str]], tmp_path: Path) -> None
     subprocess.run(["git", "clone", "-q", str(path), str(diag)], check=True)
     (diag / "calc.py").write_text("def add(a, b):\n    return b + a\n")  # the fix, uncommitted
     result = arms({"baseline": shas[0], "candidate": shas[-1], "diagnostic": str(diag)}, repo=path,
-                  markers=None, runs_dir=tmp_path / "runs", progress=False)  # fmt: skip
+                  markers=None, runs_dir=tmp_path / "runs", progress=False)
     rows = {r["test"]: r for r in result.table()}
     assert rows["tests/test_calc.py::test_add"] == {
         "test": "tests/test_calc.py::test_add", "baseline": "passed", "candidate": "failed", "diagnostic": "passed",
-    }  # fmt: skip
+    }
     assert rows["tests/test_calc.py::test_other"]["candidate"] == "passed"
     assert rows["result"] == {"test": "result", "baseline": "2 passed",
-                              "candidate": "1 failed, 1 passed", "diagnostic": "2 passed"}  # fmt: skip
+                              "candidate": "1 failed, 1 passed", "diagnostic": "2 passed"}
     assert [t["source"] for t in result.trees] == ["rev", "rev", "path"]
     assert result.trees[1]["commit"] == shas[-1] and result.trees[2]["dirty"] is True
     md = (result.folder / "arms.md").read_text()

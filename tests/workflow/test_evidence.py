@@ -57,10 +57,10 @@ def fake_run(
     (folder / notebook).write_bytes(body)
     results = results if results is not None else {"counts": counts or {"passed": 1}}
     fp = fingerprint or {"python": "3.11.9", "torch": "2.9.1+cu129", "device": "cpu", "gpu": None,
-                         "tree": {"commit": commit, "dirty": False}}  # fmt: skip
+                         "tree": {"commit": commit, "dirty": False}}
     summary = {"schema": 1, "notebook": notebook, "output": notebook, "sha256": hashlib.sha256(body).hexdigest(),
                "status": status, "reason": reason, "failed_cell": None, "errors": [], "fingerprint": fp,
-               "results": results, "counts": results.get("counts"), "duration_s": 1.0}  # fmt: skip
+               "results": results, "counts": results.get("counts"), "duration_s": 1.0}
     (folder / "summary.json").write_text(json.dumps(summary))
     return folder
 
@@ -74,7 +74,7 @@ def index(folder: Path, cells: list[dict[str, Any]]) -> Path:
 def cell(run: Path | None, label: str, commit: str | None, **extra: Any) -> dict[str, Any]:
     """A batch index record (``status`` as the run ended, unless ``extra`` says otherwise)."""
     return {"env": "main", "tree": {"label": label, "commit": commit}, "notebook": "verify.ipynb",
-            "run_dir": run.name if run else None, "status": "passed", **extra}  # fmt: skip
+            "run_dir": run.name if run else None, "status": "passed", **extra}
 
 
 def test_the_seeds_table_from_a_batch(tmp_path: Path) -> None:
@@ -123,12 +123,12 @@ def test_failures_links_and_unrun_cells(tmp_path: Path) -> None:
     results = {
         "counts": {"passed": 1, "failed": 1}, "failing_ids": ["tests/test_x.py::TestA::test_b[1]"],
         "verdicts": {"tests/test_x.py::TestA::test_b[1]": "stable fail"}, "runs": [{"junit": "junit_r1.xml"}],
-    }  # fmt: skip
+    }
     run = fake_run(batch, "20261129T0801Z_cuda", results=results, status="failed", reason="exception")
     (run / "pytest").mkdir()
     (run / "pytest" / "junit_r1.xml").write_text(JUNIT)
     gpu = {"python": "3.13.1", "torch": "2.11.0+cu130", "device": "NVIDIA H200", "gpu": "NVIDIA H200",
-           "tree": {"commit": CF, "dirty": True}}  # fmt: skip
+           "tree": {"commit": CF, "dirty": True}}
     other = fake_run(batch, "20261129T0802Z_cuda", fingerprint=gpu)
     unrun = cell(None, "old", CF, env="torch2.9", status="error", reason="env build failed")
     path = index(batch, [cell(run, "main", BB, status="failed"), cell(other, CF[:7], CF), unrun])
@@ -165,7 +165,7 @@ def test_an_edited_notebook_is_flagged(tmp_path: Path, capsys: pytest.CaptureFix
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell('run_dir = ""', metadata={"tags": ["parameters"]}),
-                nbformat.v4.new_code_cell("print('real run')")]  # fmt: skip
+                nbformat.v4.new_code_cell("print('real run')")]
     nbformat.write(nb, tmp_path / "real.ipynb")
     runs = tmp_path / "runs"
     real = run_notebook(tmp_path / "real.ipynb", {}, runs_dir=runs, progress=False).run_dir

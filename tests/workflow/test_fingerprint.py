@@ -24,7 +24,7 @@ SLUG = re.compile(r"^[A-Za-z0-9.-]+_torch[A-Za-z0-9.-]+_[A-Za-z0-9.-]+$")
 KEYS = {
     "tree", "python", "executable", "torch", "cuda", "cudnn", "gpu", "driver", "device",
     "papermill", "nbclient", "colab", "hostname", "time_utc",
-}  # fmt: skip
+}
 
 
 def _git_tree(path: Path) -> str:

@@ -91,7 +91,7 @@ def test_cli_parameters(tmp_path: Path) -> None:
     assert params == {
         "tasks": ["detect", "pose"], "steps": 3, "precisions": ["fp32"], "lr": 0.5,
         "amp": True, "none": None, "name": "cuda", "tag": "007",
-    }  # fmt: skip
+    }
     with pytest.raises(ValueError, match="mapping"):
         cli_parameters(yamls=["[1, 2]"])
 

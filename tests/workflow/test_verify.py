@@ -177,7 +177,7 @@ def test_table_says_which_failures_are_stable(mixed: Selection) -> None:
         OD + "test_needs_clean_state": {
             "r1": "failed", "r2": "failed", "alone": "passed", "stable": "fails only with others",
         },
-    }  # fmt: skip
+    }
     assert mixed.flaky_ids() == [M + "test_flaky"]
     assert not mixed.ok and mixed.run_errors() == []
 
@@ -224,7 +224,7 @@ def test_results_are_json(mixed: Selection) -> None:
     assert results["ok"] is False and results["tests"] == 10 and results["repeats"] == 2
     assert results["failing_ids"] == [
         M + "test_fail", M + "test_flaky", M + "test_setup_error", OD + "test_needs_clean_state",
-    ]  # fmt: skip
+    ]
     assert results["flaky_ids"] == [M + "test_flaky"]
     assert results["verdicts"][OD + "test_needs_clean_state"] == "fails only with others"
     assert results["summary_lines"] == mixed.summary_lines()
@@ -305,7 +305,7 @@ def test_resolve_directories(tmp_path: Path) -> None:
 def test_archive_round_trip(tmp_path: Path, name: str, top: str | None) -> None:
     tree = make_tree(tmp_path / "tree", {"test_simple.py": SIMPLE})
     write_manifest(tree, {"tests/test_simple.py": sha(tree / "tests/test_simple.py"),
-                          "pyproject.toml": sha(tree / "pyproject.toml")})  # fmt: skip
+                          "pyproject.toml": sha(tree / "pyproject.toml")})
     archive = pack(tree, tmp_path / name, top)
     work = tmp_path / "work"
     root = resolve_tree(archive, work)
@@ -439,4 +439,4 @@ def test_notebook_through_the_runner(tmp_path: Path) -> None:
     assert skips.ok and s["status"] == "passed" and s["counts"]["skipped"] == 1
     assert s["results"]["verdicts"] == {
         "tests/test_simple.py::test_pass": "stable pass", "tests/test_simple.py::test_skip": "skipped",
-    }  # fmt: skip
+    }
