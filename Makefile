@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[dev,testing,workflow,notebooks]"
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -29,7 +29,7 @@ demo: $(STAMP)
 
 # Replay vs eager with plain PyTorch (no notebook): a parity table and a journal.
 demo-core: $(STAMP)
-	$(BIN)/python -m replaykit.demo
+	$(BIN)/python -m replaykit.testing.demo
 
 # On a GPU host with torch already installed: the CUDA tests, no venv.
 gpu:

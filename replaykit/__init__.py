@@ -6,44 +6,30 @@
     rec.journal, rec.counts, rec.eager_reasons, rec.retired, rec.retire_reason
     rec.release()
 
-The names below load on first use, so the workflow tools (``replaykit.runs``,
-``replaykit.pack``, ``replaykit.verify`` ...) start without importing torch.
+This package is the core and imports only torch. Beside it: ``replaykit.lightning``
+(extra ``lightning``), ``replaykit.testing`` (the parity harness, extra ``testing``) and
+``replaykit.workflow`` (notebook verification, extra ``workflow``).
 """
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
-
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    "PROTECTIONS": "protections",
-    "Event": "journal",
-    "Journal": "journal",
-    "Recorder": "recorder",
-    "ReplayError": "errors",
-    "ReplayWarning": "errors",
-    "capture": "recorder",
-    "recorder_of": "recorder",
-}
+from .determinism import enable_determinism
+from .errors import ReplayError, ReplayWarning
+from .journal import Event, Journal
+from .protections import PROTECTIONS
+from .recorder import Recorder, capture, recorder_of
 
-__all__ = [  # noqa: RUF022 - the public names, then the version
-    "PROTECTIONS", "Event", "Journal", "Recorder", "ReplayError", "ReplayWarning", "capture", "recorder_of",
+__all__ = [
+    "PROTECTIONS",
+    "Event",
+    "Journal",
+    "Recorder",
+    "ReplayError",
+    "ReplayWarning",
     "__version__",
+    "capture",
+    "enable_determinism",
+    "recorder_of",
 ]
-
-if TYPE_CHECKING:
-    from .errors import ReplayError, ReplayWarning
-    from .journal import Event, Journal
-    from .protections import PROTECTIONS
-    from .recorder import Recorder, capture, recorder_of
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'replaykit' has no attribute {name!r}")
-    value = getattr(import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value

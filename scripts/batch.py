@@ -20,8 +20,8 @@ from pathlib import Path
 # Run from a tree that is not installed (an uploaded tree): import its own replaykit.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from replaykit.batch import BatchSpec, Environment, TreeSpec, load_spec, run_batch
-from replaykit.runs import cli_parameters
+from replaykit.workflow.batch import BatchSpec, Environment, TreeSpec, load_spec, run_batch
+from replaykit.workflow.runs import cli_parameters
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--venvs-dir", help="where built venvs are kept (default ~/.cache/replaykit/venvs)")
     ap.add_argument("--runs-dir", type=Path, default=Path("runs"))
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return ap  # fmt: skip
+    return ap
 
 
 def _pair(text: str, flag: str, what: str) -> tuple[str, str]:
@@ -68,7 +68,7 @@ def spec_from_args(args: argparse.Namespace) -> BatchSpec:
         name, req = _pair(item, "--venv", "REQUIREMENT")
         venvs.setdefault(name, []).extend([req] if req else [])
     envs += [Environment(name=n, requirements=reqs, base_python=args.base_python,
-                         system_site_packages=args.system_site_packages) for n, reqs in venvs.items()]  # fmt: skip
+                         system_site_packages=args.system_site_packages) for n, reqs in venvs.items()]
     if not envs:
         envs = [Environment(name="current", python=sys.executable)]
     return BatchSpec(

@@ -13,9 +13,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from replaykit import bench
 from replaykit.determinism import enable_determinism
-from replaykit.fingerprint import fingerprint
+from replaykit.testing import bench
+from replaykit.workflow.fingerprint import fingerprint
 
 
 def main(argv: list[str] | None = None) -> int:

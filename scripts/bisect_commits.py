@@ -1,7 +1,7 @@
 """Find the first commit that fails a test selection; or run it on several trees side by side.
 
     python scripts/bisect_commits.py --good 3cf592d --bad bb3c0b8 -m cuda
-    python scripts/bisect_commits.py --good v1 --bad HEAD -m "" --id tests/test_hold.py -- -x
+    python scripts/bisect_commits.py --good v1 --bad HEAD -m "" --id tests/core/test_hold.py -- -x
     python scripts/bisect_commits.py --arm baseline=main --arm candidate=HEAD --arm diagnostic=../diag -m cuda
 
 Each commit is packed and run through this checkout's notebooks/verify.ipynb; runs and an
@@ -21,7 +21,7 @@ from pathlib import Path
 # which torch imports, would be shadowed for every script here.)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from replaykit.bisect import arms, bisect
+from replaykit.workflow.bisect import arms, bisect
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,14 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--kernel", help="kernelspec name (default: this interpreter)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("extra", nargs="*", help="more pytest arguments, after --")
-    return ap  # fmt: skip
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     common = {"markers": args.markers or None, "ids": args.ids, "runs_dir": args.runs_dir,
               "kernel": args.kernel, "progress": not args.no_progress, "repeats": args.repeats,
-              "extra_args": args.extra, "run_timeout": args.timeout}  # fmt: skip
+              "extra_args": args.extra, "run_timeout": args.timeout}
     try:
         if args.arm:
             if args.good or args.bad:

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from replaykit import tables  # noqa: E402
-from replaykit.runs import run_notebook, summary_line  # noqa: E402
+from replaykit.workflow.runs import run_notebook, summary_line  # noqa: E402
 
 COLUMNS = ["scenario", "arm", "expected", "equal", "ok", "recordings", "replays", "eager_reasons", "native_step_ms", "arm_step_ms"]
 

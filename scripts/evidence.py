@@ -19,7 +19,7 @@ from pathlib import Path
 # Run from a tree that is not installed (an uploaded tree): import its own replaykit.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from replaykit.evidence import collect
+from replaykit.workflow.evidence import collect
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", action="append", type=Path, default=[],
                     help="a batch (or bisect/arms) index.json or its folder")
     ap.add_argument("--out", type=Path, help="also write the Markdown to this file")
-    return ap  # fmt: skip
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:

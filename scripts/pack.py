@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _load_pack():
-    """replaykit/pack.py by path: the standard library only, so no torch import for packing."""
-    spec = importlib.util.spec_from_file_location("replaykit_pack", ROOT / "replaykit" / "pack.py")
+    """replaykit/workflow/archive.py by path: the standard library only, so no torch import for packing."""
+    spec = importlib.util.spec_from_file_location("replaykit_pack", ROOT / "replaykit" / "workflow" / "archive.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--no-deps", action="store_true", help="wheelhouse without dependencies")
     ap.add_argument("--verify", type=Path, metavar="ARCHIVE", help="check an archive and exit")
-    return ap  # fmt: skip
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,8 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from replaykit import parity, tables
-from replaykit.fingerprint import fingerprint
+from replaykit import tables
+from replaykit.testing import matrix
+from replaykit.testing.scenario import quiet_replay_warnings
+from replaykit.workflow.fingerprint import fingerprint
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,13 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="one scenario per task (a CPU smoke run)")
     ap.add_argument("--no-unsafe", action="store_true", help="skip the arms that switch a protection off")
     args = ap.parse_args(argv)
-    parity.quiet_replay_warnings()
+    quiet_replay_warnings()
     if args.quick:
-        scenarios = parity.matrix(accumulations=[2], layouts=["contiguous"], precisions=["32"], partial_layouts=[], device=args.device)
+        scenarios = matrix.matrix(accumulations=[2], layouts=["contiguous"], precisions=["32"], partial_layouts=[], device=args.device)
     else:
-        scenarios = parity.matrix(device=args.device)
-    results = list(parity.run_matrix(scenarios, with_unsafe=not args.no_unsafe))
-    df = parity.frame(results)
+        scenarios = matrix.matrix(device=args.device)
+    results = list(matrix.run_matrix(scenarios, with_unsafe=not args.no_unsafe))
+    df = matrix.frame(results)
     passed = sum(r.passed for r in results)
     replay = df[df["arm"] == "replay"]
     unsafe = df[df["arm"] != "replay"]

@@ -15,7 +15,7 @@ from pathlib import Path
 # Run from a tree that is not installed (an uploaded tree): import its own replaykit.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from replaykit.runs import cli_parameters, run_notebook, summary_line
+from replaykit.workflow.runs import cli_parameters, run_notebook, summary_line
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """Run a pytest selection against a tree (this checkout, a directory or a packed archive).
 
     python scripts/verify_tree.py --tree tree.tar.gz -m cuda --repeats 3
-    python scripts/verify_tree.py --id tests/test_hold.py::test_x --no-isolate -- -x
+    python scripts/verify_tree.py --id tests/core/test_hold.py::test_x --no-isolate -- -x
 
 Prints the per-id table (r1…rN, alone, stable), the failures and pytest's summary lines.
 Exit code: 0 when every selected test passed (or skipped) in every repeat, 1 otherwise,
@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from replaykit import tables
-from replaykit.verify import resolve_tree, run_selection
+from replaykit.workflow.verify import resolve_tree, run_selection
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,143 @@
+"""Parity under Lightning DDP: each arm runs as ``devices`` processes under torchrun, every rank compared.
+
+    python -m replaykit.testing.ddp --task detection --accumulation 2 --devices 2 [--device cuda]
+
+The driver launches one torchrun job per arm (``native``, ``replay``); each rank trains the
+same scenario with ``Trainer(strategy="ddp")`` and saves its end state. Every rank's replay
+state must equal the same rank's native state bit for bit, and (DDP's promise) all ranks
+must hold the same weights. On CPUs the process group is gloo and replay uses the
+emulated backend; on GPUs it is NCCL and CUDA graphs.
+
+How replay meets DDP: the callback records ``net`` (the module inside DDP's wrapper), so
+DDP's forward, its reducer and its collectives stay outside every graph. A replayed
+backward hands its gradients to the parameters' AccumulateGrad nodes like eager does, so
+DDP's hooks bucket and all-reduce them exactly as in native training, ``no_sync``
+accumulation included; warm-up and capture differentiate stand-ins for the parameters and
+never reach those hooks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .bitwise import TensorDiff, diff_states
+from .parity import run_arm
+from .scenario import ArmOutcome, Scenario, ScenarioResult, quiet_replay_warnings
+
+
+def launch(scenario: Scenario, arm: str, out_dir: Path, timeout: float = 600) -> list[dict[str, Any]]:
+    """Run one arm as ``scenario.devices`` processes; returns each rank's saved outcome."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec = out_dir / f"{arm.replace(':', '_')}.json"
+    spec.write_text(json.dumps({"scenario": dataclasses.asdict(scenario), "arm": arm}))
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={scenario.devices}",
+        "-m", "replaykit.testing.ddp", "--worker", str(spec),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{arm} arm failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return [torch.load(out_dir / f"{spec.stem}.rank{r}.pt", weights_only=False) for r in range(scenario.devices)]
+
+
+def compare(scenario: Scenario, arms: tuple[str, ...] = ("native", "replay")) -> dict[str, Any]:
+    """Every arm against native, rank by rank, and the ranks' weights against each other."""
+    with tempfile.TemporaryDirectory() as tmp:
+        outcomes = {arm: launch(scenario, arm, Path(tmp)) for arm in arms}
+    native = outcomes["native"]
+    diffs: dict[str, list[list[TensorDiff]]] = {
+        arm: [diff_states(n["state"], o["state"]) for n, o in zip(native, ranks, strict=True)]
+        for arm, ranks in outcomes.items()
+        if arm != "native"
+    }
+    weights = [{k: v for k, v in o["state"].items() if k.startswith("param/")} for o in outcomes["replay"]]
+    ranks_agree = all(not diff_states(weights[0], w) for w in weights[1:])
+    errors = {arm: [o["error"] for o in ranks] for arm, ranks in outcomes.items()}
+    replays = [(o["recorder"] or {}).get("replay", 0) for o in outcomes["replay"]]
+    equal = all(not d for ranks in diffs.values() for d in ranks)
+    return {
+        "scenario": scenario.name,
+        "ok": equal and ranks_agree and not any(e for es in errors.values() for e in es) and min(replays) > 0,
+        "equal": equal,
+        "diffs": diffs,
+        "ranks_agree": ranks_agree,
+        "recorders": {arm: [o["recorder"] for o in ranks] for arm, ranks in outcomes.items()},
+        "errors": errors,
+        "steps": [int(o["state"]["progress/global_step"]) for o in outcomes["native"]],
+    }
+
+
+def run_scenario(scenario: Scenario, arms: tuple[str, ...] = ("native", "replay")) -> ScenarioResult:
+    """``compare`` as a :class:`ScenarioResult`: rank 0's outcomes, every rank's diffs (``rank<r>/...``).
+
+    Ranks that disagree with each other add a ``ranks/disagree`` row to the replay arm.
+    """
+    names = ("native", *[a for a in arms if a != "native"])
+    with tempfile.TemporaryDirectory() as tmp:
+        per_rank = {arm: launch(scenario, arm, Path(tmp)) for arm in names}
+    native = per_rank["native"]
+    outcomes, diffs = {}, {}
+    for arm, ranks in per_rank.items():
+        error = next((r["error"] for r in ranks if r["error"]), None)
+        outcomes[arm] = ArmOutcome(arm, ranks[0]["state"], ranks[0]["recorder"], [], 0.0, error)
+        if arm != "native":
+            diffs[arm] = [
+                TensorDiff(f"rank{r}/{d.name}", d.problem, d.max_abs, d.max_ulp, d.mismatched, d.numel)
+                for r, (n, o) in enumerate(zip(native, ranks, strict=True))
+                for d in diff_states(n["state"], o["state"])
+            ]
+    weights = [{k: v for k, v in o["state"].items() if k.startswith("param/")} for o in per_rank["replay"]]
+    if any(diff_states(weights[0], w) for w in weights[1:]):
+        diffs["replay"].append(TensorDiff("ranks/disagree", "values"))
+    return ScenarioResult(scenario, outcomes, diffs)
+
+
+def _worker(spec_path: Path) -> None:
+    spec = json.loads(spec_path.read_text())
+    scenario = Scenario(**{k: tuple(map(tuple, v)) if k == "accumulation_schedule" and v else v for k, v in spec["scenario"].items()})
+    quiet_replay_warnings()
+    outcome = run_arm(scenario, spec["arm"])
+    rank = int(os.environ.get("RANK", "0"))
+    torch.save(
+        {"state": outcome.state, "recorder": outcome.recorder, "error": outcome.error},
+        spec_path.with_name(f"{spec_path.stem}.rank{rank}.pt"),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--task", default="detection")
+    ap.add_argument("--precision", default="32")
+    ap.add_argument("--accumulation", type=int, default=2)
+    ap.add_argument("--devices", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args(argv)
+    if args.worker:
+        _worker(args.worker)
+        return 0
+    scenario = Scenario(
+        task=args.task, precision=args.precision, accumulation=args.accumulation, devices=args.devices, device=args.device
+    )
+    result = compare(scenario)
+    print(
+        f"{result['scenario']} x{args.devices}: ok={result['ok']}; replay equal to native on every rank: "
+        f"{result['equal']}; ranks agree: {result['ranks_agree']}; optimizer steps per rank: {result['steps']}"
+    )
+    print(json.dumps({"recorders": result["recorders"], "errors": result["errors"]}, default=str)[:3000])
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,195 @@
+"""The Lightning parity harness: native vs replay arms of one scenario, compared bit for bit.
+
+A scenario is a tiny task trained by a real ``Trainer`` (precision, accumulation,
+clipping, schedulers, EMA, validation). Each arm trains it from the same seed: the
+``native`` arm eagerly, the ``replay`` arm with :class:`ReplayCallback` on ``net``,
+and ``unsafe:<protection>`` arms with one protection switched off. The end state
+(weights, buffers, every optimizer step's gradients with their None pattern,
+optimizer, GradScaler, scheduler and EMA state, logged metrics, outputs a probe
+kept) of each arm is compared with native's.
+
+Probes make a protection matter inside Lightning: ``two_forwards`` (the hold),
+``keep_outputs`` (live outputs), ``drop_head`` (the None pattern); accumulation above
+1 exercises copy-out; ``overflow_step`` makes an fp16 step overflow so GradScaler
+skips it and backs off.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import lightning as L
+import torch
+
+from replaykit.lightning import ReplayCallback
+from replaykit.protections import PROTECTIONS
+
+from .bitwise import diff_states
+from .end_state import snapshot
+from .scenario import PRECISIONS, ArmOutcome, Scenario, ScenarioResult
+from .tasks import make_datamodule, make_task
+
+
+class GradTrace(L.Callback):
+    """Every optimizer step's gradients (after unscaling), with their None pattern."""
+
+    def __init__(self) -> None:
+        self.grads: dict[str, torch.Tensor | None] = {}
+        self.steps = 0
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+        for name, p in pl_module.named_parameters():
+            self.grads[f"grad/step{self.steps}/{name}"] = None if p.grad is None else p.grad.detach().cpu().clone()
+        self.steps += 1
+
+
+class AssignAt(L.Callback):
+    """``net.load_state_dict(same values, assign=True)`` before optimizer step ``step``: new Parameters."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.done = False
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if not self.done and trainer.global_step == self.step:
+            net = pl_module.net
+            net.load_state_dict({k: v.detach().clone() for k, v in net.state_dict().items()}, assign=True)
+            self.done = True
+
+
+class StepTimer(L.Callback):
+    """Wall time of every training batch (synchronised on CUDA)."""
+
+    def __init__(self) -> None:
+        self.ms: list[float] = []
+        self._t0 = 0.0
+
+    def _sync(self, pl_module: L.LightningModule) -> None:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self._sync(pl_module)
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self._sync(pl_module)
+        self.ms.append((time.perf_counter() - self._t0) * 1e3)
+
+
+def _precision_args(precision: str, device: str) -> dict[str, Any]:
+    """Trainer arguments for ``precision``; fp16 with a GradScaler on a CPU needs the plugin spelled out."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose from {PRECISIONS}")
+    if precision == "16-mixed" and device == "cpu":
+        from lightning.pytorch.plugins import MixedPrecision
+
+        return {"plugins": [MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))]}
+    return {"precision": precision}
+
+
+def _trainer(scenario: Scenario, callbacks: list[L.Callback], epochs: int, **extra: Any) -> L.Trainer:
+    for name in ("lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    return L.Trainer(
+        accelerator="gpu" if scenario.device.startswith("cuda") else "cpu",
+        devices=scenario.devices,
+        strategy="ddp" if scenario.devices > 1 else "auto",
+        use_distributed_sampler=False,  # the datamodule shards its fixed batches by rank itself
+        max_epochs=epochs,
+        max_steps=scenario.max_steps,
+        accumulate_grad_batches=scenario.accumulation,
+        gradient_clip_val=scenario.clip,
+        deterministic=True,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=None if scenario.validate else 0,
+        callbacks=callbacks,
+        **_precision_args(scenario.precision, scenario.device),
+        **extra,
+    )
+
+
+def run_arm(scenario: Scenario, arm: str = "native") -> ArmOutcome:
+    """Train ``scenario`` once: ``native``, ``replay`` or ``unsafe:<protection>``."""
+    if arm != "native" and arm != "replay" and not (arm.startswith("unsafe:") and arm[7:] in PROTECTIONS):
+        raise ValueError(f"unknown arm {arm!r}")
+    _precision_args(scenario.precision, scenario.device)  # bad input fails here, not inside fit
+    L.seed_everything(scenario.seed, verbose=False)
+
+    def new_task() -> L.LightningModule:
+        return make_task(
+            scenario.task,
+            optimizer=scenario.optimizer,
+            scheduler=scenario.scheduler,
+            ema=scenario.ema,
+            channels_last=scenario.layout == "channels_last",
+            probe=scenario.probe,
+            overflow_step=scenario.overflow_step,
+        )
+
+    task = new_task()
+    data = make_datamodule(
+        scenario.task, scenario.layout, batch_size=scenario.batch_size, seed=scenario.seed, n_train=scenario.n_train
+    )
+    trace, timer = GradTrace(), StepTimer()
+    callbacks: list[L.Callback] = [trace, timer]
+    replay: ReplayCallback | None = None
+    if arm != "native":
+        unsafe = (arm.split(":", 1)[1],) if arm.startswith("unsafe:") else ()
+        replay = ReplayCallback("net", unsafe_disable=unsafe)
+        callbacks.append(replay)
+    if scenario.accumulation_schedule is not None:
+        from lightning.pytorch.callbacks import GradientAccumulationScheduler
+
+        callbacks.append(GradientAccumulationScheduler(dict(scenario.accumulation_schedule)))
+    if scenario.assign_at_step is not None:
+        callbacks.append(AssignAt(scenario.assign_at_step))
+    start = time.perf_counter()
+    error = None
+    with warnings.catch_warnings(), tempfile.TemporaryDirectory() as tmp:
+        warnings.simplefilter("ignore")
+        try:
+            if scenario.resume:
+                from lightning.pytorch.callbacks import ModelCheckpoint
+
+                ckpt = ModelCheckpoint(dirpath=tmp, save_last=True, save_top_k=0)
+                _trainer(scenario, [*callbacks, ckpt], scenario.epochs).fit(task, datamodule=data)
+                L.seed_everything(scenario.seed + 1, verbose=False)
+                task = new_task()  # a new process would start from scratch and restore everything
+                trainer = _trainer(scenario, callbacks, scenario.epochs + 1, enable_checkpointing=False)
+                trainer.fit(task, datamodule=data, ckpt_path=f"{tmp}/last.ckpt")
+            else:
+                trainer = _trainer(scenario, callbacks, scenario.epochs, enable_checkpointing=False)
+                trainer.fit(task, datamodule=data)
+        except Exception as exc:  # an arm that crashes is a failed arm, not a crashed matrix
+            error = f"{type(exc).__name__}: {exc}"
+            trainer = None
+    seconds = time.perf_counter() - start
+    state = {**snapshot(task, trainer), **trace.grads}
+    for i, out in enumerate(task.kept_outputs):
+        for k, v in out.items():
+            state[f"kept/{i}/{k}"] = v.detach().cpu().clone()
+    summary = replay.summary().get("net") if replay is not None else None
+    return ArmOutcome(arm, state, summary, timer.ms, seconds, error)
+
+
+def run_scenario(scenario: Scenario, arms: Iterable[str] = ("native", "replay")) -> ScenarioResult:
+    """Every arm of ``scenario`` (``native`` always first), each compared with native."""
+    names = ["native", *[a for a in arms if a != "native"]]
+    outcomes = {name: run_arm(scenario, name) for name in names}
+    native = outcomes["native"].state
+    diffs = {name: diff_states(native, o.state) for name, o in outcomes.items() if name != "native"}
+    return ScenarioResult(scenario, outcomes, diffs)
+
+
+def unsafe_arms(scenario: Scenario) -> list[str]:
+    """The unsafe arms whose protection the scenario exercises."""
+    return [f"unsafe:{p}" for p in scenario.exercised()]

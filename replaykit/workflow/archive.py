@@ -1,0 +1,664 @@
+"""Pack a source tree into one verified archive for a GPU host (Colab or offline).
+
+    result = pack(Path("."), Path("dist"))            # working tree, dirty included
+    result = pack(Path("."), Path("dist"), rev="HEAD~3", wheelhouse=Wheelhouse(NOTEBOOK_REQUIREMENTS))
+    manifest = verify_archive(result.path)            # ValueError on any corruption
+    root = unpack(result.path, Path("/content"))      # verifies first, then extracts
+
+The archive is a ``.tar.gz`` whose members all sit under ``replaykit-<short>[-dirty]/``;
+that folder holds ``replaykit-manifest.json`` (commit, tree hash, diff, per-file sha256,
+optional wheelhouse). Standard library only, so a bootstrap can load this file by path.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fnmatch
+import gzip
+import hashlib
+import io
+import json
+import os
+import posixpath
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MANIFEST_NAME = "replaykit-manifest.json"
+"""Same name as ``replaykit.fingerprint.MANIFEST_NAME``: the fingerprint reads it."""
+
+FORMAT = 1
+PREFIX = "replaykit"
+WHEELHOUSE_DIR = "wheelhouse"
+
+EXCLUDED_PARTS = frozenset({".git", ".venv", "__pycache__", ".whl", ".wheelhouse"})
+"""Path components never packed, at any depth."""
+EXCLUDED_TOP = frozenset({"runs", "dist", WHEELHOUSE_DIR, MANIFEST_NAME})
+"""Top-level names never packed (run evidence, archives, names the archive reserves)."""
+
+NOTEBOOK_REQUIREMENTS = [
+    "papermill>=2.6", "nbformat", "nbclient", "ipykernel", "jupyter_client",
+    "nbval", "junitparser", "tqdm", "ipywidgets",
+]
+"""What the notebooks need on a host that already has torch, lightning, pandas, matplotlib."""
+
+MANYLINUX_X86_64 = (
+    "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64", "manylinux1_x86_64",
+)
+
+HUGE = ("torch", "triton", "nvidia-*")
+"""Projects dropped from a wheelhouse: the GPU host has them, and they weigh gigabytes."""
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_CHUNK = 1 << 20
+
+
+# --------------------------------------------------------------------------- hashing
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def tree_sha256(files: dict[str, str]) -> str:
+    """Content hash of a tree: sha256 over the sorted ``path\\0sha256\\n`` lines."""
+    h = hashlib.sha256()
+    for path in sorted(files):
+        h.update(f"{path}\0{files[path]}\n".encode())
+    return h.hexdigest()
+
+
+def _git_blob_id(data: bytes, algo: str) -> str:
+    return hashlib.new(algo, b"blob %d\0" % len(data) + data).hexdigest()
+
+
+# --------------------------------------------------------------------------- git
+
+
+def _git(root: Path, *args: str, input: bytes | None = None, ok: tuple[int, ...] = (0,)) -> bytes:
+    proc = subprocess.run(
+        ["git", "--no-optional-locks", "-c", "core.quotepath=off", *args],
+        cwd=root, input=input, capture_output=True, check=False,
+    )
+    if proc.returncode not in ok:
+        msg = proc.stderr.decode(errors="replace").strip()
+        raise ValueError(f"git {' '.join(args[:3])} failed in {root}: {msg}")
+    return proc.stdout
+
+
+def _excluded(path: str, extra: tuple[str, ...] = ()) -> bool:
+    parts = path.split("/")
+    return (
+        parts[0] in EXCLUDED_TOP
+        or any(p in EXCLUDED_PARTS for p in parts)
+        or any(path == e or path.startswith(e + "/") for e in extra)
+        or fnmatch.fnmatch(parts[-1], f"{PREFIX}-*.tar.gz")  # our own archives
+    )
+
+
+@dataclass(frozen=True)
+class _Entry:
+    mode: str  # git mode: 100644 / 100755
+    oid: str
+
+
+def _ls_tree(root: Path, commit: str, extra: tuple[str, ...]) -> dict[str, _Entry]:
+    """Blob entries of ``commit`` (packable paths only); symlinks and submodules refused."""
+    out: dict[str, _Entry] = {}
+    for rec in _git(root, "ls-tree", "-r", "-z", "--full-tree", commit).split(b"\0"):
+        if not rec:
+            continue
+        meta, path_b = rec.split(b"\t", 1)
+        mode, kind, oid = meta.decode().split()
+        path = path_b.decode("utf-8", "surrogateescape")
+        if _excluded(path, extra):
+            continue
+        if kind != "blob" or mode not in ("100644", "100755"):
+            raise ValueError(
+                f"{path}: {kind} with mode {mode} (symlink or submodule) is not packed"
+            )
+        out[path] = _Entry(mode, oid)
+    return out
+
+
+def _cat_blobs(root: Path, oids: list[str]) -> list[bytes]:
+    """Contents of blobs ``oids``, in order, through one ``git cat-file --batch``."""
+    if not oids:
+        return []
+    raw = _git(root, "cat-file", "--batch", input="\n".join(oids).encode() + b"\n")
+    blobs, pos = [], 0
+    for oid in oids:
+        eol = raw.index(b"\n", pos)
+        header = raw[pos:eol].decode().split()
+        if len(header) != 3 or header[0] != oid:
+            raise ValueError(f"git cat-file: unexpected reply {raw[pos:eol]!r} for {oid}")
+        size = int(header[2])
+        blobs.append(raw[eol + 1 : eol + 1 + size])
+        pos = eol + 1 + size + 1
+    return blobs
+
+
+def _rev_parse(root: Path, spec: str) -> str | None:
+    out = subprocess.run(
+        ["git", "rev-parse", "--verify", "-q", spec], cwd=root, capture_output=True, check=False
+    )
+    if out.returncode != 0:
+        return None
+    return out.stdout.decode().strip() or None
+
+
+@dataclass
+class _Snapshot:
+    files: dict[str, bytes]
+    executable: set[str]
+    commit: str | None
+    short: str
+    dirty: bool
+    tree_hash: str | None
+    diff: str
+    mtime: int
+
+
+def _commit_meta(root: Path, commit: str) -> tuple[str, str, int]:
+    short = _git(root, "rev-parse", "--short=7", commit).decode().strip()
+    tree = _git(root, "rev-parse", f"{commit}^{{tree}}").decode().strip()
+    mtime = int(_git(root, "show", "-s", "--format=%ct", commit).decode().strip())
+    return short, tree, mtime
+
+
+def _snapshot_rev(root: Path, rev: str, extra: tuple[str, ...]) -> _Snapshot:
+    commit = None if rev.startswith("-") else _rev_parse(root, f"{rev}^{{commit}}")
+    if commit is None:
+        raise ValueError(f"{rev!r} is not a commit in {root}")
+    entries = _ls_tree(root, commit, extra)
+    paths = sorted(entries)
+    blobs = _cat_blobs(root, [entries[p].oid for p in paths])
+    short, tree, mtime = _commit_meta(root, commit)
+    return _Snapshot(
+        files=dict(zip(paths, blobs, strict=True)),
+        executable={p for p in paths if entries[p].mode == "100755"},
+        commit=commit, short=short, dirty=False, tree_hash=tree, diff="", mtime=mtime,
+    )
+
+
+def _snapshot_worktree(root: Path, extra: tuple[str, ...]) -> _Snapshot:
+    listed = _git(root, "ls-files", "-z", "-c", "-o", "--exclude-standard").split(b"\0")
+    files: dict[str, bytes] = {}
+    executable: set[str] = set()
+    for path in sorted({p.decode("utf-8", "surrogateescape") for p in listed if p}):
+        full = root / path
+        if _excluded(path.rstrip("/"), extra) or not os.path.lexists(full):
+            continue  # excluded, or tracked but deleted (the diff shows it)
+        if full.is_symlink() or not full.is_file():
+            raise ValueError(f"{path}: symlink, submodule or nested repository is not packed")
+        files[path] = full.read_bytes()  # read once: hashed and archived from these bytes
+        if os.stat(full).st_mode & 0o100:
+            executable.add(path)
+
+    commit = _rev_parse(root, "HEAD^{commit}")
+    if commit is None:  # no commit yet: everything is new
+        diff = _diff_new(root, sorted(files))
+        return _Snapshot(files, executable, None, "nohead", True, None, diff, _now_ts())
+    short, tree, _ = _commit_meta(root, commit)
+    head = _ls_tree(root, commit, extra)
+    algo = "sha256" if len(commit) == 64 else "sha1"
+    changed = [
+        p for p, e in head.items()
+        if p not in files
+        or e.oid != _git_blob_id(files[p], algo)
+        or (e.mode == "100755") != (p in executable)
+    ]
+    new = [p for p in files if p not in head]
+    dirty = bool(changed or new)
+    diff = ""
+    if changed:
+        specs = [f":(top,literal){p}" for p in sorted(changed)]
+        diff = _git(
+            root, "diff", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "HEAD",
+            "--", *specs,
+        ).decode("utf-8", "replace")
+    diff += _diff_new(root, new)
+    mtime = _now_ts() if dirty else int(_git(root, "show", "-s", "--format=%ct", commit).decode())
+    return _Snapshot(files, executable, commit, short, dirty, tree, diff, mtime)
+
+
+def _diff_new(root: Path, paths: list[str]) -> str:
+    """``git diff`` text creating ``paths`` (untracked or not in HEAD)."""
+    parts = []
+    for p in paths:
+        out = _git(
+            root, "diff", "--no-index", "--binary", "--no-color", "--", "/dev/null", p, ok=(0, 1)
+        )
+        parts.append(out.decode("utf-8", "replace"))
+    return "".join(parts)
+
+
+def _now_ts() -> int:
+    return int(_dt.datetime.now(_dt.timezone.utc).timestamp())
+
+
+def _toplevel(repo: Path) -> Path:
+    out = _git(Path(repo), "rev-parse", "--show-toplevel")
+    return Path(out.decode().strip()).resolve()
+
+
+# --------------------------------------------------------------------------- wheelhouse
+
+
+@dataclass(frozen=True)
+class Wheelhouse:
+    """Wheels for an offline host: ``requirements`` and their dependencies, for one target.
+
+    pip evaluates environment markers (``python_version >= "3.12"``) against the
+    interpreter that runs it, not ``--python-version``: the download runs under
+    ``interpreter``, by default one of version ``python`` found on PATH or under pyenv.
+    """
+
+    requirements: list[str]
+    python: str = "3.12"
+    platforms: tuple[str, ...] = MANYLINUX_X86_64
+    no_deps: bool = False
+    exclude: tuple[str, ...] = HUGE
+    """Project-name globs removed after download (the host already has them)."""
+    interpreter: str | None = None
+    """Python that runs ``pip download``; must be version ``python`` (None: find one)."""
+
+
+def _wheel_project(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name.split("-", 1)[0]).lower()
+
+
+def _probe(python: str) -> tuple[str, str, str] | None:
+    """(X.Y, sys.platform, machine) of interpreter ``python``, None if it does not run."""
+    code = "import sys,platform;print('%d.%d' % sys.version_info[:2], sys.platform, platform.machine())"
+    try:
+        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    parts = proc.stdout.split()
+    return (parts[0], parts[1], parts[2]) if proc.returncode == 0 and len(parts) == 3 else None
+
+
+def find_interpreter(wh: Wheelhouse) -> str:
+    """A Python of version ``wh.python`` on a host matching ``wh.platforms``, to run pip."""
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    if wh.interpreter:
+        candidates = [wh.interpreter]
+    else:
+        candidates = [sys.executable, shutil.which(f"python{wh.python}") or ""]
+        candidates += sorted(str(p) for p in pyenv.glob(f"versions/{wh.python}.*/bin/python"))
+    linux_x86 = all(
+        p.startswith(("manylinux", "linux")) and p.endswith("x86_64") for p in wh.platforms
+    )
+    seen = []
+    for cand in filter(None, candidates):
+        info = _probe(cand)
+        seen.append(f"{cand}: {' '.join(info) if info else 'does not run'}")
+        if info and info[0] == wh.python:
+            if linux_x86 and info[1:] != ("linux", "x86_64"):
+                raise RuntimeError(
+                    f"{cand} runs on {info[1]}/{info[2]}: markers would be evaluated for the "
+                    "wrong platform; build a linux x86_64 wheelhouse on a linux x86_64 machine"
+                )
+            return cand
+    raise RuntimeError(
+        f"no Python {wh.python} to resolve the wheelhouse with (pip evaluates markers for the "
+        f"interpreter running it); pass Wheelhouse(interpreter=...). Tried: {'; '.join(seen)}"
+    )
+
+
+def _run_pip(cmd: list[str]) -> None:
+    """Run a pip command (tests replace this)."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr).strip()[-3000:]
+        raise RuntimeError(f"pip download failed ({proc.returncode}):\n{tail}")
+
+
+def pip_download_command(wh: Wheelhouse, dest: Path, python: str = sys.executable) -> list[str]:
+    cmd = [
+        python, "-m", "pip", "download", "--only-binary=:all:",
+        "--python-version", wh.python, "--implementation", "cp",
+    ]
+    for plat in wh.platforms:
+        cmd += ["--platform", plat]
+    if wh.no_deps:
+        cmd.append("--no-deps")
+    return [*cmd, "--disable-pip-version-check", "-d", str(dest), *wh.requirements]
+
+
+def build_wheelhouse(wh: Wheelhouse, dest: Path) -> list[Path]:
+    """``pip download`` the wheels of ``wh`` into ``dest``; returns them (excluded ones deleted)."""
+    if not wh.requirements:
+        raise ValueError("a wheelhouse needs at least one requirement")
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    _run_pip(pip_download_command(wh, dest, find_interpreter(wh)))
+    wheels = []
+    for whl in sorted(dest.glob("*.whl")):
+        if any(fnmatch.fnmatch(_wheel_project(whl.name), pat) for pat in wh.exclude):
+            whl.unlink()
+        else:
+            wheels.append(whl)
+    if not wheels:
+        raise RuntimeError(f"pip download left no wheels in {dest}")
+    return wheels
+
+
+def install_command(
+    manifest: dict[str, Any], *, root: str = ".", target: str | None = None, python: str = "python"
+) -> str:
+    """Offline install line for the archive's wheelhouse, run from ``root`` (the unpacked tree).
+
+    With ``target``, installs into that folder (``--target``: everything comes from the
+    wheelhouse, installed packages are ignored); put it on ``sys.path`` afterwards.
+    """
+    wh = manifest.get("wheelhouse")
+    if not wh:
+        raise ValueError("this archive carries no wheelhouse")
+    links = wh["dir"] if root == "." else posixpath.join(root, wh["dir"])
+    cmd = [python, "-m", "pip", "install", "--no-index", "--find-links", links]
+    if target:
+        cmd += ["--target", target]
+    return shlex.join([*cmd, *wh["requirements"]])
+
+
+# --------------------------------------------------------------------------- pack
+
+
+@dataclass(frozen=True)
+class PackResult:
+    path: Path
+    manifest: dict[str, Any]
+    size: int
+
+    @property
+    def top(self) -> str:
+        return top_name(self.manifest)
+
+    @property
+    def commit(self) -> str | None:
+        return self.manifest["commit"]
+
+    @property
+    def dirty(self) -> bool:
+        return self.manifest["dirty"]
+
+    @property
+    def file_count(self) -> int:
+        return len(self.manifest["files"])
+
+    @property
+    def wheels(self) -> list[str]:
+        wh = self.manifest["wheelhouse"]
+        return sorted(wh["files"]) if wh else []
+
+
+def top_name(manifest: dict[str, Any]) -> str:
+    """``replaykit-<short>[-dirty]``: the archive's top folder."""
+    return f"{PREFIX}-{manifest['short']}" + ("-dirty" if manifest["dirty"] else "")
+
+
+def _add(
+    tar: tarfile.TarFile, name: str, data: bytes, mtime: int, executable: bool = False
+) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime = len(data), mtime
+    info.mode = 0o755 if executable else 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def pack(
+    repo: Path, out: Path, *, rev: str | None = None, wheelhouse: Wheelhouse | None = None
+) -> PackResult:
+    """Pack ``repo`` at ``rev`` (None: the working tree, dirty included) into an archive.
+
+    ``out`` is a directory (the archive is named after its top folder, plus the content
+    hash when dirty) or a path ending in ``.tar.gz``. ``.git``, ``.venv``, ``__pycache__``,
+    ``.whl``, top-level ``runs/``, ``dist/``, ``wheelhouse/`` and the output folder are
+    never packed. In the working tree, only tracked and untracked-not-ignored files count.
+    """
+    root = _toplevel(Path(repo))
+    out = Path(out).resolve()
+    out_dir = out.parent if out.name.endswith(".tar.gz") else out
+    extra: tuple[str, ...] = ()
+    if out_dir.is_relative_to(root) and out_dir != root:
+        extra = (out_dir.relative_to(root).as_posix(),)
+    snap = _snapshot_rev(root, rev, extra) if rev is not None else _snapshot_worktree(root, extra)
+
+    hashes = {p: sha256_bytes(b) for p, b in snap.files.items()}
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "commit": snap.commit,
+        "short": snap.short,
+        "dirty": snap.dirty,
+        "rev": rev,
+        "tree_hash": snap.tree_hash,
+        "diff": snap.diff if snap.dirty else "",
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "files": dict(sorted(hashes.items())),
+        "sha256": tree_sha256(hashes),
+        "wheelhouse": None,
+    }
+    top = top_name(manifest)
+    name = f"{top}-{manifest['sha256'][:8]}.tar.gz" if snap.dirty else f"{top}.tar.gz"
+    path = out if out.name.endswith(".tar.gz") else out / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    with tempfile.TemporaryDirectory(prefix="replaykit-wheels-") as tmp:
+        wheels: list[Path] = []
+        if wheelhouse is not None:
+            wheels = build_wheelhouse(wheelhouse, Path(tmp))
+            manifest["wheelhouse"] = {
+                "dir": WHEELHOUSE_DIR,
+                "python": wheelhouse.python,
+                "platform": list(wheelhouse.platforms),
+                "requirements": list(wheelhouse.requirements),
+                "no_deps": wheelhouse.no_deps,
+                "excluded": list(wheelhouse.exclude),
+                "files": {w.name: sha256_bytes(w.read_bytes()) for w in wheels},
+            }
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        try:
+            with (
+                open(partial, "wb") as raw,
+                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz,
+                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+            ):
+                body = json.dumps(manifest, indent=1, sort_keys=False).encode() + b"\n"
+                _add(tar, f"{top}/{MANIFEST_NAME}", body, snap.mtime)
+                for p in sorted(snap.files):
+                    _add(tar, f"{top}/{p}", snap.files[p], snap.mtime, p in snap.executable)
+                for w in wheels:
+                    _add(tar, f"{top}/{WHEELHOUSE_DIR}/{w.name}", w.read_bytes(), snap.mtime)
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
+    return PackResult(path=path, manifest=manifest, size=path.stat().st_size)
+
+
+# --------------------------------------------------------------------------- verify / unpack
+
+
+def _member_parts(name: str) -> list[str]:
+    """Components of a member name; refuses absolute paths, ``..``, ``.`` and empty parts."""
+    clean = name[:-1] if name.endswith("/") else name
+    parts = clean.split("/")
+    if (
+        not clean
+        or clean.startswith("/")
+        or "\\" in clean
+        or "\0" in clean
+        or re.match(r"^[A-Za-z]:", clean)
+        or any(p in ("", ".", "..") for p in parts)
+    ):
+        raise ValueError(f"unsafe member path {name!r}: absolute, '..' or malformed")
+    return parts
+
+
+def _iter_members(path: Path) -> Iterable[tuple[str, list[str], tarfile.TarInfo, Any]]:
+    """(name, parts, info, file object or None) for every member, checked for safety."""
+    with tarfile.open(path, "r|gz") as tar:
+        for info in tar:
+            parts = _member_parts(info.name)
+            if info.isdir():
+                yield info.name, parts, info, None
+            elif info.isfile():
+                yield info.name, parts, info, tar.extractfile(info)
+            else:
+                kind = "link" if info.issym() or info.islnk() else "special file"
+                raise ValueError(f"{info.name!r} is a {kind}; only files and folders are accepted")
+
+
+def _check_stream(path: Path) -> None:
+    """Read the whole gzip stream: a truncated or bit-flipped archive fails its CRC/length."""
+    with gzip.open(path, "rb") as gz:
+        while gz.read(_CHUNK):
+            pass
+
+
+def _expected(manifest: dict[str, Any]) -> dict[str, str]:
+    """Relative path -> sha256 of every file the archive must hold (besides the manifest)."""
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        fmt = manifest.get("format") if isinstance(manifest, dict) else None
+        raise ValueError(f"unsupported manifest format {fmt!r} (expected {FORMAT})")
+    for key in ("commit", "short", "dirty", "files", "sha256"):
+        if key not in manifest:
+            raise ValueError(f"manifest lacks {key!r}")
+    files = manifest["files"]
+    if not isinstance(files, dict) or not all(
+        isinstance(v, str) and _HEX64.match(v) for v in files.values()
+    ):
+        raise ValueError("manifest 'files' is not a {path: sha256} mapping")
+    if tree_sha256(files) != manifest["sha256"]:
+        raise ValueError("manifest 'sha256' does not match its 'files' list")
+    expected = dict(files)
+    wh = manifest.get("wheelhouse")
+    if wh:
+        for whl, digest in wh["files"].items():
+            expected[f"{wh['dir']}/{whl}"] = digest
+    dirs = set()
+    for rel in expected:
+        parts = _member_parts(rel)
+        dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    if clash := sorted(dirs & expected.keys()):
+        raise ValueError(f"manifest lists {clash[0]!r} both as a file and as a folder")
+    return expected
+
+
+def verify_archive(path: Path) -> dict[str, Any]:
+    """Check ``path`` completely and return its manifest; ValueError names any problem.
+
+    Refuses a corrupted or truncated gzip/tar, unsafe members (absolute, ``..``, links,
+    devices), several top folders, a missing or inconsistent manifest, and any file that
+    is missing, extra, or whose sha256 differs from the manifest. Nothing is written.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such archive")
+    seen: dict[str, str] = {}
+    tops: set[str] = set()
+    manifest_bytes: bytes | None = None
+    try:
+        _check_stream(path)
+        for name, parts, _info, fobj in _iter_members(path):
+            tops.add(parts[0])
+            if len(tops) > 1:
+                raise ValueError(f"members under several top folders: {sorted(tops)}")
+            if fobj is None:
+                continue
+            rel = "/".join(parts[1:])
+            if not rel:
+                raise ValueError(f"{name!r}: a file where the top folder should be")
+            if rel in seen or (rel == MANIFEST_NAME and manifest_bytes is not None):
+                raise ValueError(f"{name!r} appears twice")
+            if rel == MANIFEST_NAME:
+                manifest_bytes = fobj.read()
+                continue
+            h = hashlib.sha256()
+            while chunk := fobj.read(_CHUNK):
+                h.update(chunk)
+            seen[rel] = h.hexdigest()
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+        raise ValueError(f"{path.name}: corrupted or truncated archive ({exc})") from exc
+    if manifest_bytes is None:
+        raise ValueError(f"{path.name}: no {MANIFEST_NAME} under the top folder")
+    try:
+        manifest = json.loads(manifest_bytes)
+    except ValueError as exc:
+        raise ValueError(f"{path.name}: {MANIFEST_NAME} is not valid JSON ({exc})") from exc
+    expected = _expected(manifest)
+    top = next(iter(tops))
+    if top != top_name(manifest):
+        raise ValueError(f"top folder {top!r} does not match the manifest ({top_name(manifest)!r})")
+    missing = sorted(set(expected) - set(seen))
+    extra = sorted(set(seen) - set(expected))
+    bad = sorted(p for p in expected.keys() & seen.keys() if expected[p] != seen[p])
+    problems = [
+        f"{label}: {', '.join(items[:10])}"
+        + (f" (+{len(items) - 10} more)" if len(items) > 10 else "")
+        for label, items in (
+            ("sha256 mismatch", bad),
+            ("missing from the archive", missing),
+            ("not in the manifest", extra),
+        )
+        if items
+    ]
+    if problems:
+        raise ValueError(f"{path.name}: " + "; ".join(problems))
+    return manifest
+
+
+def unpack(path: Path, dest: Path, *, replace: bool = False) -> Path:
+    """Verify ``path``, then extract it under ``dest``; returns the tree root ``dest/<top>``.
+
+    Extraction goes to a hidden folder beside the target and is renamed into place, so a
+    failure leaves nothing half-written. An existing target is an error unless ``replace``.
+    """
+    manifest = verify_archive(path)
+    expected = _expected(manifest)
+    top = top_name(manifest)
+    dest = Path(dest).resolve()
+    final = dest / top
+    if final.exists() and not replace:
+        raise FileExistsError(f"{final} exists (pass replace=True to overwrite it)")
+    dest.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{top}.", dir=dest))
+    try:
+        staged = work / top
+        staged.mkdir()
+        for _name, parts, info, fobj in _iter_members(Path(path)):
+            rel = "/".join(parts[1:])
+            if fobj is None or not rel:
+                continue
+            target = staged.joinpath(*parts[1:])
+            target.parent.mkdir(parents=True, exist_ok=True)
+            h = hashlib.sha256()
+            with open(target, "xb") as f:
+                while chunk := fobj.read(_CHUNK):
+                    h.update(chunk)
+                    f.write(chunk)
+            same = (
+                json.loads(target.read_bytes()) == manifest
+                if rel == MANIFEST_NAME
+                else expected.get(rel) == h.hexdigest()
+            )
+            if not same:
+                raise ValueError(f"{rel}: changed between verification and extraction")
+            target.chmod(0o755 if info.mode & 0o100 else 0o644)
+        if final.exists():
+            shutil.rmtree(final)
+        staged.rename(final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final

@@ -1,0 +1,417 @@
+"""Evidence for an engineering log, read from run folders: the table, failures, links, integrity.
+
+    ev = collect(runs=[Path("runs")], batches=[Path("runs/batch_x/index.json")])
+    print(ev.markdown())      # | Tree | Runtime | Result | … ready to paste
+    ev.edited                 # runs whose executed notebook changed after the run
+
+A run folder is one ``replaykit.runs.run_notebook`` run (``summary.json`` + the executed
+notebook). A batch or bisect folder holds ``index.json`` (``replaykit.batch``) and its runs;
+reading through it adds each run's tree label, and cells that never ran (an environment that
+could not be built) appear as errors. Folders without a notebook summary are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from replaykit import tables
+
+from .hashing import file_sha256
+
+__all__ = ["Evidence", "RunEvidence", "collect", "counts_text", "load_run", "result_text", "runtime_text"]
+
+SUMMARY_FILE = "summary.json"
+INDEX_FILE = "index.json"
+COLUMNS = ("Tree", "Runtime", "Result")
+ORDER = ("failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "error")
+"""pytest's order in its summary line: ``18 failed, 9 passed, 1 skipped, 2 errors``."""
+OK, EDITED, MISSING, UNHASHED = "ok", "EDITED", "MISSING", "no hash"
+
+
+# --- one run -----------------------------------------------------------------
+
+
+@dataclass
+class RunEvidence:
+    """One run (or a batch cell that never ran) and what the evidence says about it."""
+
+    folder: Path | None
+    summary: dict[str, Any] | None
+    label: str | None = None  # the tree's label from a batch index
+    env: str | None = None
+    cell: dict[str, Any] | None = None  # the batch index record, when read through one
+    integrity: str = OK
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def notebook(self) -> Path | None:
+        if self.folder is None or not self.summary:
+            return None
+        return self.folder / self.summary.get("output", "")
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        return (self.summary or {}).get("fingerprint") or {}
+
+    @property
+    def results(self) -> dict[str, Any]:
+        results = (self.summary or {}).get("results")
+        return results if isinstance(results, dict) else {}
+
+    def tree(self) -> str:
+        return tree_text(self.fingerprint.get("tree") or {}, self.label, (self.cell or {}).get("tree"))
+
+    def runtime(self) -> str:
+        if self.summary is None:
+            return f"{self.env} (not run)" if self.env else "(not run)"
+        return runtime_text(self.fingerprint)
+
+    def result(self) -> str:
+        if self.summary is None:
+            cell = self.cell or {}
+            return f"{cell.get('status', 'error')}: {cell.get('reason') or ''}".rstrip(": ")
+        text = result_text(self.summary)
+        cell = self.cell or {}
+        if cell.get("status") and cell["status"] != self.summary.get("status"):  # e.g. wrong interpreter
+            text += f" ({cell['status']}: {cell.get('reason')})"
+        return f"{text} **{self.integrity}**" if self.integrity in (EDITED, MISSING) else text
+
+    def failures(self) -> list[dict[str, str]]:
+        """Failing ids (verify), failed scenarios (parity), or the failing cell, with a first line."""
+        return failures(self)
+
+
+def check_integrity(run: RunEvidence) -> None:
+    """Set ``run.integrity``: the executed notebook's sha256 against summary.json (and the index)."""
+    if run.summary is None:
+        return
+    path = run.notebook
+    recorded = run.summary.get("sha256")
+    indexed = (run.cell or {}).get("sha256")
+    if not recorded:  # papermill never saved it (e.g. the kernel did not start)
+        run.integrity = UNHASHED
+        run.problems.append(f"{run.folder}: summary.json records no sha256: the run saved no notebook")
+        return
+    if path is None or not path.is_file():
+        run.integrity = MISSING
+        run.problems.append(f"{path}: the executed notebook is missing")
+        return
+    actual = file_sha256(path)
+    if actual != recorded:
+        run.integrity = EDITED
+        run.problems.append(
+            f"{path}: EDITED after the run (sha256 {actual[:12]}…, summary.json says {recorded[:12]}…)"
+        )
+    elif indexed and indexed != recorded:
+        run.integrity = EDITED
+        run.problems.append(
+            f"{path}: summary.json sha256 {recorded[:12]}… differs from the batch index's {indexed[:12]}…"
+        )
+
+
+def load_run(folder: Path, *, label: str | None = None, env: str | None = None,
+             cell: dict[str, Any] | None = None) -> RunEvidence | None:
+    """The run in ``folder`` with its integrity checked, or None when it holds no notebook summary."""
+    folder = Path(folder)
+    try:
+        summary = json.loads((folder / SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or "output" not in summary or "status" not in summary:
+        return None  # e.g. an older hand-written summary
+    run = RunEvidence(folder=folder, summary=summary, label=label, env=env, cell=cell)
+    check_integrity(run)
+    commit = (run.fingerprint.get("tree") or {}).get("commit")
+    intended = ((cell or {}).get("tree") or {}).get("commit")
+    if cell and cell.get("status") and cell["status"] != summary["status"]:
+        run.problems.append(f"{folder}: the batch recorded {cell.get('summary') or cell['status']}")
+    if commit and intended and commit != intended:
+        run.problems.append(f"{folder}: the notebook saw commit {commit[:7]}, the batch meant {intended[:7]}")
+    return run
+
+
+# --- texts -------------------------------------------------------------------
+
+
+def tree_text(tree: dict[str, Any], label: str | None = None, intended: dict[str, Any] | None = None) -> str:
+    """``bb3c0b8 (WP-206)``: short commit, ``-dirty`` when it was, the label when it says more."""
+    intended = intended or {}
+    commit = tree.get("commit") or intended.get("commit")
+    dirty = tree.get("dirty") if tree.get("commit") else intended.get("dirty")
+    if commit:
+        text = str(commit)[:7] + ("-dirty" if dirty else "")
+        if label and not str(commit).startswith(label) and label != text:
+            text += f" ({label})"
+        return text
+    if label:
+        return label
+    path = tree.get("path")
+    return Path(path).name if path else "(unknown tree)"
+
+
+def runtime_text(fp: dict[str, Any]) -> str:
+    """``Python 3.11 / torch 2.9.1+cu129``, plus `` / <GPU>`` when the run had one."""
+    version = str(fp.get("python") or "?")
+    parts = [f"Python {'.'.join(version.split('.')[:2])}", f"torch {fp.get('torch') or 'none'}"]
+    gpu = fp.get("gpu") or (fp.get("device") if fp.get("device") not in (None, "cpu", "unknown") else None)
+    if gpu:
+        parts.append(str(gpu))
+    return " / ".join(parts)
+
+
+def counts_text(counts: dict[str, Any]) -> str:
+    """``18 failed, 9 passed`` in pytest's order; zeros left out; ``2 errors``."""
+    items = [(k, v) for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool) and v]
+    rank = {k: i for i, k in enumerate(ORDER)}
+    items.sort(key=lambda kv: rank.get(kv[0], len(ORDER)))
+    words = [f"{v} {k + 's' if k == 'error' and v > 1 else k}" for k, v in items]
+    return ", ".join(words) or "no tests ran"
+
+
+def _counts(results: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any] | None:
+    counts = results.get("counts") or summary.get("counts")
+    if isinstance(counts, dict):
+        return counts
+    passed, failed = results.get("passed"), results.get("failed")  # the parity notebook
+    if isinstance(passed, int) and isinstance(failed, (int, list)):
+        return {"failed": failed if isinstance(failed, int) else len(failed), "passed": passed}
+    return None
+
+
+def result_text(summary: dict[str, Any]) -> str:
+    """The Result column: counts (per repeat when they differ), flaky ids, and how the run ended."""
+    results = summary.get("results") if isinstance(summary.get("results"), dict) else {}
+    per_run = results.get("counts_per_run") if isinstance(results.get("counts_per_run"), dict) else {}
+    repeats = {k: v for k, v in per_run.items() if re.fullmatch(r"r\d+", k) and isinstance(v, dict)}
+    counts = _counts(results, summary)
+    if len(repeats) > 1:
+        texts = {k: counts_text(v) for k, v in repeats.items()}
+        if len(set(texts.values())) == 1:
+            text = f"{next(iter(texts.values()))} (×{len(texts)})"
+        else:
+            text = "; ".join(f"{k}: {t}" for k, t in texts.items())
+    elif counts is not None:
+        text = counts_text(counts)
+    else:
+        text = str(results.get("line") or "")
+    if results.get("flaky_ids"):
+        text += f", {len(results['flaky_ids'])} flaky"
+    status, reason = summary.get("status"), summary.get("reason")
+    failing = counts is not None and any(counts.get(k) for k in ("failed", "error"))
+    run_errors = results.get("run_errors")
+    if run_errors:  # pytest did not end normally: a collection error, a timeout
+        extra = f" (+{len(run_errors) - 1} more)" if len(run_errors) > 1 else ""
+        return f"{text or status} (run error: {str(run_errors[0])[:160]}{extra})"
+    if not text:
+        return status if status == "passed" or not reason else f"{status} ({reason})"
+    if status == "error" or (status == "failed" and not failing):
+        text += f" ({status}: {reason})" if reason else f" ({status})"
+    return text
+
+
+# --- failures ----------------------------------------------------------------
+
+
+def _key(test_id: str) -> str:
+    """A test id and a junit classname.name brought to one form (``tests.test_x.TestA.test_b[1]``)."""
+    head, bracket, tail = test_id.partition("[")
+    head = re.sub(r"\.py(?=::|$)", "", head).replace("::", ".").replace("/", ".")
+    return head + bracket + tail
+
+
+def _junit_messages(run: RunEvidence) -> dict[str, str]:
+    """First error line per failing case, from the verify notebook's junit files."""
+    if run.folder is None:
+        return {}
+    from replaykit.workflow.verify import read_junit
+
+    messages: dict[str, str] = {}
+    for record in run.results.get("runs") or []:
+        path = run.folder / "pytest" / str(record.get("junit", ""))
+        if not path.is_file():
+            continue
+        try:
+            cases = read_junit(path)
+        except Exception:  # a half-written file from a killed run
+            continue
+        for case in cases:
+            if case.status in ("failed", "error"):
+                key = _key(f"{case.classname}.{case.name}" if case.classname else case.name)
+                messages.setdefault(key, case.message)
+    return messages
+
+
+def failures(run: RunEvidence) -> list[dict[str, str]]:
+    """Rows ``id``, ``status``, ``message`` for each failure the run recorded."""
+    results, summary = run.results, run.summary or {}
+    ids = results.get("failing_ids")
+    if isinstance(ids, list) and ids:
+        messages = _junit_messages(run)
+        verdicts = results.get("verdicts") or {}
+        return [{"id": i, "status": verdicts.get(i, "failed"), "message": messages.get(_key(i), "")} for i in ids]
+    run_errors = results.get("run_errors")
+    if isinstance(run_errors, list) and run_errors:
+        return [{"id": "pytest", "status": "run error", "message": str(e)[:300]} for e in run_errors]
+    failed = results.get("failed")
+    if isinstance(failed, list) and failed:
+        return [{"id": str(name), "status": "failed", "message": ""} for name in failed]
+    cell = summary.get("failed_cell")
+    if summary.get("status") != "passed" and cell:
+        why = f"{cell.get('ename') or ''}: {cell.get('evalue') or ''}".strip(": ")
+        return [{"id": f"cell {cell.get('index')}", "status": summary.get("reason") or summary["status"],
+                 "message": why.splitlines()[0][:300] if why else ""}]
+    if summary.get("status") == "error" and summary.get("errors"):
+        return [{"id": "run", "status": summary.get("reason") or "error",
+                 "message": str(summary["errors"][0]).splitlines()[0][:300]}]
+    return []
+
+
+# --- many runs ---------------------------------------------------------------
+
+
+def _from_index(path: Path) -> list[RunEvidence]:
+    try:
+        index = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: unreadable batch index ({exc})") from exc
+    if not isinstance(index, dict) or not isinstance(index.get("cells"), list):
+        raise ValueError(f"{path}: not a batch index (no 'cells' list)")
+    out = []
+    for cell in index["cells"]:
+        label = (cell.get("tree") or {}).get("label")
+        label = None if label == "default" else label
+        if cell.get("run_dir"):
+            run = load_run(path.parent / cell["run_dir"], label=label, env=cell.get("env"), cell=cell)
+            if run is None:
+                run = RunEvidence(folder=path.parent / cell["run_dir"], summary=None, label=label,
+                                  env=cell.get("env"), cell=cell, integrity=MISSING)
+                run.problems.append(f"{run.folder}: listed in {path.name} but holds no summary.json")
+        else:
+            run = RunEvidence(folder=None, summary=None, label=label, env=cell.get("env"), cell=cell)
+        out.append(run)
+    return out
+
+
+def _scan(runs_dir: Path) -> tuple[list[RunEvidence], list[Path]]:
+    """Runs directly under ``runs_dir`` and inside its batch folders (through their index)."""
+    found, skipped = [], []
+    for child in sorted(p for p in Path(runs_dir).iterdir() if p.is_dir()):
+        if (child / INDEX_FILE).is_file():
+            found += _from_index(child / INDEX_FILE)
+        elif (run := load_run(child)) is not None:
+            found.append(run)
+        elif (child / SUMMARY_FILE).is_file():
+            skipped.append(child)
+    return found, skipped
+
+
+@dataclass
+class Evidence:
+    """Runs in order, and what could not be read as a notebook run."""
+
+    runs: list[RunEvidence]
+    skipped: list[Path] = field(default_factory=list)
+
+    @property
+    def edited(self) -> list[RunEvidence]:
+        """Runs whose notebook changed after the run or went missing."""
+        return [r for r in self.runs if r.integrity in (EDITED, MISSING)]
+
+    @property
+    def warnings(self) -> list[str]:
+        return [p for r in self.runs for p in r.problems]
+
+    def rows(self) -> list[dict[str, str]]:
+        """One row per run: Tree, Runtime, Result (and Notebook, Environment when runs mix them)."""
+        rows = []
+        for r in self.runs:
+            rows.append({"Tree": r.tree(), "Runtime": r.runtime(), "Result": r.result(),
+                         "Notebook": (r.summary or {}).get("notebook") or (r.cell or {}).get("notebook", ""),
+                         "Environment": _environment(r)})
+        return rows
+
+    def columns(self) -> tuple[str, ...]:
+        rows = self.rows()
+        extra = [c for c in ("Notebook", "Environment") if len({row[c] for row in rows if row[c]}) > 1]
+        return ("Tree", *extra, "Runtime", "Result")
+
+    def table(self) -> str:
+        return tables.markdown(self.rows(), self.columns())
+
+    def markdown(self, relative_to: Path | None = None) -> str:
+        """The table, per-id failures, links to the executed notebooks and the warnings."""
+        base = Path(relative_to) if relative_to is not None else Path.cwd()
+        out = [self.table()]
+        failing = [(r, r.failures()) for r in self.runs]
+        if any(f for _, f in failing):
+            out += ["", "Failures:", ""]
+            for run, rows in failing:
+                if not rows:
+                    continue
+                link = _link(run, base, " — ") if run.integrity != UNHASHED else ""
+                out.append(f"- {run.tree()} · {run.runtime()}{link}")
+                for row in rows:
+                    message = f": {row['message']}" if row["message"] else ""
+                    out.append(f"  - `{row['id']}` {row['status']}{message}")
+        links = [f"- {r.tree()} · {r.runtime()}: {_link(r, base)}"
+                 for r in self.runs if r.notebook and r.integrity != UNHASHED]
+        if links:
+            out += ["", "Executed notebooks:", "", *links]
+        if self.warnings:
+            out += ["", "Warnings:", "", *(f"- {w}" for w in self.warnings)]
+        return "\n".join(out) + "\n"
+
+
+def _environment(run: RunEvidence) -> str:
+    """The batch environment's name, else the interpreter that ran (from the fingerprint)."""
+    return run.env or ((run.summary or {}).get("fingerprint") or {}).get("executable") or ""
+
+
+def _link(run: RunEvidence, base: Path, prefix: str = "") -> str:
+    path = run.notebook
+    if path is None:
+        return ""
+    rel = Path(os.path.relpath(path.resolve(), base.resolve())).as_posix()
+    flag = f" **{run.integrity}**" if run.integrity in (EDITED, MISSING) else ""
+    return f"{prefix}[{path.parent.name}/{path.name}]({rel}){flag}"
+
+
+def collect(runs: Iterable[Path] = (), batches: Iterable[Path] = (), folders: Iterable[Path] = ()) -> Evidence:
+    """Runs from runs dirs (scanned, batch folders through their index), batch index files and
+    explicit run folders; each run once (first seen wins). ValueError for an unusable argument."""
+    found: list[RunEvidence] = []
+    skipped: list[Path] = []
+    for index in batches:
+        index = Path(index)
+        if index.is_dir():
+            index = index / INDEX_FILE
+        if not index.is_file():
+            raise ValueError(f"{index}: no such batch index")
+        found += _from_index(index)
+    for runs_dir in runs:
+        if not Path(runs_dir).is_dir():
+            raise ValueError(f"{runs_dir}: not a folder of runs")
+        more, skip = _scan(Path(runs_dir))
+        found += more
+        skipped += skip
+    for folder in folders:
+        run = load_run(Path(folder))
+        if run is None:
+            raise ValueError(f"{folder}: no notebook run (summary.json) there")
+        found.append(run)
+    unique: list[RunEvidence] = []
+    seen: set[Path] = set()
+    for run in found:
+        key = run.folder.resolve() if run.folder is not None else None
+        if key is not None and key in seen:
+            continue
+        if key is not None:
+            seen.add(key)
+        unique.append(run)
+    return Evidence(runs=unique, skipped=skipped)

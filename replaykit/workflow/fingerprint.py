@@ -1,0 +1,194 @@
+"""Environment fingerprint: which tree, interpreter, torch and device a run used.
+
+Small, cheap and JSON-serialisable (no ``torch.utils.collect_env``). The first
+cell of every notebook records one; ``fingerprint_slug`` names run folders.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+MANIFEST_NAME = "replaykit-manifest.json"
+"""Manifest written into an uploaded (packed) tree: at least ``commit``, ``dirty``, ``sha256``."""
+
+FINGERPRINT_FILE = "fingerprint.json"
+"""File a notebook writes into its run dir; the runner prefers it to its own fingerprint."""
+
+DIRTY_IGNORE = ("runs/",)
+"""Paths whose changes do not make a checkout dirty (run evidence is written there)."""
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
+
+
+def default_tree() -> Path:
+    """The source tree that holds this replaykit package."""
+    return Path(__file__).resolve().parents[2]
+
+
+def _run(cmd: list[str], cwd: Path | None = None, timeout: float = 5.0) -> str | None:
+    """stdout of ``cmd``, or None when it is missing, fails or times out."""
+    try:
+        proc = subprocess.run(
+            cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def _manifest_info(path: Path) -> dict[str, Any]:
+    info: dict[str, Any] = {"source": "manifest", "commit": None, "dirty": None, "sha256": None}
+    try:
+        manifest = json.loads(path.read_text())
+        if not isinstance(manifest, dict):
+            raise ValueError("manifest is not a JSON object")
+    except (OSError, ValueError) as exc:
+        info["error"] = f"{path.name}: {exc}"
+        return info
+    missing = [k for k in ("commit", "dirty", "sha256") if k not in manifest]
+    if missing:
+        info["error"] = f"{path.name} lacks {', '.join(missing)}"
+    info.update({k: manifest.get(k) for k in ("commit", "dirty", "sha256")})
+    info["manifest"] = manifest
+    return info
+
+
+def _git_info(tree: Path) -> dict[str, Any]:
+    info: dict[str, Any] = {"source": "git", "commit": None, "dirty": None}
+    git = shutil.which("git")
+    head = _run([git, "rev-parse", "HEAD"], cwd=tree) if git else None
+    if head is None:
+        info["error"] = "git rev-parse HEAD failed" if git else "git not found"
+        return info
+    info["commit"] = head.strip()
+    status = _run([git, "status", "--porcelain"], cwd=tree)
+    if status is not None:
+        changed = [
+            line[3:] for line in status.splitlines() if not line[3:].startswith(DIRTY_IGNORE)
+        ]
+        info["dirty"] = bool(changed)
+        info["changed"] = changed[:20]
+    return info
+
+
+def tree_info(tree: str | Path | None = None) -> dict[str, Any]:
+    """Commit and dirty flag of ``tree``: its git checkout if it is one, else its manifest.
+
+    A checkout's own history wins over a manifest lying in it (which may be stale);
+    an uploaded tree has no ``.git`` and is known by its manifest. ``tree`` must be
+    the root of the tree; a subdirectory of some other checkout is not attributed
+    to that checkout.
+    """
+    path = Path(tree) if tree is not None else default_tree()
+    path = path.resolve()
+    base = {"path": str(path)}
+    if (path / ".git").exists():
+        return base | _git_info(path)
+    if (path / MANIFEST_NAME).is_file():
+        return base | _manifest_info(path / MANIFEST_NAME)
+    return base | {"source": None, "commit": None, "dirty": None}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _torch_info() -> dict[str, Any]:
+    info: dict[str, Any] = dict.fromkeys(("torch", "cuda", "cudnn", "gpu", "gpu_count"))
+    info["device"] = "cpu"
+    try:
+        import torch
+    except ImportError:
+        return info
+    info["torch"] = torch.__version__
+    info["cuda"] = torch.version.cuda
+    try:
+        info["cudnn"] = torch.backends.cudnn.version()
+    except Exception:  # a broken cuDNN install must not break the fingerprint
+        info["cudnn"] = None
+    if torch.cuda.is_available():
+        info["gpu_count"] = torch.cuda.device_count()
+        info["gpu"] = info["device"] = torch.cuda.get_device_name(0)
+    elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        info["device"] = "mps"
+    return info
+
+
+def _driver() -> str | None:
+    smi = shutil.which("nvidia-smi")
+    out = _run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], timeout=3) if smi else None
+    lines = out.strip().splitlines() if out else []
+    return lines[0].strip() if lines else None
+
+
+def in_colab() -> bool:
+    """True inside a Google Colab runtime."""
+    return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
+
+
+def fingerprint(tree: str | Path | None = None) -> dict[str, Any]:
+    """The environment of this process and the tree it runs (default: replaykit's own tree)."""
+    return {
+        "tree": tree_info(tree),
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "platform": platform.platform(),
+        **_torch_info(),
+        "driver": _driver(),
+        "papermill": _version("papermill"),
+        "nbclient": _version("nbclient"),
+        "colab": in_colab(),
+        "hostname": socket.gethostname(),
+        "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def record_fingerprint(
+    run_dir: str | Path | None = None, tree: str | Path | None = None
+) -> dict[str, Any]:
+    """Compute the fingerprint and, when ``run_dir`` is given, write it to ``fingerprint.json`` there.
+
+    Meant for a notebook's first cell: ``record_fingerprint(run_dir)``.
+    """
+    fp = fingerprint(tree)
+    if run_dir:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / FINGERPRINT_FILE).write_text(json.dumps(fp, indent=1) + "\n")
+    return fp
+
+
+def _safe(text: str) -> str:
+    return _UNSAFE.sub("-", text).strip("-.") or "unknown"
+
+
+def fingerprint_slug(fp: dict[str, Any]) -> str:
+    """``<device>_torch<version>_<tree>`` for a run folder name, e.g. ``cpu_torch2.13.0_3f2a1b9``.
+
+    Only letters, digits, ``.``, ``-`` inside a part; ``_`` separates the parts. The torch
+    local version (``+cpu``, ``+cu128``) is dropped; the device says which build it was.
+    """
+    device = _safe(str(fp.get("device") or "unknown"))
+    torch_version = _safe(str(fp.get("torch") or "none").split("+")[0])
+    tree = fp.get("tree") or {}
+    commit = tree.get("commit")
+    if commit:
+        label = _safe(str(commit))[:7]
+        if tree.get("dirty"):
+            label += "-dirty"
+    else:
+        label = "notree"
+    return f"{device}_torch{torch_version}_{label}"

@@ -1,0 +1,91 @@
+"""The core imports only torch; the workflow imports no torch of its own; the packaging says so."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "replaykit"
+# what `import replaykit` must not pull in (each belongs to an extra, or to another layer)
+NOT_IN_CORE = ("papermill", "pandas", "matplotlib", "lightning", "yaml", "nbformat", "ipywidgets", "junitparser")
+
+
+def _modules_after(code: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+    )
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+def test_import_replaykit_pulls_in_no_extra() -> None:
+    modules = _modules_after("import replaykit as rk\nrk.capture, rk.enable_determinism")
+    assert not {m for m in modules if m.split(".")[0] in NOT_IN_CORE}
+    assert not {m for m in modules if m.startswith(("replaykit.testing", "replaykit.workflow", "replaykit.lightning"))}
+
+
+def test_the_archive_module_loads_by_path_without_torch() -> None:
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('rk_archive', {str(PACKAGE / 'workflow' / 'archive.py')!r})\n"
+        "module = importlib.util.module_from_spec(spec); sys.modules[spec.name] = module\n"
+        "spec.loader.exec_module(module)"
+    )
+    modules = _modules_after(code)
+    assert "torch" not in modules and "replaykit" not in modules
+
+
+def _imported_roots(path: Path, at_import: bool = False) -> set[str]:
+    """Top-level names a module imports; ``at_import``: only those its import runs (not inside a function)."""
+    roots = set()
+    tree = ast.parse(path.read_text())
+    nodes = ast.walk(tree)
+    if at_import:
+        nodes = [n for top in tree.body if not isinstance(top, (ast.FunctionDef, ast.ClassDef)) for n in ast.walk(top)]
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            roots.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_no_workflow_module_imports_torch() -> None:
+    for path in sorted((PACKAGE / "workflow").rglob("*.py")):
+        assert not _imported_roots(path, at_import=True) & {"torch", "lightning"}, path
+
+
+def test_the_core_imports_only_torch() -> None:
+    core = [p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] not in ("testing", "workflow", "lightning.py")]
+    third_party = set().union(*map(_imported_roots, core)) - set(sys.stdlib_module_names) - {"replaykit"}
+    assert third_party == {"torch"}
+
+
+# the distribution that provides each import root
+DISTRIBUTIONS = {
+    "torch": "torch", "lightning": "lightning", "tqdm": "tqdm", "papermill": "papermill", "nbformat": "nbformat",
+    "nbclient": "nbclient", "ipykernel": "ipykernel", "jupyter_client": "jupyter_client", "yaml": "pyyaml",
+    "junitparser": "junitparser", "pandas": "pandas", "matplotlib": "matplotlib", "ipywidgets": "ipywidgets",
+    "IPython": "ipykernel",  # ipykernel depends on ipython
+    "google": "ipykernel",  # google.colab: present only in Colab, imported only there
+}
+
+
+def test_dependencies_are_torch_only_and_every_import_is_declared() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["dependencies"] == ["torch>=2.4"]
+    extras = project["optional-dependencies"]
+    assert {"lightning", "testing", "workflow", "notebooks", "dev"} <= extras.keys()
+    declared = {"torch"} | {
+        req.split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip().lower()
+        for reqs in extras.values() for req in reqs
+    }
+    used = set().union(*map(_imported_roots, PACKAGE.rglob("*.py"))) - set(sys.stdlib_module_names) - {"replaykit"}
+    undeclared = {root for root in used if DISTRIBUTIONS.get(root, root).lower() not in declared}
+    assert not undeclared, f"imported but not declared in pyproject.toml: {sorted(undeclared)}"

@@ -1,0 +1,199 @@
+"""Retirement: permanent eager with a reason, graphs freed, one warning, and parity afterwards."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import replaykit as rk
+from replaykit.testing.bitwise import diff_states
+from replaykit.testing.nets import DetectionNet
+
+
+def _train(model: nn.Module, device: str, change, steps: int = 4) -> dict:
+    """Three steps, ``change(model, opt)`` after the second, return weights and grads."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(3)
+    for i in range(steps):
+        if i == 2:
+            opt = change(model, opt) or opt
+        x = torch.randn(2, 3, 8, 8, generator=g).to(device)
+        out = model(x)
+        sum(o.square().mean() for o in out.values()).backward()
+        opt.step()
+        opt.zero_grad()
+    return {f"p/{k}": v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _assign(model, opt):
+    fresh = {k: v.clone() + 0.01 for k, v in model.state_dict().items()}
+    model.load_state_dict(fresh, assign=True)
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def _data(model, opt):
+    for p in model.parameters():
+        p.data = p.data.clone()
+
+
+def _new_param(model, opt):
+    model.o2m_cls.weight = nn.Parameter(model.o2m_cls.weight.detach().clone())
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def _hook(model, opt):
+    model.backbone[0].register_forward_hook(lambda m, i, o: None)
+
+
+def _freeze(model, opt):
+    model.o2o_box.weight.requires_grad_(False)
+
+
+def _unfreeze(model, opt):
+    model.o2o_box.weight.requires_grad_(True)  # frozen before the first call (see test below)
+
+
+CHANGES = {
+    "load_state_dict_assign": (_assign, "registered anew"),
+    "param_data": (_data, "storage changed"),
+    "new_parameter": (_new_param, "registered anew"),
+    "hook_added": (_hook, "hooks changed"),
+    "requires_grad": (_unfreeze, "requires_grad"),
+}
+
+
+@pytest.mark.parametrize("name", list(CHANGES))
+def test_changes_retire_and_training_matches_eager(backend: str, device: str, name: str) -> None:
+    change, reason = CHANGES[name]
+    torch.manual_seed(0)
+    eager = DetectionNet().to(device)
+    if name == "requires_grad":
+        _freeze(eager, None)
+    eager = _train(eager, device, change)
+    torch.manual_seed(0)
+    model = DetectionNet().to(device)
+    if name == "requires_grad":
+        _freeze(model, None)
+    rec = rk.capture(model, backend=backend)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", rk.ReplayWarning)
+        replayed = _train(model, device, change)
+    assert diff_states(eager, replayed) == []
+    assert rec.retired and reason in rec.retire_reason
+    assert rec.recordings == 0
+    assert rec.eager_reasons["retired"] == 2
+    assert len([w for w in caught if issubclass(w.category, rk.ReplayWarning)]) == 1
+    rec.release()
+
+
+def test_freezing_a_parameter_keeps_replaying_with_parity(backend: str, device: str) -> None:
+    """Autograd drops the gradient a replay returns for a frozen parameter, as eager never computes it."""
+    torch.manual_seed(0)
+    eager = _train(DetectionNet().to(device), device, _freeze)
+    torch.manual_seed(0)
+    model = DetectionNet().to(device)
+    rec = rk.capture(model, backend=backend)
+    replayed = _train(model, device, _freeze)
+    assert diff_states(eager, replayed) == []
+    assert not rec.retired and rec.counts["replay"] == 3
+    rec.release()
+
+
+def test_to_dtype_retires(backend: str, device: str) -> None:
+    torch.manual_seed(0)
+    model = DetectionNet().to(device)
+    rec = rk.capture(model, backend=backend)
+    x = torch.randn(2, 3, 8, 8, device=device)
+    sum(o.sum() for o in model(x).values()).backward()
+    model.double()
+    out = model(x.double())
+    assert out["o2m_cls"].dtype == torch.float64
+    assert rec.retired and "storage" in rec.retire_reason
+    rec.release()
+
+
+def test_hooks_present_before_recording_retire(backend: str, device: str) -> None:
+    model = DetectionNet().to(device)
+    model.backbone.register_forward_pre_hook(lambda m, i: None)
+    rec = rk.capture(model, backend=backend)
+    model(torch.randn(2, 3, 8, 8, device=device))
+    assert rec.retired and "hooks" in rec.retire_reason
+    rec.release()
+
+
+class FailsOnSecondCall(DetectionNet):
+    """Raises during warm-up (its second forward), after touching BatchNorm stats once."""
+
+    calls = 0
+
+    def forward(self, x):
+        FailsOnSecondCall.calls += 1
+        out = super().forward(x)
+        if FailsOnSecondCall.calls == 2:
+            raise RuntimeError("boom in warm-up")
+        return out
+
+
+def test_a_capture_that_raises_restores_state_and_continues_eager(backend: str, device: str) -> None:
+    torch.manual_seed(0)
+    ref = DetectionNet().to(device)
+    torch.manual_seed(0)
+    model = FailsOnSecondCall().to(device)
+    FailsOnSecondCall.calls = 0
+    rec = rk.capture(model, backend=backend)
+    x = torch.randn(2, 3, 8, 8, device=device)
+    out, ref_out = model(x), ref(x)
+    assert rec.retired and "boom in warm-up" in rec.retire_reason
+    for a, b in zip(ref.buffers(), model.buffers(), strict=True):
+        assert torch.equal(a, b)  # warm-up's BN updates undone; the eager call updated once
+    for k in out:
+        assert torch.equal(out[k], ref_out[k])
+    rec.release()
+
+
+def test_strict_capture_failure_raises(backend: str, device: str) -> None:
+    model = FailsOnSecondCall().to(device)
+    FailsOnSecondCall.calls = 0
+    rec = rk.capture(model, backend=backend, strict=True)
+    with pytest.raises(rk.ReplayError, match="boom"):
+        model(torch.randn(2, 3, 8, 8, device=device))
+    assert not rec.retired
+    rec.release()
+
+
+def test_user_retire_frees_and_continues(backend: str, device: str) -> None:
+    torch.manual_seed(0)
+    model = DetectionNet().to(device)
+    rec = rk.capture(model, backend=backend)
+    x = torch.randn(2, 3, 8, 8, device=device)
+    sum(o.sum() for o in model(x).values()).backward()
+    assert rec.recordings == 1
+    rec.retire("enough")
+    rec.retire("again")  # no-op
+    assert rec.retired and rec.retire_reason == "enough" and rec.recordings == 0
+    model(x)
+    assert rec.eager_reasons["retired"] == 1
+    assert [e.reason for e in rec.journal if e.kind == "retire"] == ["enough"]
+    rec.release()
+
+
+def test_batchnorm_with_cumulative_average_retires_and_matches_eager(backend: str, device: str) -> None:
+    """momentum=None reads num_batches_tracked on the host each call: a graph would freeze it."""
+
+    def make() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, momentum=None)).to(device)
+
+    eager, model = make(), make()
+    rec = rk.capture(model, backend=backend)
+    for _ in range(3):
+        x = torch.randn(2, 3, 8, 8, device=device)
+        for m in (eager, model):
+            m(x).square().mean().backward()
+    assert rec.retired and "momentum=None" in rec.retire_reason
+    for a, b in zip(eager.state_dict().values(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    rec.release()

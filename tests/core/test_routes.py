@@ -1,0 +1,110 @@
+"""Signatures and routes: record while the budget lasts, replay, or eager with a reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import replaykit as rk
+from replaykit.testing.nets import DetectionNet
+from replaykit.testing.trial import Trial, compare
+from tests.nets import WithKwargs
+
+
+def _captured(device: str, backend: str, **kw):
+    torch.manual_seed(0)
+    model = DetectionNet().to(device)
+    return model, rk.capture(model, backend=backend, **kw)
+
+
+@pytest.mark.parametrize("partial", ["last", "between"])
+def test_partial_batches_keep_parity(backend: str, device: str, partial: str) -> None:
+    diffs, _, replay = compare(Trial(steps=3, accumulation=2, partial=partial, device=device), DetectionNet, backend=backend)
+    assert diffs == []
+    assert replay.recorder["record"] == 2
+
+
+def test_partial_batch_past_the_budget_runs_eager_with_parity(backend: str, device: str) -> None:
+    trial = Trial(steps=3, accumulation=2, partial="between", device=device)
+    diffs, _, replay = compare(trial, DetectionNet, backend=backend, max_recordings=1)
+    assert diffs == []
+    assert replay.recorder["eager_reasons"] == {"budget": 1}
+
+
+def test_no_grad_and_eval_route_eager(backend: str, device: str) -> None:
+    model, rec = _captured(device, backend)
+    x = torch.randn(2, 3, 8, 8, device=device)
+    with torch.no_grad():
+        model(x)
+    with torch.inference_mode():
+        model(x)
+    model.eval()
+    ref = model(x)
+    model.train()
+    assert dict(rec.eager_reasons) == {"no_grad": 2, "eval": 1}
+    assert rec.counts["record"] == 0
+    assert all(not v.requires_grad or v.grad_fn is not None for v in ref.values())
+    rec.release()
+
+
+def test_autocast_state_is_part_of_the_signature(backend: str, device: str) -> None:
+    model, rec = _captured(device, backend)
+    x = torch.randn(2, 3, 8, 8, device=device)
+    model(x)
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        out = model(x)
+    assert out["o2m_cls"].dtype == torch.bfloat16
+    assert rec.counts["record"] == 2
+    rec.release()
+
+
+def test_kwargs_non_tensor_arguments_and_nested_outputs(backend: str, device: str) -> None:
+    torch.manual_seed(0)
+    eager, model = WithKwargs().to(device), WithKwargs().to(device)
+    model.load_state_dict(eager.state_dict())
+    rec = rk.capture(model, backend=backend)
+    for scale in (1.0, 1.0, 2.0, 1.0):
+        x = torch.randn(3, 5, device=device)
+        bias = torch.randn(5, device=device, requires_grad=True)
+        outs = [m(x, bias=bias, scale=scale) for m in (eager, model)]
+        for o in outs:
+            (o["y"].square().sum() + o["pair"][0].sum() + o["pair"][1].mean()).backward()
+        assert torch.equal(outs[0]["pair"][1], outs[1]["pair"][1])
+    for p, q in zip(eager.parameters(), model.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad)
+    assert rec.counts["record"] == 2  # scale=2.0 is a new signature
+    assert rec.counts["replay"] == 2
+    rec.release()
+
+
+class Unhashable:
+    __hash__ = None  # type: ignore[assignment]
+
+
+def test_unhashable_argument_routes_eager(backend: str, device: str) -> None:
+    model = WithKwargs().to(device)
+    rec = rk.capture(model, backend=backend)
+    model(torch.randn(3, 5, device=device), bias=torch.zeros(5, device=device), options=Unhashable())
+    assert rec.eager_reasons["unhashable_argument"] == 1
+    rec.release()
+
+
+@pytest.mark.parametrize("route", ["no_grad", "eval", "budget", "hold"])
+def test_strict_raises_instead_of_eager(backend: str, device: str, route: str) -> None:
+    model, rec = _captured(device, backend, strict=True, max_recordings=1)
+    x = torch.randn(2, 3, 8, 8, device=device)
+    out = model(x)
+    if route != "hold":
+        del out
+    with pytest.raises(rk.ReplayError, match=route):
+        if route == "no_grad":
+            with torch.no_grad():
+                model(x)
+        elif route == "eval":
+            model.eval()
+            model(x)
+        elif route == "budget":
+            model(torch.randn(3, 3, 8, 8, device=device))
+        else:
+            model(x)
+    rec.release()

@@ -1,0 +1,135 @@
+"""ReplayCallback inside real Trainer.fit: lifecycle, and parity for what Lightning adds around the net."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import lightning as L
+import pytest
+import torch
+
+import replaykit as rk
+from replaykit.lightning import ReplayCallback
+from replaykit.testing.parity import run_scenario, unsafe_arms
+from replaykit.testing.scenario import Scenario
+from replaykit.testing.tasks import make_datamodule, make_task
+
+
+def _fit(cb: ReplayCallback, task=None, **kw) -> tuple[L.LightningModule, L.Trainer]:
+    task = task or make_task("detection")
+    trainer = L.Trainer(
+        accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, callbacks=[cb], **kw,
+    )
+    trainer.fit(task, datamodule=make_datamodule("detection"))
+    return task, trainer
+
+
+def test_activates_once_per_fit_cleans_up_and_fits_again() -> None:
+    cb = ReplayCallback("net")
+    task, _ = _fit(cb, limit_val_batches=0)
+    first = cb.recorders["net"]
+    assert cb.fits == 1 and first.counts["record"] == 1 and first.counts["replay"] == 5
+    assert "forward" not in task.net.__dict__ and rk.recorder_of(task.net) is None
+    assert first.released and first.module is None
+    _fit(cb, task, limit_val_batches=0)
+    assert cb.fits == 2 and cb.recorders["net"] is not first and cb.recorders["net"].counts["replay"] == 5
+
+
+def test_no_reference_cycles_after_fit() -> None:
+    cb = ReplayCallback("net")
+    _fit(cb, limit_val_batches=0)
+    gc.collect()
+    gc.disable()
+    try:
+        refs = [weakref.ref(r) for r in cb.recorders.values()]
+        cb.recorders.clear()
+        assert all(r() is None for r in refs)  # freed by reference counting alone: no cycles
+    finally:
+        gc.enable()
+
+
+def test_validation_routes_eager_with_reason() -> None:
+    cb = ReplayCallback("net")
+    _fit(cb)
+    assert cb.recorders["net"].eager_reasons["no_grad"] >= 1  # Lightning validates without grad, in eval mode
+
+
+def test_bad_paths() -> None:
+    with pytest.raises(rk.ReplayError, match="attribute path"):
+        ReplayCallback()
+    with pytest.raises(rk.ReplayError, match="no attribute path"):
+        _fit(ReplayCallback("nope"), limit_val_batches=0)
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        Scenario(accumulation=2, clip=0.5, scheduler="cosine", ema=0.9),
+        Scenario(task="oriented", precision="16-mixed", accumulation=2, overflow_step=1),
+        Scenario(task="pose", precision="bf16-mixed", accumulation=3, layout="partial_between"),
+        Scenario(task="segmentation", accumulation=2, validate=True, ema=0.9),
+        Scenario(accumulation=1, epochs=2, accumulation_schedule=((0, 1), (1, 2))),
+        Scenario(task="pose", accumulation=2, resume=True, ema=0.9, scheduler="step"),
+        Scenario(accumulation=2, assign_at_step=1),
+    ],
+    ids=lambda s: s.name,
+)
+def test_lightning_features_keep_parity(scenario: Scenario) -> None:
+    result = run_scenario(scenario, ["replay", *unsafe_arms(scenario)])
+    assert result.passed, {a: [d.name for d in ds][:5] for a, ds in result.diffs.items()}
+    replay = result.arms["replay"].recorder
+    assert replay["replay"] >= 2 or scenario.assign_at_step is not None
+    if scenario.assign_at_step is not None:
+        assert replay["retired"] and "registered anew" in replay["retired"]
+    if scenario.overflow_step is not None:
+        native = result.arms["native"].state
+        assert float(native["scaler/scale"]) < 65536.0  # the overflow step backed the scale off
+    if scenario.ema is not None:
+        assert any(k.startswith("ema/") for k in result.arms["native"].state)
+
+
+def test_fp16_overflow_step_is_skipped_like_native() -> None:
+    result = run_scenario(Scenario(precision="16-mixed", overflow_step=2), ["replay"])
+    assert result.passed
+    state = result.arms["replay"].state
+    assert "scaler/_growth_tracker" in state and torch.equal(state["scaler/scale"], result.arms["native"].state["scaler/scale"])
+
+
+def test_bf16_on_a_gpu_without_it_retires_instead_of_crashing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    from replaykit.lightning import unsupported
+
+    strategy = SingleDeviceStrategy.__new__(SingleDeviceStrategy)
+    monkeypatch.setattr(SingleDeviceStrategy, "root_device", property(lambda self: torch.device("cuda", 0)))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    reason = unsupported(SimpleNamespace(strategy=strategy, precision="bf16-mixed"))
+    assert reason is not None and "no bf16 support" in reason
+    assert unsupported(SimpleNamespace(strategy=strategy, precision="16-mixed")) is None
+
+
+def test_accumulation_changed_between_fits_keeps_replay_and_parity() -> None:
+    from replaykit.testing.bitwise import diff_states
+    from replaykit.testing.end_state import snapshot
+
+    def two_fits(replay: bool) -> tuple[dict, ReplayCallback | None]:
+        L.seed_everything(0, verbose=False)
+        task = make_task("detection")
+        cb = ReplayCallback("net") if replay else None
+        for acc in (1, 2):
+            trainer = L.Trainer(
+                accelerator="cpu", max_epochs=1, accumulate_grad_batches=acc, logger=False, enable_checkpointing=False,
+                enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                deterministic=True, callbacks=[cb] if cb else [],
+            )
+            trainer.fit(task, datamodule=make_datamodule("detection"))
+        return snapshot(task, trainer), cb
+
+    native, _ = two_fits(False)
+    replayed, cb = two_fits(True)
+    assert diff_states(native, replayed) == []
+    assert cb.fits == 2 and cb.recorders["net"].counts["replay"] == 5

@@ -1,0 +1,52 @@
+"""CUDA only: the callback on a GPU — parity at each precision, and memory back to baseline after fit."""
+
+from __future__ import annotations
+
+import gc
+
+import lightning as L
+import pytest
+import torch
+
+from replaykit.lightning import ReplayCallback
+from replaykit.testing.parity import run_scenario, unsafe_arms
+from replaykit.testing.scenario import Scenario
+from replaykit.testing.tasks import make_datamodule, make_task
+
+
+@pytest.mark.parametrize("precision", ["32", "16-mixed", "bf16-mixed"])
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_cuda_trainer_parity(cuda_device: str, precision: str, accumulation: int) -> None:
+    scenario = Scenario(task="detection", precision=precision, accumulation=accumulation, device=cuda_device, ema=0.9)
+    result = run_scenario(scenario, ["replay", *unsafe_arms(scenario)])
+    assert result.passed, {a: [d.name for d in ds][:5] for a, ds in result.diffs.items()}
+    assert result.arms["replay"].recorder["replay"] >= 4
+
+
+def _leftover(cuda_device: str, replay: bool) -> int:
+    """Memory a fit leaves allocated once its trainer is gone (model, optimizer state, ...)."""
+    gc.collect()
+    base = torch.cuda.memory_allocated()
+    L.seed_everything(0, verbose=False)
+    task = make_task("segmentation").to(cuda_device)
+    cb = ReplayCallback("net")
+    trainer = L.Trainer(
+        accelerator="gpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        callbacks=[cb] if replay else [],
+    )
+    trainer.fit(task, datamodule=make_datamodule("segmentation"))
+    if replay:
+        assert cb.recorders["net"].counts["replay"] >= 4
+    task.zero_grad(set_to_none=True)
+    del trainer, cb
+    gc.collect()
+    torch.cuda.synchronize()
+    left = torch.cuda.memory_allocated() - base
+    del task
+    gc.collect()
+    return left
+
+
+def test_cuda_fit_leaves_no_more_memory_than_native(cuda_device: str) -> None:
+    assert _leftover(cuda_device, replay=True) == _leftover(cuda_device, replay=False)

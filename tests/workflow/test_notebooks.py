@@ -1,0 +1,101 @@
+"""The notebooks: committed without outputs, parameterized for papermill, and runnable through the runner on a CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+# Small parameters per notebook: the injection path is what this tests.
+SMALL = {
+    "parity.ipynb": {"tasks": ["detection"], "accumulations": [2], "with_unsafe": True},
+    "benchmark.ipynb": {"quick": True, "steps": 8, "rounds": 2},
+    "verify.ipynb": {"markers": "cuda", "ids": ["tests/testing/test_bitwise.py"]},
+}
+
+
+def test_the_three_notebooks_exist() -> None:
+    assert {p.name for p in NOTEBOOKS} >= {"parity.ipynb", "verify.ipynb", "benchmark.ipynb"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_committed_without_outputs(path: Path) -> None:
+    nb = json.loads(path.read_text())
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            assert cell.get("outputs") == [] and cell.get("execution_count") is None, f"{path.name} carries outputs"
+
+
+def _bootstrap(name: str) -> str:
+    cells = json.loads((ROOT / "notebooks" / name).read_text())["cells"]
+    return next("".join(c["source"]) for c in cells if "".join(c["source"]).startswith("# Bootstrap"))
+
+
+def test_parity_and_benchmark_share_one_bootstrap() -> None:
+    """The bootstrap runs before replaykit is importable, so it cannot live in replaykit: the copies must not drift."""
+    assert _bootstrap("parity.ipynb") == _bootstrap("benchmark.ipynb")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_parameters_are_typed_and_documented(path: Path) -> None:
+    papermill = pytest.importorskip("papermill")
+    params = papermill.inspect_notebook(str(path))
+    assert "run_dir" in params and "tree" in params
+    for name, info in params.items():
+        assert info["inferred_type_name"] not in ("None", ""), f"{path.name}: {name} has no type"
+        assert info["help"], f"{path.name}: {name} has no comment"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_runs_through_papermill_with_injected_parameters(path: Path, tmp_path: Path) -> None:
+    pytest.importorskip("papermill")
+    from replaykit.workflow.runs import run_notebook
+
+    params = SMALL.get(path.name, {})
+    result = run_notebook(path, params, runs_dir=tmp_path, cwd=ROOT, progress=False)
+    assert result.ok, result.summary.get("failed_cell")
+    assert result.summary["parameters"].items() >= params.items()
+    assert (result.run_dir / path.name).exists()
+    assert result.summary["fingerprint_source"] == "notebook"  # the notebook's own fingerprint cell ran
+    assert result.summary.get("results"), "the notebook wrote no results.json"
+
+
+def test_bootstrap_takes_a_packed_archive(tmp_path: Path) -> None:
+    """tree=<archive>: the bootstrap cell unpacks it, checks it against its manifest and imports from it."""
+    pytest.importorskip("papermill")
+    from replaykit.workflow.archive import pack
+    from replaykit.workflow.runs import run_notebook
+
+    archive = pack(ROOT, tmp_path / "tree.tar.gz").path
+    result = run_notebook(
+        ROOT / "notebooks" / "benchmark.ipynb", {"tree": str(archive), "steps": 6, "rounds": 1},
+        runs_dir=tmp_path / "runs", cwd=tmp_path, progress=False,
+    )
+    assert result.ok, result.summary.get("failed_cell")
+    unpacked = tmp_path / "tree"
+    assert (unpacked / "replaykit" / "__init__.py").exists() or any(unpacked.rglob("replaykit-manifest.json"))
+
+
+def test_bootstrap_refuses_an_edited_archive(tmp_path: Path) -> None:
+    pytest.importorskip("papermill")
+    import io
+    import tarfile
+
+    from replaykit.workflow.archive import pack
+    from replaykit.workflow.runs import run_notebook
+
+    archive = pack(ROOT, tmp_path / "tree.tar.gz").path
+    edited = tmp_path / "edited.tar.gz"
+    with tarfile.open(archive) as src, tarfile.open(edited, "w:gz") as dst:
+        for member in src.getmembers():
+            data = src.extractfile(member).read() if member.isfile() else None
+            if member.name.endswith("replaykit/testing/bench.py"):
+                data = data + b"\n# edited after packing\n"
+                member.size = len(data)
+            dst.addfile(member, io.BytesIO(data) if data is not None else None)
+    result = run_notebook(ROOT / "notebooks" / "benchmark.ipynb", {"tree": str(edited)}, runs_dir=tmp_path / "runs", cwd=tmp_path, progress=False)
+    assert not result.ok
+    assert "does not match its manifest" in json.dumps(result.summary["failed_cell"])

@@ -1,0 +1,180 @@
+"""The notebook runner: saved notebooks and summaries for passing, failing and stuck notebooks."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat", reason="papermill tooling not installed")
+pytest.importorskip("papermill", reason="papermill tooling not installed")
+
+from replaykit.workflow.runs import (  # noqa: E402 - after the importorskip guards
+    SUMMARY_FILE,
+    cli_parameters,
+    ensure_kernel,
+    kernel_executable,
+    run_notebook,
+    summary_line,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_DIR = re.compile(r"^\d{8}T\d{6}Z_[A-Za-z0-9.-]+_torch[A-Za-z0-9.-]+_[A-Za-z0-9.-]+$")
+
+WRITE_RESULTS = """\
+import json, pathlib, sys
+pathlib.Path(run_dir, "results.json").write_text(json.dumps(
+    {"counts": {"passed": x, "failed": 0}, "executable": sys.executable}))
+pathlib.Path(run_dir, "fingerprint.json").write_text(json.dumps({"device": "from-kernel"}))
+"""
+
+
+def make_notebook(path: Path, *cells: str, params: str | None = "x = 1\nrun_dir = None") -> Path:
+    """A notebook whose cell 0 is the ``parameters`` cell (unless ``params`` is None)."""
+    nb = nbformat.v4.new_notebook()
+    if params is not None:
+        nb.cells.append(nbformat.v4.new_code_cell(params, metadata={"tags": ["parameters"]}))
+    nb.cells += [nbformat.v4.new_code_cell(c) for c in cells]
+    nbformat.write(nb, path)
+    return path
+
+
+def load_cli() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("run_notebook_cli", ROOT / "scripts" / "run_notebook.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def saved_summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / SUMMARY_FILE).read_text())
+
+
+def test_kernel_is_this_interpreter() -> None:
+    assert kernel_executable(ensure_kernel()) == sys.executable
+
+
+def test_missing_notebook(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"nope\.ipynb"):
+        run_notebook(tmp_path / "nope.ipynb", {}, runs_dir=tmp_path / "runs")
+
+
+def test_no_parameters_cell(tmp_path: Path) -> None:
+    nb = make_notebook(tmp_path / "bare.ipynb", "x = 1", params=None)
+    with pytest.raises(ValueError, match="parameters"):
+        run_notebook(nb, {"x": 2}, runs_dir=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_bad_parameters(tmp_path: Path) -> None:
+    nb = make_notebook(tmp_path / "p.ipynb")
+    with pytest.raises(ValueError, match="run_dir"):
+        run_notebook(nb, {"run_dir": "x"}, runs_dir=tmp_path / "runs")
+    with pytest.raises(TypeError, match="x"):
+        run_notebook(nb, {"x": object()}, runs_dir=tmp_path / "runs")
+
+
+def test_cli_parameters(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text("tasks: [detect, pose]\nsteps: 2\n")
+    params = cli_parameters(
+        [["steps", "3"], ["lr", "0.5"], ["amp", "True"], ["none", "None"], ["name", "cuda"]],
+        [["tag", "007"]],
+        [str(tmp_path / "p.yaml"), '{"precisions": ["fp32"]}'],
+    )
+    assert params == {
+        "tasks": ["detect", "pose"], "steps": 3, "precisions": ["fp32"], "lr": 0.5,
+        "amp": True, "none": None, "name": "cuda", "tag": "007",
+    }
+    with pytest.raises(ValueError, match="mapping"):
+        cli_parameters(yamls=["[1, 2]"])
+
+
+@pytest.mark.slow
+def test_passing_notebook(tmp_path: Path) -> None:
+    nb = make_notebook(tmp_path / "ok.ipynb", WRITE_RESULTS, "print('done')")
+    result = run_notebook(nb, {"x": 7, "where": tmp_path}, runs_dir=tmp_path / "runs", progress=False)
+    s = result.summary
+    assert result.ok and s["status"] == "passed" and s["reason"] is None and s["failed_cell"] is None
+    assert RUN_DIR.match(result.run_dir.name), result.run_dir.name
+    assert result.run_dir.parent == tmp_path / "runs"
+    assert result.notebook == result.run_dir / "ok.ipynb"
+    assert s["sha256"] == hashlib.sha256(result.notebook.read_bytes()).hexdigest()
+    assert saved_summary(result.run_dir) == json.loads(json.dumps(s))
+    assert s["parameters"] == {"x": 7, "where": str(tmp_path), "run_dir": str(result.run_dir.resolve())}
+    assert s["results"]["counts"] == s["counts"] == {"passed": 7, "failed": 0}
+    assert s["results"]["executable"] == sys.executable  # the kernel ran this interpreter
+    assert s["fingerprint"] == {"device": "from-kernel"} and s["fingerprint_source"] == "notebook"
+    assert s["runner_fingerprint"]["executable"] == sys.executable
+    assert s["kernel_executable"] == sys.executable
+    assert [c["status"] for c in s["cells"]] == ["completed"] * 4
+    assert [c["source_index"] for c in s["cells"]] == [0, None, 1, 2]
+    assert all(isinstance(c["duration"], float) for c in s["cells"])
+    executed = nbformat.read(result.notebook, as_version=4)
+    assert "x = 7" in executed.cells[1].source
+    assert executed.cells[1].metadata.tags == ["injected-parameters"]
+    assert summary_line(s).startswith("passed | ok.ipynb | counts passed=7 failed=0 | ")
+
+
+@pytest.mark.slow
+def test_failing_notebook_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nb = make_notebook(tmp_path / "bad.ipynb", "y = x + 1", "raise ValueError(f'boom {y}')", "z = 3")
+    argv = [str(nb), "-p", "x", "4", "--runs-dir", str(tmp_path / "runs"), "--no-progress"]
+    assert load_cli().main(argv) == 1
+    out = capsys.readouterr().out.splitlines()
+    run_dir = Path(out[0])
+    assert out[1].startswith("failed | bad.ipynb | cell ")
+    s = saved_summary(run_dir)
+    assert (s["status"], s["reason"]) == ("failed", "exception")
+    cell = s["failed_cell"]
+    assert (cell["source_index"], cell["ename"], cell["evalue"]) == (2, "ValueError", "boom 5")
+    assert cell["papermill"]["status"] == "failed" and cell["papermill"]["exception"] is True
+    executed = nbformat.read(run_dir / "bad.ipynb", as_version=4)
+    assert s["sha256"] == hashlib.sha256((run_dir / "bad.ipynb").read_bytes()).hexdigest()
+    failed = executed.cells[cell["index"]]
+    assert failed.outputs[0].ename == "ValueError"
+    assert [c["status"] for c in s["cells"]][-2:] == ["failed", "pending"]
+
+
+@pytest.mark.slow
+def test_cell_timeout(tmp_path: Path) -> None:
+    nb = make_notebook(tmp_path / "slow.ipynb", "import time\ntime.sleep(30)", "z = 3")
+    result = run_notebook(nb, {}, runs_dir=tmp_path / "runs", cell_timeout=2, progress=False)
+    s = result.summary
+    assert not result.ok and (s["status"], s["reason"]) == ("failed", "timeout")
+    assert s["duration_s"] < 20
+    cell = s["failed_cell"]
+    assert cell["source_index"] == 1 and cell["ename"] == "CellTimeoutError"
+    assert "timed out after 2 s" in cell["evalue"]
+    assert cell["papermill"]["status"] == "failed"  # not the misleading "completed"
+    assert [c["status"] for c in s["cells"]][-1] == "pending"
+    executed = nbformat.read(result.notebook, as_version=4)
+    texts = [o.get("text", "") for o in executed.cells[cell["index"]].outputs]
+    assert any("timed out" in t for t in texts)
+    assert s["sha256"] == hashlib.sha256(result.notebook.read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_dead_kernel(tmp_path: Path) -> None:
+    nb = make_notebook(tmp_path / "die.ipynb", "import os\nos._exit(1)", "z = 3")
+    result = run_notebook(nb, {}, runs_dir=tmp_path / "runs", progress=False)
+    s = result.summary
+    assert (s["status"], s["reason"]) == ("error", "kernel_died")
+    assert s["failed_cell"]["source_index"] == 1 and s["failed_cell"]["ename"] == "DeadKernelError"
+    # papermill marks the dead cell and the never-run ones "completed"; the runner corrects that
+    assert [c["status"] for c in s["cells"]][-2:] == ["failed", "pending"]
+    assert result.notebook.is_file()
+
+
+def test_parameter_of_the_wrong_type_is_refused_before_running(tmp_path: Path) -> None:
+    nb = ROOT / "notebooks" / "benchmark.ipynb"
+    with pytest.raises(TypeError, match="quick"):
+        run_notebook(nb, {"quick": "false"}, runs_dir=tmp_path, progress=False)
+    assert not list(tmp_path.iterdir())  # nothing ran, nothing was written
+    assert cli_parameters([("quick", "false")], [], []) == {"quick": False}
