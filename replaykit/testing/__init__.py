@@ -1,6 +1,5 @@
 """The parity harness (extra ``testing``), named after ``torch.testing``: does replay end where eager ends?
 
-    bitwise     compare two end states tensor by tensor (``torch.equal`` and the None pattern)
     end_state   snapshot a Lightning run's whole end state (weights, grads, optimizer, scaler, EMA ...)
     nets        small networks that exercise replay (DetectionNet, DropoutNet)
     trial       plain-PyTorch trials: eager vs replay vs unsafe arms over a few steps
@@ -13,5 +12,6 @@
     plots       the notebooks' tables and figures (pandas, matplotlib: extra ``notebooks``)
     demo        ``python -m replaykit.testing.demo``: a parity table and a journal, no notebook
 
+The bitwise comparator itself is core (``replaykit.bitwise``): the shadow check uses it.
 Import the module you need; this package imports nothing on its own.
 """

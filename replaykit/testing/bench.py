@@ -24,7 +24,7 @@ from torch import nn
 from replaykit import tables
 from replaykit.recorder import capture
 
-from .bitwise import diff_states
+from ..bitwise import diff_states
 from .nets import DetectionNet
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .bitwise import TensorDiff, diff_states
+from ..bitwise import TensorDiff, diff_states
 from .parity import run_arm
 from .scenario import ArmOutcome, Scenario, ScenarioResult, quiet_replay_warnings
 

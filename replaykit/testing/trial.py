@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten
 
 from replaykit.recorder import Recorder, capture
 
-from .bitwise import TensorDiff, diff_states
+from ..bitwise import TensorDiff, diff_states
 
 State = dict[str, torch.Tensor | None]
 

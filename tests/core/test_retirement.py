@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import replaykit as rk
-from replaykit.testing.bitwise import diff_states
+from replaykit.bitwise import diff_states
 from replaykit.testing.nets import DetectionNet
 
 

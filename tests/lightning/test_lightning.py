@@ -113,7 +113,7 @@ def test_bf16_on_a_gpu_without_it_retires_instead_of_crashing(monkeypatch: pytes
 
 
 def test_accumulation_changed_between_fits_keeps_replay_and_parity() -> None:
-    from replaykit.testing.bitwise import diff_states
+    from replaykit.bitwise import diff_states
     from replaykit.testing.end_state import snapshot
 
     def two_fits(replay: bool) -> tuple[dict, ReplayCallback | None]:

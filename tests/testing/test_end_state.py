@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.plugins import MixedPrecision
 from torch import nn
 
-from replaykit.testing.bitwise import diff_states
+from replaykit.bitwise import diff_states
 from replaykit.testing.end_state import scheduler_state, snapshot
 from replaykit.testing.tasks import make_datamodule, make_task
 

@@ -8,7 +8,7 @@ import lightning as L
 import pytest
 import torch
 
-from replaykit.testing.bitwise import diff_states
+from replaykit.bitwise import diff_states
 from replaykit.testing.end_state import snapshot
 from replaykit.testing.tasks import LAYOUTS, TASKS, SyntheticDataModule, make_datamodule, make_task
 from replaykit.testing.tasks.data import batch_sizes

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from replaykit.testing.bitwise import bitwise_equal, diff, diff_states
+from replaykit.bitwise import bitwise_equal, diff, diff_states
 
 
 def test_signed_zero_and_nan() -> None:
