@@ -11,7 +11,8 @@ watched instead, so an unchanged module costs one integer comparison per call:
   the first capture, never removed; a module nobody captured pays a set lookup), and
 - the watched modules' ``_parameters``, ``_buffers``, ``_modules`` and hook dicts are
   swapped for dict subclasses (``torch.func.functional_call`` writes ``_parameters``
-  directly),
+  directly), and ``Tensor.register_hook``/``register_post_accumulate_grad_hook`` get a
+  wrapper that reports hooks put on watched parameters,
 
 and both bump one global epoch. Only when the epoch moved is the tree read again
 (:meth:`ModuleGuard.refresh`): its plain values form the *state key*, part of every
@@ -43,7 +44,7 @@ _SKIP = frozenset({"forward", "_replaykit_recorder", "_compiled_call_impl", "_no
 
 _epoch = itertools.count(1)
 _state = {"epoch": 0}  # bumped (from the counter) on every watched write
-_watched: Counter[int] = Counter()  # id(module) -> number of guards watching it
+_watched: Counter[int] = Counter()  # id(module) or id(parameter) -> number of guards watching it
 _local = threading.local()  # .writes: list of (module, name) while a probe listens
 
 
@@ -127,10 +128,35 @@ def _delattr(self: nn.Module, name: str) -> None:
         _bump()
 
 
+def _watch_hooks(register: Any) -> Any:
+    """A ``Tensor.register_*hook`` that reports hooks put on watched parameters."""
+
+    def wrapper(self: torch.Tensor, hook: Any) -> Any:
+        handle = register(self, hook)
+        if id(self) in _watched:
+            _bump()
+        return handle
+
+    wrapper.__wrapped__ = register  # type: ignore[attr-defined]
+    wrapper.__doc__ = register.__doc__
+    return wrapper
+
+
 def _install() -> None:
     if nn.Module.__setattr__ is not _setattr:
         nn.Module.__setattr__ = _setattr  # type: ignore[method-assign]
         nn.Module.__delattr__ = _delattr  # type: ignore[method-assign]
+        for name in ("register_hook", "register_post_accumulate_grad_hook"):
+            setattr(torch.Tensor, name, _watch_hooks(getattr(torch.Tensor, name)))
+
+
+def gradient_hooks(params: Any) -> int:
+    """How many parameters carry gradient hooks (tensor hooks or post-accumulate hooks).
+
+    Eager runs them as the backward reaches each parameter; a replay hands all
+    gradients to autograd at once, so with two or more their order would differ.
+    """
+    return sum(1 for p in params if p._backward_hooks or p._post_accumulate_grad_hooks)
 
 
 def _swap_dicts(module: nn.Module, watched: bool) -> None:
@@ -235,6 +261,10 @@ class ModuleGuard:
             _watched[id(m)] += 1
             self._ids.append(id(m))
         self._params = {(n, k): t for n, m in mods for k, t in m._parameters.items()}
+        for t in self._params.values():
+            if t is not None:
+                _watched[id(t)] += 1
+                self._ids.append(id(t))
         self._buffers = {(n, k): t for n, m in mods for k, t in m._buffers.items()}
         self._submodules = {n: id(m) for n, m in mods}
         self._hooks = _hook_count(mods)
@@ -263,6 +293,9 @@ class ModuleGuard:
             return Verdict(retire="a submodule was removed")
         if _hook_count(mods) != self._hooks:
             return Verdict(retire="module hooks changed")
+        hooked = gradient_hooks(t for t in self._params.values() if t is not None)
+        if hooked > 1:
+            return Verdict(retire=f"gradient hooks on {hooked} parameters would run in another order than eager")
         for n, m in mods:
             _swap_dicts(m, True)  # a dict replaced wholesale (rare) is watched again
             for k, t in m._parameters.items():

@@ -8,6 +8,8 @@ is looked for once, before recording, on the same stand-ins the backends use:
 - in-place writes to an input: eager changes the caller's tensor, a replay its own copy;
 - random ops drawing from a private ``torch.Generator``: a graph registers only the
   default generator and would replay the first numbers for ever;
+- host reads of tensor data and data-dependent shapes (``.item()``, ``nonzero``, boolean
+  masks): a capture fails on them, and a frozen replay would repeat the first answer;
 - sparse gradients (``nn.Embedding(sparse=True)``): no static buffer can hold them;
 - gradient hooks on several parameters: eager runs them as the backward reaches each
   parameter, a replay all at once after its backward, in another order;
@@ -29,7 +31,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .guards import listen_for_writes
+from .guards import gradient_hooks, listen_for_writes
 
 
 @dataclass(frozen=True)
@@ -44,20 +46,36 @@ class Refusal:
     detail: str = ""
 
 
-class _PrivateGenerators(TorchDispatchMode):
-    """Notes aten ops given an explicit generator, and puts each generator's state back afterwards."""
+_DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
+_INDEX = (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default)
+
+
+def _boolean_mask(func: Any, args: tuple) -> bool:
+    return func in _INDEX and any(
+        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in (args[1] if len(args) > 1 else ())
+    )
+
+
+class _Inspector(TorchDispatchMode):
+    """Notes aten ops a graph cannot repeat: private generators, host reads, data-dependent shapes.
+
+    Puts each private generator's state back afterwards (the probe must leave no trace).
+    """
 
     def __init__(self) -> None:
         super().__init__()
-        self.ops: list[str] = []
+        self.generators: list[str] = []
+        self.data_dependent: list[str] = []
         self._states: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         gen = kwargs.get("generator")
         if gen is not None:
-            self.ops.append(str(func))
+            self.generators.append(str(func))
             self._states.setdefault(id(gen), (gen, gen.get_state()))
+        if any(tag in func.tags for tag in _DATA_DEPENDENT) or _boolean_mask(func, args):
+            self.data_dependent.append(str(func))
         return func(*args, **kwargs)
 
     def __exit__(self, *exc: object) -> None:
@@ -68,11 +86,6 @@ class _PrivateGenerators(TorchDispatchMode):
 
 def _names(module: nn.Module) -> dict[int, str]:
     return {id(m): n or type(module).__name__ for n, m in module.named_modules()}
-
-
-def gradient_hooks(params: Sequence[torch.Tensor]) -> int:
-    """How many parameters carry gradient hooks (tensor hooks or post-accumulate hooks)."""
-    return sum(1 for p in params if p._backward_hooks or p._post_accumulate_grad_hooks)
 
 
 def _uses(outputs: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor]) -> list[int]:
@@ -114,8 +127,8 @@ def probe(
         return Refusal("module", f"gradient hooks on {gradient_hooks(params)} parameters would run in another order than eager")
     leaves = [p.detach().requires_grad_(True) for p in params]
     versions = [x._version for x in static_inputs]
-    generators = _PrivateGenerators()
-    with listen_for_writes() as writes, generators:
+    inspector = _Inspector()
+    with listen_for_writes() as writes, inspector:
         outs, _ = tree_flatten(fn(*static_inputs, params=leaves))
     names = _names(module)
     written = sorted({f"{names.get(id(m), type(m).__name__)}.{attr}" for m, attr in writes if id(m) in names})
@@ -124,8 +137,14 @@ def probe(
     mutated = [i for i, (x, v) in enumerate(zip(static_inputs, versions, strict=True)) if x._version != v]
     if mutated:
         return Refusal("module", f"forward writes input {mutated[0]} in place; a replay would write its own copy")
-    if generators.ops:
-        return Refusal("module", f"{generators.ops[0]} draws from a private torch.Generator, which a graph would freeze")
+    if inspector.generators:
+        return Refusal("module", f"{inspector.generators[0]} draws from a private torch.Generator, which a graph would freeze")
+    if inspector.data_dependent:
+        return Refusal(
+            "module",
+            f"{inspector.data_dependent[0]} reads tensor data on the host or has a data-dependent output shape "
+            "(.item(), nonzero, a boolean mask): a graph would freeze it",
+        )
     tensors = [o for o in outs if isinstance(o, torch.Tensor)]
     diff = [o for o in tensors if o.requires_grad]
     wanting = [x for x in static_inputs if x.requires_grad]

@@ -2,8 +2,9 @@
 
 Recording runs the module several times (probe, warm-up, capture). Those runs must
 leave no trace: BatchNorm statistics, plain tensor attributes a forward updates in
-place, dropout's RNG stream, parameters and gradients are put back exactly, so the call
-that records is bitwise equal to eager.
+place, attributes a forward assigns (a Python counter, a stored loss), dropout's RNG
+stream, parameters and gradients are put back exactly, so the call that records is
+bitwise equal to eager.
 """
 
 from __future__ import annotations
@@ -20,9 +21,17 @@ class StateSnapshot:
         self._values = [(t, t.detach().clone()) for t in tensors]
         self._grads = [(p, p.grad, None if p.grad is None else p.grad.detach().clone()) for p in module.parameters()]
         self._cpu_rng, self._cuda_rng = rng_states(tensors)
+        self._attributes = [(m, _plain_attributes(m)) for m in module.modules()]
 
     def restore(self) -> None:
         """Put every value back in place (same tensor objects, no autograd version bump)."""
+        for m, attrs in self._attributes:
+            now = _plain_attributes(m)
+            for name in now.keys() - attrs.keys():
+                del m.__dict__[name]
+            for name, value in attrs.items():
+                if now.get(name, _MISSING) is not value:
+                    m.__dict__[name] = value
         with torch.no_grad():
             for t, value in self._values:
                 t.data.copy_(value)
@@ -34,6 +43,15 @@ class StateSnapshot:
         torch.set_rng_state(self._cpu_rng)
         for device, state in self._cuda_rng.items():
             torch.cuda.set_rng_state(state, device)
+
+
+_MISSING = object()
+_INTERNAL = ("_parameters", "_buffers", "_modules", "forward", "_replaykit_recorder")
+
+
+def _plain_attributes(module: nn.Module) -> dict:
+    """The module's own attribute bindings, containers and hooks aside."""
+    return {k: v for k, v in module.__dict__.items() if k not in _INTERNAL and "hooks" not in k}
 
 
 def tensor_attributes(module: nn.Module) -> list[torch.Tensor]:
