@@ -669,6 +669,12 @@ class Noisy(nn.Module):
         return self.net(x + 0.1 * noise)
 
 
+def _noisy(model: nn.Module, arm: Arm) -> Extras:
+    kept = _loop(model, arm, steps=4)
+    kept["generator_state"] = model.gen.get_state()  # advanced exactly once per call, as in eager
+    return kept
+
+
 class RunningCentre(nn.Module):
     """A plain tensor attribute (not a buffer) updated in forward."""
 
@@ -792,7 +798,7 @@ def _with_attr(attr: str) -> Callable[[nn.Module, Arm], Extras]:
 
 SIDE_EFFECTS = [
     Pattern("private_generator", "side_effects", "noise from the module's own torch.Generator",
-            lambda d: Noisy(d).to(d), lambda m, a: _loop(m, a, steps=4), guard="record_probe"),
+            lambda d: Noisy(d).to(d), _noisy, guard="record_probe"),
     Pattern("tensor_attribute_updated", "side_effects", "a plain tensor attribute updated in forward",
             lambda d: RunningCentre().to(d), _with_attr("centre"), guard="record_probe"),
     Pattern("moe_aux_loss_attribute", "side_effects", "an auxiliary loss stored on the module, added to the loss",
