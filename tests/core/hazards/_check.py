@@ -1,0 +1,42 @@
+"""Shared assertions of the hazard tests: the safe arm must not fail, the unsafe arm must diverge."""
+
+from __future__ import annotations
+
+import pytest
+
+from replaykit.testing.hazard_patterns import Pattern, by_hazard, pattern
+from replaykit.testing.hazards import Outcome, run_pattern
+
+
+def _explain(o: Outcome) -> str:
+    diffs = "\n  ".join(o.diffs[:8])
+    return f"{o.pattern} on {o.backend}{' (unsafe)' if o.unsafe else ''}: {o.line()}\n  {diffs}\n  journal {o.journal}"
+
+
+def assert_safe(name: str, backend: str) -> Outcome:
+    """Replay ends bitwise equal to eager, or routes / retires / raises ReplayError: never a silent difference."""
+    outcome = run_pattern(pattern(name), backend)
+    assert not outcome.failed, _explain(outcome)
+    return outcome
+
+
+def assert_unsafe_diverges(name: str, backend: str) -> Outcome:
+    """With the pattern's guard switched off the replay breaks the contract: the guard is needed."""
+    pat = pattern(name)
+    if backend != "cuda" and pat.cuda_only:
+        pytest.skip(f"the unsafe arm diverges only on CUDA: {pat.cuda_only}")
+    outcome = run_pattern(pat, backend, unsafe=True)
+    assert outcome.diverged, _explain(outcome)
+    return outcome
+
+
+def names(hazard: str) -> list[str]:
+    return [p.name for p in by_hazard(hazard)]
+
+
+def guarded(hazard: str) -> list[str]:
+    return [p.name for p in by_hazard(hazard) if p.guard is not None]
+
+
+def of(name: str) -> Pattern:
+    return pattern(name)
