@@ -20,12 +20,12 @@ _WHAT = {
     "live_outputs": "outputs the caller still holds are overwritten by the next replay",
     "none_pattern": "parameters behind unread outputs get zero gradients where eager leaves None",
     "module_state": "submodules' training flags and attributes are not guarded: a changed value replays the old one",
-    "param_identity": "parameters swapped for other tensors (functional_call) replay the recorded ones",
+    "param_identity": "parameters swapped (functional_call) or registered anew (parametrize) replay the recorded ones",
     "argument_values": "non-tensor arguments are keyed by ==: -0.0 replays 0.0, objects are frozen",
     "input_aliasing": "the same tensor passed twice replays a recording made for distinct tensors",
     "input_layout": "static inputs are contiguous copies: strided or expanded inputs change reduction order",
     "record_probe": "side effects, in-place input writes, private generators and sparse gradients are not looked for",
-    "repeat_backward": "a second backward through one replayed call rewrites the first one's gradient buffers",
+    "repeat_backward": "a second backward through one replayed call rewrites the first one's gradient buffers; create_graph gets no graph",
     "inplace_weights": "parameters changed in place between a replayed forward and its backward go unnoticed",
 }
 

@@ -45,8 +45,8 @@ class _Replay(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         step: _Step = ctx.step
-        if torch.is_grad_enabled():  # create_graph=True: the replayed gradients would carry no graph
-            step.recorder._refuse_double_backward(step)
+        if torch.is_grad_enabled() and "repeat_backward" not in step.recorder.disabled:
+            step.recorder._refuse_double_backward(step)  # create_graph=True: replayed gradients carry no graph
         with torch.no_grad():
             return (None, *step.recorder._backward_replay(step, grads))
 
@@ -225,7 +225,7 @@ class Recorder:
         if not self._recordings and verdict.retire:  # changed for good before anything was recorded
             self._guard.rebaseline()
             verdict = self._guard.verdict()
-        if verdict.retire is not None and self._recordings:
+        if verdict.retire is not None and self._recordings and "param_identity" not in self.disabled:
             self._retire(verdict.retire, call)
             return self._eager(call, "retired", args, kwargs)
         if verdict.eager is not None and "param_identity" not in self.disabled:

@@ -55,7 +55,7 @@ class Pattern:
     what: str
     make: Callable[[str], nn.Module]
     train: Callable[[nn.Module, Arm], Extras]
-    guard: str | None = None
+    guard: str | None = None  # "a+b": both switched off in the unsafe arm
     cuda_only: str | None = None
     target: Callable[[nn.Module], nn.Module] | None = None
     tags: tuple[str, ...] = field(default=())
@@ -463,7 +463,7 @@ PARAMETERS = [
     Pattern("functional_call_fast_weights", "parameters", "torch.func.functional_call with fast weights",
             _mlp(), _fast_weights, guard="param_identity"),
     Pattern("maml_inner_step", "parameters", "MAML: create_graph inner step, functional_call outer loss",
-            _mlp(), _maml, guard="param_identity"),
+            _mlp(), _maml, guard="repeat_backward"),
     Pattern("sam_functional_perturbed", "parameters", "SAM's perturbed pass through functional_call",
             _mlp(), lambda m, a: _sam(m, a, functional=True), guard="param_identity"),
     Pattern("sam_inplace_perturbed", "parameters", "SAM perturbing the weights in place (a control)",
@@ -471,9 +471,9 @@ PARAMETERS = [
     Pattern("hypernetwork_head", "parameters", "a hypernetwork supplies a captured head's weight (stateless)",
             lambda d: HyperTarget().to(d), _hypernet, guard="param_identity", target=lambda m: m.head),
     Pattern("weight_norm_after_capture", "parameters", "parametrizations.weight_norm registered after recording",
-            _mlp(), _parametrize_after("weight_norm"), guard="param_identity"),
+            _mlp(), _parametrize_after("weight_norm"), guard="param_identity+module_state"),
     Pattern("orthogonal_after_capture", "parameters", "parametrizations.orthogonal registered after recording",
-            _mlp(), _parametrize_after("orthogonal"), guard="param_identity"),
+            _mlp(), _parametrize_after("orthogonal"), guard="param_identity+module_state"),
     Pattern("weight_norm_before_capture", "parameters", "weight_norm registered before capture (a control)",
             _weight_norm_model, lambda m, a: _loop(m, a)),
 ]
@@ -804,13 +804,13 @@ SIDE_EFFECTS = [
     Pattern("moe_aux_loss_attribute", "side_effects", "an auxiliary loss stored on the module, added to the loss",
             lambda d: MoE().to(d), _moe, guard="record_probe"),
     Pattern("boolean_mask_output", "side_effects", "a data-dependent output shape (boolean masking)",
-            lambda d: Masked().to(d), lambda m, a: _loop(m, a, steps=4), guard="record_probe"),
+            lambda d: Masked().to(d), lambda m, a: _loop(m, a, steps=4), guard=None),  # both backends refuse it at capture too
     Pattern("nonzero_rows", "side_effects", "rows picked with nonzero(): data-dependent shapes inside",
-            lambda d: Nonzero().to(d), lambda m, a: _loop(m, a, steps=4), guard="record_probe"),
+            lambda d: Nonzero().to(d), lambda m, a: _loop(m, a, steps=4), guard=None),  # both backends refuse it at capture too
     Pattern("item_in_forward", "side_effects", ".item() read inside forward",
-            lambda d: ItemNorm().to(d), lambda m, a: _loop(m, a, steps=4), guard="record_probe"),
+            lambda d: ItemNorm().to(d), lambda m, a: _loop(m, a, steps=4), guard=None),  # both backends refuse it at capture too
     Pattern("sparse_embedding_grad", "side_effects", "nn.Embedding(sparse=True): sparse gradients",
-            lambda d: SparseEmb().to(d), _sparse, guard="record_probe"),
+            lambda d: SparseEmb().to(d), _sparse, guard=None),  # both backends refuse it at capture too
     Pattern("python_counter", "side_effects", "a Python counter incremented in forward (warm-up factor)",
             lambda d: Warmup().to(d), _with_attr("calls"), guard="record_probe"),
 ]
