@@ -1,12 +1,25 @@
-"""The emulated backend: CUDA-graph buffer semantics on any device, so CI sees the hazards.
+"""The emulated backend: what a CUDA graph freezes and how its buffers behave, on any device.
 
-A replay runs the module's own forward (so every value is eager's, bit for bit), then
-overwrites the recording's static outputs in place and keeps that run's autograd
-graph as the recording's single set of saved activations. A replayed backward reads
-whatever forward ran last and overwrites the static gradient buffers in place. So
-the hazards of real graphs reproduce on a CPU: an alias of a static buffer changes
-under the caller, and a backward pending across a second forward reads the second
-forward's activations.
+Recording mirrors ``cuda.py``: warm-up iterations with detached stand-ins for the
+parameters (same storage, own autograd leaves), then one forward recorded as a
+:class:`~replaykit.backends.tape.Tape` of aten calls (autocast's cast cache off, so
+every cast of a parameter is on the tape). A replay runs that tape over the static
+inputs and the parameters' current values, never the module's Python: a changed
+``dropout.p``, ``bn.momentum``, a submodule's ``eval()`` or a float attribute read in
+``forward`` is not seen, exactly as a graph replay would not see it. So a CPU run shows
+what a GPU run would do when such a host value changes and no guard catches it.
+
+The backward goes through the autograd graph recorded with the tape, whose saved
+tensors resolve to the latest replay's activations: one set of activations per
+recording, so a newer forward replay replaces what an older pending backward reads
+(the hazard the recorder's hold protects against). A full backward overwrites the
+static gradient buffers in place and returns them; a partial one returns fresh
+tensors, exact through the same graph. Static outputs (the recorded outputs) and
+static gradient buffers are overwritten in place without a version bump.
+
+What a capture refuses is refused here too, at record (the recorder retires with
+"capture failed: ..."): ``.item()`` and other host reads of device data, ops with
+data-dependent output shapes, random ops on a private generator, sparse gradients.
 """
 
 from __future__ import annotations
@@ -14,8 +27,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch.utils._pytree import tree_flatten
 
+from ..errors import ReplayError
+from ..signature import autocast_key
 from .base import (
     Backend,
     ForwardFn,
@@ -24,63 +38,76 @@ from .base import (
     flatten_outputs,
     grad_targets,
 )
+from .tape import Tape, record
 
 
 def _zero_grads(outputs: list[torch.Tensor], diff: tuple[int, ...]) -> list[torch.Tensor]:
     return [torch.zeros_like(outputs[i]) for i in diff]
 
 
+def _check_dense(grads: Sequence[torch.Tensor | None], names: Sequence[str]) -> None:
+    for g, name in zip(grads, names, strict=True):
+        if g is not None and g.layout != torch.strided:
+            raise ReplayError(
+                f"{name} gets a {g.layout} gradient (e.g. nn.Embedding(sparse=True)); "
+                "a graph's static gradient buffers are dense: use sparse=False"
+            )
+
+
 class EmulatedRecording(Recording):
-    """A recording whose 'graphs' are the module's own forward and autograd's backward."""
+    """A recording whose forward 'graph' is a tape of aten calls and whose backward is its autograd graph."""
 
     def __init__(
         self, fn: ForwardFn, static_inputs: list[torch.Tensor], params: list[torch.Tensor], warmup: int
     ) -> None:
-        self._fn = fn
         self.static_inputs = static_inputs
         self.params = params
-        self._targets = grad_targets(static_inputs, params)
+        leaves = [p.detach().requires_grad_(True) for p in params]
+        self._targets = grad_targets(static_inputs, leaves)
+        names = [f"input {i}" for i, x in enumerate(static_inputs) if x.requires_grad]
+        names += [f"parameter {i} ({tuple(p.shape)})" for i, p in enumerate(params)]
+        device = next((t.device.type for t in (*static_inputs, *params)), "cpu")
+        enabled, dtype = autocast_key(device)
+
+        def forward() -> list[torch.Tensor]:
+            # the cast cache off: a cast cached by warm-up would reach the tape as a frozen constant
+            with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled, cache_enabled=False):
+                outs, self.out_spec = flatten_outputs(fn(*static_inputs, params=leaves))
+            return outs
+
         for _ in range(warmup):
-            outs, _ = flatten_outputs(fn(*static_inputs))
+            outs = forward()
             diff = differentiable_indices(outs)
-            if diff:
-                torch.autograd.grad(
-                    [outs[i] for i in diff], self._targets, _zero_grads(outs, diff), allow_unused=True
-                )
-        outs, self.out_spec = flatten_outputs(fn(*static_inputs))
+            if diff and self._targets:
+                _check_dense(self._grad([outs[i] for i in diff], _zero_grads(outs, diff), False), names)
+            del outs
+
+        tape, outs = record(forward, [*static_inputs, *leaves])
         self.differentiable = differentiable_indices(outs)
-        self.static_outputs = [o.detach().clone() for o in outs]
+        self.static_outputs = outs
         grads: Sequence[torch.Tensor | None] = [None] * len(self._targets)
-        if self.differentiable and self._targets:
-            grads = torch.autograd.grad(
-                [outs[i] for i in self.differentiable],
-                self._targets,
-                _zero_grads(outs, self.differentiable),
-                allow_unused=True,
+        if self.differentiable and self._targets:  # through the recorded graph: checks it can be differentiated
+            grads = self._grad(
+                [outs[i] for i in self.differentiable], _zero_grads(outs, self.differentiable), True
             )
+        _check_dense(grads, names)
         self.static_grads = [None if g is None else torch.empty_like(g) for g in grads]
-        self._activations: list[torch.Tensor] | None = None
+        del grads
+        tape.seal(outs)
+        del outs
+        self._tape: Tape | None = tape
+
+    def _grad(
+        self, roots: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], retain: bool
+    ) -> Sequence[torch.Tensor | None]:
+        if not roots or not self._targets:
+            return [None] * len(self._targets)
+        return torch.autograd.grad(list(roots), self._targets, list(grads), retain_graph=retain, allow_unused=True)
 
     def replay_forward(self) -> None:
-        with torch.enable_grad():
-            outs, _ = tree_flatten(self._fn(*self.static_inputs))
-        self._activations = outs  # the one set of saved activations: replaces the last forward's
-        with torch.no_grad():
-            for static, out in zip(self.static_outputs, outs, strict=True):
-                static.data.copy_(out)  # in place and, like a graph replay, without a version bump
+        assert self._tape is not None, "replay of a freed recording"
+        self._tape.replay()  # rewrites static_outputs in place: they are the recorded outputs
         self.generation += 1
-
-    def _grad(self, indices: Sequence[int], grads: Sequence[torch.Tensor]) -> Sequence[torch.Tensor | None]:
-        assert self._activations is not None, "backward before any forward replay"
-        if not indices or not self._targets:
-            return [None] * len(self._targets)
-        return torch.autograd.grad(
-            [self._activations[i] for i in indices],
-            self._targets,
-            list(grads),
-            retain_graph=True,
-            allow_unused=True,
-        )
 
     def backward(self, grads: Sequence[torch.Tensor | None]) -> tuple[list[torch.Tensor | None], str | None]:
         if any(g is None for g in grads):
@@ -88,33 +115,35 @@ class EmulatedRecording(Recording):
         return self._replay_backward(grads), None  # type: ignore[arg-type]
 
     def _replay_backward(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
-        computed = self._grad(self.differentiable, grads)
+        computed = self._grad([self.static_outputs[i] for i in self.differentiable], grads, True)
         out: list[torch.Tensor | None] = []
         with torch.no_grad():
             for static, g in zip(self.static_grads, computed, strict=True):
                 if static is None or g is None:
                     out.append(None)
                 else:
-                    static.data.copy_(g)
+                    static.data.copy_(g)  # in place and, like a graph replay, without a version bump
                     out.append(static.detach())
         return out
 
     def _partial(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         pairs = [(i, g) for i, g in zip(self.differentiable, grads, strict=True) if g is not None]
-        return list(self._grad([i for i, _ in pairs], [g for _, g in pairs]))
+        return list(self._grad([self.static_outputs[i] for i, _ in pairs], [g for _, g in pairs], True))
 
     def exact_backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         return self._partial(grads)
 
     def free(self) -> None:
-        self._activations = None
+        if self._tape is not None:
+            self._tape.free()
+        self._tape = None
         self.static_outputs = []
         self.static_grads = []
         self.static_inputs = []
 
 
 class EmulatedBackend(Backend):
-    """Recordings with CUDA-graph buffer semantics that run on any device."""
+    """Frozen replay with CUDA-graph buffer semantics, on any device."""
 
     name = "emulated"
 

@@ -1,0 +1,385 @@
+"""A forward's aten operator sequence, recorded once and replayed without the module's Python.
+
+This is what a CUDA graph freezes, on any device. Recording runs the forward once
+under a ``TorchDispatchMode`` that appends every aten call to the tape; every tensor
+argument becomes a reference to a *slot* (a fixed tensor: static input or stand-in
+parameter leaf; or the result of an earlier taped op), any other tensor (a module
+buffer, a tensor attribute, a constant made outside) is kept by reference (a graph
+reads a fixed address), and every other argument is kept by value: a changed
+``dropout.p``, ``bn.momentum``, ``module.training`` or Python float is not seen by a
+replay, exactly as on a GPU. Replaying calls the same aten ops with the same
+arguments, so the values are eager's bit for bit (random ops draw from the default
+generator in eager's order).
+
+Saved tensors: the forward is recorded under saved-tensor hooks whose pack maps a
+saved tensor to its slot, and whose unpack returns the slot's value of the *latest*
+replay, so the recorded autograd graph (custom ``autograd.Function`` backwards
+included) can be differentiated after any replay and reads that replay's
+activations: one set of activations per tape, as a graph has. There is no version
+check, as under ``cuda.py``'s hooks.
+
+Fixed addresses: after recording, a result whose storage is still alive (a static
+output, a tensor a module stashed on itself, a ``ctx`` attribute, a ``.data`` alias
+kept by the tape) is *static*: each replay writes its value into that same tensor, so
+every holder sees the new values as it would in graph memory. Results nobody kept
+are scratch: fresh tensors each replay, freed after their last read.
+
+Refused, as a capture would fail or silently freeze them: ops that make the host read
+device data or have data-dependent output shapes (``.item()``, ``nonzero``, boolean
+masks, ``unique``), and random ops given a private ``torch.Generator``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from ..errors import ReplayError
+
+_aten = torch.ops.aten
+_MASKED_INDEX = {_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.default, _aten._index_put_impl_.default}
+_DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
+
+
+class _Slot:
+    """A tensor argument: the value of slot ``i`` at replay time."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+
+class _Seq:
+    """A list or tuple argument holding at least one slot."""
+
+    __slots__ = ("items", "kind")
+
+    def __init__(self, kind: type, items: list) -> None:
+        self.kind = kind
+        self.items = items
+
+
+def _resolve(a: Any, table: list) -> Any:
+    if type(a) is _Slot:
+        return table[a.i]
+    return a.kind(_resolve(x, table) if type(x) in (_Slot, _Seq) else x for x in a.items)
+
+
+class _Op:
+    """One taped aten call and where its results go."""
+
+    __slots__ = ("args", "dyn_args", "dyn_kwargs", "frees", "func", "kwargs", "out", "outs", "statics")
+
+    def __init__(self, func: Any, args: tuple, kwargs: dict) -> None:
+        self.func = func
+        self.args = args
+        self.kwargs = kwargs
+        self.dyn_args = tuple(i for i, a in enumerate(args) if type(a) in (_Slot, _Seq))
+        self.dyn_kwargs = tuple(k for k, a in kwargs.items() if type(a) in (_Slot, _Seq))
+        self.out: int | None = None  # the slot of a single tensor result
+        self.outs: tuple[int | None, ...] | None = None  # slots of a tuple/list result's leaves
+        self.statics: Any = None  # static tensor(s) the result(s) are written into, or None
+        self.frees: tuple[int, ...] = ()  # scratch slots last read here
+
+
+def refusal(func: Any, args: tuple, kwargs: dict) -> str | None:
+    """Why a CUDA graph capture could not replay this aten call faithfully, or None."""
+    name = str(func)
+    if func in _MASKED_INDEX:
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        if any(isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8) for t in indices or ()):
+            return f"{name} with a boolean mask has a data-dependent output shape (the host must read device data)"
+        return None
+    if func is _aten._local_scalar_dense.default:
+        return f"{name} reads a tensor's value on the host (.item(), float(t), a tensor in an if); a graph would freeze the value read at capture"
+    tags = func.tags
+    if any(t in tags for t in _DATA_DEPENDENT):
+        return f"{name} has a data-dependent output (the host must read device data)"
+    if torch.Tag.nondeterministic_seeded in tags:
+        for v in (*args, *kwargs.values()):
+            if isinstance(v, torch.Generator) and not _is_default(v):
+                return (
+                    f"{name} draws from a private torch.Generator; a graph would replay its first numbers "
+                    "for ever (only the default generator is advanced by a replay)"
+                )
+    return None
+
+
+def _is_default(g: torch.Generator) -> bool:
+    if g.device.type == "cpu":
+        return g is torch.default_generator
+    if g.device.type == "cuda":
+        return any(g is d for d in torch.cuda.default_generators)
+    return False
+
+
+class _Recorder(TorchDispatchMode):
+    """Appends each aten call to the tape; refuses what a capture could not replay."""
+
+    def __init__(self, tape: Tape) -> None:
+        super().__init__()
+        self.tape = tape
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        why = refusal(func, args, kwargs)
+        if why is not None:
+            raise ReplayError(why)
+        out = func(*args, **kwargs)
+        self.tape._append(func, args, kwargs, out)
+        return out
+
+
+class Tape:
+    """Slots ``0..n_fixed-1`` are the fixed tensors; the rest are results of taped ops.
+
+    Use: ``with tape.recording(): outs = forward()``; then ``tape.seal(outs)`` once
+    nothing recorded needs the trace's scratch values any more (a backward through
+    the recorded graph may run before it); then ``replay()`` as often as wanted.
+    """
+
+    def __init__(self, fixed: Sequence[torch.Tensor]) -> None:
+        self._fixed = list(fixed)
+        self._ops: list[_Op] = []
+        self._table: list[torch.Tensor | None] = list(fixed)  # current value of every slot
+        self._by_id: dict[int, int] | None = {id(t): i for i, t in enumerate(fixed)}
+        self._saved: set[int] = set()
+        self._consts: list[torch.Tensor] = []  # keeps constants' ids unique while recording
+        self._statics: list[torch.Tensor] = []
+        self._versions: tuple[int, ...] = ()
+        self._device_types: tuple[str, ...] = ()
+
+    # ----------------------------------------------------------------- recording
+    def recording(self) -> _Recording:
+        """The context that records: dispatch mode plus saved-tensor hooks."""
+        return _Recording(self)
+
+    def _encode(self, a: Any) -> Any:
+        if isinstance(a, torch.Tensor):
+            i = self._by_id.get(id(a))  # type: ignore[union-attr]
+            if i is not None:
+                return _Slot(i)
+            self._consts.append(a)  # by reference: a graph reads a fixed address
+            return a
+        if isinstance(a, (list, tuple)):
+            items = [self._encode(x) for x in a]
+            if any(type(x) in (_Slot, _Seq) for x in items):
+                return _Seq(type(a), items)
+            return type(a)(items)
+        return a  # by value: this is the freezing
+
+    def _slot_for(self, t: Any) -> int | None:
+        if not isinstance(t, torch.Tensor):
+            return None
+        assert self._by_id is not None
+        i = self._by_id.get(id(t))
+        if i is None:  # a new result (or an in-place op on a constant: its later reads go through this slot)
+            i = len(self._table)
+            self._table.append(t)
+            self._by_id[id(t)] = i
+        return i
+
+    def _append(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        op = _Op(func, tuple(self._encode(a) for a in args), {k: self._encode(v) for k, v in kwargs.items()})
+        if isinstance(out, torch.Tensor):
+            op.out = self._slot_for(out)
+        elif out is not None:
+            op.outs = tuple(self._slot_for(t) for t in tree_leaves(out))
+        self._ops.append(op)
+
+    def pack(self, t: torch.Tensor) -> Any:
+        """A saved tensor: its slot (read at unpack from the latest replay), or itself (a constant)."""
+        i = None if self._by_id is None else self._by_id.get(id(t))
+        if i is None:
+            return t  # a constant, or an alias the tape never saw: its storage is static (see seal)
+        self._saved.add(i)
+        return i
+
+    def unpack(self, packed: Any) -> torch.Tensor:
+        if type(packed) is not int:
+            return packed
+        t = self._table[packed]
+        if t is None:
+            raise ReplayError("replaykit: a backward read activations no forward replay has produced")
+        return t
+
+    def seal(self, outputs: Sequence[torch.Tensor]) -> None:
+        """End recording: find the static results, plan frees, drop the trace's scratch values.
+
+        A result is static when its storage outlives the trace (``outputs`` included);
+        such a tensor must keep its address, so each replay writes into it.
+        """
+        n_fixed = len(self._fixed)
+        table, self._table = self._table, []
+        self._by_id = None
+        del outputs  # the caller holds them: they are static like anything else still alive
+        refs = [(StorageWeakRef(t.untyped_storage()), weakref.ref(t), _geometry(t)) for t in table[n_fixed:]]
+        kinds = {t.device.type for t in table}
+        self._device_types = tuple(sorted(kinds | {"cpu"}))
+        del table
+        self._consts = []
+        # what is still alive now is held by the outputs, the tape's constants, the recorded
+        # graph's saved constants, a module attribute, a ctx: a fixed address in a graph
+        statics: list[torch.Tensor | None] = []
+        for storage, ref, geometry in refs:
+            t = ref()
+            if t is None and not storage.expired():  # the object died, an alias keeps its memory
+                t = _rebuild(storage, geometry)
+            statics.append(t)
+        del refs
+        last_read: dict[int, int] = {}
+        for k, op in enumerate(self._ops):
+            for a in (*[op.args[i] for i in op.dyn_args], *[op.kwargs[n] for n in op.dyn_kwargs]):
+                for s in _slots_in(a):
+                    last_read[s] = k
+        produced_at: dict[int, int] = {}
+        for k, op in enumerate(self._ops):
+            for s in (op.outs or ()) if op.out is None else (op.out,):
+                if s is not None and s >= n_fixed:
+                    produced_at.setdefault(s, k)
+        frees: dict[int, list[int]] = {}
+        for s, k in produced_at.items():
+            if statics[s - n_fixed] is None and s not in self._saved:
+                frees.setdefault(max(k, last_read.get(s, k)), []).append(s)
+        for k, op in enumerate(self._ops):
+            op.frees = tuple(frees.get(k, ()))
+            if op.out is not None:
+                op.statics = statics[op.out - n_fixed] if op.out >= n_fixed else None
+            elif op.outs is not None:
+                st = tuple(None if s is None or s < n_fixed else statics[s - n_fixed] for s in op.outs)
+                op.statics = st if any(x is not None for x in st) else None
+        self._statics = [t for t in statics if t is not None]
+        self._versions = tuple(t._version for t in self._statics)
+        self._n = n_fixed + len(statics)
+        self._table = [None] * self._n
+        self._table[:n_fixed] = self._fixed
+        for s, t in enumerate(statics, n_fixed):
+            self._table[s] = t  # static results hold the trace's values until the first replay
+
+    # ----------------------------------------------------------------- replay
+    def replay(self) -> None:
+        """Run the taped ops over the fixed tensors; static results are rewritten in place."""
+        table: list[Any] = [None] * self._n
+        table[: len(self._fixed)] = self._fixed
+        with torch.no_grad(), _no_autocast(self._device_types):
+            for op in self._ops:
+                args, kwargs = op.args, op.kwargs
+                if op.dyn_args:
+                    args = list(args)
+                    for i in op.dyn_args:
+                        args[i] = _resolve(args[i], table)
+                if op.dyn_kwargs:
+                    kwargs = dict(kwargs)
+                    for n in op.dyn_kwargs:
+                        kwargs[n] = _resolve(kwargs[n], table)
+                out = op.func(*args, **kwargs)
+                if op.out is not None:
+                    static = op.statics
+                    table[op.out] = out if static is None else _settle(static, out)
+                elif op.outs is not None:
+                    leaves = tree_leaves(out)
+                    statics = op.statics or (None,) * len(leaves)
+                    for s, static, t in zip(op.outs, statics, leaves, strict=True):
+                        if s is not None:
+                            table[s] = t if static is None else _settle(static, t)
+                for s in op.frees:
+                    table[s] = None
+        if self._statics:  # a graph's replay bumps no version counter
+            torch._C._autograd._unsafe_set_version_counter(self._statics, self._versions)
+        self._table = table  # the one set of activations: replaces the last replay's
+
+    def free(self) -> None:
+        self._ops = []
+        self._table = []
+        self._statics = []
+        self._fixed = []
+
+    @property
+    def n_ops(self) -> int:
+        return len(self._ops)
+
+    @property
+    def static_results(self) -> int:
+        return len(self._statics)
+
+
+def _settle(static: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """Put a replayed result into its static tensor (nothing to do when it is already there)."""
+    if value is not static and value.data_ptr() != static.data_ptr():
+        static.copy_(value)
+    return static
+
+
+def _geometry(t: torch.Tensor) -> tuple:
+    return (t.dtype, t.device, t.size(), t.stride(), t.storage_offset())
+
+
+def _rebuild(storage: StorageWeakRef, geometry: tuple) -> torch.Tensor:
+    """A tensor on a live storage known only by a weak reference (cuda.py's ``_Saved`` does the same by address)."""
+    dtype, device, size, stride, offset = geometry
+    strong = torch.UntypedStorage._new_with_weak_ptr(storage.cdata)
+    return torch.empty(0, dtype=dtype, device=device).set_(strong, offset, size, stride)
+
+
+def _slots_in(a: Any) -> list[int]:
+    if type(a) is _Slot:
+        return [a.i]
+    out: list[int] = []
+    for x in a.items:
+        if type(x) in (_Slot, _Seq):
+            out += _slots_in(x)
+    return out
+
+
+class _no_autocast:
+    """Taped ops are below autocast already (its casts are on the tape): replay them without it."""
+
+    __slots__ = ("ctxs", "device_types")
+
+    def __init__(self, device_types: tuple[str, ...]) -> None:
+        self.device_types = device_types
+        self.ctxs: list = []
+
+    def __enter__(self) -> None:
+        self.ctxs = [torch.autocast(d, enabled=False) for d in self.device_types if torch.is_autocast_enabled(d)]
+        for c in self.ctxs:
+            c.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        for c in reversed(self.ctxs):
+            c.__exit__(*exc)
+
+
+class _Recording:
+    """``with tape.recording():`` the dispatch mode and the saved-tensor hooks together."""
+
+    def __init__(self, tape: Tape) -> None:
+        self.tape = tape
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(tape.pack, tape.unpack)
+        self.mode = _Recorder(tape)
+
+    def __enter__(self) -> Tape:
+        self.hooks.__enter__()
+        self.mode.__enter__()
+        return self.tape
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.mode.__exit__(*exc)
+        finally:
+            self.hooks.__exit__(*exc)
+
+
+def record(forward: Callable[[], list[torch.Tensor]], fixed: Sequence[torch.Tensor]) -> tuple[Tape, list[torch.Tensor]]:
+    """Record ``forward`` (unsealed: the caller seals it once it needs no scratch value)."""
+    tape = Tape(fixed)
+    with tape.recording():
+        outs = forward()
+    return tape, outs
