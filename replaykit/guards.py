@@ -284,34 +284,12 @@ class ModuleGuard:
         return any(value_key(v) != k for v, k in self._polled)
 
     def refresh(self) -> Verdict:
-        """Read the tree: identities against the baseline, then every module's plain values."""
+        """Read the tree: every module's plain values (the key), then identities against the baseline."""
         mods = list(self._names())
-        for n, m in mods:
-            if self._submodules.get(n) != id(m):
-                return Verdict(retire=f"submodule {n or '<root>'!r} registered anew")
-        if len(mods) != len(self._submodules):
-            return Verdict(retire="a submodule was removed")
-        if _hook_count(mods) != self._hooks:
-            return Verdict(retire="module hooks changed")
-        hooked = gradient_hooks(t for t in self._params.values() if t is not None)
-        if hooked > 1:
-            return Verdict(retire=f"gradient hooks on {hooked} parameters would run in another order than eager")
-        for n, m in mods:
-            _swap_dicts(m, True)  # a dict replaced wholesale (rare) is watched again
-            for k, t in m._parameters.items():
-                if self._params.get((n, k), t) is not t and isinstance(t, nn.Parameter):
-                    return Verdict(retire=f"parameter {_dotted(n, k)!r} registered anew")
-            for k, t in m._buffers.items():
-                if self._buffers.get((n, k)) is not t:  # .to()/.double() replace buffers for good
-                    return Verdict(retire=f"buffer {_dotted(n, k)!r} replaced (storage changed)")
-        swapped = [_dotted(n, k) for n, m in mods for k, t in m._parameters.items() if self._params.get((n, k)) is not t]
-        if swapped or len(self._params) != sum(len(m._parameters) for _, m in mods):
-            return Verdict(eager="parameters_swapped")  # torch.func.functional_call: until they are put back
-        if len(self._buffers) != sum(len(m._buffers) for _, m in mods):
-            return Verdict(retire="a buffer was removed")
         keys = []
         polled: list[tuple[Any, Any]] = []
         for n, m in mods:
+            _swap_dicts(m, True)  # a dict replaced wholesale (rare) is watched again
             poll = not _is_torch_class(m)
             for name, value in m.__dict__.items():
                 if name in _SKIP or name in _CONTAINERS or "hooks" in name:
@@ -321,8 +299,34 @@ class ModuleGuard:
                 if poll and _needs_polling(value):
                     polled.append((value, k))
         self._polled = polled
-        state = tuple(keys)
-        return Verdict(key=self._interned.setdefault(state, len(self._interned)))
+        key = self._interned.setdefault(tuple(keys), len(self._interned))
+        return Verdict(key, *self._identity(mods))
+
+    def _identity(self, mods: list[tuple[str, nn.Module]]) -> tuple[str | None, str | None]:
+        """``(eager, retire)``: why the tree's tensors or submodules are not the recorded ones."""
+        for n, m in mods:
+            if self._submodules.get(n) != id(m):
+                return None, f"submodule {n or '<root>'!r} registered anew"
+        if len(mods) != len(self._submodules):
+            return None, "a submodule was removed"
+        if _hook_count(mods) != self._hooks:
+            return None, "module hooks changed"
+        hooked = gradient_hooks(t for t in self._params.values() if t is not None)
+        if hooked > 1:
+            return None, f"gradient hooks on {hooked} parameters would run in another order than eager"
+        for n, m in mods:
+            for k, t in m._parameters.items():
+                if self._params.get((n, k), t) is not t and isinstance(t, nn.Parameter):
+                    return None, f"parameter {_dotted(n, k)!r} registered anew"
+            for k, t in m._buffers.items():
+                if self._buffers.get((n, k)) is not t:  # .to()/.double() replace buffers for good
+                    return None, f"buffer {_dotted(n, k)!r} replaced (storage changed)"
+        if len(self._buffers) != sum(len(m._buffers) for _, m in mods):
+            return None, "a buffer was removed"
+        swapped = any(self._params.get((n, k)) is not t for n, m in mods for k, t in m._parameters.items())
+        if swapped or len(self._params) != sum(len(m._parameters) for _, m in mods):
+            return "parameters_swapped", None  # torch.func.functional_call: until they are put back
+        return None, None
 
     def _unwatch(self) -> None:
         for i in self._ids:

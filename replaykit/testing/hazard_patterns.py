@@ -473,7 +473,7 @@ PARAMETERS = [
     Pattern("weight_norm_after_capture", "parameters", "parametrizations.weight_norm registered after recording",
             _mlp(), _parametrize_after("weight_norm"), guard="param_identity+module_state"),
     Pattern("orthogonal_after_capture", "parameters", "parametrizations.orthogonal registered after recording",
-            _mlp(), _parametrize_after("orthogonal"), guard="param_identity+module_state"),
+            _mlp(), _parametrize_after("orthogonal"), guard=None),  # retires on the storage change too
     Pattern("weight_norm_before_capture", "parameters", "weight_norm registered before capture (a control)",
             _weight_norm_model, lambda m, a: _loop(m, a)),
 ]
