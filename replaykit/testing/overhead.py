@@ -1,0 +1,154 @@
+"""replaykit's own host time per replayed call, measured with a backend that does no work.
+
+    python -m replaykit.testing.overhead [--blocks 100] [--calls 2000] [--rounds 7]
+
+A replayed call costs the graph launches plus replaykit's Python: routing, guards,
+copy-out checks, the hold, the journal. The launches are the backend's; this measures
+the rest. The ``null`` backend's recordings replay nothing and hand back fixed buffers,
+and the same forward+backward is timed through a bare ``autograd.Function`` shaped like
+``make_graphed_callables``' (inputs and parameters in, fixed outputs out, fixed
+gradients back). The difference, per call, is what replaykit adds. Arms run
+interleaved, round by round, in one process; the median round counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from ..backends.base import (
+    Backend,
+    ForwardFn,
+    Recording,
+    differentiable_indices,
+    flatten_outputs,
+    grad_targets,
+)
+from ..protections import PROTECTIONS
+from ..recorder import Recorder
+
+GUARDS = ("module_state", "param_identity", "argument_values", "input_aliasing", "input_layout", "inplace_weights")
+
+
+class NullRecording(Recording):
+    """Replays nothing: fixed outputs, fixed gradients (what a graph would leave in static memory)."""
+
+    def __init__(self, fn: ForwardFn, static_inputs: list[torch.Tensor], params: list[torch.Tensor]) -> None:
+        self.static_inputs, self.params = static_inputs, params
+        outs, self.out_spec = flatten_outputs(fn(*static_inputs))
+        self.differentiable = differentiable_indices(outs)
+        self.static_outputs = [o.detach().clone() for o in outs]
+        self.static_grads = [torch.zeros_like(t) for t in grad_targets(static_inputs, params)]
+
+    def replay_forward(self) -> None:
+        self.generation += 1
+
+    def backward(self, grads: Sequence[torch.Tensor | None]) -> tuple[list[torch.Tensor | None], str | None]:
+        return [g.detach() for g in self.static_grads], None
+
+    def exact_backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        return list(self.static_grads)
+
+    def free(self) -> None:
+        self.static_outputs, self.static_grads, self.static_inputs = [], [], []
+
+
+class NullBackend(Backend):
+    name = "null"
+
+    def record(self, fn: ForwardFn, static_inputs: list[torch.Tensor], params: list[torch.Tensor], warmup: int) -> Recording:
+        return NullRecording(fn, static_inputs, params)
+
+
+def network(blocks: int = 100) -> nn.Module:
+    """``blocks`` × (Linear, LayerNorm, ReLU): 3·blocks + 1 modules, 4·blocks parameters."""
+    layers: list[nn.Module] = []
+    for _ in range(blocks):
+        layers += [nn.Linear(8, 8), nn.LayerNorm(8), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+class _Bare(torch.autograd.Function):
+    """The same call shape without replaykit: make_graphed_callables' own Function does this much."""
+
+    @staticmethod
+    def forward(ctx, outputs: torch.Tensor, grads: list[torch.Tensor], x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        ctx.grads = grads
+        return outputs.detach()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return (None, None, None, *[g.detach() for g in ctx.grads])
+
+
+def _timer(step: Callable[[], None], calls: int) -> float:
+    t = time.perf_counter()
+    for _ in range(calls):
+        step()
+    return (time.perf_counter() - t) / calls
+
+
+def measure(blocks: int = 100, calls: int = 2000, rounds: int = 7) -> dict[str, float]:
+    """Median µs per forward+backward: bare Function, replaykit, replaykit with its guards off."""
+    torch.set_num_threads(1)
+    x = torch.randn(4, 8)
+    arms: dict[str, Callable[[], None]] = {}
+    models = []
+    for name, disabled in (("replaykit", frozenset()), ("replaykit, guards off", frozenset(GUARDS))):
+        model = network(blocks)
+        Recorder(model, NullBackend(), 1, 8, False, disabled)
+        params = list(model.parameters())
+
+        def step(model: nn.Module = model, params: list = params) -> None:
+            model(x).sum().backward()
+            for p in params:
+                p.grad = None  # zero_grad(set_to_none=True): nothing left to copy out
+
+        step()
+        arms[name] = step
+        models.append(model)
+    bare_params = list(network(blocks).parameters())
+    bare_out = torch.zeros(4, 8)
+    bare_grads = [torch.zeros_like(p) for p in bare_params]
+
+    def bare() -> None:
+        _Bare.apply(bare_out, bare_grads, x, *bare_params).sum().backward()
+        for p in bare_params:
+            p.grad = None
+
+    arms = {"bare Function": bare, **arms}
+    samples: dict[str, list[float]] = {k: [] for k in arms}
+    for _ in range(rounds):
+        for name, step in arms.items():
+            samples[name].append(_timer(step, calls) * 1e6)
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    n_modules = len(list(models[0].modules()))
+    return {
+        "modules": float(n_modules),
+        "parameters": float(len(list(models[0].parameters()))),
+        **{f"{k} us": v for k, v in med.items()},
+        "added us": med["replaykit"] - med["bare Function"],
+        "guards us": med["replaykit"] - med["replaykit, guards off"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=100)
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args(argv)
+    result = measure(args.blocks, args.calls, args.rounds)
+    for key, value in result.items():
+        print(f"{key:>28}: {value:.1f}")
+    assert set(GUARDS) <= set(PROTECTIONS)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
