@@ -93,12 +93,14 @@ def _uses(outputs: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor]) -> li
     index = {id(t): i for i, t in enumerate(leaves)}
     counts = [0] * len(leaves)
     seen: set[int] = set()
+    alive: list[Any] = []  # node wrappers can be temporaries: keep them so no id is reused
     stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
     while stack:
         node = stack.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
+        alive.append(node)
         for nxt, _ in node.next_functions:
             if nxt is None:
                 continue

@@ -285,13 +285,22 @@ def run_pattern(pattern: Pattern, backend: str, unsafe: bool = False) -> Outcome
 def run_all(
     backends: Sequence[str] | str, patterns: Iterable[Pattern] | None = None, unsafe: bool = False
 ) -> list[Outcome]:
-    """Every pattern (default: the whole catalogue) on every backend; unsafe runs only guarded ones."""
+    """Every pattern (default: the whole catalogue) on every backend.
+
+    Unsafe runs take the guarded patterns whose divergence this backend shows (see
+    ``Pattern.cuda_only``/``cpu_only``/``unsafe_never``).
+    """
     if isinstance(backends, str):
         backends = [backends]
     chosen = list(PATTERNS if patterns is None else patterns)
-    if unsafe:
-        chosen = [p for p in chosen if p.guard is not None]
-    return [run_pattern(p, b, unsafe=unsafe) for b in backends for p in chosen]
+    return [run_pattern(p, b, unsafe=unsafe) for b in backends for p in chosen if not unsafe or shows_unsafe(p, b)]
+
+
+def shows_unsafe(pattern: Pattern, backend: str) -> bool:
+    """Whether ``pattern``'s unsafe arm is expected to diverge on ``backend``."""
+    if pattern.guard is None or pattern.unsafe_never:
+        return False
+    return not (pattern.cuda_only and backend != "cuda") and not (pattern.cpu_only and backend == "cuda")
 
 
 # --------------------------------------------------------------------------- table and CLI

@@ -23,8 +23,12 @@ def assert_safe(name: str, backend: str) -> Outcome:
 def assert_unsafe_diverges(name: str, backend: str) -> Outcome:
     """With the pattern's guard switched off the replay breaks the contract: the guard is needed."""
     pat = pattern(name)
+    if pat.unsafe_never:
+        pytest.skip(f"no backend here shows this unsafe arm diverging: {pat.unsafe_never}")
     if backend != "cuda" and pat.cuda_only:
         pytest.skip(f"the unsafe arm diverges only on CUDA: {pat.cuda_only}")
+    if backend == "cuda" and pat.cpu_only:
+        pytest.skip(f"the unsafe arm diverges only on the CPU: {pat.cpu_only}")
     outcome = run_pattern(pat, backend, unsafe=True)
     assert outcome.diverged, _explain(outcome)
     return outcome
