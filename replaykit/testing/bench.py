@@ -101,14 +101,18 @@ def _peak(device: torch.device, base: float) -> float:
     return (torch.cuda.max_memory_allocated(device) - base) / 2**20 if device.type == "cuda" else float("nan")
 
 
-def _make_arm(name: str, model: nn.Module, sample: torch.Tensor, backend: str) -> _Arm:
+#: The arm that pays for the shadow check (every ``check_every``-th replayed call against eager).
+CHECKED = "replaykit+check"
+
+
+def _make_arm(name: str, model: nn.Module, sample: torch.Tensor, backend: str, check_every: int = 0) -> _Arm:
     if name == "eager":
         return _Arm(name, model, model)
     if name == "make_graphed_callables":
         # make_graphed_callables adopts its sample as the static input and overwrites it
         graphed = torch.cuda.make_graphed_callables(model, (sample.clone(),))
         return _Arm(name, model, graphed)
-    rec = capture(model, backend=backend, warmup=3)
+    rec = capture(model, backend=backend, warmup=3, check_every=check_every if name == CHECKED else 0)
     return _Arm(name, model, model, release=rec)
 
 
@@ -119,22 +123,23 @@ def bench_size(
     rounds: int = 5,
     warmup_steps: int = 5,
     backend: str = "auto",
+    check_every: int = 0,
 ) -> Iterator[ArmResult]:
-    """Time every arm at ``size``; yields one result per arm."""
+    """Time every arm at ``size``; yields one result per arm (``check_every``: add the shadow-checked arm)."""
     torch.manual_seed(0)
     base = DetectionNet(width=size.width, depth=size.depth).to(device)
     g = torch.Generator(device="cpu").manual_seed(1)
     batches = [
         torch.randn(size.batch, 3, size.image, size.image, generator=g).to(device) for _ in range(steps)
     ]
-    names = ["eager", "replaykit"]
+    names = ["eager", "replaykit"] + ([CHECKED] if check_every else [])
     if device.type == "cuda":
         names.insert(1, "make_graphed_callables")
     arms: list[_Arm] = []
     peaks: dict[str, float] = {}
     for name in names:  # peak memory per arm: its build (capture, pools) and warm-up steps
         mem0 = _peak_reset(device)
-        arm = _make_arm(name, copy.deepcopy(base), batches[0], backend)
+        arm = _make_arm(name, copy.deepcopy(base), batches[0], backend, check_every)
         for x in batches[:warmup_steps]:
             arm.step(x)
         _sync(device)
@@ -172,12 +177,13 @@ def run(
     rounds: int = 5,
     backend: str = "auto",
     progress: Callable[[ArmResult], None] | None = None,
+    check_every: int = 0,
 ) -> list[ArmResult]:
     """Benchmark every size; ``progress`` hears each result as it comes."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     out = []
     for size in sizes:
-        for result in bench_size(size, dev, steps=steps, rounds=rounds, backend=backend):
+        for result in bench_size(size, dev, steps=steps, rounds=rounds, backend=backend, check_every=check_every):
             out.append(result)
             if progress:
                 progress(result)
@@ -207,9 +213,15 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for r in mine:
         vs = f", {r['time_vs_mgc']:.3f}x mgc time, {r['mem_vs_mgc']:.3f}x mgc memory" if "time_vs_mgc" in r else ""
         parts.append(f"{r['size']}: {r['speedup_vs_eager']:.2f}x eager{vs}")
+    checked = {r["size"]: r for r in rows if r["arm"] == CHECKED}
+    for r in mine:
+        c = checked.get(r["size"])
+        if c is not None:
+            parts.append(f"{r['size']} shadow check: {c['median_ms'] / r['median_ms']:.3f}x replaykit time")
+    equal = all(r["equals_eager"] for r in rows if r["arm"] in ("replaykit", CHECKED))
     return {
-        "line": "replaykit " + "; ".join(parts) + f"; bitwise equal to eager: {all(r['equals_eager'] for r in mine)}",
-        "replaykit_equal": all(r["equals_eager"] for r in mine),
+        "line": "replaykit " + "; ".join(parts) + f"; bitwise equal to eager: {equal}",
+        "replaykit_equal": equal,
         "rows": rows,
     }
 
