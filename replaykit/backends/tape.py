@@ -26,7 +26,9 @@ are scratch: fresh tensors each replay, freed after their last read.
 
 Refused, as a capture would fail or silently freeze them: ops that make the host read
 device data or have data-dependent output shapes (``.item()``, ``nonzero``, boolean
-masks, ``unique``), and random ops given a private ``torch.Generator``.
+masks, ``unique``; ``tolist()``/``numpy()``, which bypass the dispatcher, are caught
+by a ``TorchFunctionMode``), and random ops given a private ``torch.Generator``
+(told from the default one by state, as the dispatcher rewraps generators).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -113,11 +116,38 @@ def refusal(func: Any, args: tuple, kwargs: dict) -> str | None:
 
 
 def _is_default(g: torch.Generator) -> bool:
+    """Whether ``g`` is its device's default generator.
+
+    The dispatcher hands a mode a new Python wrapper, so identity cannot tell: reseed the
+    default for a moment and see whether ``g``'s state moved with it.
+    """
     if g.device.type == "cpu":
-        return g is torch.default_generator
-    if g.device.type == "cuda":
-        return any(g is d for d in torch.cuda.default_generators)
-    return False
+        default = torch.default_generator
+    elif g.device.type == "cuda":
+        default = torch.cuda.default_generators[g.device.index if g.device.index is not None else torch.cuda.current_device()]
+    else:
+        return False
+    saved, seed = default.get_state(), default.initial_seed()
+    try:
+        before = g.get_state()
+        default.manual_seed(seed ^ 0x5DEECE66D)
+        return not torch.equal(before, g.get_state())
+    finally:
+        default.set_state(saved)
+
+
+_HOST_READS = {torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__array__}
+
+
+class _HostReads(TorchFunctionMode):
+    """Refuses reads of tensor data that bypass the dispatcher (on a CPU they would be frozen silently)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func in _HOST_READS:
+            raise ReplayError(
+                f"Tensor.{func.__name__}() reads a tensor's values on the host; a graph would freeze the value read at capture"
+            )
+        return func(*args, **(kwargs or {}))
 
 
 class _Recorder(TorchDispatchMode):
@@ -364,9 +394,11 @@ class _Recording:
         self.tape = tape
         self.hooks = torch.autograd.graph.saved_tensors_hooks(tape.pack, tape.unpack)
         self.mode = _Recorder(tape)
+        self.host = _HostReads()
 
     def __enter__(self) -> Tape:
         self.hooks.__enter__()
+        self.host.__enter__()
         self.mode.__enter__()
         return self.tape
 
@@ -374,7 +406,10 @@ class _Recording:
         try:
             self.mode.__exit__(*exc)
         finally:
-            self.hooks.__exit__(*exc)
+            try:
+                self.host.__exit__(*exc)
+            finally:
+                self.hooks.__exit__(*exc)
 
 
 def record(forward: Callable[[], list[torch.Tensor]], fixed: Sequence[torch.Tensor]) -> tuple[Tape, list[torch.Tensor]]:

@@ -420,6 +420,14 @@ def _mask(m: nn.Module, h: torch.Tensor) -> torch.Tensor:
     return h[h > 0].sum()
 
 
+def _tolist(m: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    return h * torch.tensor(h.sum(0).tolist())  # on a CPU this bypasses the dispatcher
+
+
+def _default_generator(m: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    return h * torch.rand(h.shape, generator=torch.default_generator)
+
+
 _PRIVATE = torch.Generator().manual_seed(1)
 
 
@@ -434,9 +442,10 @@ def _private_generator(m: nn.Module, h: torch.Tensor) -> torch.Tensor:
         (_item, "_local_scalar_dense"),
         (_nonzero, "nonzero"),
         (_mask, "boolean mask"),
+        (_tolist, "tolist"),
         (_private_generator, "private torch.Generator"),
     ],
-    ids=["item", "nonzero", "bool_mask", "private_generator"],
+    ids=["item", "nonzero", "bool_mask", "tolist", "private_generator"],
 )
 def test_what_a_capture_cannot_replay_fails_the_record(body, message: str) -> None:
     """The backend's own refusal (the recorder's probe, switched off here, refuses these first)."""
@@ -452,6 +461,11 @@ def test_what_a_capture_cannot_replay_fails_the_record(body, message: str) -> No
     if body is not _private_generator:  # the call itself ran eagerly and is exact
         assert torch.equal(out, ref(x))
     rec.release()
+
+
+def test_the_default_generator_passed_explicitly_is_not_refused() -> None:
+    torch.manual_seed(0)
+    _check_parity(_Net(_default_generator), lambda step: [torch.randn(3, 4, generator=torch.Generator().manual_seed(step))])
 
 
 def test_sparse_gradients_fail_the_record_clearly() -> None:
