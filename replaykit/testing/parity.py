@@ -144,7 +144,7 @@ def run_arm(scenario: Scenario, arm: str = "native") -> ArmOutcome:
     replay: ReplayCallback | None = None
     if arm != "native":
         unsafe = (arm.split(":", 1)[1],) if arm.startswith("unsafe:") else ()
-        replay = ReplayCallback("net", unsafe_disable=unsafe)
+        replay = ReplayCallback("net", unsafe_disable=unsafe, check_every=0 if unsafe else scenario.check_every)
         callbacks.append(replay)
     if scenario.accumulation_schedule is not None:
         from lightning.pytorch.callbacks import GradientAccumulationScheduler

@@ -46,6 +46,7 @@ class Scenario:
     seed: int = 0
     device: str = "cpu"
     devices: int = 1  # processes (DDP when > 1: launched by replaykit.testing.ddp under torchrun)
+    check_every: int = 0  # the replay arm's shadow check: every N-th replayed call against eager (0: off)
 
     @property
     def name(self) -> str:

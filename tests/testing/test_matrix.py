@@ -45,3 +45,11 @@ def test_bad_scenarios_fail_clearly() -> None:
         parity.run_arm(Scenario(precision="8-bit"))
     with pytest.raises(ValueError, match="arm"):
         parity.run_arm(Scenario(), "sideways")
+
+
+def test_the_replay_arm_with_the_shadow_check_stays_equal_and_counts_its_checks() -> None:
+    scenario = Scenario(task="pose", precision="16-mixed", accumulation=2, check_every=2)
+    result = parity.run_scenario(scenario, ["replay"])
+    summary = result.arms["replay"].recorder
+    assert result.passed, result.diffs["replay"][:5]
+    assert summary["check"] >= 2 and summary["retired"] is None
