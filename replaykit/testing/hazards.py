@@ -326,6 +326,54 @@ def table(outcomes: Sequence[Outcome], markdown: bool = True) -> str:
     return "\n".join(lines)
 
 
+def verdict(o: Outcome) -> str:
+    """One word per outcome for a pattern x backend grid: replayed, eager, retired, error, or FAIL."""
+    if o.failed:
+        return "FAIL"
+    return {"replayed bitwise": "replayed", "routed eager": "eager", "retired": "retired",
+            "clear error": "error", "both raise": "both raise"}.get(o.kind, "diverged" if o.unsafe else o.kind)
+
+
+def rows(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
+    """One flat row per outcome, for a DataFrame or CSV."""
+    return [
+        {
+            "hazard": o.hazard, "pattern": o.pattern, "backend": o.backend, "arm": "unsafe" if o.unsafe else "guarded",
+            "guard": o.guard or "-", "verdict": verdict(o), "outcome": o.line(), "failed": o.failed,
+            "records": o.journal.get("record", 0), "replays": o.journal.get("replay", 0),
+            "eager": o.journal.get("eager", 0), "seconds": round(o.seconds, 3),
+        }
+        for o in outcomes
+    ]
+
+
+def summary(outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    """Counts for a run's summary.json, and the one line an engineering log quotes."""
+    guarded = [o for o in outcomes if not o.unsafe]
+    unsafe = [o for o in outcomes if o.unsafe]
+    kinds: dict[str, int] = {}
+    for o in guarded:
+        kinds[verdict(o)] = kinds.get(verdict(o), 0) + 1
+    backends = sorted({o.backend for o in outcomes})
+    silent = sum(o.kind.startswith("SILENT") for o in guarded)
+    line = (
+        f"{len(guarded)} pattern runs on {', '.join(backends)}: {silent} silent differences, "
+        f"{sum(o.failed for o in guarded)} failures ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))})"
+    )
+    if unsafe:
+        line += f"; unsafe arms: {sum(o.diverged for o in unsafe)}/{len(unsafe)} diverged"
+    return {
+        "line": line,
+        "patterns": len({o.pattern for o in guarded}),
+        "runs": len(guarded),
+        "silent": silent,
+        "failures": sum(o.failed for o in outcomes),
+        "verdicts": kinds,
+        "unsafe_runs": len(unsafe),
+        "unsafe_diverged": sum(o.diverged for o in unsafe),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m replaykit.testing.hazards", description=__doc__.splitlines()[0])
     parser.add_argument("--backend", action="append", choices=["emulated", "cuda"], help="repeatable; default emulated")
