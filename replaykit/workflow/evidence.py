@@ -31,6 +31,8 @@ INDEX_FILE = "index.json"
 COLUMNS = ("Tree", "Runtime", "Result")
 ORDER = ("failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "error")
 """pytest's order in its summary line: ``18 failed, 9 passed, 1 skipped, 2 errors``."""
+EXECUTED = ("failed", "passed", "error", "xfailed", "xpassed")
+"""Counts of tests that ran; a run with none of them reads ``no tests ran``, whatever it skipped."""
 OK, EDITED, MISSING, UNHASHED = "ok", "EDITED", "MISSING", "no hash"
 
 
@@ -166,12 +168,14 @@ def runtime_text(fp: dict[str, Any]) -> str:
 
 
 def counts_text(counts: dict[str, Any]) -> str:
-    """``18 failed, 9 passed`` in pytest's order; zeros left out; ``2 errors``."""
+    """``18 failed, 9 passed`` in pytest's order; zeros left out; ``2 errors``; ``no tests ran (71 skipped)``."""
     items = [(k, v) for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool) and v]
     rank = {k: i for i, k in enumerate(ORDER)}
     items.sort(key=lambda kv: rank.get(kv[0], len(ORDER)))
     words = [f"{v} {k + 's' if k == 'error' and v > 1 else k}" for k, v in items]
-    return ", ".join(words) or "no tests ran"
+    if not any(counts.get(k) for k in EXECUTED):  # all skipped or deselected: nothing earned a pass
+        return "no tests ran" + (f" ({', '.join(words)})" if words else "")
+    return ", ".join(words)
 
 
 def _counts(results: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any] | None:
@@ -210,6 +214,8 @@ def result_text(summary: dict[str, Any]) -> str:
         return f"{text or status} (run error: {str(run_errors[0])[:160]}{extra})"
     if not text:
         return status if status == "passed" or not reason else f"{status} ({reason})"
+    if text.startswith("no tests ran") and status == "failed":
+        return text  # the notebook failed for exactly that reason
     if status == "error" or (status == "failed" and not failing):
         text += f" ({status}: {reason})" if reason else f" ({status})"
     return text

@@ -93,6 +93,7 @@ def test_texts() -> None:
     assert counts_text({"passed": 9, "failed": 18, "error": 0, "skipped": 0}) == "18 failed, 9 passed"
     assert counts_text({"error": 2, "skipped": 1, "passed": 3}) == "3 passed, 1 skipped, 2 errors"
     assert counts_text({"passed": 0}) == "no tests ran"
+    assert counts_text({"passed": 0, "skipped": 71}) == "no tests ran (71 skipped)"  # never a pass
     fp = {"python": "3.13.1", "torch": "2.11.0+cu130", "device": "NVIDIA H200", "gpu": "NVIDIA H200"}
     assert runtime_text(fp) == "Python 3.13 / torch 2.11.0+cu130 / NVIDIA H200"
     assert runtime_text({"python": "3.11.7", "torch": None, "device": "cpu"}) == "Python 3.11 / torch none"
@@ -112,6 +113,8 @@ def test_texts() -> None:
     assert text(status="error", reason="kernel_died", results={"counts": {"passed": 2}}) == (
         "2 passed (error: kernel_died)"
     )
+    skipped = {"counts": {"passed": 0, "failed": 0, "skipped": 71}, "outcome": "no tests ran"}
+    assert text(status="failed", reason="exception", results=skipped) == "no tests ran (71 skipped)"
     broken = {"counts": {"passed": 0}, "run_errors": ["r1: pytest exit 2 (1 error in 0.1s)"]}
     assert text(status="failed", reason="exception", results=broken) == (
         "no tests ran (run error: r1: pytest exit 2 (1 error in 0.1s))"
