@@ -24,7 +24,7 @@ from replaykit import tables
 
 from .hashing import file_sha256
 
-__all__ = ["Evidence", "RunEvidence", "collect", "counts_text", "load_run", "result_text", "runtime_text"]
+__all__ = ["EXECUTED", "Evidence", "RunEvidence", "collect", "counts_text", "load_run", "result_text", "runtime_text"]
 
 SUMMARY_FILE = "summary.json"
 INDEX_FILE = "index.json"
@@ -33,7 +33,9 @@ ORDER = ("failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "err
 """pytest's order in its summary line: ``18 failed, 9 passed, 1 skipped, 2 errors``."""
 EXECUTED = ("failed", "passed", "error", "xfailed", "xpassed")
 """Counts of tests that ran; a run with none of them reads ``no tests ran``, whatever it skipped."""
-OK, EDITED, MISSING, UNHASHED = "ok", "EDITED", "MISSING", "no hash"
+OK, EDITED, MISSING, UNHASHED, UNSEALED = "ok", "EDITED", "MISSING", "no hash", "unsealed"
+"""``unsealed``: a run from before the runner sealed its summary into the notebook
+(``replaykit.workflow.seal``); its notebook is checked, its summary cannot be."""
 
 
 # --- one run -----------------------------------------------------------------
@@ -90,7 +92,9 @@ class RunEvidence:
 
 
 def check_integrity(run: RunEvidence) -> None:
-    """Set ``run.integrity``: the executed notebook's sha256 against summary.json (and the index)."""
+    """Set ``run.integrity``: the executed notebook's sha256 against summary.json (and the index),
+    and summary.json against the digest sealed into the notebook. The verdict the notebook holds
+    replaces the summary's, so the Result column is the notebook's, even when the summary was edited."""
     if run.summary is None:
         return
     path = run.notebook
@@ -115,6 +119,29 @@ def check_integrity(run: RunEvidence) -> None:
         run.problems.append(
             f"{path}: summary.json sha256 {recorded[:12]}… differs from the batch index's {indexed[:12]}…"
         )
+    else:
+        _check_seal(run, path)
+
+
+def _check_seal(run: RunEvidence, path: Path) -> None:
+    """The summary against the notebook's seal; the notebook's verdict becomes the run's."""
+    from .seal import check
+
+    assert run.summary is not None
+    try:
+        verdict, problems = check(path, run.summary)
+    except ValueError as exc:
+        run.integrity = EDITED
+        run.problems.append(str(exc))
+        return
+    if verdict is None:
+        run.integrity = UNSEALED
+        run.problems.append(f"{path}: no seal (a run from before seals): summary.json is read unchecked")
+    if verdict is not None:
+        run.summary = run.summary | verdict
+    if problems:
+        run.integrity = EDITED
+        run.problems += problems
 
 
 def load_run(folder: Path, *, label: str | None = None, env: str | None = None,

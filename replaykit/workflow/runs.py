@@ -2,7 +2,9 @@
 
 ``run_notebook`` executes a notebook into ``runs/<UTC time>_<device>_torch<ver>_<tree>/``
 with ``summary.json`` beside it. The executed notebook is kept also when a cell
-raises, times out or the kernel dies, and the summary says which cell and why.
+raises, times out or the kernel dies, and the summary says which cell and why. The
+summary is sealed into the notebook's metadata (``replaykit.workflow.seal``), so evidence
+can tell when either file was edited after the run.
 
 Contract with notebooks: the runner injects a ``run_dir`` parameter (an absolute
 path). A notebook may write ``fingerprint.json`` there (preferred over the
@@ -25,6 +27,7 @@ from typing import Any
 from replaykit.workflow.fingerprint import FINGERPRINT_FILE, fingerprint, fingerprint_slug
 
 from .hashing import file_sha256
+from .seal import seal
 
 SUMMARY_FILE = "summary.json"
 RESULTS_FILE = "results.json"
@@ -466,6 +469,8 @@ def run_notebook(
         run_dir=run_dir,
         out_path=out_path,
     )
+    if out_path.is_file():
+        seal(out_path, summary)  # last: from here on, neither file can be edited alone
     tmp = run_dir / (SUMMARY_FILE + ".tmp")
     tmp.write_text(json.dumps(summary, indent=1, default=str) + "\n")
     tmp.replace(run_dir / SUMMARY_FILE)
