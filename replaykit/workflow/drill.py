@@ -1,6 +1,6 @@
 """A bisect drill: plant a known bad commit in a copy of real history and check that bisect names it.
 
-    python -m replaykit.workflow.drill --range HEAD~8..HEAD -m cuda            # on a GPU host
+    python -m replaykit.workflow.drill --range HEAD~8..HEAD -m cuda --id tests/core   # on a GPU host
     python -m replaykit.workflow.drill --range HEAD~8..HEAD -m cuda --dry-run  # the plan only
 
 The repository is cloned into a temporary folder; the first-parent commits of the range are
@@ -121,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--old", default=DEFAULT_PLANT.old, help="text replaced (must occur once)")
     ap.add_argument("--new", default=DEFAULT_PLANT.new, help="replacement")
     ap.add_argument("-m", "--markers", default="cuda", help="pytest -m expression for bisect (default: cuda)")
+    ap.add_argument("--id", action="append", dest="ids", default=[], metavar="NODE_ID",
+                    help="test ids or folders to select (repeatable; default: the whole suite)")
     ap.add_argument("--runs-dir", type=Path, default=Path("runs"))
     ap.add_argument("--timeout", type=float, default=0, help="seconds before one pytest run is killed")
     ap.add_argument("--dry-run", action="store_true", help="build the planted history, print it, run nothing")
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         record: dict[str, Any] = {"range": args.range, "plant": asdict(plant), "planted": planted.planted,
                                   "commits": planted.commits, "originals": planted.originals}
         try:
-            result = bisect(planted.repo, planted.good, planted.bad, markers=args.markers or None,
+            result = bisect(planted.repo, planted.good, planted.bad, markers=args.markers or None, ids=args.ids,
                             runs_dir=args.runs_dir.resolve(), progress=not args.no_progress,
                             run_timeout=args.timeout)
         except ValueError as exc:  # an endpoint did not hold: the drill failed

@@ -12,7 +12,7 @@ import pytest
 from replaykit.workflow.nbclean import dirty, main, pre_save_hook
 
 ROOT = Path(__file__).resolve().parents[2]
-CELL = {"cell_type": "code", "execution_count": 3, "metadata": {}, "source": "1",
+CELL = {"cell_type": "code", "id": "c1", "execution_count": 3, "metadata": {}, "source": "1",
         "outputs": [{"output_type": "execute_result", "data": {"text/plain": "1"}, "metadata": {}, "execution_count": 3}]}
 
 
