@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo demo-core gpu lint bench clean
+.PHONY: venv test demo demo-core gpu lint bench clean nbcheck nbstrip
 
 venv: $(STAMP)
 
@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml Makefile
 
 test: $(STAMP)
 	$(BIN)/ruff check replaykit tests scripts
+	$(BIN)/python -m replaykit.workflow.nbclean --check notebooks/*.ipynb
 	$(BIN)/python -m pytest -q
 	$(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
 		--nbval-sanitize-with notebooks/nbval_sanitize.cfg notebooks
@@ -37,6 +38,13 @@ gpu:
 
 bench:
 	$(PY) scripts/bench_replay.py
+
+# Committed notebooks carry no outputs (Jupyter started here strips them on save: jupyter_server_config.py).
+nbcheck: $(STAMP)
+	$(BIN)/python -m replaykit.workflow.nbclean --check notebooks/*.ipynb
+
+nbstrip: $(STAMP)
+	$(BIN)/python -m replaykit.workflow.nbclean notebooks/*.ipynb
 
 lint: $(STAMP)
 	$(BIN)/ruff check replaykit tests scripts

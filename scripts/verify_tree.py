@@ -4,7 +4,8 @@
     python scripts/verify_tree.py --id tests/core/test_hold.py::test_x --no-isolate -- -x
 
 Prints the per-id table (r1…rN, alone, stable), the failures and pytest's summary lines.
-Exit code: 0 when every selected test passed (or skipped) in every repeat, 1 otherwise,
+Exit code: 0 when some selected test ran and every one passed (or skipped) in every repeat;
+1 otherwise, "no tests ran" included (every test skipped or deselected, e.g. -m cuda on a CPU);
 2 when the tree is unusable (missing, corrupted archive, manifest mismatch).
 """
 
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(selection.summary_lines()))
     for line in selection.run_errors():
         print(f"run error: {line}")
+    print(f"outcome: {selection.outcome_line()}")
     return 0 if selection.ok else 1
 
 

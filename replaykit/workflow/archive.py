@@ -47,9 +47,10 @@ EXCLUDED_TOP = frozenset({"runs", "dist", WHEELHOUSE_DIR, MANIFEST_NAME})
 
 NOTEBOOK_REQUIREMENTS = [
     "papermill>=2.6", "nbformat", "nbclient", "ipykernel", "jupyter_client",
-    "nbval", "junitparser", "tqdm", "ipywidgets",
+    "nbval", "junitparser", "tqdm", "ipywidgets", "pandas", "numpy", "pyyaml",
 ]
-"""What the notebooks need on a host that already has torch, lightning, pandas, matplotlib."""
+"""What the verify notebook and the workflow need on a host that has only torch and lightning
+(the CUDA-sized training stack a wheelhouse leaves out); tests/workflow/test_recipes.py proves it."""
 
 MANYLINUX_X86_64 = (
     "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",

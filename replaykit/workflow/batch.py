@@ -35,7 +35,13 @@ from replaykit import tables
 from replaykit.workflow import archive as pk
 from replaykit.workflow.evidence import tree_text
 from replaykit.workflow.fingerprint import tree_info
-from replaykit.workflow.runs import ensure_kernel, kernel_executable, run_notebook, summary_line
+from replaykit.workflow.runs import (
+    check_parameters,
+    ensure_kernel,
+    kernel_executable,
+    run_notebook,
+    summary_line,
+)
 
 __all__ = [
     "BatchResult", "BatchSpec", "EnvBuildError", "Environment", "PreparedTree", "TreeSpec",
@@ -620,12 +626,16 @@ def _default_venvs_dir() -> Path:
     return Path(cache) / "replaykit" / "venvs"
 
 
-def _check_notebooks(notebooks: list[str]) -> list[Path]:
+def _check_notebooks(notebooks: list[str], parameters: list[dict[str, Any]]) -> list[Path]:
+    """The notebooks as paths; every parameter set checked against every notebook's declared
+    parameters (names and types) before anything runs."""
     paths = []
     for nb in notebooks:
         path = Path(nb)
         if not path.is_file():
             raise FileNotFoundError(f"notebook not found: {nb}")
+        for params in parameters:
+            check_parameters(path, params)
         paths.append(path)
     return paths
 
@@ -633,13 +643,13 @@ def _check_notebooks(notebooks: list[str]) -> list[Path]:
 def run_batch(spec: BatchSpec, runs_dir: Path = Path("runs"), progress: bool = True) -> BatchResult:
     """Run every cell of ``spec``'s matrix into ``runs_dir/batch_<UTC>_<name>/``.
 
-    Trees and notebooks are checked first (a bad revision or a missing notebook raises before
-    anything runs). Environments are built and registered lazily; one that fails makes its
+    Trees, notebooks and parameters are checked first (a bad revision, a missing notebook, or a
+    parameter a notebook does not declare raises before anything runs). Environments are built and registered lazily; one that fails makes its
     cells errors. The index is rewritten after every cell, so an interrupted batch leaves one.
     """
     from tqdm import tqdm
 
-    notebooks = _check_notebooks(spec.notebooks)
+    notebooks = _check_notebooks(spec.notebooks, spec.parameters)
     venvs_dir = Path(spec.venvs_dir) if spec.venvs_dir else _default_venvs_dir()
     with tempfile.TemporaryDirectory(prefix="replaykit-batch-") as tmp:
         work = Path(tmp)

@@ -7,10 +7,15 @@
 
 Each tested commit is packed (``replaykit.pack``), unpacked, and run through this checkout's
 ``notebooks/verify.ipynb``, so old trees need not contain the notebook. A commit is bad when
-any selected test fails, good when the notebook passes, and skipped (untestable, as with
-``git bisect skip``) when the run errs: the kernel died, pytest could not collect (exit 2/3/4),
-nothing was selected, or the notebook stopped before the tests ran. The folder holds an
-``index.json`` in the batch format, so ``replaykit.evidence`` reads it.
+any selected test fails, good when some selected test ran and none failed, and skipped
+(untestable, as with ``git bisect skip``) when the run errs (the kernel died, pytest could not
+collect, the notebook stopped before the tests ran) or when no test ran: a selection whose
+every test skips on this device (``-m cuda`` on a CPU) proves nothing either way.
+
+Both endpoints are run first, as ``git bisect`` insists: a ``good`` that is not good or a
+``bad`` that is not bad raises ``EndpointError`` (the runs are kept), so no commit is ever
+named that the search did not earn. The folder holds an ``index.json`` in the batch format,
+so ``replaykit.evidence`` reads it.
 """
 
 from __future__ import annotations
@@ -34,15 +39,27 @@ from replaykit.workflow.batch import (
     run_cell,
     write_index,
 )
-from replaykit.workflow.evidence import result_text
+from replaykit.workflow.evidence import EXECUTED, result_text
 from replaykit.workflow.fingerprint import default_tree
 from replaykit.workflow.runs import kernel_executable
 
-__all__ = ["ArmsResult", "BisectResult", "Commit", "arms", "bisect", "commits_between", "search", "verdict"]
+__all__ = [
+    "ArmsResult", "BisectResult", "Commit", "EndpointError", "arms", "bisect", "commits_between", "search",
+    "verdict",
+]
 
 VERIFY_NOTEBOOK = default_tree() / "notebooks" / "verify.ipynb"
 GOOD, BAD, SKIP = "good", "bad", "skip"
 SHORT_VERDICTS = {"stable pass": "passed", "stable fail": "failed", "fails only with others": "fails with others"}
+
+
+class EndpointError(ValueError):
+    """``--good`` is not good or ``--bad`` is not bad on this device: bisecting would name a
+    commit nobody tested. The endpoint runs are saved in ``folder``."""
+
+    def __init__(self, message: str, folder: Path) -> None:
+        super().__init__(f"{message} (runs: {folder})")
+        self.folder = folder
 
 
 @dataclass(frozen=True)
@@ -94,8 +111,8 @@ def commits_between(repo: Path, good: str, bad: str) -> list[Commit]:
 
 
 def search(n: int, test: Callable[[int], str]) -> list[int]:
-    """Binary search over ``n`` ordered commits after a good one; the last (``n - 1``) is bad
-    and not tested, as with ``git bisect``. ``test(i)`` returns good, bad or skip.
+    """Binary search over ``n`` ordered commits after a good one; the last (``n - 1``) is known
+    bad (``bisect`` has run it) and is not tested again. ``test(i)`` returns good, bad or skip.
 
     Returns the candidates for the first bad commit: one index when it is known; several when
     skipped commits leave it open (the skipped ones in between, then the first known bad).
@@ -132,6 +149,12 @@ def verdict(cell: dict[str, Any], summary: dict[str, Any] | None) -> tuple[str, 
     if results.get("failing_ids"):
         ids = results["failing_ids"]
         return BAD, f"{len(ids)} failing: " + ", ".join(ids[:5]) + (" …" if len(ids) > 5 else "")
+    executed = results.get("executed")
+    if executed is None:  # a summary from before ``executed`` was recorded
+        counts = results.get("counts") or {}
+        executed = sum(v for k, v in counts.items() if k in EXECUTED and isinstance(v, int))
+    if not executed:  # every selected test skipped: this run says nothing about the commit
+        return SKIP, result_text(summary)
     if cell["status"] == "passed":
         return GOOD, result_text(summary)
     return SKIP, cell["summary"]
@@ -213,18 +236,21 @@ class BisectResult:
         """short sha -> good | bad | skip for every tested commit."""
         return {s.commit.short: s.verdict for s in self.steps}
 
+    refused: str | None = None  # why the endpoints did not hold (then no commit is named)
+
     def conclusion(self) -> str:
-        tested = {s.commit.sha for s in self.steps}
+        if self.refused:
+            return f"No verdict: {self.refused}"
         if self.first_bad is not None:
             c = self.first_bad
-            note = "" if c.sha in tested or c.sha != self.commits[-1].sha else " (given as bad, not tested)"
-            return f"First bad commit: {c.short} {c.subject}{note}"
+            return f"First bad commit: {c.short} {c.subject}"
         listed = ", ".join(f"{c.short} {c.subject}" for c in self.candidates)
         return f"Only skipped commits are left; the first bad commit is one of: {listed}"
 
     def report(self) -> str:
-        """Markdown: the conclusion and a row per tested commit, in history order."""
+        """Markdown: the conclusion and a row per tested commit (``good`` first), in history order."""
         order = {c.sha: i for i, c in enumerate(self.commits)}
+        order |= {s.commit.sha: -1 for s in self.steps if s.commit.sha not in order}  # the good end
         rows = [{"commit": s.commit.short, "subject": s.commit.subject, "verdict": s.verdict,
                  "why": s.why, "run": s.run_dir or ""}
                 for s in sorted(self.steps, key=lambda s: order[s.commit.sha])]
@@ -251,7 +277,9 @@ def bisect(
 ) -> BisectResult:
     """Binary-search the commits after ``good`` up to ``bad`` for the first that fails the selection.
 
-    Runs go to ``runs_dir/bisect_<UTC>_<good>..<bad>/`` with ``index.json`` and ``bisect.md``.
+    ``good`` and then ``bad`` are run first; ``EndpointError`` (a ValueError) when ``good`` is not
+    good or ``bad`` is not bad (a skip included: nothing ran, or the run erred). Runs go to
+    ``runs_dir/bisect_<UTC>_<good>..<bad>/`` with ``index.json`` and ``bisect.md``, also when refused.
     ``kernel`` None runs this interpreter. Raises ValueError for bad revisions or arguments.
     """
     from tqdm import tqdm
@@ -260,17 +288,18 @@ def bisect(
     _check(notebook, kernel)
     params = _parameters(markers, ids, repeats, isolate_failures, extra_args, run_timeout)
     commits = commits_between(repo, good, bad)
-    folder = new_folder(Path(runs_dir), "bisect", f"{_commit(repo, good)[:7]}..{commits[-1].short}")
+    good_sha = _commit(repo, good)
+    good_commit = Commit(good_sha, _git(repo, "log", "-1", "--format=%s", good_sha).strip())
+    folder = new_folder(Path(runs_dir), "bisect", f"{good_sha[:7]}..{commits[-1].short}")
     doc: dict[str, Any] = {"kind": "bisect", "repo": str(repo.resolve()), "good": good, "bad": bad,
                            "parameters": params, "commits": [asdict(c) for c in commits], "cells": []}
     runner = _Runner(folder, params, kernel, Path(notebook), doc, f"Bisect {good}..{bad}")
     steps: list[Step] = []
-    expected = max(1, math.ceil(math.log2(len(commits))))
+    expected = 2 + math.ceil(math.log2(len(commits)))  # both endpoints, then the search
     with tempfile.TemporaryDirectory(prefix="replaykit-bisect-") as tmp, \
             tqdm(total=expected, desc="bisect", unit="commit", disable=not progress) as bar:
 
-        def test(i: int) -> str:
-            c = commits[i]
+        def run(c: Commit) -> str:
             bar.set_postfix_str(c.short)
             try:
                 tree = prepare_tree(TreeSpec(label=c.short, rev=c.sha), repo, Path(tmp) / c.short)
@@ -287,15 +316,34 @@ def bisect(
             bar.update()
             return outcome
 
-        found = search(len(commits), test)
+        refused = _endpoints(run, good_commit, commits[-1])
+        found = [] if refused else search(len(commits), lambda i: run(commits[i]))
     result = BisectResult(good=good, bad=bad, commits=commits, steps=steps,
-                          candidates=[commits[i] for i in found], folder=folder, index=folder / "index.json")
+                          candidates=[commits[i] for i in found], folder=folder, index=folder / "index.json",
+                          refused=refused)
     doc["result"] = {"candidates": [c.sha for c in result.candidates],
                      "first_bad": result.first_bad.sha if result.first_bad else None,
-                     "conclusion": result.conclusion()}
+                     "refused": refused, "conclusion": result.conclusion()}
     write_index(folder, doc, f"Bisect {good}..{bad}")
     (folder / "bisect.md").write_text(result.report())
+    if refused:
+        raise EndpointError(refused, folder)
     return result
+
+
+def _endpoints(run: Callable[[Commit], str], good: Commit, bad: Commit) -> str | None:
+    """Run ``good`` then ``bad``; why they cannot bracket a search, or None when they do."""
+    hint = {SKIP: "untestable here: its run erred or ran no test (is the selection one this device "
+                  "runs? on a CPU, -m 'not cuda')"}
+    outcome = run(good)
+    if outcome != GOOD:
+        what = hint.get(outcome, "it fails the selection; choose an older --good")
+        return f"--good {good.short} {good.subject!r} is not good: {what}"
+    outcome = run(bad)
+    if outcome != BAD:
+        what = hint.get(outcome, "it passes the selection; this range holds no bad commit")
+        return f"--bad {bad.short} {bad.subject!r} is not bad: {what}"
+    return None
 
 
 # --- arms --------------------------------------------------------------------

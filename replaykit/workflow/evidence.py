@@ -24,14 +24,18 @@ from replaykit import tables
 
 from .hashing import file_sha256
 
-__all__ = ["Evidence", "RunEvidence", "collect", "counts_text", "load_run", "result_text", "runtime_text"]
+__all__ = ["EXECUTED", "Evidence", "RunEvidence", "collect", "counts_text", "load_run", "result_text", "runtime_text"]
 
 SUMMARY_FILE = "summary.json"
 INDEX_FILE = "index.json"
 COLUMNS = ("Tree", "Runtime", "Result")
 ORDER = ("failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "error")
 """pytest's order in its summary line: ``18 failed, 9 passed, 1 skipped, 2 errors``."""
-OK, EDITED, MISSING, UNHASHED = "ok", "EDITED", "MISSING", "no hash"
+EXECUTED = ("failed", "passed", "error", "xfailed", "xpassed")
+"""Counts of tests that ran; a run with none of them reads ``no tests ran``, whatever it skipped."""
+OK, EDITED, MISSING, UNHASHED, UNSEALED = "ok", "EDITED", "MISSING", "no hash", "unsealed"
+"""``unsealed``: a run from before the runner sealed its summary into the notebook
+(``replaykit.workflow.seal``); its notebook is checked, its summary cannot be."""
 
 
 # --- one run -----------------------------------------------------------------
@@ -88,7 +92,9 @@ class RunEvidence:
 
 
 def check_integrity(run: RunEvidence) -> None:
-    """Set ``run.integrity``: the executed notebook's sha256 against summary.json (and the index)."""
+    """Set ``run.integrity``: the executed notebook's sha256 against summary.json (and the index),
+    and summary.json against the digest sealed into the notebook. The verdict the notebook holds
+    replaces the summary's, so the Result column is the notebook's, even when the summary was edited."""
     if run.summary is None:
         return
     path = run.notebook
@@ -113,6 +119,29 @@ def check_integrity(run: RunEvidence) -> None:
         run.problems.append(
             f"{path}: summary.json sha256 {recorded[:12]}… differs from the batch index's {indexed[:12]}…"
         )
+    else:
+        _check_seal(run, path)
+
+
+def _check_seal(run: RunEvidence, path: Path) -> None:
+    """The summary against the notebook's seal; the notebook's verdict becomes the run's."""
+    from .seal import check
+
+    assert run.summary is not None
+    try:
+        verdict, problems = check(path, run.summary)
+    except ValueError as exc:
+        run.integrity = EDITED
+        run.problems.append(str(exc))
+        return
+    if verdict is None:
+        run.integrity = UNSEALED
+        run.problems.append(f"{path}: no seal (a run from before seals): summary.json is read unchecked")
+    if verdict is not None:
+        run.summary = run.summary | verdict
+    if problems:
+        run.integrity = EDITED
+        run.problems += problems
 
 
 def load_run(folder: Path, *, label: str | None = None, env: str | None = None,
@@ -166,12 +195,14 @@ def runtime_text(fp: dict[str, Any]) -> str:
 
 
 def counts_text(counts: dict[str, Any]) -> str:
-    """``18 failed, 9 passed`` in pytest's order; zeros left out; ``2 errors``."""
+    """``18 failed, 9 passed`` in pytest's order; zeros left out; ``2 errors``; ``no tests ran (71 skipped)``."""
     items = [(k, v) for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool) and v]
     rank = {k: i for i, k in enumerate(ORDER)}
     items.sort(key=lambda kv: rank.get(kv[0], len(ORDER)))
     words = [f"{v} {k + 's' if k == 'error' and v > 1 else k}" for k, v in items]
-    return ", ".join(words) or "no tests ran"
+    if not any(counts.get(k) for k in EXECUTED):  # all skipped or deselected: nothing earned a pass
+        return "no tests ran" + (f" ({', '.join(words)})" if words else "")
+    return ", ".join(words)
 
 
 def _counts(results: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any] | None:
@@ -210,6 +241,8 @@ def result_text(summary: dict[str, Any]) -> str:
         return f"{text or status} (run error: {str(run_errors[0])[:160]}{extra})"
     if not text:
         return status if status == "passed" or not reason else f"{status} ({reason})"
+    if text.startswith("no tests ran") and status == "failed":
+        return text  # the notebook failed for exactly that reason
     if status == "error" or (status == "failed" and not failing):
         text += f" ({status}: {reason})" if reason else f" ({status})"
     return text

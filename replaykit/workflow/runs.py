@@ -2,7 +2,9 @@
 
 ``run_notebook`` executes a notebook into ``runs/<UTC time>_<device>_torch<ver>_<tree>/``
 with ``summary.json`` beside it. The executed notebook is kept also when a cell
-raises, times out or the kernel dies, and the summary says which cell and why.
+raises, times out or the kernel dies, and the summary says which cell and why. The
+summary is sealed into the notebook's metadata (``replaykit.workflow.seal``), so evidence
+can tell when either file was edited after the run.
 
 Contract with notebooks: the runner injects a ``run_dir`` parameter (an absolute
 path). A notebook may write ``fingerprint.json`` there (preferred over the
@@ -25,6 +27,7 @@ from typing import Any
 from replaykit.workflow.fingerprint import FINGERPRINT_FILE, fingerprint, fingerprint_slug
 
 from .hashing import file_sha256
+from .seal import seal
 
 SUMMARY_FILE = "summary.json"
 RESULTS_FILE = "results.json"
@@ -106,16 +109,30 @@ def write_results(run_dir: str | Path | None, results: dict[str, Any]) -> None:
 _TYPES: dict[str, tuple[type, ...]] = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,), "list": (list,), "dict": (dict,)}
 
 
-def check_parameter_types(notebook: Path, params: dict[str, Any]) -> None:
-    """Refuse, before anything runs, a parameter whose value does not match its declared type.
-
-    ``-p quick false`` would otherwise inject the string ``"false"``, which is truthy.
-    """
+def declared_parameters(notebook: Path) -> dict[str, str]:
+    """Name -> declared type name (``"bool"``, ``"list"``, ``"None"`` when untyped) of the
+    assignments in ``notebook``'s cells tagged ``parameters``."""
     import nbformat
     from papermill.translators import PythonTranslator
 
     cells = [c for c in nbformat.read(str(notebook), as_version=4).cells if "parameters" in c.metadata.get("tags", [])]
-    declared = {p.name: p.inferred_type_name for cell in cells for p in PythonTranslator.inspect(cell)}
+    return {p.name: p.inferred_type_name for cell in cells for p in PythonTranslator.inspect(cell)}
+
+
+def check_parameters(notebook: Path, params: dict[str, Any]) -> None:
+    """Refuse, before anything runs, a parameter the notebook does not declare (ValueError, with
+    the declared names) or whose value does not match its declared type (TypeError).
+
+    papermill only warns about an unknown name and runs with the defaults: ``-p marker ""`` would
+    keep ``markers="cuda"`` and report a pass. ``-p quick false`` would inject the truthy ``"false"``.
+    """
+    declared = declared_parameters(notebook)
+    unknown = sorted(set(params) - set(declared))
+    if unknown:
+        raise ValueError(
+            f"{Path(notebook).name} declares no parameter {', '.join(map(repr, unknown))}; "
+            f"it declares: {', '.join(declared) or '(none)'}"
+        )
     for name, value in params.items():
         kind = declared.get(name, "")
         allowed = _TYPES.get(kind)
@@ -123,6 +140,9 @@ def check_parameter_types(notebook: Path, params: dict[str, Any]) -> None:
             continue
         if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
             raise TypeError(f"parameter {name!r} of {Path(notebook).name} is declared {kind}; got {value!r} ({type(value).__name__})")
+
+
+check_parameter_types = check_parameters  # the former name
 
 
 def cli_value(text: str) -> Any:
@@ -149,13 +169,33 @@ def cli_parameters(
     params: dict[str, Any] = {}
     for item in yamls or []:
         text = Path(item).read_text() if Path(item).is_file() else item
-        loaded = yaml.safe_load(text)
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"-y {_clip(item, 60)!r}: not valid YAML/JSON ({_yaml_problem(exc)})") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"-y {item!r}: expected a mapping, got {type(loaded).__name__}")
         params |= loaded
     params |= {name: cli_value(value) for name, value in pairs or []}
     params |= {name: value for name, value in raw or []}
     return params
+
+
+def _yaml_problem(exc: Exception) -> str:
+    """``expected ',' or '}' at line 1, column 12``: what went wrong and where, on one line."""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` on one line, at most ``limit`` characters; a long one keeps its head and its tail
+    (an exception's useful half is often at the end)."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    half = (limit - 3) // 2
+    return f"{text[:half]} … {text[-(limit - 3 - half):]}"
 
 
 # --- running ----------------------------------------------------------------
@@ -345,7 +385,7 @@ def run_notebook(
     if not _has_parameters_cell(source_nb):
         raise ValueError(f"{notebook} has no cell tagged 'parameters'; papermill would only warn")
     params = _jsonable(dict(parameters or {}), "parameters")
-    check_parameter_types(notebook, params)
+    check_parameters(notebook, params)
     if "run_dir" in params:
         raise ValueError("'run_dir' is set by the runner; do not pass it")
     kernel = kernel_name or ensure_kernel()
@@ -429,6 +469,8 @@ def run_notebook(
         run_dir=run_dir,
         out_path=out_path,
     )
+    if out_path.is_file():
+        seal(out_path, summary)  # last: from here on, neither file can be edited alone
     tmp = run_dir / (SUMMARY_FILE + ".tmp")
     tmp.write_text(json.dumps(summary, indent=1, default=str) + "\n")
     tmp.replace(run_dir / SUMMARY_FILE)
@@ -498,7 +540,8 @@ def _summarise(
 
 
 def summary_line(summary: dict[str, Any]) -> str:
-    """One line: status, notebook, failing cell and why, counts, duration."""
+    """One line: status, notebook, failing cell and why (head and tail of the error), counts,
+    duration, and for a run that did not pass, where to look (the executed notebook)."""
     parts = [summary["status"], summary["notebook"]]
     cell = summary.get("failed_cell")
     if cell:
@@ -506,13 +549,15 @@ def summary_line(summary: dict[str, Any]) -> str:
         if cell.get("source_index") is not None:
             where += f" (source cell {cell['source_index']})"
         why = f"{cell.get('ename')}: {cell.get('evalue') or ''}".strip().rstrip(":")
-        parts.append(f"{where} {summary.get('reason')}: {why.splitlines()[0][:160] if why else ''}")
+        parts.append(f"{where} {summary.get('reason')}: {_clip(why, 300)}")
     elif summary.get("errors"):
-        parts.append(f"{summary.get('reason')}: {summary['errors'][0].splitlines()[0][:160]}")
+        parts.append(f"{summary.get('reason')}: {_clip(str(summary['errors'][0]), 300)}")
     counts = summary.get("counts")
     if isinstance(counts, dict):
         parts.append("counts " + " ".join(f"{k}={v}" for k, v in counts.items()))
     elif counts is not None:
         parts.append(f"counts {counts}")
     parts.append(f"{summary['duration_s']:.1f} s")
+    if summary["status"] != "passed" and summary.get("run_dir"):
+        parts.append(f"see {Path(summary['run_dir']) / summary.get('output', '')}")
     return " | ".join(parts)

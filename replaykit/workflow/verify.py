@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
-    "VERDICTS", "CaseResult", "Run", "Selection", "check_manifest", "node_id",
+    "NO_TESTS_RAN", "VERDICTS", "CaseResult", "Run", "Selection", "check_manifest", "node_id",
     "pytest_summary_line", "read_junit", "resolve_tree", "run_selection",
 ]
 
@@ -43,6 +43,9 @@ ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 STATUSES = ("passed", "failed", "error", "skipped")
 NO_TESTS_COLLECTED = 5
 """pytest's exit code when nothing was collected: recorded, not an error."""
+
+NO_TESTS_RAN = "no tests ran"
+"""The outcome of a selection that executed no test (all skipped or deselected): never a pass."""
 
 VERDICTS = ("stable pass", "stable fail", "flaky", "fails only with others", "skipped")
 _FAILING = ("failed", "error")
@@ -548,10 +551,31 @@ class Selection:
                 out.append(f"{where}: pytest exit {run.returncode} ({run.summary or 'see ' + run.log.name})")
         return out
 
+    def executed(self) -> int:
+        """Test ids that ran (passed, failed or errored) in any repeat; skips do not count."""
+        return sum(any(r.statuses().get(i, "skipped") != "skipped" for r in self.repeats) for i in self.ids())
+
+    def outcome(self) -> str:
+        """``failed``, ``run error``, ``no tests ran`` (nothing executed: a pass nobody earned) or ``passed``."""
+        if self.failing_ids():
+            return "failed"
+        if self.run_errors():
+            return "run error"
+        return "passed" if self.executed() else NO_TESTS_RAN
+
     @property
     def ok(self) -> bool:
-        """True when no selected test failed in any repeat and every run ended normally (skips pass)."""
-        return not self.failing_ids() and not self.run_errors()
+        """True when some selected test ran, none failed in any repeat, and every run ended normally."""
+        return self.outcome() == "passed"
+
+    def outcome_line(self) -> str:
+        """One line for a person: the outcome, and why when nothing ran."""
+        text = self.outcome()
+        if text == NO_TESTS_RAN:
+            skipped = len(self.ids())
+            text += (f": {skipped} selected, all skipped" if skipped else ": nothing selected") + \
+                " (on a CPU, a `cuda` selection runs nothing: choose -m 'not cuda')"
+        return text
 
     def summary_lines(self) -> list[str]:
         """One line per run: label, pytest's summary line, exit code."""
@@ -570,7 +594,9 @@ class Selection:
             "counts": counts["total"],
             "counts_per_run": {k: v for k, v in counts.items() if k != "total"},
             "ok": self.ok,
+            "outcome": self.outcome(),
             "tests": len(self.ids()),
+            "executed": self.executed(),
             "repeats": len(self.repeats),
             "summary_lines": self.summary_lines(),
             "pytest_summary": [r.summary for r in self.repeats],

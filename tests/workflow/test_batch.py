@@ -237,3 +237,11 @@ def test_cli_quick_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert cli.main([*args, "-p", "x", "2"]) == 1
     assert cli.main(["--env", "broken", "--notebook", str(nb)]) == 2
     assert "NAME=PYTHON" in capsys.readouterr().err
+    # a misspelled parameter (papermill would only warn and run the defaults) is refused before anything runs
+    assert cli.main([*args, "-p", "y", "1", "--name", "typo"]) == 2
+    assert "nb.ipynb declares no parameter 'y'; it declares: x, run_dir" in capsys.readouterr().err
+    assert not list((tmp_path / "runs").glob("batch_*_typo"))
+    assert cli.main([*args, "-y", "{x: [1,"]) == 2  # bad YAML: one line, no traceback
+    err = capsys.readouterr().err
+    assert err.startswith("error: -y '{x: [1,': not valid YAML/JSON (") and "line 1, column" in err
+    assert len(err.strip().splitlines()) == 1

@@ -16,6 +16,7 @@ from replaykit.workflow.bisect import (
     BAD,
     GOOD,
     SKIP,
+    EndpointError,
     arms,
     bisect,
     commits_between,
@@ -25,6 +26,7 @@ from replaykit.workflow.bisect import (
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_CALC = """\
+import pytest
 from calc import add
 
 
@@ -34,6 +36,12 @@ def test_add():
 
 def test_other():
     assert True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(True, reason="no GPU here")
+def test_add_on_the_gpu():
+    assert add(2, 3) == 5
 """
 # (message, files to write, files to delete): commit 2 cannot be collected, commit 4 breaks add.
 HISTORY = [
@@ -58,7 +66,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     git(path, "init", "-q", "-b", "main")
     git(path, "config", "user.email", "t@example.com")
     git(path, "config", "user.name", "t")
-    (path / "pyproject.toml").write_text("[tool.pytest.ini_options]\npythonpath = ['.']\n")
+    (path / "pyproject.toml").write_text(
+        "[tool.pytest.ini_options]\npythonpath = ['.']\nmarkers = ['gpu: skipped on this host']\n"
+    )
     shas = []
     for message, files, gone in HISTORY:
         for name, text in files.items():
@@ -108,6 +118,11 @@ def test_verdicts() -> None:
     broken = {"results": {"tests": 1, "failing_ids": ["t.py"], "run_errors": ["r1: pytest exit 2 (...)"]}}
     assert verdict(cell("failed"), broken)[0] == SKIP
     assert verdict(cell("failed"), {"results": {"tests": 0}}) == (SKIP, "no tests selected")
+    # every selected test skipped (-m cuda on a CPU): untestable, never good
+    skipped = {"status": "passed", "results": {"tests": 71, "failing_ids": [], "run_errors": [],
+                                                 "counts": {"passed": 0, "skipped": 71}}}
+    assert verdict(cell("passed"), skipped) == (SKIP, "no tests ran (71 skipped)")
+    assert verdict(cell("failed"), skipped | {"results": skipped["results"] | {"executed": 0}})[0] == SKIP
     assert verdict(cell("failed"), {"results": None})[0] == SKIP
     assert verdict(cell("error"), None)[0] == SKIP
 
@@ -130,7 +145,8 @@ def test_bisect_finds_the_breaking_commit_around_a_skip(repo: tuple[Path, list[s
     result = bisect(path, shas[0], shas[-1], markers=None, runs_dir=tmp_path / "runs", progress=False)
     assert result.first_bad is not None and result.first_bad.sha == shas[3]
     assert result.conclusion() == f"First bad commit: {shas[3][:7]} subtract instead of adding"
-    assert result.verdicts() == {shas[3][:7]: BAD, shas[1][:7]: SKIP, shas[2][:7]: GOOD}
+    assert result.verdicts() == {shas[0][:7]: GOOD, shas[-1][:7]: BAD,  # the endpoints, run first
+                                 shas[3][:7]: BAD, shas[1][:7]: SKIP, shas[2][:7]: GOOD}
     skipped = next(s for s in result.steps if s.verdict == SKIP)
     assert "exit 4" in skipped.why or "no junit" in skipped.why  # the conftest could not load
     bad = next(s for s in result.steps if s.verdict == BAD)
@@ -139,7 +155,7 @@ def test_bisect_finds_the_breaking_commit_around_a_skip(repo: tuple[Path, list[s
     assert result.folder.name.startswith("bisect_") and result.folder.parent == tmp_path / "runs"
     index = json.loads(result.index.read_text())
     assert index["kind"] == "bisect" and index["result"]["first_bad"] == shas[3]
-    assert [c["verdict"] for c in index["cells"]] == [BAD, SKIP, GOOD]
+    assert [c["verdict"] for c in index["cells"]] == [GOOD, BAD, BAD, SKIP, GOOD]
     for step, cell in zip(result.steps, index["cells"], strict=True):
         assert (result.folder / cell["run_dir"] / "verify.ipynb").is_file()
         assert cell["tree"]["commit"] == step.commit.sha and step.run_dir == cell["run_dir"]
@@ -149,6 +165,33 @@ def test_bisect_finds_the_breaking_commit_around_a_skip(repo: tuple[Path, list[s
     assert report == result.report() and "| commit | subject | verdict | why | run |" in report
     rows = [line for line in report.splitlines() if line.startswith(f"| {shas[1][:7]}")]
     assert len(rows) == 1 and "| skip |" in rows[0]
+    assert report.index(f"| {shas[0][:7]} ") < report.index(f"| {shas[1][:7]} ")  # the good end first
+
+
+@pytest.mark.parametrize(
+    ("good", "bad", "markers", "refusal"),
+    [
+        (4, 6, None, "--good {good} 'document' is not good: it fails the selection"),  # after the bug
+        (0, 2, None, "--bad {bad} 'drop the broken conftest' is not bad: it passes the selection"),  # no bad commit
+        (0, 6, "gpu", "--good {good} 'add calc' is not good: untestable here"),  # every test skips on this host
+    ],
+    ids=["good-is-bad", "no-bad-commit", "nothing-runs-here"],
+)
+def test_endpoints_are_checked_before_any_commit_is_named(
+    repo: tuple[Path, list[str]], tmp_path: Path, good: int, bad: int, markers: str | None, refusal: str,
+) -> None:
+    """git bisect refuses these too: naming a commit here would be a verdict nobody earned."""
+    path, shas = repo
+    with pytest.raises(EndpointError) as info:
+        bisect(path, shas[good], shas[bad], markers=markers, runs_dir=tmp_path / "runs", progress=False)
+    message = refusal.format(good=shas[good][:7], bad=shas[bad][:7])
+    assert str(info.value).startswith(message)
+    index = json.loads((info.value.folder / "index.json").read_text())
+    assert index["result"]["first_bad"] is None and index["result"]["candidates"] == []
+    assert index["result"]["conclusion"] == f"No verdict: {index['result']['refused']}"
+    assert [c["tree"]["commit"] for c in index["cells"]] == ([shas[good]] if "--good" in message else
+                                                              [shas[good], shas[bad]])
+    assert "First bad commit" not in (info.value.folder / "bisect.md").read_text()
 
 
 def test_arms_side_by_side(repo: tuple[Path, list[str]], tmp_path: Path) -> None:
@@ -163,8 +206,8 @@ def test_arms_side_by_side(repo: tuple[Path, list[str]], tmp_path: Path) -> None
         "test": "tests/test_calc.py::test_add", "baseline": "passed", "candidate": "failed", "diagnostic": "passed",
     }
     assert rows["tests/test_calc.py::test_other"]["candidate"] == "passed"
-    assert rows["result"] == {"test": "result", "baseline": "2 passed",
-                              "candidate": "1 failed, 1 passed", "diagnostic": "2 passed"}
+    assert rows["result"] == {"test": "result", "baseline": "2 passed, 1 skipped",
+                              "candidate": "1 failed, 1 passed, 1 skipped", "diagnostic": "2 passed, 1 skipped"}
     assert [t["source"] for t in result.trees] == ["rev", "rev", "path"]
     assert result.trees[1]["commit"] == shas[-1] and result.trees[2]["dirty"] is True
     md = (result.folder / "arms.md").read_text()
@@ -189,6 +232,9 @@ def test_cli(repo: tuple[Path, list[str]], tmp_path: Path, capsys: pytest.Captur
     assert f"First bad commit: {shas[3][:7]} subtract instead of adding" in out
     assert cli.main([*base, "--good", shas[4], "--bad", shas[2]]) == 2
     assert "not an ancestor" in capsys.readouterr().err
+    assert cli.main([*base, "--good", shas[4], "--bad", shas[6]]) != 0  # a --good that fails
+    captured = capsys.readouterr()
+    assert "is not good" in captured.err and "First bad commit" not in captured.out
     assert cli.main([*base, "--good", shas[0]]) == 2
     assert cli.main([*base, "--arm", "x"]) == 2
     assert "LABEL=TREE" in capsys.readouterr().err

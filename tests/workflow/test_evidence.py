@@ -11,15 +11,19 @@ from typing import Any
 
 import pytest
 
-from replaykit.workflow.evidence import (
+nbformat = pytest.importorskip("nbformat", reason="notebook tooling not installed")
+
+from replaykit.workflow.evidence import (  # noqa: E402 - after the importorskip guard
     EDITED,
     MISSING,
     OK,
+    UNSEALED,
     collect,
     counts_text,
     result_text,
     runtime_text,
 )
+from replaykit.workflow.seal import seal  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BB, CF = "bb3c0b8" + "1" * 33, "3cf592d" + "2" * 33
@@ -49,18 +53,23 @@ def fake_run(
     results: dict[str, Any] | None = None,
     fingerprint: dict[str, Any] | None = None,
     notebook: str = "verify.ipynb",
+    sealed: bool = True,
 ) -> Path:
-    """A folder as replaykit.runs.run_notebook leaves it: the executed notebook and summary.json."""
+    """A folder as replaykit.runs.run_notebook leaves it: the executed notebook (sealed, unless
+    ``sealed`` is False: a run from before seals) and summary.json."""
     folder = parent / name
     folder.mkdir(parents=True)
-    body = json.dumps({"cells": [], "metadata": {"run": name}}).encode()
-    (folder / notebook).write_bytes(body)
+    nb = nbformat.v4.new_notebook(metadata={"run": name})
+    nbformat.write(nb, folder / notebook)
     results = results if results is not None else {"counts": counts or {"passed": 1}}
     fp = fingerprint or {"python": "3.11.9", "torch": "2.9.1+cu129", "device": "cpu", "gpu": None,
                          "tree": {"commit": commit, "dirty": False}}
-    summary = {"schema": 1, "notebook": notebook, "output": notebook, "sha256": hashlib.sha256(body).hexdigest(),
+    summary = {"schema": 1, "notebook": notebook, "output": notebook,
+               "sha256": hashlib.sha256((folder / notebook).read_bytes()).hexdigest(),
                "status": status, "reason": reason, "failed_cell": None, "errors": [], "fingerprint": fp,
                "results": results, "counts": results.get("counts"), "duration_s": 1.0}
+    if sealed:
+        seal(folder / notebook, summary)
     (folder / "summary.json").write_text(json.dumps(summary))
     return folder
 
@@ -93,6 +102,7 @@ def test_texts() -> None:
     assert counts_text({"passed": 9, "failed": 18, "error": 0, "skipped": 0}) == "18 failed, 9 passed"
     assert counts_text({"error": 2, "skipped": 1, "passed": 3}) == "3 passed, 1 skipped, 2 errors"
     assert counts_text({"passed": 0}) == "no tests ran"
+    assert counts_text({"passed": 0, "skipped": 71}) == "no tests ran (71 skipped)"  # never a pass
     fp = {"python": "3.13.1", "torch": "2.11.0+cu130", "device": "NVIDIA H200", "gpu": "NVIDIA H200"}
     assert runtime_text(fp) == "Python 3.13 / torch 2.11.0+cu130 / NVIDIA H200"
     assert runtime_text({"python": "3.11.7", "torch": None, "device": "cpu"}) == "Python 3.11 / torch none"
@@ -112,6 +122,8 @@ def test_texts() -> None:
     assert text(status="error", reason="kernel_died", results={"counts": {"passed": 2}}) == (
         "2 passed (error: kernel_died)"
     )
+    skipped = {"counts": {"passed": 0, "failed": 0, "skipped": 71}, "outcome": "no tests ran"}
+    assert text(status="failed", reason="exception", results=skipped) == "no tests ran (71 skipped)"
     broken = {"counts": {"passed": 0}, "run_errors": ["r1: pytest exit 2 (1 error in 0.1s)"]}
     assert text(status="failed", reason="exception", results=broken) == (
         "no tests ran (run error: r1: pytest exit 2 (1 error in 0.1s))"
@@ -198,6 +210,51 @@ def test_an_edited_notebook_is_flagged(tmp_path: Path, capsys: pytest.CaptureFix
     assert cli.main([str(tmp_path / "nowhere")]) == 2
     assert cli.main(["--batch", str(tmp_path)]) == 2
     assert "no such batch index" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("recorded", "claimed", "truth"),
+    [({"passed": 27}, {"failed": 3, "passed": 24}, "27 passed"),
+     ({"failed": 3, "passed": 24}, {"passed": 27}, "3 failed, 24 passed")],
+    ids=["pass-edited-to-fail", "fail-edited-to-pass"],
+)
+def test_an_edited_summary_is_flagged_and_the_result_is_the_notebooks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], recorded: dict, claimed: dict, truth: str,
+) -> None:
+    """summary.json alone edited (the notebook untouched, so its sha256 still matches): the seal catches it."""
+    status = "passed" if "failed" not in recorded else "failed"
+    run = fake_run(tmp_path / "runs", "r", results={"counts": recorded}, status=status)
+    assert collect(folders=[run]).runs[0].integrity == OK
+    summary = json.loads((run / "summary.json").read_text())
+    summary["results"]["counts"] = summary["counts"] = claimed
+    summary["status"] = "failed" if "failed" in claimed else "passed"
+    (run / "summary.json").write_text(json.dumps(summary))
+    ev = collect(folders=[run])
+    assert ev.runs[0].integrity == EDITED and ev.edited == ev.runs
+    assert ev.runs[0].result() == f"{truth} **EDITED**"  # the notebook's verdict, not the edited one
+    assert any("summary.json: EDITED after the run" in w and "counts" in w for w in ev.warnings)
+    assert load_cli().main([str(run)]) == 1
+    assert "edited after the run" in capsys.readouterr().err
+
+
+def test_a_run_from_before_seals_is_marked_unsealed(tmp_path: Path) -> None:
+    run = fake_run(tmp_path, "old", sealed=False)
+    ev = collect(folders=[run])
+    assert ev.runs[0].integrity == UNSEALED and ev.edited == []  # not an edit, but said
+    assert ev.runs[0].result() == "1 passed" and "no seal" in ev.warnings[0]
+
+
+def test_a_failed_cell_cannot_read_as_passed(tmp_path: Path) -> None:
+    """Both files rewritten consistently (the seal holds) still cannot call a failed notebook passed."""
+    run = fake_run(tmp_path, "r", status="passed")
+    nb = nbformat.read(run / "verify.ipynb", as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell("1/0", metadata={"papermill": {"status": "failed"}}))
+    nbformat.write(nb, run / "verify.ipynb")
+    summary = json.loads((run / "summary.json").read_text())
+    seal(run / "verify.ipynb", summary)
+    (run / "summary.json").write_text(json.dumps(summary))
+    ev = collect(folders=[run])
+    assert ev.runs[0].integrity == EDITED and "a cell failed, but the run is recorded as passed" in ev.warnings[0]
 
 
 def load_cli() -> ModuleType:

@@ -99,6 +99,7 @@ def test_cli_parameters(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_passing_notebook(tmp_path: Path) -> None:
     nb = make_notebook(tmp_path / "ok.ipynb", WRITE_RESULTS, "print('done')")
+    nb = make_notebook(tmp_path / "ok.ipynb", WRITE_RESULTS, "print('done')", params="x = 1\nwhere = ''\nrun_dir = None")
     result = run_notebook(nb, {"x": 7, "where": tmp_path}, runs_dir=tmp_path / "runs", progress=False)
     s = result.summary
     assert result.ok and s["status"] == "passed" and s["reason"] is None and s["failed_cell"] is None
@@ -178,3 +179,29 @@ def test_parameter_of_the_wrong_type_is_refused_before_running(tmp_path: Path) -
         run_notebook(nb, {"quick": "false"}, runs_dir=tmp_path, progress=False)
     assert not list(tmp_path.iterdir())  # nothing ran, nothing was written
     assert cli_parameters([("quick", "false")], [], []) == {"quick": False}
+
+
+def test_unknown_parameter_is_refused_before_running(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """papermill only warns about an unknown name and runs the defaults: -p marker "" kept markers="cuda"."""
+    nb = ROOT / "notebooks" / "verify.ipynb"
+    with pytest.raises(ValueError, match=r"verify.ipynb declares no parameter 'marker'; it declares: tree, markers, ids"):
+        run_notebook(nb, {"marker": ""}, runs_dir=tmp_path / "runs", progress=False)
+    assert not (tmp_path / "runs").exists()  # nothing ran
+    assert load_cli().main([str(nb), "-p", "marker", "", "--runs-dir", str(tmp_path / "runs")]) == 2
+    assert "declares no parameter 'marker'" in capsys.readouterr().err
+
+
+def test_bad_yaml_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"^-y '\{tasks: \[detect': not valid YAML/JSON \(.* at line 1, column \d+\)$"):
+        cli_parameters(yamls=["{tasks: [detect"])
+
+
+def test_summary_line_keeps_both_ends_of_the_error_and_says_where_to_look() -> None:
+    evalue = "3 failing test id(s): " + ", ".join(f"tests/t.py::test_{i}" for i in range(40)) + "; run errors: [exit 4]"
+    s = {"status": "failed", "notebook": "verify.ipynb", "reason": "exception", "duration_s": 1.0,
+         "run_dir": "runs/x", "output": "verify.ipynb", "counts": None,
+         "failed_cell": {"index": 13, "source_index": 13, "ename": "AssertionError", "evalue": evalue}}
+    line = summary_line(s)
+    assert "\n" not in line and "AssertionError: 3 failing test id(s)" in line and "run errors: [exit 4]" in line
+    assert line.endswith("| see runs/x/verify.ipynb")
+    assert summary_line(s | {"status": "passed", "failed_cell": None}).endswith("| 1.0 s")

@@ -249,6 +249,17 @@ def test_markers_ids_and_skips_pass(tmp_path: Path) -> None:
     )
     assert chosen.ok and len(chosen.runs) == 1  # a skip is not a failure
     assert chosen.table()["stable"].tolist() == ["stable pass", "skipped"]
+    assert chosen.executed() == 1 and chosen.outcome() == "passed"
+
+
+def test_a_selection_whose_every_test_skips_is_no_tests_ran(tmp_path: Path) -> None:
+    """-m cuda on a CPU: every selected test skips. That earned nothing: not ok, outcome 'no tests ran'."""
+    tree = make_tree(tmp_path / "tree", {"test_simple.py": SIMPLE})
+    skips = run_selection(tree, markers=None, ids=["tests/test_simple.py::test_skip"], repeats=2,
+                          out_dir=tmp_path / "out", progress=False)
+    assert skips.counts()["total"]["skipped"] == 2 and skips.executed() == 0
+    assert not skips.ok and skips.outcome() == "no tests ran" and skips.run_errors() == []
+    assert skips.outcome_line().startswith("no tests ran: 1 selected, all skipped")
 
 
 def test_nothing_collected_is_recorded(tmp_path: Path) -> None:
@@ -256,8 +267,10 @@ def test_nothing_collected_is_recorded(tmp_path: Path) -> None:
     selection = run_selection(tree, markers="gpuish", repeats=2, out_dir=tmp_path / "out", progress=False)
     assert [r.returncode for r in selection.runs] == [5, 5]
     assert selection.runs[0].summary.startswith("3 deselected in ")
-    assert selection.ok and selection.run_errors() == [] and selection.table().empty
+    assert selection.run_errors() == [] and selection.table().empty
     assert selection.counts()["total"] == {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
+    assert not selection.ok and selection.outcome() == "no tests ran"  # nothing ran: not a pass
+    assert selection.results()["outcome"] == "no tests ran" and selection.results()["executed"] == 0
     # pytest 9 refuses an unregistered marker under --strict-markers: exit 4, a run error
     unknown = run_selection(tree, markers="cuda", out_dir=tmp_path / "out4", progress=False)
     assert unknown.runs[0].returncode == 4 and not unknown.ok
@@ -396,6 +409,9 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([*base, "--out", str(tmp_path / "b"), "--", "-x"]) == 1
     out = capsys.readouterr().out
     assert "ValueError: boom" in out and "alone tests/test_simple.py::test_fail: 1 failed" in out
+    only_skip = ["--id", "tests/test_simple.py::test_skip"]
+    assert cli.main([*base, *only_skip, "--out", str(tmp_path / "s")]) == 1  # no tests ran: not a pass
+    assert "outcome: no tests ran: 1 selected, all skipped" in capsys.readouterr().out
     (tmp_path / "bad.tgz").write_bytes(b"\x1f\x8b broken")
     assert cli.main(["--tree", str(tmp_path / "bad.tgz"), "--out", str(tmp_path / "c")]) == 2
     assert "corrupted" in capsys.readouterr().err
@@ -437,6 +453,13 @@ def test_notebook_through_the_runner(tmp_path: Path) -> None:
     )
     s = skips.summary
     assert skips.ok and s["status"] == "passed" and s["counts"]["skipped"] == 1
+    assert s["results"]["outcome"] == "passed"
     assert s["results"]["verdicts"] == {
         "tests/test_simple.py::test_pass": "stable pass", "tests/test_simple.py::test_skip": "skipped",
     }
+
+    nothing = run_notebook(NOTEBOOK, {"tree": str(tree), "markers": "", "ids": ["tests/test_simple.py::test_skip"]},
+                           runs_dir=tmp_path / "runs", progress=False)
+    s = nothing.summary
+    assert not nothing.ok and s["status"] == "failed" and s["results"]["outcome"] == "no tests ran"
+    assert s["failed_cell"]["evalue"].startswith("no tests ran: 1 selected, all skipped")
