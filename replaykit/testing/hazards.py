@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 import replaykit as rk
+from replaykit import bitwise
 
 from .hazard_patterns import HAZARDS, PATTERNS, Arm, Extras, Pattern
 
@@ -52,34 +53,6 @@ State = dict[str, "torch.Tensor | None"]
 
 
 # --------------------------------------------------------------------------- bitwise comparison
-_INT_OF = {8: torch.int64, 4: torch.int32, 2: torch.int16}
-
-
-def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
-    """The largest distance in units of last place between float tensors of one dtype (0 when equal)."""
-    if a.numel() == 0:
-        return 0
-    int_dtype = _INT_OF[a.element_size()]
-    ia = a.detach().contiguous().view(int_dtype).to(torch.int64)
-    ib = b.detach().contiguous().view(int_dtype).to(torch.int64)
-    bits = a.element_size() * 8
-    sign = 1 << (bits - 1)
-    # map the sign-magnitude bit patterns onto a monotonic integer line (-0.0 and 0.0 one apart)
-    ia = torch.where(ia < 0, -(ia + sign) - 1, ia)
-    ib = torch.where(ib < 0, -(ib + sign) - 1, ib)
-    return int((ia - ib).abs().max())
-
-
-def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit-for-bit equality: ``torch.equal``, and for floats the same bits (signed zeros, NaNs)."""
-    if a.is_floating_point() or a.is_complex():
-        if a.is_complex():
-            a, b = torch.view_as_real(a), torch.view_as_real(b)
-        int_dtype = _INT_OF[a.element_size()]
-        return torch.equal(a.contiguous().view(int_dtype), b.contiguous().view(int_dtype))
-    return torch.equal(a, b)
-
-
 @dataclass(frozen=True)
 class Diff:
     """One tensor that differs: ``problem`` is missing, none, dtype, shape, device or values."""
@@ -98,43 +71,36 @@ class Diff:
 
 
 def compare_states(expected: State, actual: State) -> list[Diff]:
-    """Every tensor of ``actual`` that differs from ``expected``, in ``expected``'s order."""
+    """Every tensor of ``actual`` that differs bitwise from ``expected`` (``replaykit.bitwise``), in ``expected``'s order."""
     diffs: list[Diff] = []
     for name in [*expected, *(n for n in actual if n not in expected)]:
         if name not in expected or name not in actual:
             diffs.append(Diff(name, "missing", detail="in eager" if name not in expected else "in replay"))
             continue
         a, b = expected[name], actual[name]
-        if a is None or b is None:
-            if (a is None) != (b is None):
-                diffs.append(Diff(name, "none", detail=f"eager {_what(a)}, replay {_what(b)}"))
+        if a is not None and b is not None:
+            if a.layout != torch.strided or b.layout != torch.strided:
+                a, b = a.to_dense(), b.to_dense()
+            if a.device != b.device:
+                diffs.append(Diff(name, "device", detail=f"{a.device} vs {b.device}"))
+                continue
+        row = bitwise.diff(name, a, b)
+        if row is None:
             continue
-        if a.layout != torch.strided or b.layout != torch.strided:
-            a, b = a.to_dense(), b.to_dense()
-        if a.dtype != b.dtype:
-            diffs.append(Diff(name, "dtype", detail=f"{a.dtype} vs {b.dtype}"))
-        elif a.shape != b.shape:
-            diffs.append(Diff(name, "shape", detail=f"{tuple(a.shape)} vs {tuple(b.shape)}"))
-        elif a.device != b.device:
-            diffs.append(Diff(name, "device", detail=f"{a.device} vs {b.device}"))
-        elif not _bits_equal(a, b):
-            diffs.append(_value_diff(name, a, b))
+        if row.problem == "none_pattern":
+            diffs.append(Diff(name, "none", detail=f"eager {_what(a)}, replay {_what(b)}"))
+        elif row.problem != "values":
+            detail = f"{a.dtype} vs {b.dtype}" if row.problem == "dtype" else f"{tuple(a.shape)} vs {tuple(b.shape)}"
+            diffs.append(Diff(name, row.problem, detail=detail))
+        else:
+            ulp = row.max_ulp if a.is_floating_point() else None
+            max_abs = 0.0 if row.max_abs != row.max_abs else row.max_abs  # NaN-only differences
+            diffs.append(Diff(name, "values", max_abs, ulp))
     return diffs
 
 
 def _what(t: torch.Tensor | None) -> str:
     return "None" if t is None else f"tensor{tuple(t.shape)}"
-
-
-def _value_diff(name: str, a: torch.Tensor, b: torch.Tensor) -> Diff:
-    if not (a.is_floating_point() or a.is_complex()):
-        return Diff(name, "values", float((a.double() - b.double()).abs().max()), None)
-    da, db = a.double(), b.double()
-    both_nan = da.isnan() & db.isnan()
-    gap = torch.where(both_nan, torch.zeros_like(da), (da - db).abs())
-    gap = torch.where(gap.isnan(), torch.full_like(gap, float("inf")), gap)  # NaN against a number
-    ulp = ulp_distance(a, b) if not a.is_complex() else None
-    return Diff(name, "values", float(gap.max()), ulp)
 
 
 def end_state(model: nn.Module, extras: Extras) -> State:
