@@ -115,14 +115,34 @@ def _uses(outputs: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor]) -> li
     return counts
 
 
+class _SavedParameters:
+    """Saved-tensor hooks noting which parameters the backward reads (eager checks just those for in-place changes)."""
+
+    def __init__(self, leaves: Sequence[torch.Tensor]) -> None:
+        self._index = {t.untyped_storage().data_ptr(): i for i, t in enumerate(leaves)}
+        self.saved: set[int] = set()
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        i = self._index.get(t.untyped_storage().data_ptr()) if t.device.type != "meta" else None
+        if i is not None:
+            self.saved.add(i)
+        return t
+
+    @staticmethod
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+
 def probe(
     module: nn.Module,
     fn: Callable[..., Any],
     static_inputs: Sequence[torch.Tensor],
     params: Sequence[torch.Tensor],
+    saved: list[int] | None = None,
 ) -> Refusal | None:
     """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None.
 
+    ``saved``, when given, receives the indices of the parameters the backward reads.
     The caller snapshots and restores module state and RNG around this call.
     """
     if gradient_hooks(params) > 1:
@@ -130,8 +150,11 @@ def probe(
     leaves = [p.detach().requires_grad_(True) for p in params]
     versions = [x._version for x in static_inputs]
     inspector = _Inspector()
-    with listen_for_writes() as writes, inspector:
+    hooks = _SavedParameters(leaves)
+    with listen_for_writes() as writes, inspector, torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack):
         outs, _ = tree_flatten(fn(*static_inputs, params=leaves))
+    if saved is not None:
+        saved[:] = sorted(hooks.saved)
     names = _names(module)
     written = sorted({f"{names.get(id(m), type(m).__name__)}.{attr}" for m, attr in writes if id(m) in names})
     if written:

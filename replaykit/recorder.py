@@ -142,6 +142,7 @@ class Recorder:
         self._replayed_calls = 0  # calls routed to replay (the shadow check samples them)
         self._recordings: dict[tuple, Recording] = {}
         self._refused: dict[tuple, str] = {}  # signatures the probe refused, with the eager route
+        self._saved: dict[tuple, list[torch.Tensor]] = {}  # per recording: parameters its backward reads
         self._guard_grads = "copy_out" not in disabled
         self._guard_outputs = "live_outputs" not in disabled
         self._aliases: dict[tuple, StaticAliases] = {}
@@ -299,8 +300,9 @@ class Recorder:
         named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
         fn = partial(self._run_forward, callargs, [n for n, _ in named])
+        saved = list(range(len(params)))  # the parameters the backward reads (all, unless the probe says)
         try:
-            refusal = None if "record_probe" in self.disabled else probe(self.module, fn, static_inputs, params)
+            refusal = None if "record_probe" in self.disabled else probe(self.module, fn, static_inputs, params, saved)
             if refusal is None:
                 recording = self.backend.record(fn, static_inputs, params, self.warmup)
         except Exception as exc:
@@ -319,6 +321,7 @@ class Recorder:
                 self._retire(refusal.reason, call)
             return None
         self._recordings[key] = recording
+        self._saved[key] = [params[i] for i in saved]
         self._aliases[key] = StaticAliases(recording.static_outputs if self._guard_outputs else (), ())
         self._guard_new_grads(key, recording)
         shapes = ", ".join("x".join(map(str, t.shape)) for t in callargs.tensors)
@@ -393,8 +396,8 @@ class Recorder:
                 copied.add(id(static))
                 _copy_into(static, x)  # like a graph's own writes: no autograd version bump
         recording.replay_forward()
-        if self._check_versions:
-            step.versions = list(map(_VERSION, recording.params))
+        if self._check_versions:  # what eager's saved-tensor check covers: the parameters the backward reads
+            step.versions = list(map(_VERSION, self._saved[step.key]))
         self._replays += 1
         step.generation = self._replays
         if self._hold_enabled:
@@ -410,7 +413,7 @@ class Recorder:
         recording = step.recording
         self._end_hold(step)
         self._check_activations(step)
-        if step.versions is not None and list(map(_VERSION, recording.params)) != step.versions:
+        if step.versions is not None and list(map(_VERSION, self._saved[step.key])) != step.versions:
             raise ReplayError(
                 "replaykit: one of the variables needed for gradient computation has been modified by an inplace "
                 f"operation: a parameter of {self.module_name} changed between replayed call {step.call} and its "
@@ -544,6 +547,7 @@ class Recorder:
         for aliases in self._aliases.values():
             aliases.copy_out()  # reachable holders keep valid values without pinning static memory
         self._aliases.clear()
+        self._saved.clear()
         for recording in self._recordings.values():
             recording.free()
         self._recordings.clear()

@@ -169,3 +169,33 @@ def test_functional_call_without_the_identity_guard_diverges(backend: str, devic
         grads.append([p.grad.clone() for p in m.parameters()])
     assert any(not torch.equal(a, b) for a, b in zip(*grads, strict=True))
     rec.release()
+
+
+@pytest.mark.parametrize("which", ["weight", "bias"])
+def test_weights_changed_between_forward_and_backward_raise_exactly_when_eager_does(
+    backend: str, device: str, which: str
+) -> None:
+    """Eager checks the tensors its backward saved: a Linear's weight, not its bias."""
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2)).to(device)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2)).to(device)
+    model.load_state_dict(eager.state_dict())
+    rec = rk.capture(model, backend=backend)
+    raised = []
+    for m in (eager, model):
+        try:
+            for _ in range(3):
+                out = m(torch.ones(2, 4, device=device))
+                with torch.no_grad():
+                    getattr(m[2], which).mul_(0.5)
+                out.sum().backward()
+            raised.append(False)
+        except RuntimeError as exc:
+            assert "modified by an inplace operation" in str(exc)
+            raised.append(True)
+    assert raised == [which == "weight"] * 2
+    if which == "bias":
+        assert rec.counts["replay"] == 2
+        for p, q in zip(eager.parameters(), model.parameters(), strict=True):
+            assert torch.equal(p.grad, q.grad)
+    rec.release()
