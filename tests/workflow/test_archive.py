@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from replaykit import pack as pk
+from replaykit.workflow import archive as pk
 from replaykit.workflow.fingerprint import MANIFEST_NAME, tree_info
 
 ENV = {

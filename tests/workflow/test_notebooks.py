@@ -13,7 +13,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 SMALL = {
     "parity.ipynb": {"tasks": ["detection"], "accumulations": [2], "with_unsafe": True},
     "benchmark.ipynb": {"quick": True, "steps": 8, "rounds": 2},
-    "verify.ipynb": {"markers": "cuda", "ids": ["tests/testing/test_bitwise.py"]},
+    "verify.ipynb": {"markers": "cuda", "ids": ["tests/core/test_bitwise.py"]},
 }
 
 
