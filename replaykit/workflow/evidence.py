@@ -22,7 +22,7 @@ from typing import Any
 
 from replaykit import tables
 
-from .hashing import file_sha256
+from .archive import file_sha256
 
 __all__ = ["Evidence", "RunEvidence", "collect", "counts_text", "load_run", "result_text", "runtime_text"]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 import platform
 import re
 import shutil
@@ -19,8 +18,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-MANIFEST_NAME = "replaykit-manifest.json"
-"""Manifest written into an uploaded (packed) tree: at least ``commit``, ``dirty``, ``sha256``."""
+from replaykit.workflow.archive import MANIFEST_NAME, in_colab
+
+__all__ = [
+    "FINGERPRINT_FILE", "MANIFEST_NAME", "default_tree", "fingerprint", "fingerprint_slug",
+    "in_colab", "record_fingerprint", "tree_info",
+]
 
 FINGERPRINT_FILE = "fingerprint.json"
 """File a notebook writes into its run dir; the runner prefers it to its own fingerprint."""
@@ -133,11 +136,6 @@ def _driver() -> str | None:
     out = _run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], timeout=3) if smi else None
     lines = out.strip().splitlines() if out else []
     return lines[0].strip() if lines else None
-
-
-def in_colab() -> bool:
-    """True inside a Google Colab runtime."""
-    return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
 
 
 def fingerprint(tree: str | Path | None = None) -> dict[str, Any]:

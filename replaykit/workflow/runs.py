@@ -24,7 +24,7 @@ from typing import Any
 
 from replaykit.workflow.fingerprint import FINGERPRINT_FILE, fingerprint, fingerprint_slug
 
-from .hashing import file_sha256
+from .archive import file_sha256
 
 SUMMARY_FILE = "summary.json"
 RESULTS_FILE = "results.json"
