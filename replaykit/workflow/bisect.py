@@ -35,12 +35,12 @@ from replaykit.workflow.batch import (
     write_index,
 )
 from replaykit.workflow.evidence import result_text
-from replaykit.workflow.fingerprint import default_tree
+from replaykit.workflow.fingerprint import notebook_path
 from replaykit.workflow.runs import kernel_executable
 
 __all__ = ["ArmsResult", "BisectResult", "Commit", "arms", "bisect", "commits_between", "search", "verdict"]
 
-VERIFY_NOTEBOOK = default_tree() / "notebooks" / "verify.ipynb"
+VERIFY_NOTEBOOK = notebook_path("verify.ipynb")
 GOOD, BAD, SKIP = "good", "bad", "skip"
 SHORT_VERDICTS = {"stable pass": "passed", "stable fail": "failed", "fails only with others": "fails with others"}
 

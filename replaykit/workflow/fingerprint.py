@@ -21,8 +21,8 @@ from typing import Any
 from replaykit.workflow.archive import MANIFEST_NAME, in_colab
 
 __all__ = [
-    "FINGERPRINT_FILE", "MANIFEST_NAME", "default_tree", "fingerprint", "fingerprint_slug",
-    "in_colab", "record_fingerprint", "tree_info",
+    "FINGERPRINT_FILE", "MANIFEST_NAME", "NeedsSourceTree", "default_tree", "fingerprint",
+    "fingerprint_slug", "in_colab", "notebook_path", "record_fingerprint", "source_tree", "tree_info",
 ]
 
 FINGERPRINT_FILE = "fingerprint.json"
@@ -34,9 +34,34 @@ DIRTY_IGNORE = ("runs/",)
 _UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
 
 
+class NeedsSourceTree(ValueError):
+    """replaykit runs from an installed wheel and the command needs a checkout, a folder or an archive."""
+
+
+def source_tree() -> Path | None:
+    """The source checkout that holds this replaykit package; None when it is installed (a wheel)."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").is_file() and (root / "replaykit" / "__init__.py").is_file() else None
+
+
 def default_tree() -> Path:
-    """The source tree that holds this replaykit package."""
-    return Path(__file__).resolve().parents[2]
+    """The source tree that holds this replaykit package; NeedsSourceTree when it is installed."""
+    root = source_tree()
+    if root is None:
+        raise NeedsSourceTree(
+            f"needs a source tree: replaykit is installed ({Path(__file__).resolve().parents[1]}), "
+            "not a checkout; pass --tree (a checkout, a folder or an archive from `replaykit-workflow pack`)"
+        )
+    return root
+
+
+def notebook_path(name: str) -> Path:
+    """``notebooks/<name>`` of the source tree, else the copy a wheel ships in ``replaykit/workflow/notebooks/``."""
+    root = source_tree()
+    for folder in ([root / "notebooks"] if root else []) + [Path(__file__).resolve().parent / "notebooks"]:
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(f"no notebook {name!r} in this checkout's notebooks/ or in the installed replaykit")
 
 
 def _run(cmd: list[str], cwd: Path | None = None, timeout: float = 5.0) -> str | None:
@@ -93,6 +118,8 @@ def tree_info(tree: str | Path | None = None) -> dict[str, Any]:
     the root of the tree; a subdirectory of some other checkout is not attributed
     to that checkout.
     """
+    if tree is None and source_tree() is None:  # an installed wheel: no commit to record
+        return {"path": str(Path(__file__).resolve().parents[1]), "source": "installed", "commit": None, "dirty": None}
     path = Path(tree) if tree is not None else default_tree()
     path = path.resolve()
     base = {"path": str(path)}

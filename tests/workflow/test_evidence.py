@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from replaykit.workflow import cli
 from replaykit.workflow.evidence import (
     EDITED,
     MISSING,
@@ -178,8 +177,7 @@ def test_an_edited_notebook_is_flagged(tmp_path: Path, capsys: pytest.CaptureFix
     assert [r.integrity for r in ev.runs] == [OK, OK]
     assert ev.runs[0].result() == "passed"  # no counts: the status
 
-    cli = load_cli()
-    assert cli.main(["--runs", str(runs)]) == 0
+    assert cli.evidence(["--runs", str(runs)]) == 0
     text = real / "real.ipynb"
     text.write_text(text.read_text().replace("real run", "a better run"))  # edited after the run
     (fake / "verify.ipynb").unlink()
@@ -189,20 +187,14 @@ def test_an_edited_notebook_is_flagged(tmp_path: Path, capsys: pytest.CaptureFix
     assert any("EDITED after the run" in w and "real.ipynb" in w for w in ev.warnings)
     assert any("missing" in w for w in ev.warnings)
     out = tmp_path / "notes" / "entry.md"
-    assert cli.main(["--runs", str(runs), "--out", str(out)]) == 1
+    assert cli.evidence(["--runs", str(runs), "--out", str(out)]) == 1
     captured = capsys.readouterr()
     assert out.read_text() in captured.out and "Warnings:" in out.read_text()
     assert "(../runs/" in out.read_text()  # links relative to the output file
     assert "2 notebook(s) edited after the run or missing" in captured.err
 
-    assert cli.main([str(tmp_path / "nowhere")]) == 2
-    assert cli.main(["--batch", str(tmp_path)]) == 2
+    assert cli.evidence([str(tmp_path / "nowhere")]) == 2
+    assert cli.evidence(["--batch", str(tmp_path)]) == 2
     assert "no such batch index" in capsys.readouterr().err
 
 
-def load_cli() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("evidence_cli", ROOT / "scripts" / "evidence.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
