@@ -1,3 +1,4 @@
+# One module: the six commands share option groups and one dispatcher; each is a parser and a short main.
 """The workflow's commands: ``replaykit-workflow COMMAND ...`` = ``python -m replaykit.workflow COMMAND ...``.
 
     pack      pack a tree (or a revision) into one verified archive; --verify one

@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import platform
-import re
 import shutil
 import socket
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from replaykit.workflow.archive import MANIFEST_NAME, in_colab
+from replaykit.workflow.folders import slug
 
 __all__ = [
     "FINGERPRINT_FILE", "MANIFEST_NAME", "NeedsSourceTree", "default_tree", "fingerprint",
@@ -30,8 +30,6 @@ FINGERPRINT_FILE = "fingerprint.json"
 
 DIRTY_IGNORE = ("runs/",)
 """Paths whose changes do not make a checkout dirty (run evidence is written there)."""
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
 
 
 class NeedsSourceTree(ValueError):
@@ -196,22 +194,18 @@ def record_fingerprint(
     return fp
 
 
-def _safe(text: str) -> str:
-    return _UNSAFE.sub("-", text).strip("-.") or "unknown"
-
-
 def fingerprint_slug(fp: dict[str, Any]) -> str:
     """``<device>_torch<version>_<tree>`` for a run folder name, e.g. ``cpu_torch2.13.0_3f2a1b9``.
 
     Only letters, digits, ``.``, ``-`` inside a part; ``_`` separates the parts. The torch
     local version (``+cpu``, ``+cu128``) is dropped; the device says which build it was.
     """
-    device = _safe(str(fp.get("device") or "unknown"))
-    torch_version = _safe(str(fp.get("torch") or "none").split("+")[0])
+    device = slug(str(fp.get("device") or "unknown"), lower=False, empty="unknown")
+    torch_version = slug(str(fp.get("torch") or "none").split("+")[0], lower=False, empty="unknown")
     tree = fp.get("tree") or {}
     commit = tree.get("commit")
     if commit:
-        label = _safe(str(commit))[:7]
+        label = slug(str(commit), lower=False, empty="unknown")[:7]
         if tree.get("dirty"):
             label += "-dirty"
     else:

@@ -1,3 +1,4 @@
+# One module: the runs of a selection and the verdict tables read from their junit XML belong together.
 """Run a pytest selection against a source tree and turn its junit XML into tables.
 
 ``resolve_tree`` turns the current checkout, a directory or an uploaded archive (made by
