@@ -1,21 +1,29 @@
-"""Pack a source tree into one verified archive for a GPU host (Colab or offline).
+"""Pack a source tree into one verified archive for a GPU host (Colab or offline); open trees.
 
     result = pack(Path("."), Path("dist"))            # working tree, dirty included
     result = pack(Path("."), Path("dist"), rev="HEAD~3", wheelhouse=Wheelhouse(NOTEBOOK_REQUIREMENTS))
     manifest = verify_archive(result.path)            # ValueError on any corruption
     root = unpack(result.path, Path("/content"))      # verifies first, then extracts
+    root = open_tree("any.tar.gz", Path("work"))      # a folder or any archive, manifest checked
+    bootstrap(tree)                                   # a notebook's first cell: replaykit importable
 
 The archive is a ``.tar.gz`` whose members all sit under ``replaykit-<short>[-dirty]/``;
 that folder holds ``replaykit-manifest.json`` (commit, tree hash, diff, per-file sha256,
 optional wheelhouse). Standard library only, so a bootstrap can load this file by path.
+
+One module on purpose (not split though long): a notebook's bootstrap and ``scripts/pack.py``
+load this single file by path before replaykit (and torch) can be imported, so everything
+they need (manifest and tree checks, pack, verify, unpack, the ``pack`` command) is here.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import fnmatch
 import gzip
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -34,7 +42,9 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST_NAME = "replaykit-manifest.json"
-"""Same name as ``replaykit.fingerprint.MANIFEST_NAME``: the fingerprint reads it."""
+"""At the root of a packed tree: commit, dirty, sha256 and per-file sha256 (the fingerprint reads it)."""
+
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 
 FORMAT = 1
 PREFIX = "replaykit"
@@ -69,6 +79,15 @@ _CHUNK = 1 << 20
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """The hex sha256 of a file's bytes, read in 1 MiB blocks (manifests, run summaries, evidence)."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        for block in iter(lambda: fh.read(_CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def tree_sha256(files: dict[str, str]) -> str:
@@ -663,3 +682,252 @@ def unpack(path: Path, dest: Path, *, replace: bool = False) -> Path:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return final
+
+
+# --------------------------------------------------------------------------- trees: a folder or any archive
+
+
+def _unsafe(name: str) -> bool:
+    """True for an absolute path (POSIX or drive letter) or one that climbs out with ``..``."""
+    clean = name.replace("\\", "/")
+    return clean.startswith("/") or re.match(r"^[A-Za-z]:", clean) is not None or ".." in clean.split("/")
+
+
+def check_manifest(tree: Path) -> dict[str, Any] | None:
+    """The tree's ``replaykit-manifest.json`` (None when it has none), its ``files`` verified.
+
+    ``files`` maps a relative path to the sha256 of its contents; the first missing or
+    differing file raises ValueError. A manifest without ``files`` is returned unchecked
+    (the fingerprint records it).
+    """
+    path = Path(tree) / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: unreadable manifest ({exc})") from exc
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path}: the manifest is not a JSON object")
+    files = manifest.get("files")
+    if files is None:
+        return manifest
+    if not isinstance(files, dict):
+        raise ValueError(f"{path}: 'files' must map relative paths to sha256 digests")
+    for rel, expected in files.items():
+        if _unsafe(rel):
+            raise ValueError(f"{path}: refusing manifest entry {rel!r} (absolute or '..')")
+        target = Path(tree) / rel
+        if not target.is_file():
+            raise ValueError(f"manifest mismatch: {rel} is listed in {MANIFEST_NAME} but missing")
+        actual = file_sha256(target)
+        if actual != str(expected).lower():
+            raise ValueError(
+                f"manifest mismatch: {rel} has sha256 {actual[:16]}…, "
+                f"{MANIFEST_NAME} says {str(expected)[:16]}…"
+            )
+    return manifest
+
+
+def _check_member(member: tarfile.TarInfo) -> None:
+    """Refuse a member of an arbitrary archive: absolute, ``..``, a link leaving the tree, a device."""
+    name = member.name
+    if _unsafe(name):
+        raise ValueError(f"refusing archive member {name!r}: absolute path or '..'")
+    if member.issym() or member.islnk():
+        base = posixpath.dirname(name) if member.issym() else ""
+        target = posixpath.normpath(posixpath.join(base, member.linkname))
+        if member.linkname.startswith("/") or _unsafe(target):
+            raise ValueError(f"refusing archive link {name!r} -> {member.linkname!r}: leaves the tree")
+    elif not (member.isfile() or member.isdir()):
+        raise ValueError(f"refusing archive member {name!r}: not a file, folder or link")
+
+
+def _stem(name: str) -> str:
+    """An archive's name without ``.tar.gz``/``.tgz``/``.tar``."""
+    return name.removesuffix(".gz").removesuffix(".tgz").removesuffix(".tar")
+
+
+def extract_tree(archive: Path, workdir: Path) -> Path:
+    """Extract ``archive`` into a new folder under ``workdir`` and return the tree's root.
+
+    Every member is checked first (no absolute paths, no ``..``, no links leaving the tree,
+    no devices); a corrupted or truncated archive raises ValueError and leaves nothing behind.
+    The root is the archive's single top folder when it has one, else the extraction folder.
+    Unlike :func:`unpack` the archive needs no manifest: :func:`open_tree` checks one if present.
+    """
+    archive, workdir = Path(archive), Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    dest = Path(tempfile.mkdtemp(prefix=f"{_stem(archive.name) or 'tree'}-", dir=workdir))
+    try:
+        with archive.open("rb") as fh:
+            gzipped = fh.read(2) == b"\x1f\x8b"
+        if gzipped:  # a plain .tar is left to tarfile
+            _check_stream(archive)
+        with tarfile.open(archive, "r:*") as tar:
+            members = tar.getmembers()
+            if not members:
+                raise ValueError("the archive is empty")
+            for member in members:
+                _check_member(member)
+            tar.extractall(dest, filter="data")
+    except (tarfile.TarError, EOFError, OSError, zlib.error, ValueError) as exc:
+        shutil.rmtree(dest, ignore_errors=True)
+        why = str(exc) or type(exc).__name__
+        raise ValueError(f"{archive}: corrupted, truncated or unsafe archive: {why}") from exc
+    entries = list(dest.iterdir())
+    if len(entries) == 1 and entries[0].is_dir():
+        return entries[0]
+    return dest
+
+
+def open_tree(tree: str | Path, workdir: Path) -> Path:
+    """A source tree from a folder or an archive, checked against its manifest when it has one.
+
+    A directory: itself (it must hold ``tests/`` or ``pyproject.toml``). A ``.tar.gz``/``.tgz``/
+    ``.tar``: extracted safely into ``workdir`` (:func:`extract_tree`). A ``replaykit-manifest.json``
+    at the root with ``files`` is verified (:func:`check_manifest`). Raises ValueError for anything
+    unusable and FileNotFoundError for a path that does not exist.
+    """
+    path = Path(tree).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"tree not found: {path}")
+    if path.is_dir():
+        root = path
+    elif path.name.endswith(ARCHIVE_SUFFIXES):
+        root = extract_tree(path, Path(workdir))
+    else:
+        raise ValueError(f"{path}: not a directory or a {'/'.join(ARCHIVE_SUFFIXES)} archive")
+    root = root.resolve()
+    if not ((root / "tests").is_dir() or (root / "pyproject.toml").is_file()):
+        raise ValueError(f"{root} is not a source tree: it holds neither tests/ nor pyproject.toml")
+    check_manifest(root)
+    return root
+
+
+# --------------------------------------------------------------------------- a notebook's bootstrap
+
+
+def in_colab() -> bool:
+    """True inside a Google Colab runtime."""
+    return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
+
+
+def bootstrap(tree: str | Path = "") -> Path | None:
+    """Make ``replaykit`` importable for a notebook; returns the folder put first on ``sys.path``.
+
+    ``tree`` ``""``: nothing when replaykit is importable (None), else the checkout above the
+    working directory. A folder: itself. An archive made by :func:`pack`: verified completely
+    (every file against its manifest: an edited, truncated or corrupted archive raises
+    RuntimeError and nothing runs from it), then unpacked beside itself into a folder named
+    after it. In Colab the tree is also pip-installed (not editable: an editable install does
+    not import in a running kernel). Fetching (upload, Drive, git clone) is the cell's job.
+    """
+    if not str(tree):
+        if importlib.util.find_spec("replaykit") is not None:
+            return None
+        here = Path.cwd()
+        root = next((p for p in (here, *here.parents) if (p / "replaykit" / "__init__.py").is_file()), None)
+        if root is None:
+            raise RuntimeError(
+                "replaykit is not importable: set tree= to a git URL, an archive made by "
+                "scripts/pack.py or a folder (in Colab: tree='upload' asks for the archive)"
+            )
+    else:
+        path = Path(tree).expanduser().resolve()
+        if path.is_dir():
+            root = path
+        elif path.is_file() and path.name.endswith(ARCHIVE_SUFFIXES):
+            try:
+                root = unpack(path, path.with_name(_stem(path.name)), replace=True)
+            except ValueError as exc:
+                raise RuntimeError(
+                    f"{path.name} does not match its manifest or is damaged ({exc}); pack it and upload it again"
+                ) from None
+        else:
+            raise FileNotFoundError(f"tree {str(tree)!r}: not a folder or an archive made by scripts/pack.py")
+        if in_colab():
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", str(root)], check=True)
+    sys.path.insert(0, str(root))
+    return root
+
+
+# --------------------------------------------------------------------------- the `pack` command
+
+
+def _summary(manifest: dict[str, Any]) -> list[str]:
+    commit = manifest["commit"] or "(no commit)"
+    lines = [
+        f"top      {top_name(manifest)}/",
+        f"commit   {commit}" + ("  dirty" if manifest["dirty"] else "  clean"),
+        f"rev      {manifest.get('rev')}",
+        f"tree     {manifest.get('tree_hash')}",
+        f"files    {len(manifest['files'])}  sha256 {manifest['sha256']}",
+        f"created  {manifest.get('created_utc')}",
+    ]
+    if manifest["dirty"]:
+        lines.append(f"diff     {len(manifest['diff'].splitlines())} lines")
+    wh = manifest.get("wheelhouse")
+    if wh:
+        lines.append(f"wheels   {len(wh['files'])} for Python {wh['python']} {wh['platform'][0]}")
+        lines.append(f"install  {install_command(manifest)}")
+    return lines
+
+
+PACK_USAGE = """Pack a tree (or a revision) into one verified archive for a GPU host; or check one.
+
+    replaykit-workflow pack                                  # working tree, dirty included -> dist/
+    replaykit-workflow pack --rev HEAD~2 --out /tmp/packs    # a commit, as git archive would
+    replaykit-workflow pack --wheelhouse --python 3.12       # plus wheels for an offline host
+    replaykit-workflow pack --verify dist/replaykit-abc1234.tar.gz
+
+(``python scripts/pack.py ...`` is the same command, without importing torch.)
+Exit code: 0 ok, 1 a bad archive (--verify) or a failed pack.
+"""
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The ``pack`` command's options."""
+    ap = argparse.ArgumentParser(
+        prog=prog, description=PACK_USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--rev", help="commit to pack (default: the working tree, dirty included)")
+    ap.add_argument("--out", type=Path, default=Path("dist"), help="output folder or .tar.gz")
+    ap.add_argument("--repo", type=Path, default=Path("."), help="repository (default: the one here)")
+    ap.add_argument("--wheelhouse", action="store_true", help="add wheels for an offline host")
+    ap.add_argument("--python", default="3.12", help="wheelhouse target Python (default 3.12)")
+    ap.add_argument("--requirement", "-r", action="append", metavar="R",
+                    help="wheelhouse requirement (repeatable; default: the notebook set)")
+    ap.add_argument("--interpreter", help="Python of the target version that runs pip (default: found)")
+    ap.add_argument("--no-deps", action="store_true", help="wheelhouse without dependencies")
+    ap.add_argument("--verify", type=Path, metavar="ARCHIVE", help="check an archive and exit")
+    return ap
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """The ``pack`` command: pack, or ``--verify`` an archive."""
+    args = build_parser(prog).parse_args(argv)
+    if args.verify is not None:
+        try:
+            manifest = verify_archive(args.verify)
+        except ValueError as exc:
+            print(f"BAD ARCHIVE: {exc}", file=sys.stderr)
+            return 1
+        print(f"ok       {args.verify}")
+        print("\n".join(_summary(manifest)))
+        return 0
+    wheelhouse = None
+    if args.wheelhouse or args.requirement:
+        reqs = args.requirement or list(NOTEBOOK_REQUIREMENTS)
+        wheelhouse = Wheelhouse(reqs, python=args.python, no_deps=args.no_deps, interpreter=args.interpreter)
+    try:
+        result = pack(args.repo, args.out, rev=args.rev, wheelhouse=wheelhouse)
+    except (ValueError, RuntimeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(result.path)
+    print(f"size     {result.size / 1e6:.1f} MB")
+    print("\n".join(_summary(result.manifest)))
+    if wheelhouse is not None:
+        print(f"target   {install_command(result.manifest, target='.pylibs')}")
+    return 0

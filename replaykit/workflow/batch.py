@@ -1,3 +1,4 @@
+# One module: a cell's environment, kernel, tree and index record are built and checked against each other here.
 """Run a matrix of environments × trees × notebooks × parameter sets; one index per batch.
 
     spec = load_spec("batch.json")            # or BatchSpec(...)
@@ -35,6 +36,8 @@ from replaykit import tables
 from replaykit.workflow import archive as pk
 from replaykit.workflow.evidence import tree_text
 from replaykit.workflow.fingerprint import tree_info
+from replaykit.workflow.folders import INDEX_FILE, unique_folder
+from replaykit.workflow.folders import slug as _slug
 from replaykit.workflow.runs import (
     check_parameters,
     ensure_kernel,
@@ -50,22 +53,16 @@ __all__ = [
     "same_interpreter", "write_index",
 ]
 
-INDEX_FILE = "index.json"
 INDEX_MD = "index.md"
 INDEX_SCHEMA = 1
 ENV_STAMP = ".replaykit-env.json"
 WRONG_INTERPRETER = "wrong interpreter"
 ENV_FAILED = "env build failed"
 INDEX_COLUMNS = ("env", "tree", "notebook", "parameters", "status", "summary", "run_dir")
-_SLUG = re.compile(r"[^A-Za-z0-9.-]+")
 
 
 class EnvBuildError(RuntimeError):
     """An environment could not be built or registered as a kernel."""
-
-
-def _slug(text: str) -> str:
-    return _SLUG.sub("-", text).strip("-.").lower() or "x"
 
 
 def _utc() -> _dt.datetime:
@@ -544,17 +541,7 @@ def run_cell(
 
 def new_folder(runs_dir: Path, kind: str, name: str) -> Path:
     """``runs_dir/<kind>_<UTC>_<name>`` (``-2``, ``-3``… when taken), created."""
-    runs_dir = Path(runs_dir)
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"{kind}_{_utc().strftime('%Y%m%dT%H%M%SZ')}_{_slug(name)}"
-    for n in range(1, 1000):
-        path = runs_dir / (stem + (f"-{n}" if n > 1 else ""))
-        try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        return path
-    raise RuntimeError(f"no free folder for {stem} in {runs_dir}")
+    return unique_folder(runs_dir, f"{kind}_{_utc().strftime('%Y%m%dT%H%M%SZ')}_{_slug(name)}")
 
 
 def _tree_text(tree: dict[str, Any]) -> str:

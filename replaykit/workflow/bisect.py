@@ -40,7 +40,7 @@ from replaykit.workflow.batch import (
     write_index,
 )
 from replaykit.workflow.evidence import EXECUTED, result_text
-from replaykit.workflow.fingerprint import default_tree
+from replaykit.workflow.fingerprint import notebook_path
 from replaykit.workflow.runs import kernel_executable
 
 __all__ = [
@@ -48,7 +48,7 @@ __all__ = [
     "verdict",
 ]
 
-VERIFY_NOTEBOOK = default_tree() / "notebooks" / "verify.ipynb"
+VERIFY_NOTEBOOK = notebook_path("verify.ipynb")
 GOOD, BAD, SKIP = "good", "bad", "skip"
 SHORT_VERDICTS = {"stable pass": "passed", "stable fail": "failed", "fails only with others": "fails with others"}
 

@@ -1,3 +1,4 @@
+# One module: every part of the report reads the same run records (summary, index, executed notebook).
 """Evidence for an engineering log, read from run folders: the table, failures, links, integrity.
 
     ev = collect(runs=[Path("runs")], batches=[Path("runs/batch_x/index.json")])
@@ -22,12 +23,11 @@ from typing import Any
 
 from replaykit import tables
 
-from .hashing import file_sha256
+from .archive import file_sha256
+from .folders import INDEX_FILE, SUMMARY_FILE
 
 __all__ = ["EXECUTED", "Evidence", "RunEvidence", "collect", "counts_text", "load_run", "result_text", "runtime_text"]
 
-SUMMARY_FILE = "summary.json"
-INDEX_FILE = "index.json"
 COLUMNS = ("Tree", "Runtime", "Result")
 ORDER = ("failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "error")
 """pytest's order in its summary line: ``18 failed, 9 passed, 1 skipped, 2 errors``."""

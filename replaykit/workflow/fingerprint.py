@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 import platform
-import re
 import shutil
 import socket
 import subprocess
@@ -19,8 +17,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-MANIFEST_NAME = "replaykit-manifest.json"
-"""Manifest written into an uploaded (packed) tree: at least ``commit``, ``dirty``, ``sha256``."""
+from replaykit.workflow.archive import MANIFEST_NAME, in_colab
+from replaykit.workflow.folders import slug
+
+__all__ = [
+    "FINGERPRINT_FILE", "MANIFEST_NAME", "NeedsSourceTree", "default_tree", "fingerprint",
+    "fingerprint_slug", "in_colab", "notebook_path", "record_fingerprint", "source_tree", "tree_info",
+]
 
 FINGERPRINT_FILE = "fingerprint.json"
 """File a notebook writes into its run dir; the runner prefers it to its own fingerprint."""
@@ -28,12 +31,35 @@ FINGERPRINT_FILE = "fingerprint.json"
 DIRTY_IGNORE = ("runs/",)
 """Paths whose changes do not make a checkout dirty (run evidence is written there)."""
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
+
+class NeedsSourceTree(ValueError):
+    """replaykit runs from an installed wheel and the command needs a checkout, a folder or an archive."""
+
+
+def source_tree() -> Path | None:
+    """The source checkout that holds this replaykit package; None when it is installed (a wheel)."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").is_file() and (root / "replaykit" / "__init__.py").is_file() else None
 
 
 def default_tree() -> Path:
-    """The source tree that holds this replaykit package."""
-    return Path(__file__).resolve().parents[2]
+    """The source tree that holds this replaykit package; NeedsSourceTree when it is installed."""
+    root = source_tree()
+    if root is None:
+        raise NeedsSourceTree(
+            f"needs a source tree: replaykit is installed ({Path(__file__).resolve().parents[1]}), "
+            "not a checkout; pass --tree (a checkout, a folder or an archive from `replaykit-workflow pack`)"
+        )
+    return root
+
+
+def notebook_path(name: str) -> Path:
+    """``notebooks/<name>`` of the source tree, else the copy a wheel ships in ``replaykit/workflow/notebooks/``."""
+    root = source_tree()
+    for folder in ([root / "notebooks"] if root else []) + [Path(__file__).resolve().parent / "notebooks"]:
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(f"no notebook {name!r} in this checkout's notebooks/ or in the installed replaykit")
 
 
 def _run(cmd: list[str], cwd: Path | None = None, timeout: float = 5.0) -> str | None:
@@ -90,6 +116,8 @@ def tree_info(tree: str | Path | None = None) -> dict[str, Any]:
     the root of the tree; a subdirectory of some other checkout is not attributed
     to that checkout.
     """
+    if tree is None and source_tree() is None:  # an installed wheel: no commit to record
+        return {"path": str(Path(__file__).resolve().parents[1]), "source": "installed", "commit": None, "dirty": None}
     path = Path(tree) if tree is not None else default_tree()
     path = path.resolve()
     base = {"path": str(path)}
@@ -135,11 +163,6 @@ def _driver() -> str | None:
     return lines[0].strip() if lines else None
 
 
-def in_colab() -> bool:
-    """True inside a Google Colab runtime."""
-    return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
-
-
 def fingerprint(tree: str | Path | None = None) -> dict[str, Any]:
     """The environment of this process and the tree it runs (default: replaykit's own tree)."""
     return {
@@ -171,22 +194,18 @@ def record_fingerprint(
     return fp
 
 
-def _safe(text: str) -> str:
-    return _UNSAFE.sub("-", text).strip("-.") or "unknown"
-
-
 def fingerprint_slug(fp: dict[str, Any]) -> str:
     """``<device>_torch<version>_<tree>`` for a run folder name, e.g. ``cpu_torch2.13.0_3f2a1b9``.
 
     Only letters, digits, ``.``, ``-`` inside a part; ``_`` separates the parts. The torch
     local version (``+cpu``, ``+cu128``) is dropped; the device says which build it was.
     """
-    device = _safe(str(fp.get("device") or "unknown"))
-    torch_version = _safe(str(fp.get("torch") or "none").split("+")[0])
+    device = slug(str(fp.get("device") or "unknown"), lower=False, empty="unknown")
+    torch_version = slug(str(fp.get("torch") or "none").split("+")[0], lower=False, empty="unknown")
     tree = fp.get("tree") or {}
     commit = tree.get("commit")
     if commit:
-        label = _safe(str(commit))[:7]
+        label = slug(str(commit), lower=False, empty="unknown")[:7]
         if tree.get("dirty"):
             label += "-dirty"
     else:

@@ -1,3 +1,4 @@
+# One module: a run's kernel, execution and summary.json are one contract with the notebooks (see below).
 """Run one notebook through papermill and save it as evidence.
 
 ``run_notebook`` executes a notebook into ``runs/<UTC time>_<device>_torch<ver>_<tree>/``
@@ -26,10 +27,10 @@ from typing import Any
 
 from replaykit.workflow.fingerprint import FINGERPRINT_FILE, fingerprint, fingerprint_slug
 
-from .hashing import file_sha256
+from .archive import file_sha256
+from .folders import SUMMARY_FILE, unique_folder
 from .seal import seal
 
-SUMMARY_FILE = "summary.json"
 RESULTS_FILE = "results.json"
 SCHEMA = 1
 TIMEOUT_ENAME = "CellTimeoutError"
@@ -221,15 +222,7 @@ def _jsonable(value: Any, where: str) -> Any:
 
 
 def _make_run_dir(runs_dir: Path, stamp: str, slug: str) -> Path:
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    for n in range(1, 1000):
-        path = runs_dir / (f"{stamp}_{slug}" + (f"-{n}" if n > 1 else ""))
-        try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        return path
-    raise RuntimeError(f"no free run folder for {stamp}_{slug} in {runs_dir}")
+    return unique_folder(runs_dir, f"{stamp}_{slug}")
 
 
 def _read_json(path: Path) -> tuple[Any, str | None]:

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .hashing import file_sha256
+from .archive import file_sha256
 
 __all__ = ["KEY", "VERDICT_KEYS", "cells_failed", "check", "read", "seal", "summary_digest"]
 

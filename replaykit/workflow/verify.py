@@ -1,35 +1,29 @@
+# One module: the runs of a selection and the verdict tables read from their junit XML belong together.
 """Run a pytest selection against a source tree and turn its junit XML into tables.
 
 ``resolve_tree`` turns the current checkout, a directory or an uploaded archive (made by
-``scripts/pack.py``) into a directory, checking the archive and its manifest before
-anything runs. ``run_selection`` runs pytest there ``repeats`` times, then each failing
-id alone, and returns a ``Selection`` whose tables say per test id whether a failure is
+``replaykit-workflow pack``) into a directory, checking the archive and its manifest before
+anything runs (``archive.open_tree``). ``run_selection`` runs pytest there ``repeats`` times,
+then each failing id alone, and returns a ``Selection`` whose tables say per test id whether a failure is
 stable, flaky, or appears only when other tests run first.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gzip
-import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
-import zlib
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from replaykit.workflow.fingerprint import MANIFEST_NAME, default_tree
-
-from .hashing import file_sha256
+from replaykit.workflow.archive import check_manifest, open_tree
+from replaykit.workflow.fingerprint import default_tree
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -39,7 +33,6 @@ __all__ = [
     "pytest_summary_line", "read_junit", "resolve_tree", "run_selection",
 ]
 
-ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 STATUSES = ("passed", "failed", "error", "skipped")
 NO_TESTS_COLLECTED = 5
 """pytest's exit code when nothing was collected: recorded, not an error."""
@@ -59,126 +52,16 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # --- the tree ---------------------------------------------------------------
 
 
-def _unsafe(name: str) -> bool:
-    """True for an absolute path or one that climbs out with ``..``."""
-    path = PurePosixPath(name.replace("\\", "/"))
-    return path.is_absolute() or re.match(r"^[A-Za-z]:", name) is not None or ".." in path.parts
-
-
-def check_manifest(tree: Path) -> dict[str, Any] | None:
-    """The tree's ``replaykit-manifest.json`` (None when it has none), its ``files`` verified.
-
-    ``files`` maps a relative path to the sha256 of its contents; the first missing or
-    differing file raises ValueError. A manifest without ``files`` is returned unchecked
-    (the fingerprint records it).
-    """
-    path = tree / MANIFEST_NAME
-    if not path.is_file():
-        return None
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: unreadable manifest ({exc})") from exc
-    if not isinstance(manifest, dict):
-        raise ValueError(f"{path}: the manifest is not a JSON object")
-    files = manifest.get("files")
-    if files is None:
-        return manifest
-    if not isinstance(files, dict):
-        raise ValueError(f"{path}: 'files' must map relative paths to sha256 digests")
-    for rel, expected in files.items():
-        if _unsafe(rel):
-            raise ValueError(f"{path}: refusing manifest entry {rel!r} (absolute or '..')")
-        target = tree / rel
-        if not target.is_file():
-            raise ValueError(f"manifest mismatch: {rel} is listed in {MANIFEST_NAME} but missing")
-        actual = file_sha256(target)
-        if actual != str(expected).lower():
-            raise ValueError(
-                f"manifest mismatch: {rel} has sha256 {actual[:16]}…, "
-                f"{MANIFEST_NAME} says {str(expected)[:16]}…"
-            )
-    return manifest
-
-
-def _check_member(member: tarfile.TarInfo) -> None:
-    name = member.name
-    if _unsafe(name):
-        raise ValueError(f"refusing archive member {name!r}: absolute path or '..'")
-    if member.issym() or member.islnk():
-        base = PurePosixPath(name).parent if member.issym() else PurePosixPath()
-        target = os.path.normpath(str(base / member.linkname))
-        if PurePosixPath(member.linkname).is_absolute() or _unsafe(target):
-            raise ValueError(f"refusing archive link {name!r} -> {member.linkname!r}: leaves the tree")
-    elif not (member.isfile() or member.isdir()):
-        raise ValueError(f"refusing archive member {name!r}: not a file, folder or link")
-
-
-def _check_stream(archive: Path) -> None:
-    """Read a gzip stream to its end: a truncated or corrupted archive fails here, before extraction."""
-    with archive.open("rb") as fh:
-        if fh.read(2) != b"\x1f\x8b":
-            return
-    with gzip.open(archive, "rb") as fh:
-        while fh.read(1 << 20):
-            pass
-
-
-def _extract(archive: Path, workdir: Path) -> Path:
-    """Extract ``archive`` into a new folder under ``workdir`` and return the tree's root.
-
-    Every member is checked first (no absolute paths, no ``..``, no links leaving the tree,
-    no devices); a corrupted or truncated archive raises ValueError and leaves nothing behind.
-    The root is the archive's single top folder when it has one, else the extraction folder.
-    """
-    workdir.mkdir(parents=True, exist_ok=True)
-    stem = archive.name.removesuffix(".gz").removesuffix(".tgz").removesuffix(".tar")
-    dest = Path(tempfile.mkdtemp(prefix=f"{stem or 'tree'}-", dir=workdir))
-    try:
-        _check_stream(archive)
-        with tarfile.open(archive, "r:*") as tar:
-            members = tar.getmembers()
-            if not members:
-                raise ValueError("the archive is empty")
-            for member in members:
-                _check_member(member)
-            tar.extractall(dest, filter="data")
-    except (tarfile.TarError, EOFError, OSError, zlib.error, ValueError) as exc:
-        shutil.rmtree(dest, ignore_errors=True)
-        why = str(exc) or type(exc).__name__
-        raise ValueError(f"{archive}: corrupted, truncated or unsafe archive: {why}") from exc
-    entries = list(dest.iterdir())
-    if len(entries) == 1 and entries[0].is_dir():
-        return entries[0]
-    return dest
-
-
 def resolve_tree(tree: str | Path | None, workdir: Path) -> Path:
     """The directory whose tests to run, checked against its manifest.
 
     ``None``/``""``: the checkout that holds this replaykit package. A directory: itself
     (it must hold ``tests/`` or ``pyproject.toml``). A ``.tar.gz``/``.tgz``/``.tar``: extracted
-    safely into ``workdir`` (every member checked first). A ``replaykit-manifest.json`` at the
-    root with ``files`` is verified (``check_manifest``). Raises ValueError for anything
-    unusable and FileNotFoundError for a path that does not exist.
+    safely into ``workdir``. A manifest is verified. See ``archive.open_tree``, which does it.
     """
     if tree is None or str(tree) == "":
-        root = default_tree()
-    else:
-        path = Path(tree).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"tree not found: {path}")
-        if path.is_dir():
-            root = path
-        elif path.name.endswith(ARCHIVE_SUFFIXES):
-            root = _extract(path, Path(workdir))
-        else:
-            raise ValueError(f"{path}: not a directory or a {'/'.join(ARCHIVE_SUFFIXES)} archive")
-    root = root.resolve()
-    if not ((root / "tests").is_dir() or (root / "pyproject.toml").is_file()):
-        raise ValueError(f"{root} is not a source tree: it holds neither tests/ nor pyproject.toml")
-    check_manifest(root)
-    return root
+        tree = default_tree()
+    return open_tree(tree, Path(workdir))
 
 
 # --- junit XML --------------------------------------------------------------

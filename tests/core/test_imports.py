@@ -89,3 +89,11 @@ def test_dependencies_are_torch_only_and_every_import_is_declared() -> None:
     used = set().union(*map(_imported_roots, PACKAGE.rglob("*.py"))) - set(sys.stdlib_module_names) - {"replaykit"}
     undeclared = {root for root in used if DISTRIBUTIONS.get(root, root).lower() not in declared}
     assert not undeclared, f"imported but not declared in pyproject.toml: {sorted(undeclared)}"
+
+
+def test_every_package_on_disk_is_listed_for_the_wheel() -> None:
+    """pyproject.toml lists the packages (the notebooks map in from notebooks/): a new one must be added there."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")}
+    assert set(setuptools["packages"]) == on_disk | {"replaykit.workflow.notebooks"}
+    assert setuptools["package-dir"] == {"replaykit.workflow.notebooks": "notebooks"}

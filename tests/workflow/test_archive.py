@@ -283,3 +283,26 @@ def test_cli(repo: Path, tmp_path: Path) -> None:
     (tmp_path / "bad.tar.gz").write_bytes(archive.read_bytes()[:100])
     bad = cli("--verify", str(tmp_path / "bad.tar.gz"))
     assert bad.returncode == 1 and "BAD ARCHIVE" in bad.stderr
+
+
+def test_bootstrap(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A notebook's bootstrap: a folder as is, an archive verified then unpacked beside it, an edited one refused."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert pk.bootstrap("") is None  # replaykit is importable here: nothing to do
+    assert pk.bootstrap(repo) == repo.resolve() and sys.path[0] == str(repo.resolve())
+    archive = pk.pack(repo, tmp_path / "tree.tar.gz").path
+    root = pk.bootstrap(str(archive))
+    assert root == tmp_path / "tree" / pk.top_name(pk.verify_archive(archive)) and sys.path[0] == str(root)
+    assert (root / "a.py").read_text() == "x = 10\n"
+    assert pk.bootstrap(str(archive)) == root  # run again: unpacked again over the first
+    edited = tmp_path / "edited.tar.gz"
+    with tarfile.open(archive) as src, tarfile.open(edited, "w:gz") as dst:
+        for member in src.getmembers():
+            data = src.extractfile(member).read() if member.isfile() else None
+            if data is not None and member.name.endswith("/a.py"):
+                data, member.size = b"x = 11\n", 7
+            dst.addfile(member, io.BytesIO(data) if data is not None else None)
+    with pytest.raises(RuntimeError, match="does not match its manifest"):
+        pk.bootstrap(str(edited))
+    with pytest.raises(FileNotFoundError):
+        pk.bootstrap(str(tmp_path / "nowhere"))

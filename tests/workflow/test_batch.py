@@ -15,6 +15,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat", reason="papermill tooling not installed")
 pytest.importorskip("papermill", reason="papermill tooling not installed")
 
+from replaykit.workflow import cli  # noqa: E402
 from replaykit.workflow.batch import (  # noqa: E402 - after the importorskip guards
     WRONG_INTERPRETER,
     BatchSpec,
@@ -222,26 +223,20 @@ def test_spec_files_and_bad_input(tmp_path: Path) -> None:
 
 
 def test_cli_quick_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("batch_cli", Path(__file__).resolve().parents[2] / "scripts" / "batch.py")
-    assert spec and spec.loader
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
     nb = make_notebook(tmp_path / "nb.ipynb", "assert x == 1", params='x = 0\nrun_dir = ""')
     args = ["--env", f"here={sys.executable}", "--notebook", str(nb), "--runs-dir", str(tmp_path / "runs"),
             "--no-progress"]
-    assert cli.main([*args, "-p", "x", "1", "--name", "quick"]) == 0
+    assert cli.batch([*args, "-p", "x", "1", "--name", "quick"]) == 0
     out = capsys.readouterr().out
     assert "index.json" in out and "passed" in out
-    assert cli.main([*args, "-p", "x", "2"]) == 1
-    assert cli.main(["--env", "broken", "--notebook", str(nb)]) == 2
+    assert cli.batch([*args, "-p", "x", "2"]) == 1
+    assert cli.batch(["--env", "broken", "--notebook", str(nb)]) == 2
     assert "NAME=PYTHON" in capsys.readouterr().err
     # a misspelled parameter (papermill would only warn and run the defaults) is refused before anything runs
-    assert cli.main([*args, "-p", "y", "1", "--name", "typo"]) == 2
+    assert cli.batch([*args, "-p", "y", "1", "--name", "typo"]) == 2
     assert "nb.ipynb declares no parameter 'y'; it declares: x, run_dir" in capsys.readouterr().err
     assert not list((tmp_path / "runs").glob("batch_*_typo"))
-    assert cli.main([*args, "-y", "{x: [1,"]) == 2  # bad YAML: one line, no traceback
+    assert cli.batch([*args, "-y", "{x: [1,"]) == 2  # bad YAML: one line, no traceback
     err = capsys.readouterr().err
     assert err.startswith("error: -y '{x: [1,': not valid YAML/JSON (") and "line 1, column" in err
     assert len(err.strip().splitlines()) == 1

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 pytest.importorskip("papermill", reason="papermill tooling not installed")
 
+from replaykit.workflow import cli
 from replaykit.workflow.bisect import (
     BAD,
     GOOD,
@@ -215,26 +214,17 @@ def test_arms_side_by_side(repo: tuple[Path, list[str]], tmp_path: Path) -> None
     assert json.loads(result.index.read_text())["kind"] == "arms"
 
 
-def load_cli() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bisect_cli", ROOT / "scripts" / "bisect_commits.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_cli(repo: tuple[Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path, shas = repo
-    cli = load_cli()
     base = ["--repo", str(path), "-m", "", "--runs-dir", str(tmp_path / "runs"), "--no-progress"]
-    assert cli.main([*base, "--good", shas[2], "--bad", shas[4]]) == 0
+    assert cli.bisect([*base, "--good", shas[2], "--bad", shas[4]]) == 0
     out = capsys.readouterr().out
     assert f"First bad commit: {shas[3][:7]} subtract instead of adding" in out
-    assert cli.main([*base, "--good", shas[4], "--bad", shas[2]]) == 2
+    assert cli.bisect([*base, "--good", shas[4], "--bad", shas[2]]) == 2
     assert "not an ancestor" in capsys.readouterr().err
-    assert cli.main([*base, "--good", shas[4], "--bad", shas[6]]) != 0  # a --good that fails
+    assert cli.bisect([*base, "--good", shas[4], "--bad", shas[6]]) != 0  # a --good that fails
     captured = capsys.readouterr()
     assert "is not good" in captured.err and "First bad commit" not in captured.out
-    assert cli.main([*base, "--good", shas[0]]) == 2
-    assert cli.main([*base, "--arm", "x"]) == 2
+    assert cli.bisect([*base, "--good", shas[0]]) == 2
+    assert cli.bisect([*base, "--arm", "x"]) == 2
     assert "LABEL=TREE" in capsys.readouterr().err

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 nbformat = pytest.importorskip("nbformat", reason="notebook tooling not installed")
 
-from replaykit.workflow.evidence import (  # noqa: E402 - after the importorskip guard
+from replaykit.workflow import cli  # noqa: E402 - after the importorskip guard
+from replaykit.workflow.evidence import (  # noqa: E402
     EDITED,
     MISSING,
     OK,
@@ -190,8 +189,7 @@ def test_an_edited_notebook_is_flagged(tmp_path: Path, capsys: pytest.CaptureFix
     assert [r.integrity for r in ev.runs] == [OK, OK]
     assert ev.runs[0].result() == "passed"  # no counts: the status
 
-    cli = load_cli()
-    assert cli.main(["--runs", str(runs)]) == 0
+    assert cli.evidence(["--runs", str(runs)]) == 0
     text = real / "real.ipynb"
     text.write_text(text.read_text().replace("real run", "a better run"))  # edited after the run
     (fake / "verify.ipynb").unlink()
@@ -201,14 +199,14 @@ def test_an_edited_notebook_is_flagged(tmp_path: Path, capsys: pytest.CaptureFix
     assert any("EDITED after the run" in w and "real.ipynb" in w for w in ev.warnings)
     assert any("missing" in w for w in ev.warnings)
     out = tmp_path / "notes" / "entry.md"
-    assert cli.main(["--runs", str(runs), "--out", str(out)]) == 1
+    assert cli.evidence(["--runs", str(runs), "--out", str(out)]) == 1
     captured = capsys.readouterr()
     assert out.read_text() in captured.out and "Warnings:" in out.read_text()
     assert "(../runs/" in out.read_text()  # links relative to the output file
     assert "2 notebook(s) edited after the run or missing" in captured.err
 
-    assert cli.main([str(tmp_path / "nowhere")]) == 2
-    assert cli.main(["--batch", str(tmp_path)]) == 2
+    assert cli.evidence([str(tmp_path / "nowhere")]) == 2
+    assert cli.evidence(["--batch", str(tmp_path)]) == 2
     assert "no such batch index" in capsys.readouterr().err
 
 
@@ -233,7 +231,7 @@ def test_an_edited_summary_is_flagged_and_the_result_is_the_notebooks(
     assert ev.runs[0].integrity == EDITED and ev.edited == ev.runs
     assert ev.runs[0].result() == f"{truth} **EDITED**"  # the notebook's verdict, not the edited one
     assert any("summary.json: EDITED after the run" in w and "counts" in w for w in ev.warnings)
-    assert load_cli().main([str(run)]) == 1
+    assert cli.evidence([str(run)]) == 1
     assert "edited after the run" in capsys.readouterr().err
 
 
@@ -256,10 +254,3 @@ def test_a_failed_cell_cannot_read_as_passed(tmp_path: Path) -> None:
     ev = collect(folders=[run])
     assert ev.runs[0].integrity == EDITED and "a cell failed, but the run is recorded as passed" in ev.warnings[0]
 
-
-def load_cli() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("evidence_cli", ROOT / "scripts" / "evidence.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module

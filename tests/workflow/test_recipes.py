@@ -69,17 +69,30 @@ def load_script(name: str) -> ModuleType:
     return module
 
 
+def _parser(stem: str):
+    """The argument parser behind a scripts/ shim (they all dispatch to replaykit.workflow.cli)."""
+    from replaykit.workflow import archive, cli
+
+    parsers = {
+        "run_notebook": cli.run_parser, "batch": cli.batch_parser, "verify_tree": cli.verify_parser,
+        "evidence": cli.evidence_parser, "bisect_commits": cli.bisect_parser, "pack": archive.build_parser,
+    }
+    return parsers[stem]() if stem in parsers else load_script(stem).build_parser()
+
+
 def check_python(argv: list[str]) -> None:
     """``python scripts/x.py ...`` or ``python -m module ...``: the parser accepts the documented
     arguments, and ``-p``/``-y`` parameters are ones the notebook declares."""
     if argv[0] == "-m":
         module = importlib.import_module(argv[1])
-        args = module.build_parser().parse_args(argv[2:])
-        return
+        if argv[1] == "replaykit.workflow":
+            argv = ["scripts/" + {"run": "run_notebook", "verify": "verify_tree", "bisect": "bisect_commits"}.get(argv[2], argv[2]) + ".py", *argv[3:]]
+        else:
+            module.build_parser().parse_args(argv[2:])
+            return
     script = Path(argv[0])
     assert (ROOT / script).is_file() or script.parts[0].startswith("replaykit-"), f"no such script: {script}"
-    module = load_script(script.stem)
-    args = module.build_parser().parse_args(argv[1:])
+    args = _parser(script.stem).parse_args(argv[1:])
     params = getattr(args, "parameter", None)
     notebooks = [args.notebook] if script.stem == "run_notebook" else getattr(args, "notebook", None) or []
     if params or getattr(args, "yaml", None):
@@ -87,7 +100,6 @@ def check_python(argv: list[str]) -> None:
 
         for nb in notebooks:
             check_parameters(ROOT / nb, cli_parameters(params, getattr(args, "raw", None), args.yaml))
-
 
 
 def test_every_bash_line_of_the_readme_is_exercised() -> None:

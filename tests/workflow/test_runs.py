@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import re
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 nbformat = pytest.importorskip("nbformat", reason="papermill tooling not installed")
 pytest.importorskip("papermill", reason="papermill tooling not installed")
 
+from replaykit.workflow import cli  # noqa: E402
 from replaykit.workflow.runs import (  # noqa: E402 - after the importorskip guards
     SUMMARY_FILE,
     cli_parameters,
@@ -43,14 +42,6 @@ def make_notebook(path: Path, *cells: str, params: str | None = "x = 1\nrun_dir 
     nb.cells += [nbformat.v4.new_code_cell(c) for c in cells]
     nbformat.write(nb, path)
     return path
-
-
-def load_cli() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("run_notebook_cli", ROOT / "scripts" / "run_notebook.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def saved_summary(run_dir: Path) -> dict:
@@ -127,7 +118,7 @@ def test_passing_notebook(tmp_path: Path) -> None:
 def test_failing_notebook_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     nb = make_notebook(tmp_path / "bad.ipynb", "y = x + 1", "raise ValueError(f'boom {y}')", "z = 3")
     argv = [str(nb), "-p", "x", "4", "--runs-dir", str(tmp_path / "runs"), "--no-progress"]
-    assert load_cli().main(argv) == 1
+    assert cli.run(argv) == 1
     out = capsys.readouterr().out.splitlines()
     run_dir = Path(out[0])
     assert out[1].startswith("failed | bad.ipynb | cell ")
@@ -187,7 +178,7 @@ def test_unknown_parameter_is_refused_before_running(tmp_path: Path, capsys: pyt
     with pytest.raises(ValueError, match=r"verify.ipynb declares no parameter 'marker'; it declares: tree, markers, ids"):
         run_notebook(nb, {"marker": ""}, runs_dir=tmp_path / "runs", progress=False)
     assert not (tmp_path / "runs").exists()  # nothing ran
-    assert load_cli().main([str(nb), "-p", "marker", "", "--runs-dir", str(tmp_path / "runs")]) == 2
+    assert cli.run([str(nb), "-p", "marker", "", "--runs-dir", str(tmp_path / "runs")]) == 2
     assert "declares no parameter 'marker'" in capsys.readouterr().err
 
 

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import io
 import json
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from replaykit.workflow import cli
 from replaykit.workflow.fingerprint import MANIFEST_NAME
 from replaykit.workflow.verify import (
     Selection,
@@ -132,14 +131,6 @@ def pack(tree: Path, archive: Path, top: str | None = "tree") -> Path:
     with tarfile.open(archive, mode) as tar:
         tar.add(tree, arcname=top or ".")
     return archive
-
-
-def load_cli() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("verify_tree_cli", ROOT / "scripts" / "verify_tree.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(autouse=True)
@@ -400,20 +391,19 @@ def test_unsafe_members_are_refused(tmp_path: Path, member: str) -> None:
 
 def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     tree = make_tree(tmp_path / "tree", {"test_simple.py": SIMPLE})
-    cli = load_cli()
     base = ["--tree", str(tree), "-m", "", "--no-progress"]
     passing = ["--id", "tests/test_simple.py::test_pass", "--id", "tests/test_simple.py::test_skip"]
-    assert cli.main([*base, *passing, "--out", str(tmp_path / "a")]) == 0
+    assert cli.verify([*base, *passing, "--out", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
     assert "tests/test_simple.py::test_skip" in out and "skipped" in out and "r1: 1 passed, 1 skipped" in out
-    assert cli.main([*base, "--out", str(tmp_path / "b"), "--", "-x"]) == 1
+    assert cli.verify([*base, "--out", str(tmp_path / "b"), "--", "-x"]) == 1
     out = capsys.readouterr().out
     assert "ValueError: boom" in out and "alone tests/test_simple.py::test_fail: 1 failed" in out
     only_skip = ["--id", "tests/test_simple.py::test_skip"]
-    assert cli.main([*base, *only_skip, "--out", str(tmp_path / "s")]) == 1  # no tests ran: not a pass
+    assert cli.verify([*base, *only_skip, "--out", str(tmp_path / "s")]) == 1  # no tests ran: not a pass
     assert "outcome: no tests ran: 1 selected, all skipped" in capsys.readouterr().out
     (tmp_path / "bad.tgz").write_bytes(b"\x1f\x8b broken")
-    assert cli.main(["--tree", str(tmp_path / "bad.tgz"), "--out", str(tmp_path / "c")]) == 2
+    assert cli.verify(["--tree", str(tmp_path / "bad.tgz"), "--out", str(tmp_path / "c")]) == 2
     assert "corrupted" in capsys.readouterr().err
 
 
