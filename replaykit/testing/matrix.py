@@ -10,7 +10,7 @@ from dataclasses import asdict
 from typing import Any
 
 from .parity import run_scenario, unsafe_arms
-from .scenario import PRECISIONS, Scenario, ScenarioResult
+from .scenario import PRECISIONS, Scenario, ScenarioResult, steady_steps
 
 
 def matrix(
@@ -98,7 +98,7 @@ def summary(results: Iterable[ScenarioResult]) -> dict[str, Any]:
 
 
 def _median_steady(ms: list[float]) -> float:
-    steady = ms[2:] if len(ms) > 4 else ms
+    steady = steady_steps(ms)
     return statistics.median(steady) if steady else float("nan")
 
 

@@ -75,6 +75,15 @@ class Scenario:
         return tuple(out)
 
 
+WARMUP_STEPS = 2  # the first steps record (replay) or warm caches (native): not steady-state timing
+
+
+def steady_steps(ms: list[float]) -> list[float]:
+    """Per-step times without the warm-up steps, which record graphs and would swamp a median;
+    kept whole when there are too few steps to spare them."""
+    return ms[WARMUP_STEPS:] if len(ms) > 2 * WARMUP_STEPS else list(ms)
+
+
 @dataclass
 class ArmOutcome:
     """What one arm ended with."""
