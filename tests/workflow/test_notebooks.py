@@ -43,6 +43,7 @@ def test_the_notebooks_share_one_short_bootstrap() -> None:
     cells = {p.name: _bootstrap(p.name).splitlines() for p in NOTEBOOKS}
     parity = cells["parity.ipynb"]
     assert cells["benchmark.ipynb"] == parity
+    assert cells["hazards.ipynb"] == parity
     differ = [i for i, (a, b) in enumerate(zip(cells["verify.ipynb"], parity, strict=True)) if a != b]
     assert len(differ) == 1 and "find_spec" in parity[differ[0]]
     code = [line for line in parity if line.strip() and not line.startswith("#")]
