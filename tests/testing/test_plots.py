@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import math
 
-import matplotlib
 import pytest
 import torch
 
+matplotlib = pytest.importorskip("matplotlib", reason="the notebooks extra (matplotlib) is not installed")
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt
+import matplotlib.pyplot as plt  # noqa: E402 - after the importorskip guard
 
-from replaykit.bitwise import TensorDiff
-from replaykit.testing import plots
-from replaykit.testing.scenario import ArmOutcome, Scenario, ScenarioResult, steady_steps
+from replaykit.bitwise import TensorDiff  # noqa: E402
+from replaykit.testing import plots  # noqa: E402
+from replaykit.testing.scenario import ArmOutcome, Scenario, ScenarioResult, steady_steps  # noqa: E402
 
 STATE = {"param/w": torch.zeros(2), "param/b": torch.zeros(1)}
 
