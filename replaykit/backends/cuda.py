@@ -28,6 +28,8 @@ exactly as eager would.
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -149,11 +151,15 @@ class CudaRecording(Recording):
 
         self._fwd = torch.cuda.CUDAGraph()
         self._hooks = _SavedHooks()
-        with (
-            torch.autograd.graph.saved_tensors_hooks(self._hooks.pack, self._hooks.unpack),
-            torch.cuda.graph(self._fwd, pool=pool),
-        ):
-            outs = forward()
+        try:
+            with (
+                torch.autograd.graph.saved_tensors_hooks(self._hooks.pack, self._hooks.unpack),
+                torch.cuda.graph(self._fwd, pool=pool),
+            ):
+                outs = forward()
+        except BaseException:
+            end_failed_capture(device)
+            raise
         self.differentiable = differentiable_indices(outs)
         self.static_outputs = outs
         self._hooks.disown(outs)
@@ -213,6 +219,7 @@ class CudaRecording(Recording):
                 )
         except Exception as exc:  # the eager path stays exact; the journal says why
             self.capture_error = f"{type(exc).__name__}: {exc}"
+            end_failed_capture(self._device)
             return False
         finally:
             self._hooks.release = False
@@ -248,6 +255,25 @@ class CudaRecording(Recording):
         self.static_grads = []
         self._grad_bases = []
         self.static_inputs = []
+
+
+def end_failed_capture(device: torch.device) -> None:
+    """Put the CUDA generators back after a capture that raised.
+
+    ``torch.cuda.graph`` marks the default generator as capturing at the start and
+    unmarks it at a clean end; a capture that raises can leave the mark, and every
+    later random op in the process then fails with "Offset increment outside graph
+    capture encountered unexpectedly" (seen on the H200). An empty capture runs the
+    generators' prologue and epilogue again and clears it.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "the CUDA graph is empty"
+        with contextlib.suppress(RuntimeError):  # an error of the failed capture: the reset below still runs
+            torch.cuda.synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(device), torch.cuda.graph(graph):
+            pass
+        graph.reset()
 
 
 def _layout(grads: Sequence[torch.Tensor | None]) -> tuple:
