@@ -156,6 +156,9 @@ class Recorder:
         self._free_after_backward = False
         self._paused = 0
         self._owner: int | None = None  # the thread that calls the module; others run eagerly
+        # held while stand-ins replace the module's parameters (probe, warm-up, capture, shadow
+        # check): another thread's eager forward must not see them
+        self._swapped = threading.Lock()
         for name in sorted(disabled):
             self.journal.add("unsafe", 0, name)
         self._own_forward = "forward" in module.__dict__
@@ -215,7 +218,8 @@ class Recorder:
         if self._paused:
             return self._eager(call, "paused", args, kwargs)
         if self._owner != threading.get_ident() and not self._adopt_thread():
-            return self._eager(call, "thread", args, kwargs)
+            with self._swapped:
+                return self._eager(call, "thread", args, kwargs)
         if not torch.is_grad_enabled():
             return self._eager(call, "no_grad", args, kwargs)
         if not self.module.training:
@@ -282,7 +286,7 @@ class Recorder:
         args, kwargs = callargs.rebuild(tensors)
         if params is None:
             return self._forward(*args, **kwargs)
-        with _reparametrize_module(self.module, dict(zip(names, params, strict=True)), tie_weights=True):
+        with self._swapped, _reparametrize_module(self.module, dict(zip(names, params, strict=True)), tie_weights=True):
             return self._forward(*args, **kwargs)
 
     def _record(self, call: int, callargs: CallArgs, key: tuple) -> Recording | None:

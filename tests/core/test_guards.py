@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pickle
+import threading
+import time
 
 import pytest
 import torch
@@ -198,4 +200,41 @@ def test_weights_changed_between_forward_and_backward_raise_exactly_when_eager_d
         assert rec.counts["replay"] == 2
         for p, q in zip(eager.parameters(), model.parameters(), strict=True):
             assert torch.equal(p.grad, q.grad)
+    rec.release()
+
+
+class _Slow(nn.Module):
+    """Its second run (the probe's, with stand-ins in place of the parameters) lets another thread in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.runs = [0]  # a list: counting must not be an attribute assignment (the probe would refuse it)
+        self.inside = threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.runs[0] += 1
+        if self.runs[0] == 2:
+            self.inside.set()
+            time.sleep(0.3)
+        return self.lin(x)
+
+
+def test_another_threads_call_never_sees_the_stand_in_parameters() -> None:
+    model = _Slow()
+    weight = model.lin.weight  # the real parameter (model.lin.weight reads stand-ins while they are in place)
+    rec = rk.capture(model, backend="emulated")
+    got: list = []
+
+    def other() -> None:
+        model.inside.wait(5)
+        out = model(torch.ones(2, 3))
+        got.append(torch.autograd.grad(out.sum(), [weight], allow_unused=True)[0])
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    model(torch.ones(2, 3)).sum().backward()  # the first call records: its probe runs on stand-ins
+    thread.join()
+    assert got and got[0] is not None and torch.equal(got[0], torch.full((3, 3), 2.0))
+    assert rec.eager_reasons["thread"] == 1
     rec.release()
