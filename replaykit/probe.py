@@ -126,7 +126,7 @@ class _SavedParameters:
         i = self._index.get(t.untyped_storage().data_ptr()) if t.device.type != "meta" else None
         if i is not None:
             self.saved.add(i)
-        return t
+        return t.detach()  # an output saved as itself would hold its own graph: a cycle gc cannot see
 
     @staticmethod
     def unpack(t: torch.Tensor) -> torch.Tensor:

@@ -156,9 +156,9 @@ class Recorder:
         self._free_after_backward = False
         self._paused = 0
         self._owner: int | None = None  # the thread that calls the module; others run eagerly
-        # held while stand-ins replace the module's parameters (probe, warm-up, capture, shadow
-        # check): another thread's eager forward must not see them
-        self._swapped = threading.Lock()
+        # held while recording (stand-ins replace the parameters; a capture must not see another
+        # thread's kernels) and during the shadow check's eager run: another thread's eager call waits
+        self._swapped = threading.RLock()
         for name in sorted(disabled):
             self.journal.add("unsafe", 0, name)
         self._own_forward = "forward" in module.__dict__
@@ -254,7 +254,8 @@ class Recorder:
                 return self._eager(call, "budget", args, kwargs)
             if not self._copy_out(call):
                 return self._eager(call, "live_alias", args, kwargs)
-            recording = self._record(call, callargs, key)
+            with self._swapped:
+                recording = self._record(call, callargs, key)
             if recording is None:
                 return self._eager(call, self._refused.get(key, "retired"), args, kwargs)
         else:
@@ -265,8 +266,9 @@ class Recorder:
 
     def _adopt_thread(self) -> bool:
         """The first thread to call owns the recorder; a call from any other runs eagerly."""
-        if self._owner is None and "thread" not in self.disabled:
-            self._owner = threading.get_ident()
+        with self._swapped:  # two threads' first calls at once: one owner
+            if self._owner is None and "thread" not in self.disabled:
+                self._owner = threading.get_ident()
         return self._owner == threading.get_ident() or "thread" in self.disabled
 
     def _state_key(self, verdict: Any) -> Any:

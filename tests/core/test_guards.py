@@ -238,3 +238,17 @@ def test_another_threads_call_never_sees_the_stand_in_parameters() -> None:
     assert got and got[0] is not None and torch.equal(got[0], torch.full((3, 3), 2.0))
     assert rec.eager_reasons["thread"] == 1
     rec.release()
+
+
+def test_the_probe_leaves_no_reference_cycle() -> None:
+    """Seen on the H200 as 1.2 MB never given back: a saved output kept as itself holds its own graph."""
+    import gc
+    import weakref
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())  # tanh saves its own output
+    rec = rk.capture(model, backend="emulated")
+    model(torch.randn(2, 4)).sum().backward()
+    static = weakref.ref(next(iter(rec._recordings.values())).static_inputs[0])
+    rec.release()
+    gc.collect()
+    assert static() is None
