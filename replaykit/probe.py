@@ -175,12 +175,13 @@ def probe(
     wanting = [x for x in static_inputs if x.requires_grad]
     if not diff:
         return None
-    targets = wanting + leaves
-    grads = torch.autograd.grad(diff, targets, [torch.zeros_like(o) for o in diff], allow_unused=True, retain_graph=True)
-    sparse = [i for i, g in enumerate(grads) if g is not None and g.layout != torch.strided]
+    uses = _uses(diff, wanting)  # before the backward, which frees the graph as it goes (eager's peak memory)
+    grads = torch.autograd.grad(diff, wanting + leaves, [torch.zeros_like(o) for o in diff], allow_unused=True)
+    layouts = [g.layout for g in grads if g is not None]
+    del grads, outs, tensors, diff
+    sparse = [lay for lay in layouts if lay != torch.strided]
     if sparse:
-        return Refusal("module", f"a {grads[sparse[0]].layout} gradient (e.g. nn.Embedding(sparse=True)) cannot live in a static buffer")
-    uses = _uses(diff, wanting)
+        return Refusal("module", f"a {sparse[0]} gradient (e.g. nn.Embedding(sparse=True)) cannot live in a static buffer")
     reused = [i for i, n in enumerate(uses) if n > 1]
     if reused:
         n = uses[reused[0]]

@@ -13,10 +13,12 @@ import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from replaykit.workflow import archive
 from replaykit.workflow.archive import MANIFEST_NAME, in_colab
 from replaykit.workflow.folders import slug
 
@@ -125,6 +127,12 @@ def tree_info(tree: str | Path | None = None) -> dict[str, Any]:
         return base | _git_info(path)
     if (path / MANIFEST_NAME).is_file():
         return base | _manifest_info(path / MANIFEST_NAME)
+    if path.is_file() and tarfile.is_tarfile(path):  # a packed tree: its verified manifest says what it is
+        try:
+            manifest = archive.verify_archive(path)
+        except (OSError, ValueError) as exc:
+            return base | {"source": "archive", "commit": None, "dirty": None, "error": str(exc)}
+        return base | {"source": "archive", **{k: manifest.get(k) for k in ("commit", "dirty", "sha256")}}
     return base | {"source": None, "commit": None, "dirty": None}
 
 

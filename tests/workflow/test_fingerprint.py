@@ -108,3 +108,15 @@ def test_record_fingerprint(tmp_path: Path) -> None:
     fp = record_fingerprint(tmp_path / "run", tree=tmp_path)
     assert json.loads((tmp_path / "run" / FINGERPRINT_FILE).read_text()) == fp
     assert record_fingerprint(None, tree=tmp_path).keys() == fp.keys()
+
+
+def test_a_packed_tree_is_known_by_its_verified_manifest(tmp_path: Path) -> None:
+    """A run on a GPU host whose checkout's git metadata is stale names the archive's commit, not the host's."""
+    from replaykit.workflow.archive import pack
+    from replaykit.workflow.fingerprint import fingerprint_slug, tree_info
+
+    root = Path(__file__).resolve().parents[2]
+    packed = pack(root, tmp_path / "tree.tar.gz")
+    info = tree_info(packed.path)
+    assert info["source"] == "archive" and info["commit"] == packed.manifest["commit"]
+    assert fingerprint_slug({"device": "cpu", "torch": "2.13.0", "tree": info}).endswith(packed.manifest["commit"][:7] + ("-dirty" if packed.manifest["dirty"] else ""))
