@@ -872,9 +872,7 @@ def _catching(errors: list[BaseException], fn: Callable[[int], None], i: int) ->
 
 LIFECYCLE = [
     Pattern("inplace_weights_before_backward", "lifecycle", "weights scaled in place between forward and backward",
-            _mlp(), _inplace_weights, guard="inplace_weights",
-            cuda_only="the emulated backward differentiates a real autograd graph, whose saved-tensor version "
-            "check raises as eager does; a CUDA graph checks nothing"),
+            _mlp(), _inplace_weights, guard="inplace_weights"),
     Pattern("step_in_another_thread", "lifecycle", "one training step runs in a second thread",
             _mlp(), _threaded),
 ]
