@@ -211,7 +211,14 @@ def value_key(value: Any) -> Any:
     attrs = getattr(value, "__dict__", None)
     if attrs is not None:
         return ("obj", id(value), value_key(attrs))
+    slots = _slots(value)
+    if slots:
+        return ("slots", id(value), tuple((k, value_key(getattr(value, k, None))) for k in slots))
     return ("id", id(value))
+
+
+def _slots(value: Any) -> tuple[str, ...]:
+    return tuple(k for c in type(value).__mro__ for k in getattr(c, "__slots__", ()) if k not in ("__weakref__", "__dict__"))
 
 
 def _needs_polling(value: Any) -> bool:
@@ -220,11 +227,47 @@ def _needs_polling(value: Any) -> bool:
         return True
     if isinstance(value, (torch.Tensor, nn.Module, FunctionType, BuiltinFunctionType, MethodType, type, ModuleType)):
         return False
-    return hasattr(value, "__dict__") and not isinstance(value, Enum)
+    return (hasattr(value, "__dict__") or bool(_slots(value))) and not isinstance(value, (Enum, *_PLAIN, float, complex, tuple))
+
+
+def held_values(module: nn.Module) -> list[tuple[str, Any, Any]]:
+    """``(name, value, key)`` of the containers and plain objects the tree's modules hold.
+
+    A write into one (``self.feats["h"] = h``) reports nothing, so the probe compares
+    their keys around the recording forward.
+    """
+    out = []
+    for n, m in module.named_modules():
+        for name, value in m.__dict__.items():
+            if name not in _SKIP and name not in _CONTAINERS and "hooks" not in name and _polls(m, name, value):
+                out.append((f"{n or type(m).__name__}.{name}", value, value_key(value)))
+    return out
 
 
 def _is_torch_class(module: nn.Module) -> bool:
     return type(module).__module__.startswith("torch.")
+
+
+def _polls(module: nn.Module, name: str, value: Any) -> bool:
+    """Re-read on every call: a mutable container or plain object, except torch's own private
+    settings (``_reversed_padding_repeated_twice``), which nothing mutates."""
+    return _needs_polling(value) and not (name.startswith("_") and _is_torch_class(module))
+
+
+def hidden_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Modules kept outside the registered tree, in a list, tuple or dict attribute
+    (a frozen teacher in ``self._teacher = [t]``), with their submodules: their ``training``
+    flags and settings are read in forward just the same."""
+    tree = {id(m) for m in module.modules()}
+    found: dict[int, tuple[str, nn.Module]] = {}
+    for n, m in module.named_modules():
+        for name, value in m.__dict__.items():
+            items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+            for i, v in enumerate(items):
+                if isinstance(v, nn.Module) and id(v) not in tree:
+                    for sub_name, sub in v.named_modules():
+                        found.setdefault(id(sub), (f"{n}.{name}[{i}].{sub_name}".rstrip("."), sub))
+    return list(found.values())
 
 
 # ----------------------------------------------------------------------------- the guard
@@ -252,9 +295,16 @@ class ModuleGuard:
     def _names(self) -> Iterator[tuple[str, nn.Module]]:
         return self._module.named_modules(remove_duplicate=True)
 
+    def _all(self) -> list[tuple[str, nn.Module]]:
+        """The registered tree, then modules held outside it (see :func:`hidden_modules`)."""
+        return [*self._names(), *hidden_modules(self._module)]
+
     def rebaseline(self) -> None:
         """Take the tree as it is now as the reference for identities (done while no recording exists)."""
         self._unwatch()
+        for _, m in hidden_modules(self._module):  # their writes bump the epoch too
+            _watched[id(m)] += 1
+            self._ids.append(id(m))
         mods = list(self._names())
         for _, m in mods:
             _swap_dicts(m, True)
@@ -288,15 +338,15 @@ class ModuleGuard:
         mods = list(self._names())
         keys = []
         polled: list[tuple[Any, Any]] = []
-        for n, m in mods:
+        for _, m in mods:
             _swap_dicts(m, True)  # a dict replaced wholesale (rare) is watched again
-            poll = not _is_torch_class(m)
+        for n, m in self._all():
             for name, value in m.__dict__.items():
                 if name in _SKIP or name in _CONTAINERS or "hooks" in name:
                     continue
                 k = value_key(value)
                 keys.append((n, name, k))
-                if poll and _needs_polling(value):
+                if _polls(m, name, value):
                     polled.append((value, k))
         self._polled = polled
         key = self._interned.setdefault(tuple(keys), len(self._interned))

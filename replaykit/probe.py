@@ -14,10 +14,16 @@ is looked for once, before recording, on the same stand-ins the backends use:
 - gradient hooks on several parameters: eager runs them as the backward reaches each
   parameter, a replay all at once after its backward, in another order;
 - an input that requires grad and is read several times: its gradient is a sum whose
-  order, together with the caller's other uses of the tensor, can differ from eager.
+  order, together with the caller's other uses of the tensor, can differ from eager;
+- containers and objects the module holds changed by forward (``self.feats["h"] = h``,
+  ``self.log.append(...)``): a replay would not change them;
+- tensors requiring grad that are not parameters of the module (a tensor attribute, a
+  module kept in a plain dict): a recording would give them no gradient;
+- an output that is (a view of) an input: eager hands back the caller's memory, a replay
+  a static copy.
 
-The first four and the hooks retire the recorder (they hold for every signature); the
-last routes only that signature eagerly.
+Most retire the recorder (they hold for every signature); a reused input and an output
+aliasing an input route only that signature eagerly.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .guards import gradient_hooks, listen_for_writes
+from .guards import gradient_hooks, held_values, listen_for_writes, value_key
 
 
 @dataclass(frozen=True)
@@ -88,9 +94,14 @@ def _names(module: nn.Module) -> dict[int, str]:
     return {id(m): n or type(module).__name__ for n, m in module.named_modules()}
 
 
-def _uses(outputs: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor]) -> list[int]:
-    """How many graph edges reach each leaf's AccumulateGrad node from ``outputs``."""
+def _uses(
+    outputs: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor], known: Sequence[torch.Tensor] = ()
+) -> tuple[list[int], int]:
+    """How many graph edges reach each leaf's AccumulateGrad node from ``outputs``, and how many
+    other leaves requiring grad the graph reaches (neither ``leaves`` nor ``known``)."""
     index = {id(t): i for i, t in enumerate(leaves)}
+    ours = {id(t) for t in known}
+    foreign: set[int] = set()
     counts = [0] * len(leaves)
     seen: set[int] = set()
     alive: list[Any] = []  # node wrappers can be temporaries: keep them so no id is reused
@@ -107,12 +118,14 @@ def _uses(outputs: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor]) -> li
             var = getattr(nxt, "variable", None)
             if var is not None and id(var) in index:
                 counts[index[id(var)]] += 1
+            elif var is not None and id(var) not in ours:
+                foreign.add(id(var))
             elif id(nxt) not in seen:
                 stack.append(nxt)
     for o in outputs:  # an input returned as is counts as a use too
         if o.grad_fn is None and id(o) in index:
             counts[index[id(o)]] += 1
-    return counts
+    return counts, len(foreign)
 
 
 class _SavedParameters:
@@ -149,6 +162,7 @@ def probe(
         return Refusal("module", f"gradient hooks on {gradient_hooks(params)} parameters would run in another order than eager")
     leaves = [p.detach().requires_grad_(True) for p in params]
     versions = [x._version for x in static_inputs]
+    held = held_values(module)
     inspector = _Inspector()
     hooks = _SavedParameters(leaves)
     with listen_for_writes() as writes, inspector, torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack):
@@ -162,6 +176,9 @@ def probe(
     mutated = [i for i, (x, v) in enumerate(zip(static_inputs, versions, strict=True)) if x._version != v]
     if mutated:
         return Refusal("module", f"forward writes input {mutated[0]} in place; a replay would write its own copy")
+    changed = [name for name, value, key in held if value_key(value) != key]
+    if changed:
+        return Refusal("module", f"forward changes {changed[0]} (a container or object the module holds); a replay would not")
     if inspector.generators:
         return Refusal("module", f"{inspector.generators[0]} draws from a private torch.Generator, which a graph would freeze")
     if inspector.data_dependent:
@@ -171,11 +188,21 @@ def probe(
             "(.item(), nonzero, a boolean mask): a graph would freeze it",
         )
     tensors = [o for o in outs if isinstance(o, torch.Tensor)]
+    storages = {x.untyped_storage().data_ptr() for x in static_inputs}
+    aliased = [i for i, o in enumerate(tensors) if o.untyped_storage().data_ptr() in storages]
+    if aliased:  # eager hands back a view of the caller's tensor, a replay a static copy
+        return Refusal("signature", "output_aliases_input", f"output {aliased[0]} is (a view of) an input")
     diff = [o for o in tensors if o.requires_grad]
     wanting = [x for x in static_inputs if x.requires_grad]
     if not diff:
         return None
-    uses = _uses(diff, wanting)  # before the backward, which frees the graph as it goes (eager's peak memory)
+    uses, foreign = _uses(diff, wanting, leaves)  # before the backward, which frees the graph as it goes
+    if foreign:
+        return Refusal(
+            "module",
+            f"forward reads {foreign} tensor(s) requiring grad that are not parameters of the module "
+            "(a tensor attribute, a module kept in a dict): a recording would give them no gradient",
+        )
     grads = torch.autograd.grad(diff, wanting + leaves, [torch.zeros_like(o) for o in diff], allow_unused=True)
     layouts = [g.layout for g in grads if g is not None]
     del grads, outs, tensors, diff

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.utils.stateless import _reparametrize_module
+from torch.nn.parameter import is_lazy
 
 from .backends import Backend, Recording, module_device, resolve_backend
 from .copy_out import StaticAliases
@@ -288,13 +288,13 @@ class Recorder:
         return self._forward(*args, **kwargs)
 
     def _run_forward(
-        self, callargs: CallArgs, names: list[str], *tensors: torch.Tensor, params: list[torch.Tensor] | None = None
+        self, callargs: CallArgs, originals: list[torch.Tensor], *tensors: torch.Tensor, params: list[torch.Tensor] | None = None
     ) -> Any:
-        """The module's own forward on ``tensors``; with ``params``, those stand in for the parameters."""
+        """The module's own forward on ``tensors``; with ``params``, those stand in for ``originals``."""
         args, kwargs = callargs.rebuild(tensors)
         if params is None:
             return self._forward(*args, **kwargs)
-        with self._swapped, _reparametrize_module(self.module, dict(zip(names, params, strict=True)), tie_weights=True):
+        with self._swapped, stand_ins(self.module, originals, params):
             return self._forward(*args, **kwargs)
 
     def _record(self, call: int, callargs: CallArgs, key: tuple) -> Recording | None:
@@ -311,7 +311,7 @@ class Recorder:
         static_inputs = self._static_inputs(callargs.tensors)
         named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
-        fn = partial(self._run_forward, callargs, [n for n, _ in named])
+        fn = partial(self._run_forward, callargs, params)
         saved = list(range(len(params)))  # the parameters the backward reads (all, unless the probe says)
         try:
             refusal = None if "record_probe" in self.disabled else probe(self.module, fn, static_inputs, params, saved)
@@ -372,8 +372,7 @@ class Recorder:
         step = _Step(self, recording, key, call, len(callargs.tensors))
         self._replayed_calls += 1
         if self.check_every and (self._replayed_calls - 1) % self.check_every == 0:
-            names = [n for n, p in self.module.named_parameters() if p.requires_grad]
-            step.shadow = Shadow(self.module, partial(self._run_forward, callargs, names), callargs.tensors, recording.params)
+            step.shadow = Shadow(self.module, partial(self._run_forward, callargs, recording.params), callargs.tensors, recording.params)
         outputs = _Replay.apply(step, *callargs.tensors, *recording.params)
         shadow = step.shadow
         if shadow is not None:
@@ -597,6 +596,27 @@ class Recorder:
         self.release()
 
 
+@contextmanager
+def stand_ins(module: nn.Module, originals: list[torch.Tensor], leaves: list[torch.Tensor]) -> Iterator[None]:
+    """Put ``leaves`` where ``originals`` sit in the tree's ``_parameters`` dicts, and back.
+
+    Each dict is visited once (``modules()`` yields a shared submodule once), so a module
+    registered under two names (ALBERT's repeated block) is restored, which
+    ``torch.nn.utils.stateless`` is not: its per-name swap records the stand-in as the
+    second name's original. Tied parameters get the same leaf. Plain ``dict`` writes:
+    the swap is not a change of the module the guards should see.
+    """
+    swap = {id(p): leaf for p, leaf in zip(originals, leaves, strict=True)}
+    entries = [(m._parameters, k, v) for m in module.modules() for k, v in m._parameters.items() if id(v) in swap]
+    for d, k, v in entries:
+        dict.__setitem__(d, k, swap[id(v)])
+    try:
+        yield
+    finally:
+        for d, k, v in entries:
+            dict.__setitem__(d, k, v)
+
+
 def _same_layout(t: torch.Tensor) -> torch.Tensor:
     """A private copy of ``t`` with its sizes, strides and storage offset (broadcast dimensions kept)."""
     t = t.detach()
@@ -695,6 +715,12 @@ def capture(
             f"{type(module).__name__} is already captured; call release() on its recorder first"
         )
     _refuse_nesting(module)
+    lazy = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if is_lazy(t)]
+    if lazy:
+        raise ReplayError(
+            f"{type(module).__name__} has uninitialized (lazy) parameters or buffers ({lazy[0]}, ...): "
+            "run one forward eagerly to materialize them, then capture"
+        )
     disabled = disabled_protections(unsafe_disable)
     chosen = resolve_backend(backend, module)
     recorder = Recorder(module, chosen, warmup, max_recordings, bool(strict), disabled, check_every, bool(multi_backward))

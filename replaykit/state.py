@@ -22,6 +22,7 @@ class StateSnapshot:
         self._grads = [(p, p.grad, None if p.grad is None else p.grad.detach().clone()) for p in module.parameters()]
         self._cpu_rng, self._cuda_rng = rng_states(tensors)
         self._attributes = [(m, _plain_attributes(m)) for m in module.modules()]
+        self._contents = [(v, _contents(v)) for m in module.modules() for v in _plain_attributes(m).values() if _mutable(v)]
 
     def restore(self) -> None:
         """Put every value back in place (same tensor objects, no autograd version bump)."""
@@ -32,6 +33,8 @@ class StateSnapshot:
             for name, value in attrs.items():
                 if now.get(name, _MISSING) is not value:
                     m.__dict__[name] = value
+        for value, contents in self._contents:
+            _put_back(value, contents)
         with torch.no_grad():
             for t, value in self._values:
                 t.data.copy_(value)
@@ -52,6 +55,33 @@ _INTERNAL = ("_parameters", "_buffers", "_modules", "forward", "_replaykit_recor
 def _plain_attributes(module: nn.Module) -> dict:
     """The module's own attribute bindings, containers and hooks aside."""
     return {k: v for k, v in module.__dict__.items() if k not in _INTERNAL and "hooks" not in k}
+
+
+def _mutable(value: object) -> bool:
+    return isinstance(value, (list, dict, set)) or (
+        hasattr(value, "__dict__") and not isinstance(value, (nn.Module, torch.Tensor, type)) and not callable(value)
+    )
+
+
+def _contents(value: object) -> object:
+    """A shallow copy of a container's items, or of a plain object's attributes."""
+    if isinstance(value, list):
+        return list(value)
+    if isinstance(value, (dict, set)):
+        return value.copy()
+    return dict(vars(value))
+
+
+def _put_back(value: object, contents: object) -> None:
+    """Undo what a forward did to a container or object the module holds (a log it appended to)."""
+    if isinstance(value, list):
+        value[:] = contents  # type: ignore[index]
+    elif isinstance(value, (dict, set)):
+        value.clear()
+        value.update(contents)  # type: ignore[arg-type]
+    else:
+        vars(value).clear()
+        vars(value).update(contents)  # type: ignore[arg-type]
 
 
 def tensor_attributes(module: nn.Module) -> list[torch.Tensor]:
