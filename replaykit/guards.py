@@ -26,6 +26,7 @@ on every call; torch's own modules keep only immutable settings in such containe
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 from collections import Counter, OrderedDict
@@ -206,7 +207,12 @@ def value_key(value: Any) -> Any:
         return ("c", value.real.hex(), value.imag.hex())
     if isinstance(value, (set, frozenset)):
         return (type(value), frozenset(value_key(v) for v in value))
-    if isinstance(value, (torch.Tensor, nn.Module, FunctionType, BuiltinFunctionType, MethodType, type, ModuleType)):
+    if isinstance(value, FunctionType):  # by code and captured values: a new lambda each step may reuse an id
+        cells = tuple(value_key(c.cell_contents) if _filled(c) else None for c in value.__closure__ or ())
+        return ("fn", id(value.__code__), cells, value_key(value.__defaults__), value_key(value.__kwdefaults__))
+    if isinstance(value, functools.partial):
+        return ("partial", value_key(value.func), value_key(value.args), value_key(value.keywords))
+    if isinstance(value, (torch.Tensor, nn.Module, BuiltinFunctionType, MethodType, type, ModuleType)):
         return ("id", id(value))
     attrs = getattr(value, "__dict__", None)
     if attrs is not None:
@@ -215,6 +221,14 @@ def value_key(value: Any) -> Any:
     if slots:
         return ("slots", id(value), tuple((k, value_key(getattr(value, k, None))) for k in slots))
     return ("id", id(value))
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
 
 
 def _slots(value: Any) -> tuple[str, ...]:

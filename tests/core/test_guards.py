@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import pickle
 import threading
 import time
@@ -128,6 +129,17 @@ def test_close_gives_back_plain_dicts_and_pickles_plainly() -> None:
     assert type(loaded.lin._parameters) is dict
     guard.close()
     assert type(model.lin._parameters) is dict and type(model.lin._forward_hooks).__name__ == "OrderedDict"
+
+
+def test_functions_are_keyed_by_code_and_captured_values() -> None:
+    """A new lambda each step can reuse a freed one's id: keyed by id, it replayed a stale recording."""
+
+    def make(c: float):
+        return lambda x: x * c
+
+    assert value_key(make(1.0)) != value_key(make(2.0))
+    assert value_key(make(1.0)) == value_key(make(1.0))
+    assert value_key(functools.partial(torch.mul, other=2.0)) != value_key(functools.partial(torch.mul, other=3.0))
 
 
 def test_value_keys_follow_bits() -> None:
