@@ -273,9 +273,9 @@ class Recorder:
     def _adopt_thread(self) -> bool:
         """The first thread to call owns the recorder; a call from any other runs eagerly."""
         with self._swapped:  # two threads' first calls at once: one owner
-            if self._owner is None and "thread" not in self.disabled:
+            if self._owner is None:
                 self._owner = threading.get_ident()
-        return self._owner == threading.get_ident() or "thread" in self.disabled
+        return self._owner == threading.get_ident()
 
     def _state_key(self, verdict: Any) -> Any:
         return None if "module_state" in self.disabled else verdict.key
@@ -381,7 +381,7 @@ class Recorder:
             if difference is not None:
                 del outputs, step  # the hold ends with the discarded graph
                 shadow.snapshot.restore()  # the state before this call: eager runs it again
-                self._diverged(difference, call)
+                self._retire(f"diverged: {difference}", call)
                 return self._forward(*args, **kwargs)
         self._aliases[key].handed_out(outputs)
         return recording.build_outputs(outputs)
@@ -509,15 +509,12 @@ class Recorder:
         self.journal.add("check", step.call, "backward", difference)
         if difference is None:
             return result
-        self._diverged(difference, step.call)
+        self._retire(f"diverged: {difference}", step.call)
         return full
 
     def _param_names(self, recording: Recording) -> list[str]:
         names = {id(p): n for n, p in self.module.named_parameters()} if self.module is not None else {}
         return [names.get(id(p), "?") for p in recording.params]
-
-    def _diverged(self, difference: str, call: int) -> None:
-        self._retire(f"diverged: {difference}", call)
 
     def _refuse_double_backward(self, step: _Step) -> None:
         self._end_hold(step)
