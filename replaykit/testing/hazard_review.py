@@ -126,10 +126,10 @@ class SlotScaled(nn.Module):
 class Distill(nn.Module):
     """A frozen teacher kept in a list (so it is not a registered submodule)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str = "cpu") -> None:
         super().__init__()
         self.net = MLP()
-        teacher = MLP(p=0.5)
+        teacher = MLP(p=0.5).to(device)  # ``.to()`` on the student does not reach it
         teacher.requires_grad_(False)
         self._teacher = [teacher]
 
@@ -215,10 +215,10 @@ REVIEW = [
             lambda d: SlotScaled().to(d),
             lambda m, a: _loop(m, a, steps=4, before=lambda m, step: setattr(m.cfg, "scale", 1.0 / (step + 1))), guard="module_state"),
     Pattern("hidden_teacher_eval", "host_values", "a teacher kept in a list is put in eval mode",
-            lambda d: Distill().to(d),
+            lambda d: Distill(d).to(d),
             lambda m, a: _loop(m, a, steps=4, before=lambda m, step: m._teacher[0].eval() if step == 2 else None), guard="module_state"),
     Pattern("hidden_teacher_dropout_p", "host_values", "a teacher kept in a list has its dropout p annealed",
-            lambda d: Distill().to(d),
+            lambda d: Distill(d).to(d),
             lambda m, a: _loop(m, a, steps=4, before=lambda m, step: setattr(m._teacher[0].drop, "p", 0.5 - 0.1 * step)), guard="module_state"),
     Pattern("output_view_of_input_mutated", "inputs", "forward returns x[:, 3:]; the caller zeroes it in place",
             lambda d: ReturnsInputView().to(d), _view_then_inplace, guard="record_probe"),
