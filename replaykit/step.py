@@ -1,0 +1,466 @@
+"""Whole-step replay: forward, loss, backward and the optimizer step, recorded and replayed.
+
+    step = rk.TrainStep(model, loss_fn, optimizer, scaler=None, max_norm=None, ema=None, accumulate=1)
+    for x, y in loader:
+        loss = step(x, y)          # one micro-batch; every ``accumulate``-th call steps the optimizer
+        scheduler.step()           # a tensor lr is updated in place and read by the graph
+
+``loss_fn(model, *batch)`` returns the loss. A call runs one *phase*: with
+``accumulate=1`` the whole step (``step``); otherwise the first micro-batch (``first``:
+gradients start from None), the middle ones (``accumulate``) and the last (``last``:
+micro-batch plus the optimizer step). Each phase and input signature is one recording.
+
+The eager twin is the same object with ``replay=False``: the same body (autocast,
+``loss / accumulate``, scaler, clipping, optimizer, EMA, ``zero_grad(set_to_none=True)``)
+with no graphs. It is the parity reference: a replayed run ends bitwise equal to it,
+or the journal says why a call ran the twin's body instead (``eager`` + reason) or why
+the step retired. Nothing is replayed on a stale assumption:
+
+- the model's host values and parameter identity (:class:`~replaykit.guards.ModuleGuard`),
+  storages (:class:`~replaykit.retirement.ModuleWatch`), the optimizer's, scaler's and
+  clip's host values and state tensors (:mod:`replaykit.step_guards`), the batch's
+  signature and the identity of the gradients a phase starts from all key or guard a
+  recording;
+- gradients handed out between micro-batches are fresh aliases of the static
+  buffers; one still held when the next step's first micro-batch would overwrite
+  them gets storage of its own first (copy-out);
+- the loss handed back is a copy: a kept loss never changes under its holder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .backends import module_device
+from .backends.region import CudaRegion, Region, TapeRegion
+from .errors import ReplayError
+from .guards import ModuleGuard, gradient_hooks
+from .guards import epoch as guard_epoch
+from .journal import Journal
+from .recorder import _copy_into, _host_dependent, _same_layout, recorder_of
+from .retirement import ModuleWatch
+from .signature import UnhashableArgument, signature, split_call
+from .step_guards import GRAD, OptimizerWatch, hyper_key, optimizer_hooks, refusal, tensors_of
+
+_PRECISIONS = {"32": None, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
+
+
+class EMA:
+    """An exponential moving average of a model's parameters, updated by one foreach lerp.
+
+    The decay lives on the device (``set_decay`` writes it in place), so a replayed step
+    reads the current value; a Python float would be frozen into the graph.
+    """
+
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        self.source = [p for p in model.parameters()]
+        self.params = [p.detach().clone() for p in self.source]
+        self._weights: dict[tuple, torch.Tensor] = {}
+        for p in self.params:
+            self._weights.setdefault((p.dtype, p.device), torch.zeros((), dtype=p.dtype, device=p.device))
+        self.weights = [self._weights[(p.dtype, p.device)] for p in self.params]
+        self.set_decay(decay)
+
+    def set_decay(self, decay: float) -> None:
+        for w in self._weights.values():
+            w.fill_(1.0 - decay)
+
+    def update(self) -> None:
+        with torch.no_grad():
+            torch._foreach_lerp_(self.params, self.source, self.weights)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.params, *self._weights.values()]
+
+
+class _Recording:
+    """One phase of one signature: its region, static inputs and loss, and the gradients it leaves."""
+
+    __slots__ = ("grads_out", "keep", "loss", "region", "static_inputs")
+
+    def __init__(self, region: Region, static_inputs: list[torch.Tensor], loss: torch.Tensor, grads_out: list, keep: list) -> None:
+        self.region = region
+        self.static_inputs = static_inputs
+        self.loss = loss
+        self.grads_out = grads_out  # per parameter: the static gradient storage after this phase, or None
+        self.keep = keep  # what the key names by id (incoming gradients, tensor hyperparameters): kept alive
+
+
+class TrainStep:
+    """A training step (forward, loss, backward, optimizer) replayed from graphs; see the module docstring."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Callable[..., torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+        *,
+        scaler: Any = None,
+        max_norm: float | None = None,
+        ema: EMA | None = None,
+        accumulate: int = 1,
+        precision: str = "32",
+        replay: bool = True,
+        backend: str = "auto",
+        warmup: int = 1,
+        max_recordings: int = 8,
+        strict: bool = False,
+        unsafe_disable: tuple[str, ...] = (),
+    ) -> None:
+        if accumulate < 1:
+            raise ReplayError(f"accumulate must be >= 1, got {accumulate}")
+        if precision not in _PRECISIONS:
+            raise ReplayError(f"precision {precision!r}: choose from {list(_PRECISIONS)}")
+        if recorder_of(model) is not None:
+            raise ReplayError("the model is captured by rk.capture already: a whole step records it itself")
+        unknown = set(unsafe_disable) - set(STEP_PROTECTIONS)
+        if unknown:
+            raise ReplayError(f"unknown protections {sorted(unknown)}; choose from {list(STEP_PROTECTIONS)}")
+        self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
+        self.scaler, self.max_norm, self.ema = scaler, max_norm, ema
+        self.accumulate, self.precision, self.replay = accumulate, precision, replay
+        self.warmup, self.max_recordings, self.strict = warmup, max_recordings, strict
+        self.disabled = frozenset(unsafe_disable)
+        self.device = module_device(model) or torch.device("cpu")
+        self.backend = ("cuda" if self.device.type == "cuda" else "emulated") if backend == "auto" else backend
+        if self.backend not in ("cuda", "emulated"):
+            raise ReplayError(f"unknown backend {backend!r}; choose from ['auto', 'cuda', 'emulated']")
+        self.journal = Journal()
+        self.retired, self.retire_reason = False, None
+        self.params = _unique([*model.parameters(), *(p for g in optimizer.param_groups for p in g["params"])])
+        self._trainable = [p for p in self.params if p.requires_grad]
+        self._calls = 0
+        self._micro = 0  # micro-batches into the current optimizer step
+        self._steps = 0  # optimizer steps taken (eager or replayed)
+        self._recordings: dict[tuple, _Recording] = {}
+        self._handed: list[torch.Tensor] = []  # gradient aliases handed out since the last first phase
+        self._pool = torch.cuda.graph_pool_handle() if self.backend == "cuda" else None
+        self._refusal = refusal(optimizer, scaler, self.device)
+        self._guard = ModuleGuard(model) if replay else None
+        self._watch = ModuleWatch(model) if replay else None
+        self._owatch: OptimizerWatch | None = None
+        self._owner: int | None = None
+        self._hooks_epoch, self._has_hooks = -1, False
+        for name in sorted(self.disabled):
+            self.journal.add("unsafe", 0, name)
+
+    # ----------------------------------------------------------------- read-outs
+    @property
+    def counts(self) -> dict[str, int]:
+        kinds = ("record", "replay", "eager", "retire", "copy_out")
+        return {k: self.journal.counts.get(k, 0) for k in kinds}
+
+    @property
+    def eager_reasons(self) -> Counter[str]:
+        return Counter(self.journal.eager_reasons)
+
+    @property
+    def recordings(self) -> int:
+        return len(self._recordings)
+
+    def __repr__(self) -> str:
+        state = f"retired: {self.retire_reason}" if self.retired else f"{self.recordings} recordings"
+        mode = self.backend if self.replay else "eager twin"
+        return f"<TrainStep {type(self.model).__name__} {mode} {state} {self.counts}>"
+
+    # ----------------------------------------------------------------- the call
+    def _phase(self) -> str:
+        if self.accumulate == 1:
+            return "step"
+        if self._micro == 1:
+            return "first"
+        return "last" if self._micro == self.accumulate else "accumulate"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        self._calls += 1
+        self._micro = self._micro % self.accumulate + 1
+        phase = self._phase()
+        if not self.replay:
+            return self._eager(phase, None, args, kwargs)
+        return self._route(phase, args, kwargs)
+
+    def _route(self, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:
+        call = self._calls
+        if self.retired:
+            return self._eager(phase, "retired", args, kwargs)
+        if self._refusal is not None:
+            return self._eager(phase, self._refusal, args, kwargs)
+        if self._steps < self.warmup:
+            return self._eager(phase, "warmup", args, kwargs)
+        if self._owner != threading.get_ident() and not self._adopt_thread():
+            return self._eager(phase, "thread", args, kwargs)
+        if not torch.is_grad_enabled():
+            return self._eager(phase, "no_grad", args, kwargs)
+        if optimizer_hooks(self.optimizer) or self._gradient_hooks():
+            return self._eager(phase, "hooks", args, kwargs)
+        verdict = self._guard.verdict()  # type: ignore[union-attr]
+        if not self._recordings and verdict.retire:
+            self._guard.rebaseline()  # type: ignore[union-attr]
+            verdict = self._guard.verdict()  # type: ignore[union-attr]
+        if verdict.retire is not None and "param_identity" not in self.disabled:
+            return self._retire_eager(verdict.retire, phase, args, kwargs)
+        if verdict.eager is not None and "param_identity" not in self.disabled:
+            return self._eager(phase, verdict.eager, args, kwargs)
+        if self._recordings and "state_identity" not in self.disabled:
+            changed = self._watch.reason() or self._owatch.reason()  # type: ignore[union-attr]
+            if changed is not None:
+                return self._retire_eager(changed, phase, args, kwargs)
+        try:
+            callargs = split_call(args, kwargs)
+            key = self._key(phase, verdict.key, callargs)
+        except UnhashableArgument as exc:
+            return self._eager(phase, exc.reason, args, kwargs)
+        rec = self._recordings.get(key)
+        if rec is None:
+            if len(self._recordings) >= self.max_recordings:
+                return self._eager(phase, "budget", args, kwargs)
+            return self._record(phase, key, callargs, args, kwargs)
+        if phase == "first":
+            self._copy_out(call)
+        for static, x in zip(rec.static_inputs, callargs.tensors, strict=True):
+            _copy_into(static, x)
+        rec.region.replay()
+        self.journal.add("replay", call, phase)
+        return self._after(phase, rec)
+
+    def _key(self, phase: str, state: Any, callargs: Any) -> tuple:
+        grads = list(map(GRAD, self._trainable))
+        incoming = 0 if grads.count(None) == len(grads) else tuple(0 if g is None else g.data_ptr() for g in grads)
+        if "host_values" in self.disabled:
+            hyper: tuple = ()
+        else:
+            extra = (None if self.max_norm is None else float(self.max_norm).hex(), _scaler_key(self.scaler))
+            hyper = hyper_key(self.optimizer, extra)
+        return (phase, state, incoming, hyper, *signature(callargs, self.device.type, True))
+
+    def _adopt_thread(self) -> bool:
+        if self._owner is None:
+            self._owner = threading.get_ident()
+        return self._owner == threading.get_ident()
+
+    # ----------------------------------------------------------------- eager (the twin)
+    def _body(self, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:
+        """One micro-batch, and the optimizer step after the last: the twin's code and the recorded code."""
+        dtype = _PRECISIONS[self.precision]
+        ctx = torch.autocast(self.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        with ctx:
+            loss = self.loss_fn(self.model, *args, **kwargs)
+        scaled = loss / self.accumulate if self.accumulate > 1 else loss
+        if self.scaler is not None:
+            scaled = self.scaler.scale(scaled)
+        scaled.backward()
+        if phase in ("step", "last"):
+            if self.max_norm is not None:
+                if self.scaler is not None:
+                    self.scaler.unscale_(self.optimizer)
+                params = [p for p in self._trainable if p.grad is not None]
+                torch.nn.utils.clip_grad_norm_(params, self.max_norm, foreach=True, error_if_nonfinite=False)
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            if self.ema is not None:
+                self.ema.update()
+            self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def _eager(self, phase: str, reason: str | None, args: tuple, kwargs: dict) -> torch.Tensor:
+        if reason is not None:
+            if self.strict and reason not in ("warmup",):
+                raise ReplayError(f"replaykit: call {self._calls} would run eagerly: {reason}")
+            self.journal.add("eager", self._calls, reason)
+        stream = _side_stream(self.device) if reason == "warmup" else None
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            loss = self._body(phase, args, kwargs)
+        if stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+        if phase in ("step", "last"):
+            self._steps += 1
+        return loss
+
+    # ----------------------------------------------------------------- record and replay
+    def _record(self, phase: str, key: tuple, callargs: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+        call = self._calls
+        frozen = _host_dependent(self.model)
+        if frozen is not None:
+            return self._retire_eager(frozen, phase, args, kwargs)
+        if not self._recordings:
+            self._watch.rebaseline()  # type: ignore[union-attr]
+            extra = self.ema.tensors() if self.ema is not None else ()
+            self._owatch = OptimizerWatch(self.optimizer, self.scaler, extra)
+        static = [_same_layout(t) for t in callargs.tensors]
+        incoming = list(map(GRAD, self._trainable))
+        # the recording reads private aliases of the incoming gradients: a handed-out alias
+        # given storage of its own later (copy-out) must not move what the recording reads
+        private = [None if g is None else g.detach() for g in incoming]
+        for p, g in zip(self._trainable, private, strict=True):
+            p.grad = g
+        region: Region = CudaRegion(self.device, self._pool) if self.backend == "cuda" else TapeRegion(static)
+        snapshot = _Snapshot(self) if self.backend == "emulated" else None
+        scaler_state = _scaler_state(self.scaler)
+
+        def body() -> list[torch.Tensor]:
+            a, kw = callargs.rebuild(static)
+            return [self._body(phase, a, kw)]
+
+        try:
+            (loss,) = region.capture(body)
+        except Exception as exc:
+            if snapshot is not None:
+                snapshot.restore()
+            else:
+                from .backends.cuda import end_failed_capture
+
+                end_failed_capture(self.device)
+            for p, g in zip(self._trainable, incoming, strict=True):
+                p.grad = g
+            _restore_scaler(self.scaler, scaler_state)
+            self._micro -= 1  # the twin's body runs this micro-batch again from the start
+            self._calls -= 1
+            self._retire(f"capture failed: {type(exc).__name__}: {exc}", call)
+            return self(*args, **kwargs)
+        grads_out = [None if p.grad is None else p.grad for p in self._trainable]
+        keep = [*(g for g in private if g is not None), *tensors_of(self.optimizer)]
+        rec = _Recording(region, static, loss, grads_out, keep)
+        self._recordings[key] = rec
+        self.journal.add("record", call, phase, f"recording {len(self._recordings)}")
+        return self._after(phase, rec)
+
+    def _after(self, phase: str, rec: _Recording) -> torch.Tensor:
+        """Leave the gradients as eager would and hand back a copy of the loss."""
+        if phase == "step":  # gradients were None before and the replay assigns none
+            self._steps += 1
+        elif phase == "last":  # zero_grad(set_to_none=True) ran in Python at capture only
+            self._steps += 1
+            for p, g in zip(self._trainable, rec.grads_out, strict=True):
+                p.grad = g
+        else:  # between micro-batches eager's .grad holds the running sum: fresh aliases of the static buffers
+            handed = []
+            for p, g in zip(self._trainable, rec.grads_out, strict=True):
+                if g is None:
+                    p.grad = None
+                else:
+                    alias = g.detach()
+                    p.grad = alias
+                    handed.append(alias)
+            self._handed += handed
+        return rec.loss.clone()
+
+    def _copy_out(self, call: int) -> None:
+        """Before a first phase overwrites the gradient buffers, a handed-out alias still held gets its own storage.
+
+        Eager's next micro-batch makes new gradients and leaves the old ones with their holders.
+        """
+        handed, self._handed = self._handed, []
+        if "copy_out" in self.disabled:
+            return
+        held = [a for a in handed if sys.getrefcount(a) > 3]  # the list, the loop variable, getrefcount's argument
+        if held:
+            with torch.no_grad():
+                for a in held:
+                    a.data = a.clone()
+            self.journal.add("copy_out", call, None, f"{len(held)} tensors")
+
+    def _gradient_hooks(self) -> bool:
+        """Hooks on parameters run Python a replay skips; re-read only when a watched write happened."""
+        now = guard_epoch()
+        if now != self._hooks_epoch:
+            self._hooks_epoch, self._has_hooks = now, gradient_hooks(self._trainable) > 0
+        return self._has_hooks
+
+    def _retire(self, reason: str, call: int) -> None:
+        self.retired, self.retire_reason = True, reason
+        self.journal.add("retire", call, reason)
+        self.release(keep_journal=True)
+
+    def _retire_eager(self, reason: str, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:
+        self._retire(reason, self._calls)
+        return self._eager(phase, "retired", args, kwargs)
+
+    def release(self, keep_journal: bool = True) -> None:
+        """Free every recording (the step runs eagerly from now on if not retired already)."""
+        for rec in self._recordings.values():
+            rec.region.free()
+        self._recordings.clear()
+        if not self.retired:
+            self.retired, self.retire_reason = True, "released"
+
+
+#: What a TrainStep's ``unsafe_disable`` may switch off (each has a test that diverges without it).
+STEP_PROTECTIONS = ("param_identity", "state_identity", "host_values", "copy_out")
+
+
+def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    seen: set[int] = set()
+    out = []
+    for t in tensors:
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return out
+
+
+def _scaler_key(scaler: Any) -> Any:
+    if scaler is None:
+        return None
+    return (scaler.is_enabled(), float(scaler._growth_factor).hex(), float(scaler._backoff_factor).hex(), scaler._growth_interval)
+
+
+def _scaler_state(scaler: Any) -> Any:
+    return None if scaler is None else dict(scaler._per_optimizer_states)
+
+
+def _restore_scaler(scaler: Any, state: Any) -> None:
+    if scaler is not None:
+        scaler._per_optimizer_states.clear()
+        scaler._per_optimizer_states.update(state)
+
+
+_streams: dict[torch.device, Any] = {}
+
+
+def _side_stream(device: torch.device) -> Any:
+    """Warm-up runs on a side stream on CUDA (lazy library state is set up off the capture stream)."""
+    if device.type != "cuda":
+        return None
+    if device not in _streams:
+        _streams[device] = torch.cuda.Stream(device)
+    stream = _streams[device]
+    stream.wait_stream(torch.cuda.current_stream(device))
+    return stream
+
+
+class _Snapshot:
+    """What a failed emulated recording (which runs the step) may have changed: put back in place."""
+
+    def __init__(self, step: TrainStep) -> None:
+        opt = step.optimizer
+        tensors = [*step.model.parameters(), *step.model.buffers()]
+        tensors += [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        tensors += tensors_of(opt)
+        if step.scaler is not None and step.scaler._scale is not None:
+            tensors += [step.scaler._scale, step.scaler._growth_tracker]
+        if step.ema is not None:
+            tensors += step.ema.tensors()
+        self._values = [(t, t.detach().clone()) for t in _unique(tensors)]
+        self._grads = [(p, p.grad, None if p.grad is None else p.grad.detach().clone()) for p in step.params]
+        self._rng = torch.get_rng_state()
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for t, v in self._values:
+                t.data.copy_(v)
+            for p, g, v in self._grads:
+                p.grad = g
+                if g is not None:
+                    g.data.copy_(v)
+        torch.set_rng_state(self._rng)
