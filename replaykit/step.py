@@ -239,6 +239,8 @@ class TrainStep:
         else:
             extra = (None if self.max_norm is None else float(self.max_norm).hex(), _scaler_key(self.scaler))
             hyper = hyper_key(self.optimizer, extra)
+        if "module_state" in self.disabled:
+            state = None
         return (phase, state, incoming, hyper, *signature(callargs, self.device.type, True))
 
     def _adopt_thread(self) -> bool:
@@ -396,7 +398,7 @@ class TrainStep:
 
 
 #: What a TrainStep's ``unsafe_disable`` may switch off (each has a test that diverges without it).
-STEP_PROTECTIONS = ("param_identity", "state_identity", "host_values", "copy_out")
+STEP_PROTECTIONS = ("module_state", "param_identity", "state_identity", "host_values", "copy_out")
 
 
 def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -1,0 +1,138 @@
+"""Whole-step replay (TrainStep): bitwise equal to its eager twin, or eager/retired with a reason.
+
+Every guard has an unsafe arm that diverges on the CPU (the emulated backend replays the
+recorded aten sequence, so a frozen host value shows as it would on a GPU).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+import replaykit as rk
+from replaykit.step import STEP_PROTECTIONS, TrainStep
+from replaykit.testing.step_trial import PROBES, SmallNet, StepConfig, small_loss, trial
+
+
+def _cfg(device: str, backend: str, **kw) -> StepConfig:
+    return StepConfig(device=device, backend=backend, **kw)
+
+
+def _replayed(result) -> int:
+    return result.step.counts["replay"] + result.step.counts["record"]
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "accumulate", "clip", "ema", "scheduler"),
+    [
+        (o, a, c, e, s)
+        for o, a, (c, e, s) in itertools.product(
+            ["sgd", "adamw"], [1, 2, 3], [(None, None, False), (1.0, 0.9, True)]
+        )
+    ],
+)
+def test_whole_step_matches_its_eager_twin(backend, device, optimizer, accumulate, clip, ema, scheduler):
+    result = trial(_cfg(device, backend, optimizer=optimizer, accumulate=accumulate, clip=clip, ema=ema, scheduler=scheduler))
+    assert result.equal, result.diffs[:3]
+    assert result.step.counts["replay"] >= 3 * accumulate, result.step.journal
+    assert result.step.retire_reason is None
+    assert result.twin.counts["record"] == result.twin.counts["replay"] == 0
+
+
+def test_the_twin_is_eager_and_the_partial_batch_has_its_own_recording(backend, device):
+    result = trial(_cfg(device, backend, accumulate=2, partial_last=True))
+    assert result.equal, result.diffs[:3]
+    phases = [e.reason for e in result.step.journal if e.kind == "record"]
+    assert sorted(phases) == ["first", "last", "last"]  # the partial last micro-batch records its own 'last'
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed"])
+def test_mixed_precision(backend, device, precision):
+    result = trial(_cfg(device, backend, optimizer="adamw", precision=precision, accumulate=2))
+    assert result.equal, result.diffs[:3]
+    assert result.step.counts["replay"] > 0
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_grad_scaler_with_a_fused_optimizer_skips_on_the_device(backend, device, accumulate):
+    result = trial(_cfg(device, backend, optimizer="adamw", scaler=True, clip=1.0, accumulate=accumulate, overflow_step=3, steps=6))
+    assert result.equal, result.diffs[:3]
+    assert result.step.counts["replay"] > 0 and not result.step.eager_reasons.keys() - {"warmup"}
+
+
+def test_a_non_fused_scaler_step_routes_eager_with_its_reason(backend, device):
+    result = trial(_cfg(device, backend, optimizer="sgd_float", scaler=True))
+    assert result.equal, result.diffs[:3]
+    assert result.step.counts["replay"] == 0
+    assert any("found_inf on the host" in r for r in result.step.eager_reasons)
+
+
+def test_a_float_lr_changed_by_hand_records_anew(backend, device):
+    result = trial(_cfg(device, backend, optimizer="sgd_float", probe="float_lr"))
+    assert result.equal, result.diffs[:3]
+    assert result.step.counts["record"] == 3  # step, partial step, step at the new lr
+
+
+@pytest.mark.parametrize("probe", sorted(PROBES))
+def test_each_guard_keeps_replay_exact(backend, device, probe):
+    opt = "sgd_float" if probe in ("float_lr", "load_state") else "sgd"  # a tensor lr's id would key load_state too
+    result = trial(_cfg(device, backend, optimizer=opt, probe=probe, accumulate=2 if probe == "keep_grad" else 1))
+    assert result.equal, result.diffs[:3]
+
+
+@pytest.mark.parametrize("probe", sorted(PROBES))
+def test_without_its_guard_each_probe_diverges(backend, device, probe):
+    """The negative control: the guard is what keeps the run exact."""
+    opt = "sgd_float" if probe in ("float_lr", "load_state") else "sgd"  # a tensor lr's id would key load_state too
+    result = trial(_cfg(device, backend, optimizer=opt, probe=probe, accumulate=2 if probe == "keep_grad" else 1, unsafe=(PROBES[probe],)))
+    assert not result.equal, f"{probe} without {PROBES[probe]} still matched: the guard is untested"
+
+
+def test_probes_cover_every_protection():
+    assert set(PROBES.values()) == set(STEP_PROTECTIONS)
+
+
+def test_capture_failure_retires_and_the_step_stays_exact(backend, device):
+    def item_loss(model, x, y):
+        loss = small_loss(model, x, y)
+        return loss * (2.0 if loss.item() > 0 else 1.0)  # a host read: a graph cannot replay it
+
+    results = []
+    for replay in (False, True):
+        torch.manual_seed(0)
+        model = SmallNet().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        step = TrainStep(model, item_loss, opt, replay=replay)
+        g = torch.Generator().manual_seed(1)
+        torch.manual_seed(2)
+        losses = [step(torch.randn(6, 8, generator=g).to(device), torch.randint(0, 4, (6,), generator=g).to(device)) for _ in range(4)]
+        results.append((model, losses, step))
+    (m0, l0, _), (m1, l1, step) = results
+    assert step.retired and step.retire_reason.startswith("capture failed")
+    assert all(torch.equal(a, b) for a, b in zip(l0, l1, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(m0.state_dict().values(), m1.state_dict().values(), strict=True))
+
+
+def test_clear_errors_for_bad_input():
+    model = SmallNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(rk.ReplayError, match="accumulate"):
+        TrainStep(model, small_loss, opt, accumulate=0)
+    with pytest.raises(rk.ReplayError, match="precision"):
+        TrainStep(model, small_loss, opt, precision="fp8")
+    with pytest.raises(rk.ReplayError, match="unknown protections"):
+        TrainStep(model, small_loss, opt, unsafe_disable=("nothing",))
+    rec = rk.capture(model)
+    with pytest.raises(rk.ReplayError, match="captured by rk.capture"):
+        TrainStep(model, small_loss, opt)
+    rec.release()
+
+
+def test_lbfgs_routes_eager_with_a_reason():
+    model = nn.Linear(8, 4)
+    opt = torch.optim.LBFGS(model.parameters())
+    step = TrainStep(model, lambda m, x, y: nn.functional.cross_entropy(m(x), y), opt)
+    assert "closure" in (step._refusal or "")
