@@ -126,7 +126,7 @@ def test_clear_errors_for_bad_input():
     with pytest.raises(rk.ReplayError, match="unknown protections"):
         TrainStep(model, small_loss, opt, unsafe_disable=("nothing",))
     rec = rk.capture(model)
-    with pytest.raises(rk.ReplayError, match="captured by rk.capture"):
+    with pytest.raises(rk.ReplayError, match=r"captured by rk\.capture"):
         TrainStep(model, small_loss, opt)
     rec.release()
 
