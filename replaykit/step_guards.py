@@ -99,7 +99,6 @@ def refusal(optimizer: torch.optim.Optimizer, scaler: Any, device: torch.device)
     if isinstance(optimizer, torch.optim.LBFGS):
         return "LBFGS re-evaluates a closure and reads the loss on the host"
     groups = optimizer.param_groups
-    fused = all(g.get("fused") for g in groups)
     if scaler is not None and getattr(scaler, "is_enabled", lambda: True)() and not getattr(optimizer, "_step_supports_amp_scaling", False):
         return (
             f"GradScaler.step with a non-fused {name} reads found_inf on the host (.item()) to skip the step; "
@@ -109,8 +108,11 @@ def refusal(optimizer: torch.optim.Optimizer, scaler: Any, device: torch.device)
         lr = g.get("lr")
         if isinstance(lr, torch.Tensor) and not (g.get("fused") or g.get("capturable")):
             return f"{name} with a tensor lr reads it on the host unless fused=True (or capturable=True where offered)"
-    if device.type == "cuda" and "capturable" in groups[0] and not fused and not all(g.get("capturable") for g in groups):
-        return f"{name} keeps its step counter on the host unless capturable=True or fused=True"
+    for g in groups:
+        if "capturable" in g and not g["capturable"] and (device.type == "cuda" or not g.get("fused")):
+            # its step counter is read on the host (.item()); on CUDA, step() also refuses a capture
+            # without capturable=True, fused or not
+            return f"{name} reads its step counter on the host unless capturable=True (with fused=True for speed)"
     return None
 
 

@@ -42,7 +42,7 @@ def small_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tens
 class StepConfig:
     """One whole-step run."""
 
-    optimizer: str = "sgd"  # sgd (fused, tensor lr) | sgd_float (foreach, float lr) | adamw (fused) | adam_capturable
+    optimizer: str = "sgd"  # sgd (fused, tensor lr) | sgd_float (foreach, float lr) | adamw (fused) | adam_plain
     accumulate: int = 1
     clip: float | None = None
     ema: float | None = None
@@ -81,10 +81,10 @@ def _optimizer(name: str, model: nn.Module, device: str) -> torch.optim.Optimize
     if name == "sgd_float":
         return torch.optim.SGD(params, lr=0.05, momentum=0.9)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=torch.tensor(1e-2, device=device), weight_decay=1e-2, fused=True)
-    if name == "adam_capturable":
-        return torch.optim.Adam(params, lr=1e-2, capturable=True)
-    if name == "adam_plain":
+        # capturable on CUDA: step() refuses a capture without it, fused or not
+        cuda = device.startswith("cuda")
+        return torch.optim.AdamW(params, lr=torch.tensor(1e-2, device=device), weight_decay=1e-2, fused=True, capturable=cuda)
+    if name == "adam_plain":  # capturable=False: refused on CUDA with a reason, replayed on the CPU tape
         return torch.optim.Adam(params, lr=1e-2)
     raise ValueError(f"unknown optimizer {name!r}")
 

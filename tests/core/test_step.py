@@ -136,3 +136,10 @@ def test_lbfgs_routes_eager_with_a_reason():
     opt = torch.optim.LBFGS(model.parameters())
     step = TrainStep(model, lambda m, x, y: nn.functional.cross_entropy(m(x), y), opt)
     assert "closure" in (step._refusal or "")
+
+
+def test_an_adam_without_capturable_routes_eager_with_its_reason(backend, device):
+    result = trial(_cfg(device, backend, optimizer="adam_plain"))
+    assert result.equal, result.diffs[:3]
+    assert result.step.counts["replay"] == 0
+    assert any("capturable=True" in r for r in result.step.eager_reasons)
