@@ -97,3 +97,41 @@ class ReplayCallback(L.Callback):
             path: {**rec.journal.summary(), "retired": rec.retire_reason}
             for path, rec in self.recorders.items()
         }
+
+
+def whole_step(pl_module: L.LightningModule, net: nn.Module, loss_fn: Any, **step_kwargs: Any) -> Any:
+    """A :class:`~replaykit.step.TrainStep` for a LightningModule in manual optimization.
+
+    Lightning's automatic optimization runs ``training_step`` (with ``self.log``'s host-side
+    bookkeeping) inside a closure that the precision plugin calls from ``optimizer.step``;
+    a graph would freeze that Python. So the whole step lives in ``training_step``::
+
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def on_train_start(self):
+            self.step = whole_step(self, self.net, loss_fn, max_norm=1.0, accumulate=2)
+
+        def training_step(self, batch, batch_idx):
+            loss = self.step(batch)
+            self.log("train_loss", loss)
+
+    Each optimizer step (replayed or eager) ticks the LightningOptimizer's progress, so
+    ``global_step``, ``max_steps`` and step-based checkpoints count as they would.
+    Precision, scaler and clipping are the TrainStep's (``precision=``, ``scaler=``,
+    ``max_norm=``), not the Trainer's: keep ``Trainer(precision="32")``.
+    """
+    from .step import TrainStep
+
+    if pl_module.automatic_optimization:
+        raise ReplayError("whole_step needs manual optimization: set self.automatic_optimization = False")
+    lopt = pl_module.optimizers()
+    if isinstance(lopt, list):
+        raise ReplayError("whole_step takes one optimizer; this module configures several")
+
+    def tick() -> None:  # what LightningOptimizer.step does around the optimizer's own step
+        lopt._on_before_step()
+        lopt._on_after_step()
+
+    return TrainStep(net, loss_fn, lopt.optimizer, on_optimizer_step=tick, **step_kwargs)

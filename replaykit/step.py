@@ -114,6 +114,7 @@ class TrainStep:
         max_recordings: int = 8,
         strict: bool = False,
         unsafe_disable: tuple[str, ...] = (),
+        on_optimizer_step: Callable[[], None] | None = None,
     ) -> None:
         if accumulate < 1:
             raise ReplayError(f"accumulate must be >= 1, got {accumulate}")
@@ -129,6 +130,7 @@ class TrainStep:
         self.accumulate, self.precision, self.replay = accumulate, precision, replay
         self.warmup, self.max_recordings, self.strict = warmup, max_recordings, strict
         self.disabled = frozenset(unsafe_disable)
+        self.on_optimizer_step = on_optimizer_step  # Python run after every optimizer step (a replay runs none)
         self.device = module_device(model) or torch.device("cpu")
         self.backend = ("cuda" if self.device.type == "cuda" else "emulated") if backend == "auto" else backend
         if self.backend not in ("cuda", "emulated"):
@@ -286,8 +288,13 @@ class TrainStep:
         if stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(stream)
         if phase in ("step", "last"):
-            self._steps += 1
+            self._stepped()
         return loss
+
+    def _stepped(self) -> None:
+        self._steps += 1
+        if self.on_optimizer_step is not None:
+            self.on_optimizer_step()
 
     # ----------------------------------------------------------------- record and replay
     def _record(self, phase: str, key: tuple, callargs: Any, args: tuple, kwargs: dict) -> torch.Tensor:
@@ -340,9 +347,9 @@ class TrainStep:
     def _after(self, phase: str, rec: _Recording) -> torch.Tensor:
         """Leave the gradients as eager would and hand back a copy of the loss."""
         if phase == "step":  # gradients were None before and the replay assigns none
-            self._steps += 1
+            self._stepped()
         elif phase == "last":  # zero_grad(set_to_none=True) ran in Python at capture only
-            self._steps += 1
+            self._stepped()
             for p, g in zip(self._trainable, rec.grads_out, strict=True):
                 p.grad = g
         else:  # between micro-batches eager's .grad holds the running sum: fresh aliases of the static buffers
