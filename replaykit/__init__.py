@@ -6,6 +6,9 @@
     rec.journal, rec.counts, rec.eager_reasons, rec.retired, rec.retire_reason
     rec.release()
 
+    step = rk.TrainStep(model, loss_fn, optimizer, max_norm=1.0, accumulate=2)  # the whole step
+    loss = step(x, y)          # forward, loss, backward, clip, optimizer: record | replay | eager(reason)
+
 This package is the core and imports only torch. Beside it: ``replaykit.lightning``
 (extra ``lightning``), ``replaykit.testing`` (the parity harness, extra ``testing``) and
 ``replaykit.workflow`` (notebook verification, extra ``workflow``).
@@ -20,14 +23,17 @@ from .errors import ReplayError, ReplayWarning
 from .journal import Event, Journal
 from .protections import PROTECTIONS
 from .recorder import Recorder, capture, recorder_of
+from .step import EMA, TrainStep
 
 __all__ = [
+    "EMA",
     "PROTECTIONS",
     "Event",
     "Journal",
     "Recorder",
     "ReplayError",
     "ReplayWarning",
+    "TrainStep",
     "__version__",
     "capture",
     "enable_determinism",
