@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+import replaykit as rk
 from replaykit.errors import ReplayError
 from replaykit.lightning import whole_step
 from replaykit.testing.step_trial import SmallNet, small_loss
@@ -63,3 +64,23 @@ def test_whole_step_needs_manual_optimization():
     module.automatic_optimization = True
     with pytest.raises(ReplayError, match="manual optimization"):
         whole_step(module, module.net, small_loss)
+
+
+def test_whole_step_with_fabric_matches_its_twin():
+    """Fabric: hand TrainStep the modules fabric.setup returns."""
+    results = []
+    for replay in (False, True):
+        torch.manual_seed(0)
+        fabric = L.Fabric(accelerator="cpu", devices=1)
+        net = SmallNet()
+        opt = torch.optim.SGD(net.parameters(), lr=torch.tensor(0.05), momentum=0.9, fused=True)
+        net, opt = fabric.setup(net, opt)
+        step = rk.TrainStep(net, small_loss, opt, max_norm=1.0, accumulate=2, replay=replay)
+        g = torch.Generator().manual_seed(1)
+        torch.manual_seed(2)
+        losses = [step(torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)) for _ in range(12)]
+        results.append((net, losses, step))
+    (n0, l0, _), (n1, l1, step) = results
+    assert step.counts["replay"] > 0
+    assert all(torch.equal(a, b) for a, b in zip(l0, l1, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(n0.state_dict().values(), n1.state_dict().values(), strict=True))
