@@ -419,17 +419,17 @@ def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _scaler_key(scaler: Any) -> Any:
-    if scaler is None:
-        return None
-    return (scaler.is_enabled(), float(scaler._growth_factor).hex(), float(scaler._backoff_factor).hex(), scaler._growth_interval)
+    if scaler is None or not scaler.is_enabled():  # a disabled scaler has no growth settings (nor state)
+        return None if scaler is None else False
+    return (True, float(scaler._growth_factor).hex(), float(scaler._backoff_factor).hex(), scaler._growth_interval)
 
 
 def _scaler_state(scaler: Any) -> Any:
-    return None if scaler is None else dict(scaler._per_optimizer_states)
+    return None if scaler is None or not scaler.is_enabled() else dict(scaler._per_optimizer_states)
 
 
 def _restore_scaler(scaler: Any, state: Any) -> None:
-    if scaler is not None:
+    if state is not None:
         scaler._per_optimizer_states.clear()
         scaler._per_optimizer_states.update(state)
 
@@ -456,7 +456,7 @@ class _Snapshot:
         tensors = [*step.model.parameters(), *step.model.buffers()]
         tensors += [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
         tensors += tensors_of(opt)
-        if step.scaler is not None and step.scaler._scale is not None:
+        if step.scaler is not None and getattr(step.scaler, "_scale", None) is not None:
             tensors += [step.scaler._scale, step.scaler._growth_tracker]
         if step.ema is not None:
             tensors += step.ema.tensors()

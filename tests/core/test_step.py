@@ -143,3 +143,46 @@ def test_an_adam_without_capturable_routes_eager_with_its_reason(backend, device
     assert result.equal, result.diffs[:3]
     assert result.step.counts["replay"] == 0
     assert any("capturable=True" in r for r in result.step.eager_reasons)
+
+
+# ----------------------------------------------------------------- review findings (one test each)
+def _ce(model, x, y):
+    return nn.functional.cross_entropy(model(x), y)
+
+
+def _pair(build, drive, device):
+    """``build(replay) -> env`` (model, opt, step, ...), ``drive(env, g) -> kept tensors``: the eager
+    twin and the replayed run compared bitwise (model, gradients, optimizer, kept tensors)."""
+    from replaykit.bitwise import diff_states
+    from replaykit.testing.end_state import module_state, optimizer_state
+
+    states, envs = [], []
+    for replay in (False, True):
+        torch.manual_seed(0)
+        env = build(replay)
+        torch.manual_seed(1)
+        kept = drive(env, torch.Generator().manual_seed(2))
+        state = module_state(env["model"])
+        state.update(optimizer_state([env["opt"]]))
+        state.update({f"kept/{i}": None if t is None else t.detach().cpu().clone() for i, t in enumerate(kept)})
+        states.append(state)
+        envs.append(env)
+    return diff_states(*states), envs[1]["step"]
+
+
+def _batches(g, device, n=6):
+    return torch.randn(n, 8, generator=g).to(device), torch.randint(0, 4, (n,), generator=g).to(device)
+
+
+def test_a_disabled_grad_scaler_is_a_plain_step(backend, device):
+    """GradScaler(enabled=False) (or the CUDA one on a machine without CUDA) has no growth settings."""
+
+    def build(replay):
+        model = SmallNet().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        scaler = torch.amp.GradScaler(device, enabled=False)
+        return {"model": model, "opt": opt, "step": TrainStep(model, small_loss, opt, scaler=scaler, max_norm=1.0, replay=replay)}
+
+    diffs, step = _pair(build, lambda env, g: [env["step"](*_batches(g, device)) for _ in range(5)], device)
+    assert not diffs, diffs[:3]
+    assert step.counts["replay"] >= 3, step.journal
