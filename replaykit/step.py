@@ -30,6 +30,7 @@ the step retired. Nothing is replayed on a stale assumption:
 from __future__ import annotations
 
 import contextlib
+import operator
 import sys
 import threading
 from collections import Counter
@@ -50,6 +51,7 @@ from .retirement import ModuleWatch
 from .signature import UnhashableArgument, signature, split_call
 from .step_guards import GRAD, OptimizerWatch, hyper_key, optimizer_hooks, refusal, tensors_of
 
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
 _PRECISIONS = {"32": None, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 
 
@@ -138,7 +140,11 @@ class TrainStep:
         self.journal = Journal()
         self.retired, self.retire_reason = False, None
         self.params = _unique([*model.parameters(), *(p for g in optimizer.param_groups for p in g["params"])])
-        self._trainable = [p for p in self.params if p.requires_grad]
+        self._rg_keys: dict[tuple[bool, ...], int] = {}
+        self._rg: tuple[bool, ...] = ()
+        self._rg_key = 0
+        self._trainable: list[nn.Parameter] = []
+        self._refresh_trainable()
         self._calls = 0
         self._micro = 0  # micro-batches into the current optimizer step
         self._steps = 0  # optimizer steps taken (eager or replayed)
@@ -181,8 +187,19 @@ class TrainStep:
             return "first"
         return "last" if self._micro == self.accumulate else "accumulate"
 
+    def _refresh_trainable(self) -> None:
+        """Which parameters require grad: a recording freezes it (a layer frozen later would still
+        get its recorded gradient and optimizer update), so it keys the recordings."""
+        rg = tuple(map(_REQUIRES_GRAD, self.params))
+        if rg != self._rg:
+            self._rg = rg
+            self._rg_key = self._rg_keys.setdefault(rg, len(self._rg_keys))
+            self._trainable = [p for p, r in zip(self.params, rg, strict=True) if r]
+            self._hooks_epoch = -1
+
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         self._calls += 1
+        self._refresh_trainable()
         self._micro = self._micro % self.accumulate + 1
         phase = self._phase()
         if not self.replay:
@@ -243,7 +260,7 @@ class TrainStep:
             hyper = hyper_key(self.optimizer, extra)
         if "module_state" in self.disabled:
             state = None
-        return (phase, state, incoming, hyper, *signature(callargs, self.device.type, True))
+        return (phase, state, self._rg_key, incoming, hyper, *signature(callargs, self.device.type, True))
 
     def _adopt_thread(self) -> bool:
         if self._owner is None:

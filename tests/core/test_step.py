@@ -186,3 +186,26 @@ def test_a_disabled_grad_scaler_is_a_plain_step(backend, device):
     diffs, step = _pair(build, lambda env, g: [env["step"](*_batches(g, device)) for _ in range(5)], device)
     assert not diffs, diffs[:3]
     assert step.counts["replay"] >= 3, step.journal
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_a_layer_frozen_mid_training_records_anew(backend, device, accumulate):
+    """A recording computes and applies gradients for the parameters that required grad when it
+    was made; freezing one later must not replay its update."""
+
+    def build(replay):
+        model = SmallNet().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        return {"model": model, "opt": opt, "step": TrainStep(model, small_loss, opt, max_norm=1.0, accumulate=accumulate, replay=replay)}
+
+    def drive(env, g):
+        losses = []
+        for i in range(6 * accumulate):
+            losses.append(env["step"](*_batches(g, device)))
+            if i == 3 * accumulate - 1 + (accumulate > 1):  # mid-accumulation when accumulating
+                env["model"].body[0].requires_grad_(False)
+        return losses
+
+    diffs, step = _pair(build, drive, device)
+    assert not diffs, diffs[:3]
+    assert step.counts["replay"] > 0 and step.retire_reason is None
