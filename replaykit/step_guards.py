@@ -57,27 +57,97 @@ def state_tensors(optimizer: torch.optim.Optimizer, scaler: Any = None, extra: S
     return out + list(extra)
 
 
-class OptimizerWatch:
-    """Notices state tensors replaced or new state (``load_state_dict``, ``add_param_group``)."""
+_MISSING = object()
 
-    def __init__(self, optimizer: torch.optim.Optimizer, scaler: Any = None, extra: Sequence[torch.Tensor] = ()) -> None:
-        self._optimizer, self._scaler, self._extra = optimizer, scaler, list(extra)
+
+class _WatchedState(dict):
+    """One parameter's optimizer state dict that notes a value replaced by another object.
+
+    ``opt.state[p]["exp_avg"] = torch.zeros_like(p)`` (a moment reset) leaves the recorded
+    tensor alive at its address, so no pointer check sees it. The optimizer's own
+    re-assignment of the same object (SGD writes ``momentum_buffer`` back every step) is not
+    a change. Pickles and deep-copies as a plain dict.
+    """
+
+    __slots__ = ("_flag",)
+
+    def __init__(self, values: dict, flag: list[bool]) -> None:
+        dict.__init__(self, values)
+        self._flag = flag
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if dict.get(self, key, _MISSING) is not value:
+            self._flag[0] = True
+        dict.__setitem__(self, key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        self._flag[0] = True
+        dict.__delitem__(self, key)
+
+    def __ior__(self, other: Any) -> Any:
+        self._flag[0] = True
+        return dict.__ior__(self, other)
+
+    def pop(self, *args: Any) -> Any:
+        self._flag[0] = True
+        return dict.pop(self, *args)
+
+    def popitem(self) -> Any:
+        self._flag[0] = True
+        return dict.popitem(self)
+
+    def clear(self) -> None:
+        self._flag[0] = True
+        dict.clear(self)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self._flag[0] = True
+        dict.update(self, *args, **kwargs)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        if key not in self:
+            self._flag[0] = True
+        return dict.setdefault(self, key, default)
+
+    def __reduce__(self) -> tuple:
+        return (dict, (dict(self),))
+
+
+class OptimizerWatch:
+    """Notices state tensors replaced or new state (``load_state_dict``, ``add_param_group``,
+    ``opt.state[p][k] = ...``), and EMA tensors re-assigned (``ema.version`` moved)."""
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, scaler: Any = None, extra: Sequence[torch.Tensor] = (), ema: Any = None
+    ) -> None:
+        self._optimizer, self._scaler, self._extra, self._ema = optimizer, scaler, list(extra), ema
+        self._flag = [False]
         self.rebaseline()
 
     def rebaseline(self) -> None:
         self._state = self._optimizer.state
+        for p, s in list(self._state.items()):
+            if type(s) is dict:  # watched from now on (see _WatchedState)
+                self._state[p] = _WatchedState(s, self._flag)
+        self._flag[0] = False
+        self._dicts = list(map(id, self._state.values()))
         self._groups = len(self._optimizer.param_groups)
         self._tensors = state_tensors(self._optimizer, self._scaler, self._extra)
         self._ptrs = list(map(_PTR, self._tensors))
         self._counts = [len(s) for s in self._state.values()]
+        self._ema_version = None if self._ema is None else self._ema.version
 
     def reason(self) -> str | None:
         """Why recordings read stale state now, or None."""
         opt = self._optimizer
         if opt.state is not self._state or len(opt.param_groups) != self._groups:
             return "optimizer state or parameter groups replaced (load_state_dict / add_param_group)"
+        if self._flag[0] or list(map(id, self._state.values())) != self._dicts:
+            return "an optimizer state entry was assigned another tensor (opt.state[p][k] = ...)"
         if list(map(_PTR, self._tensors)) != self._ptrs or [len(s) for s in self._state.values()] != self._counts:
             return "an optimizer, scaler or EMA state tensor was replaced"
+        if self._ema is not None and self._ema.version != self._ema_version:
+            return "EMA tensors re-assigned (ema.params / source / weights)"
         return None
 
 

@@ -209,3 +209,30 @@ def test_a_layer_frozen_mid_training_records_anew(backend, device, accumulate):
     diffs, step = _pair(build, drive, device)
     assert not diffs, diffs[:3]
     assert step.counts["replay"] > 0 and step.retire_reason is None
+
+
+@pytest.mark.parametrize("optimizer", ["sgd_float", "adamw"])
+def test_optimizer_state_assigned_by_hand_retires(backend, device, optimizer):
+    """``opt.state[p][k] = torch.zeros_like(p)`` (a moment reset) leaves the recorded tensor alive at
+    its address: no pointer check sees it, the assignment itself must."""
+    from replaykit.testing.step_trial import _optimizer
+
+    def build(replay):
+        model = SmallNet().to(device)
+        opt = _optimizer(optimizer, model, device)
+        return {"model": model, "opt": opt, "step": TrainStep(model, small_loss, opt, replay=replay)}
+
+    def drive(env, g):
+        losses = []
+        for i in range(6):
+            losses.append(env["step"](*_batches(g, device)))
+            if i == 2:
+                for p, state in env["opt"].state.items():
+                    for k in ("momentum_buffer", "exp_avg"):
+                        if k in state:
+                            state[k] = torch.zeros_like(p)
+        return losses
+
+    diffs, step = _pair(build, drive, device)
+    assert not diffs, diffs[:3]
+    assert step.retire_reason is not None and "opt.state[p][k]" in step.retire_reason
