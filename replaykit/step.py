@@ -62,7 +62,11 @@ class EMA:
     reads the current value; a Python float would be frozen into the graph.
     """
 
+    #: assigning one of these moves ``version``: a recorded step reads the tensors it held then
+    _WATCHED = frozenset({"source", "params", "weights", "_weights"})
+
     def __init__(self, model: nn.Module, decay: float) -> None:
+        self.version = 0
         self.source = [p for p in model.parameters()]
         self.params = [p.detach().clone() for p in self.source]
         self._weights: dict[tuple, torch.Tensor] = {}
@@ -70,6 +74,13 @@ class EMA:
             self._weights.setdefault((p.dtype, p.device), torch.zeros((), dtype=p.dtype, device=p.device))
         self.weights = [self._weights[(p.dtype, p.device)] for p in self.params]
         self.set_decay(decay)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("source", "params", "weights") and isinstance(value, list):
+            value = tuple(value)  # no item assignment: a replaced tensor goes through here
+        object.__setattr__(self, name, value)
+        if name in EMA._WATCHED:
+            object.__setattr__(self, "version", self.version + 1)
 
     def set_decay(self, decay: float) -> None:
         for w in self._weights.values():
@@ -322,7 +333,7 @@ class TrainStep:
         if not self._recordings:
             self._watch.rebaseline()  # type: ignore[union-attr]
             extra = self.ema.tensors() if self.ema is not None else ()
-            self._owatch = OptimizerWatch(self.optimizer, self.scaler, extra)
+            self._owatch = OptimizerWatch(self.optimizer, self.scaler, extra, self.ema)
         static = [_same_layout(t) for t in callargs.tensors]
         incoming = list(map(GRAD, self._trainable))
         # the recording reads private aliases of the incoming gradients: a handed-out alias

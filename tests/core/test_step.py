@@ -236,3 +236,25 @@ def test_optimizer_state_assigned_by_hand_retires(backend, device, optimizer):
     diffs, step = _pair(build, drive, device)
     assert not diffs, diffs[:3]
     assert step.retire_reason is not None and "opt.state[p][k]" in step.retire_reason
+
+
+def test_ema_tensors_reassigned_retire(backend, device):
+    """``ema.params = [...]`` (an EMA reset to the current weights) after recording: a replay would
+    keep lerping into the old tensors."""
+
+    def build(replay):
+        model = SmallNet().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=torch.tensor(0.05, device=device), fused=True)
+        ema = rk.EMA(model, 0.9)
+        return {"model": model, "opt": opt, "ema": ema, "step": TrainStep(model, small_loss, opt, ema=ema, replay=replay)}
+
+    def drive(env, g):
+        for i in range(6):
+            env["step"](*_batches(g, device))
+            if i == 2:
+                env["ema"].params = [p.detach().clone() for p in env["model"].parameters()]
+        return list(env["ema"].params)
+
+    diffs, step = _pair(build, drive, device)
+    assert not diffs, diffs[:3]
+    assert step.retire_reason is not None and "EMA" in step.retire_reason
