@@ -248,6 +248,8 @@ class TrainStep:
             key = self._key(phase, verdict.key, callargs)
         except UnhashableArgument as exc:
             return self._eager(phase, exc.reason, args, kwargs)
+        if any(map(_REQUIRES_GRAD, callargs.tensors)):  # eager's backward gives it a .grad; a static copy none
+            return self._eager(phase, "input_requires_grad", args, kwargs)
         rec = self._recordings.get(key)
         if rec is None:
             if len(self._recordings) >= self.max_recordings:

@@ -258,3 +258,25 @@ def test_ema_tensors_reassigned_retire(backend, device):
     diffs, step = _pair(build, drive, device)
     assert not diffs, diffs[:3]
     assert step.retire_reason is not None and "EMA" in step.retire_reason
+
+
+def test_an_input_requiring_grad_routes_eager(backend, device):
+    """Saliency or adversarial training: eager's backward gives the input a .grad."""
+
+    def drive(env, g):
+        grads = []
+        for _ in range(4):
+            x, y = _batches(g, device)
+            x.requires_grad_(True)
+            env["step"](x, y)
+            grads.append(x.grad)
+        return grads
+
+    def build(replay):
+        model = SmallNet().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        return {"model": model, "opt": opt, "step": TrainStep(model, small_loss, opt, replay=replay)}
+
+    diffs, step = _pair(build, drive, device)
+    assert not diffs, diffs[:3]
+    assert step.eager_reasons["input_requires_grad"] == 3
