@@ -336,7 +336,10 @@ class TrainStep:
             self._watch.rebaseline()  # type: ignore[union-attr]
             extra = self.ema.tensors() if self.ema is not None else ()
             self._owatch = OptimizerWatch(self.optimizer, self.scaler, extra, self.ema)
-        static = [_same_layout(t) for t in callargs.tensors]
+        # one static copy per distinct tensor: step(x, x) keeps `a is b` (nn.MultiheadAttention's
+        # self-attention path) inside the recording, as the key's aliasing pattern says
+        copies: dict[int, torch.Tensor] = {}
+        static = [copies[id(t)] if id(t) in copies else copies.setdefault(id(t), _same_layout(t)) for t in callargs.tensors]
         incoming = list(map(GRAD, self._trainable))
         # the recording reads private aliases of the incoming gradients: a handed-out alias
         # given storage of its own later (copy-out) must not move what the recording reads

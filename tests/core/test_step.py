@@ -280,3 +280,27 @@ def test_an_input_requiring_grad_routes_eager(backend, device):
     diffs, step = _pair(build, drive, device)
     assert not diffs, diffs[:3]
     assert step.eager_reasons["input_requires_grad"] == 3
+
+
+def test_the_same_tensor_twice_stays_one_tensor_inside_the_recording(backend, device):
+    """``step(x, x, y)``: nn.MultiheadAttention's self-attention path (``query is key``), or any
+    ``a is b`` in the loss, must see one tensor in the recording as in eager."""
+
+    def loss(model, a, b, y):
+        return small_loss(model, a, y) * (1.0 if a is b else 2.0)
+
+    def build(replay):
+        model = SmallNet().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        return {"model": model, "opt": opt, "step": TrainStep(model, loss, opt, replay=replay)}
+
+    def drive(env, g):
+        losses = []
+        for _ in range(5):
+            x, y = _batches(g, device)
+            losses.append(env["step"](x, x, y))
+        return losses
+
+    diffs, step = _pair(build, drive, device)
+    assert not diffs, diffs[:3]
+    assert step.counts["replay"] >= 3
