@@ -43,7 +43,7 @@ from torch import nn
 from .backends import module_device
 from .backends.region import CudaRegion, Region, TapeRegion
 from .errors import ReplayError
-from .guards import ModuleGuard, gradient_hooks
+from .guards import ModuleGuard, gradient_hooks, held_values, listen_for_writes, value_key
 from .guards import epoch as guard_epoch
 from .journal import Journal
 from .recorder import _copy_into, _host_dependent, _same_layout, recorder_of
@@ -354,8 +354,11 @@ class TrainStep:
             a, kw = callargs.rebuild(static)
             return [self._body(phase, a, kw)]
 
+        versions = [t._version for t in static]
+        held = held_values(self.model)
         try:
-            (loss,) = region.capture(body)
+            with listen_for_writes() as writes:
+                (loss,) = region.capture(body)
         except Exception as exc:
             if snapshot is not None:
                 snapshot.restore()
@@ -373,9 +376,35 @@ class TrainStep:
         grads_out = [None if p.grad is None else p.grad for p in self._trainable]
         keep = [*(g for g in private if g is not None), *tensors_of(self.optimizer)]
         rec = _Recording(region, static, loss, grads_out, keep)
+        why = self._unrepeatable(writes, held, static, versions)
+        if why is not None:
+            # the body ran once, as eager's does: its effects stand (an input written in place
+            # reaches the caller's tensor); the recording is not kept
+            with torch.no_grad():
+                for x, t, v in zip(callargs.tensors, static, versions, strict=True):
+                    if t._version != v:
+                        x.copy_(t)
+            out = self._after(phase, rec)
+            region.free()
+            self._retire(why, call)
+            return out
         self._recordings[key] = rec
         self.journal.add("record", call, phase, f"recording {len(self._recordings)}")
         return self._after(phase, rec)
+
+    def _unrepeatable(self, writes: list, held: list, static: list[torch.Tensor], versions: list[int]) -> str | None:
+        """What the recorded body did that a replay, running no Python, would not repeat."""
+        names = {id(m): n or type(m).__name__ for n, m in self.model.named_modules()}
+        written = sorted({f"{names.get(id(m), type(m).__name__)}.{attr}" for m, attr in writes})
+        if written:
+            return f"the step assigns {', '.join(written)}; a replay would not repeat the assignment"
+        mutated = [i for i, (t, v) in enumerate(zip(static, versions, strict=True)) if t._version != v]
+        if mutated:
+            return f"loss_fn writes input {mutated[0]} in place; a replay would write its own copy"
+        changed = [name for name, value, k in held if value_key(value) != k]
+        if changed:
+            return f"the step changes {changed[0]} (a container or object the model holds); a replay would not"
+        return None
 
     def _after(self, phase: str, rec: _Recording) -> torch.Tensor:
         """Leave the gradients as eager would and hand back a copy of the loss."""

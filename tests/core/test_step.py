@@ -304,3 +304,50 @@ def test_the_same_tensor_twice_stays_one_tensor_inside_the_recording(backend, de
     diffs, step = _pair(build, drive, device)
     assert not diffs, diffs[:3]
     assert step.counts["replay"] >= 3
+
+
+class _RoundRobin(SmallNet):
+    """A forward that assigns what it reads next call (two heads in turn)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head2 = nn.Linear(16, 4)
+        self.task = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        out = self.head(h) if self.task == 0 else self.head2(h)
+        self.task = 1 - self.task
+        return out
+
+
+def _in_place_loss(model, x, y):
+    x.mul_(0.5)  # preprocessing in place: eager changes the caller's tensor
+    return small_loss(model, x, y)
+
+
+@pytest.mark.parametrize("case", ["assigns_attribute", "writes_input", "changes_container"])
+def test_a_step_a_replay_cannot_repeat_retires_after_its_recording_call(backend, device, case):
+    """A replay runs no Python: a forward assigning a module attribute it reads, a loss_fn writing
+    its input in place or a container the model holds. The recording call's work stands (it ran
+    the body once, as eager does) and the step retires."""
+
+    def container_loss(model, x, y):
+        model.history["task"] = 1 - model.history.get("task", 0)  # two values in turn: both get recorded
+        return small_loss(model, x, y) * (1.0 + model.history["task"])
+
+    def build(replay):
+        model = (_RoundRobin() if case == "assigns_attribute" else SmallNet()).to(device)
+        model.history = {}
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        loss = {"assigns_attribute": small_loss, "writes_input": _in_place_loss, "changes_container": container_loss}[case]
+        return {"model": model, "opt": opt, "step": TrainStep(model, loss, opt, replay=replay, warmup=2)}
+
+    def drive(env, g):
+        x, y = _batches(g, device)
+        kept = [env["step"](x, y) for _ in range(6)]  # one batch, overfitted: the caller's x is read again
+        return [*kept, x]
+
+    diffs, step = _pair(build, drive, device)
+    assert not diffs, diffs[:3]
+    assert step.retire_reason is not None and "replay would" in step.retire_reason, step.journal
