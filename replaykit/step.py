@@ -52,6 +52,7 @@ from .signature import UnhashableArgument, signature, split_call
 from .step_guards import GRAD, OptimizerWatch, hyper_key, optimizer_hooks, refusal, tensors_of
 
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
+_use_count = torch._C._storage_Use_Count
 _PRECISIONS = {"32": None, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 
 
@@ -161,6 +162,9 @@ class TrainStep:
         self._steps = 0  # optimizer steps taken (eager or replayed)
         self._recordings: dict[tuple, _Recording] = {}
         self._handed: list[torch.Tensor] = []  # gradient aliases handed out since the last first phase
+        # static gradient storages handed out: their use count with no holder but the recordings
+        self._storages: list[int] = []
+        self._baseline: list[int] = []
         self._pool = torch.cuda.graph_pool_handle() if self.backend == "cuda" else None
         self._refusal = refusal(optimizer, scaler, self.device)
         self._guard = ModuleGuard(model) if replay else None
@@ -257,6 +261,8 @@ class TrainStep:
             return self._record(phase, key, callargs, args, kwargs)
         if phase == "first":
             self._copy_out(call)
+            if "copy_out" not in self.disabled and self._live_alias():
+                return self._eager(phase, "live_alias", args, kwargs)
         for static, x in zip(rec.static_inputs, callargs.tensors, strict=True):
             _copy_into(static, x)
         rec.region.replay()
@@ -329,6 +335,7 @@ class TrainStep:
     # ----------------------------------------------------------------- record and replay
     def _record(self, phase: str, key: tuple, callargs: Any, args: tuple, kwargs: dict) -> torch.Tensor:
         call = self._calls
+        before = list(map(_use_count, self._storages))  # a recording adds holders of its own (private aliases)
         frozen = _host_dependent(self.model)
         if frozen is not None:
             return self._retire_eager(frozen, phase, args, kwargs)
@@ -390,6 +397,8 @@ class TrainStep:
             return out
         self._recordings[key] = rec
         self.journal.add("record", call, phase, f"recording {len(self._recordings)}")
+        after = map(_use_count, self._storages)
+        self._baseline = [b + a - c for b, a, c in zip(self._baseline, after, before, strict=True)]
         return self._after(phase, rec)
 
     def _unrepeatable(self, writes: list, held: list, static: list[torch.Tensor], versions: list[int]) -> str | None:
@@ -420,11 +429,25 @@ class TrainStep:
                 if g is None:
                     p.grad = None
                 else:
+                    self._track(g)
                     alias = g.detach()
                     p.grad = alias
                     handed.append(alias)
             self._handed += handed
         return rec.loss.clone()
+
+    def _track(self, g: torch.Tensor) -> None:
+        """A static gradient storage about to be handed out for the first time (at its recording
+        call: nobody but the recordings holds it yet): its use count then is its baseline."""
+        cdata = g.untyped_storage()._cdata
+        if cdata not in self._storages:
+            self._storages.append(cdata)
+            self._baseline.append(_use_count(cdata))
+
+    def _live_alias(self) -> bool:
+        """After copy-out: whether something else still shares a static gradient storage (a view,
+        ``.detach()`` or ``.data`` of a handed-out gradient, which copy-out cannot reach)."""
+        return any(map(operator.gt, map(_use_count, self._storages), self._baseline))
 
     def _copy_out(self, call: int) -> None:
         """Before a first phase overwrites the gradient buffers, a handed-out alias still held gets its own storage.
@@ -462,6 +485,7 @@ class TrainStep:
         for rec in self._recordings.values():
             rec.region.free()
         self._recordings.clear()
+        self._storages, self._baseline = [], []
         if not self.retired:
             self.retired, self.retire_reason = True, "released"
 

@@ -351,3 +351,27 @@ def test_a_step_a_replay_cannot_repeat_retires_after_its_recording_call(backend,
     diffs, step = _pair(build, drive, device)
     assert not diffs, diffs[:3]
     assert step.retire_reason is not None and "replay would" in step.retire_reason, step.journal
+
+
+@pytest.mark.parametrize("keep", ["detach", "data", "view"])
+def test_a_gradient_kept_through_a_view_routes_eager(backend, device, keep):
+    """A gradient kept between micro-batches as ``.detach()``, ``.data`` or a view shares the static
+    buffer, which copy-out cannot reach: the next step's first micro-batch would overwrite it."""
+    how = {"detach": torch.Tensor.detach, "data": lambda t: t.data, "view": lambda t: t.view(-1)}[keep]
+
+    def build(replay):
+        model = SmallNet().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        return {"model": model, "opt": opt, "step": TrainStep(model, small_loss, opt, accumulate=2, replay=replay)}
+
+    def drive(env, g):
+        kept = []
+        for i in range(10):
+            env["step"](*_batches(g, device))
+            if i % 2 == 0:
+                kept.append(how(env["model"].head.weight.grad))  # a gradient-norm history, read later
+        return kept
+
+    diffs, step = _pair(build, drive, device)
+    assert not diffs, diffs[:3]
+    assert step.eager_reasons["live_alias"] > 0
