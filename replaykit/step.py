@@ -363,10 +363,12 @@ class TrainStep:
 
         versions = [t._version for t in static]
         held = held_values(self.model)
+        attrs = {id(m): dict(m.__dict__) for m in self.model.modules()}  # put back if the capture fails
         try:
             with listen_for_writes() as writes:
                 (loss,) = region.capture(body)
         except Exception as exc:
+            _restore_attributes(writes, attrs)  # the twin's body runs the forward's Python again
             if snapshot is not None:
                 snapshot.restore()
             else:
@@ -492,6 +494,18 @@ class TrainStep:
 
 #: What a TrainStep's ``unsafe_disable`` may switch off (each has a test that diverges without it).
 STEP_PROTECTIONS = ("module_state", "param_identity", "state_identity", "host_values", "copy_out")
+
+
+def _restore_attributes(writes: list[tuple[nn.Module, str]], attrs: dict[int, dict]) -> None:
+    """Plain module attributes assigned by a failed capture's body get their values back."""
+    for m, name in reversed(writes):
+        old = attrs.get(id(m))
+        if old is None:
+            continue
+        if name in old:
+            m.__dict__[name] = old[name]
+        elif name in m.__dict__:
+            del m.__dict__[name]
 
 
 def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -375,3 +375,21 @@ def test_a_gradient_kept_through_a_view_routes_eager(backend, device, keep):
     diffs, step = _pair(build, drive, device)
     assert not diffs, diffs[:3]
     assert step.eager_reasons["live_alias"] > 0
+
+
+def test_a_failed_capture_puts_back_the_attributes_its_forward_assigned(backend, device):
+    """A capture failing at ``.item()`` has run the forward's Python; the twin's body then runs it
+    again: an attribute it assigned (a round-robin flag) must not move twice."""
+
+    def item_loss(model, x, y):
+        loss = small_loss(model, x, y)
+        return loss * (2.0 if loss.item() > 100 else 1.0)
+
+    def build(replay):
+        model = _RoundRobin().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        return {"model": model, "opt": opt, "step": TrainStep(model, item_loss, opt, replay=replay, warmup=2)}
+
+    diffs, step = _pair(build, lambda env, g: [env["step"](*_batches(g, device)) for _ in range(6)], device)
+    assert not diffs, diffs[:3]
+    assert step.retire_reason is not None and step.retire_reason.startswith("capture failed")
