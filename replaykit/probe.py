@@ -80,7 +80,9 @@ class _Inspector(TorchDispatchMode):
         if gen is not None:
             self.generators.append(str(func))
             self._states.setdefault(id(gen), (gen, gen.get_state()))
-        if any(tag in func.tags for tag in _DATA_DEPENDENT) or _boolean_mask(func, args):
+        # aten.index is tagged dynamic_output_shape for its boolean masks; integer indices (a
+        # gather, e.g. Swin's relative position bias) have a shape known on the host
+        if _boolean_mask(func, args) or (func not in _INDEX and any(tag in func.tags for tag in _DATA_DEPENDENT)):
             self.data_dependent.append(str(func))
         return func(*args, **kwargs)
 
