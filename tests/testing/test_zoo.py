@@ -104,3 +104,9 @@ def test_every_model_builds_a_batch_its_loss_reads() -> None:
         args, targets = make_batch(2, "cpu", torch.Generator().manual_seed(0))
         value = loss(module(*args), targets)
         assert value.dim() == 0 and torch.isfinite(value), name
+
+
+def test_the_command_line_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run.main(["--models", "transformer_lm", "--accumulations", "1", "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "transformer_lm" in out and "bitwise" in out and "silent differences: 0" in out

@@ -299,3 +299,34 @@ def summary(results: Iterable[ZooResult]) -> dict[str, Any]:
         "silent": silent,
         "failed": failed,
     }
+
+
+def build_parser():
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="python -m replaykit.testing.zoo.run",
+        description="Train zoo models eagerly and under replay; print each row's verdict (exit 1 on a silent difference).",
+    )
+    p.add_argument("--models", nargs="+", default=["resnet18", "transformer_lm"], help="zoo models, or all")
+    p.add_argument("--precisions", nargs="+", default=["32"], choices=PRECISIONS)
+    p.add_argument("--accumulations", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--steps", type=int, default=3, help="optimizer steps per run")
+    p.add_argument("--device", default="cpu")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from replaykit import tables
+
+    args = build_parser().parse_args(argv)
+    chosen = cases(args.models, args.precisions, args.accumulations, steps=args.steps, device=args.device)
+    results = list(run_matrix(chosen, progress=False))
+    print(tables.text(rows(results), COLUMNS[:8]))
+    line = summary(results)
+    print(line["line"])
+    return 1 if line["failed"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
