@@ -110,3 +110,15 @@ def test_the_command_line_prints_the_table(capsys: pytest.CaptureFixture[str]) -
     assert run.main(["--models", "transformer_lm", "--accumulations", "1", "--steps", "2"]) == 0
     out = capsys.readouterr().out
     assert "transformer_lm" in out and "bitwise" in out and "silent differences: 0" in out
+
+
+def test_asking_whether_a_model_is_available_changes_nothing() -> None:
+    """Only building a zoo model may put zoo-site on sys.path: torchmetrics (so Lightning) imports any
+    torchvision it can find, and the index's CUDA build fails beside a CPU torch unless the zoo imports it."""
+    code = (
+        "import sys, json; from replaykit.testing import zoo; before = list(sys.path)\n"
+        "[zoo.unavailable(n) for n in zoo.MODELS]\n"
+        "print(json.dumps([sys.path == before, 'torchvision' in sys.modules]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert json.loads(out.stdout.splitlines()[-1]) == [True, False]

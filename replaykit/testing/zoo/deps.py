@@ -36,19 +36,22 @@ def site_dir() -> Path:
     return Path(os.environ.get(SITE_ENV) or Path(sys.prefix) / "zoo-site")
 
 
-def _findable(name: str) -> bool:
-    if importlib.util.find_spec(name) is not None:
-        return True
-    site = site_dir()
-    if (site / name).is_dir() and str(site) not in sys.path:
-        sys.path.append(str(site))  # after the interpreter's own packages
+def _in_site(name: str) -> bool:
+    return (site_dir() / name).is_dir()
+
+
+def _use_site() -> None:
+    """Put the zoo-site folder on sys.path (after the interpreter's own packages), once."""
+    site = str(site_dir())
+    if site not in sys.path:
+        sys.path.append(site)
         importlib.invalidate_caches()
-    return importlib.util.find_spec(name) is not None
 
 
 def missing(name: str) -> str | None:
-    """Why ``name`` cannot be imported (not installed), or None."""
-    if name in sys.modules or _findable(name):
+    """Why ``name`` cannot be imported (not installed), or None. Changes nothing: only building a zoo
+    model puts zoo-site on sys.path (and then imports torchvision first, see the module docstring)."""
+    if name in sys.modules or importlib.util.find_spec(name) is not None or _in_site(name):
         return None
     return f"{name} is not installed (pip install 'replaykit[zoo]', or `make venv`, which puts it in {site_dir()})"
 
@@ -81,6 +84,8 @@ def torchvision() -> ModuleType:
     why = missing("torchvision")
     if why:
         raise Unavailable(why)
+    if importlib.util.find_spec("torchvision") is None:
+        _use_site()
     try:
         return importlib.import_module("torchvision")
     except RuntimeError as exc:
@@ -95,4 +100,6 @@ def timm() -> ModuleType:
     if why:
         raise Unavailable(why)
     torchvision()
+    if importlib.util.find_spec("timm") is None:
+        _use_site()
     return importlib.import_module("timm")
