@@ -4,6 +4,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # A CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
+# The model zoo's packages (replaykit/testing/zoo), matching TORCH_SPEC. The index's torchvision is a
+# CUDA build: --no-deps keeps it from pulling a CUDA torch, and --target keeps it out of the venv's
+# site-packages (beside a CPU torch it breaks `import lightning`); the zoo finds it in zoo-site.
+ZOO_SPEC ?= torchvision==0.28.0 timm==1.0.31
 STAMP := $(VENV)/.installed
 
 .PHONY: venv test demo demo-core gpu lint bench clean nbcheck nbstrip
@@ -15,6 +19,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[dev,testing,workflow,notebooks]"
+	rm -rf $(VENV)/zoo-site
+	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/zoo-site $(ZOO_SPEC)
 	touch $(STAMP)
 
 test: $(STAMP)

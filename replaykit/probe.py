@@ -20,10 +20,13 @@ is looked for once, before recording, on the same stand-ins the backends use:
 - tensors requiring grad that are not parameters of the module (a tensor attribute, a
   module kept in a plain dict): a recording would give them no gradient;
 - an output that is (a view of) an input: eager hands back the caller's memory, a replay
-  a static copy.
+  a static copy;
+- a parameter cast several times under autocast (a head shared by FPN levels, ALBERT's
+  block): eager's cast cache casts it once and sums its uses' gradients in the low
+  precision, a recording (cache off, as a capture needs) per use, summed in float32.
 
-Most retire the recorder (they hold for every signature); a reused input and an output
-aliasing an input route only that signature eagerly.
+Most retire the recorder (they hold for every signature); a reused input, an output
+aliasing an input and a weight shared under autocast route only that signature eagerly.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from .guards import gradient_hooks, held_values, listen_for_writes, value_key
+from .signature import autocast_key
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class Refusal:
 
 _DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
 _INDEX = (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default)
+_TO_COPY = torch.ops.aten._to_copy.default
 
 
 def _boolean_mask(func: Any, args: tuple) -> bool:
@@ -68,11 +73,14 @@ class _Inspector(TorchDispatchMode):
     Puts each private generator's state back afterwards (the probe must leave no trace).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, leaves: Sequence[torch.Tensor] = ()) -> None:
         super().__init__()
         self.generators: list[str] = []
         self.data_dependent: list[str] = []
         self._states: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
+        self._leaves = {id(t): i for i, t in enumerate(leaves)}
+        self._keep = list(leaves)  # the ids above stay theirs while the probe runs
+        self.casts: dict[int, int] = {}  # leaf index -> dtype casts of that leaf (autocast's, when on)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -80,8 +88,13 @@ class _Inspector(TorchDispatchMode):
         if gen is not None:
             self.generators.append(str(func))
             self._states.setdefault(id(gen), (gen, gen.get_state()))
-        if any(tag in func.tags for tag in _DATA_DEPENDENT) or _boolean_mask(func, args):
+        # aten.index is tagged dynamic_output_shape for its boolean masks; integer indices (a
+        # gather, e.g. Swin's relative position bias) have a shape known on the host
+        if _boolean_mask(func, args) or (func not in _INDEX and any(tag in func.tags for tag in _DATA_DEPENDENT)):
             self.data_dependent.append(str(func))
+        if func is _TO_COPY and args and id(args[0]) in self._leaves and kwargs.get("dtype") not in (None, args[0].dtype):
+            i = self._leaves[id(args[0])]
+            self.casts[i] = self.casts.get(i, 0) + 1
         return func(*args, **kwargs)
 
     def __exit__(self, *exc: object) -> None:
@@ -163,9 +176,18 @@ def probe(
     leaves = [p.detach().requires_grad_(True) for p in params]
     versions = [x._version for x in static_inputs]
     held = held_values(module)
-    inspector = _Inspector()
+    inspector = _Inspector(leaves)
     hooks = _SavedParameters(leaves)
-    with listen_for_writes() as writes, inspector, torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack):
+    # the backends record with autocast's cast cache off: so does the probe, to count the casts a recording makes
+    device = next((t.device.type for t in (*static_inputs, *params)), "cpu")
+    autocast, dtype = autocast_key(device)
+    shared_casts = autocast and torch.is_autocast_cache_enabled()  # eager casts a parameter once per region
+    with (
+        listen_for_writes() as writes,
+        torch.autocast(device, dtype=dtype, enabled=autocast, cache_enabled=False),
+        inspector,
+        torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack),
+    ):
         outs, _ = tree_flatten(fn(*static_inputs, params=leaves))
     if saved is not None:
         saved[:] = sorted(hooks.saved)
@@ -192,6 +214,15 @@ def probe(
     aliased = [i for i, o in enumerate(tensors) if o.untyped_storage().data_ptr() in storages]
     if aliased:  # eager hands back a view of the caller's tensor, a replay a static copy
         return Refusal("signature", "output_aliases_input", f"output {aliased[0]} is (a view of) an input")
+    recast = {i: n for i, n in inspector.casts.items() if n > 1} if shared_casts else {}
+    if recast:  # eager: one cast per region, its uses' gradients summed in low precision before the cast back
+        i, n = next(iter(recast.items()))
+        pname = {id(p): name for name, p in module.named_parameters()}.get(id(params[i]), f"parameter {i}")
+        return Refusal(
+            "signature", "autocast_shared_weight",
+            f"{pname} is used {n} times under autocast ({dtype}): eager casts it once (autocast's cache) and sums "
+            "its uses' gradients in that dtype, a recording casts per use and sums them in float32",
+        )
     diff = [o for o in tensors if o.requires_grad]
     wanting = [x for x in static_inputs if x.requires_grad]
     if not diff:

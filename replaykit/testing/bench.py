@@ -10,6 +10,7 @@ measures nothing). Not a test: timings are never asserted.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import statistics
@@ -67,19 +68,54 @@ def _loss(out: Any) -> torch.Tensor:
 
 
 class _Arm:
-    """A model, its optimizer and how to call it."""
+    """A model, its optimizer and how to call it.
 
-    def __init__(self, name: str, model: nn.Module, call: Callable[[torch.Tensor], Any], release=None) -> None:
+    A batch is one input tensor (the loss: ``_loss`` over the heads), or, with ``loss``, an
+    ``(args, targets)`` pair called under ``context()`` (autocast), with ``scaler`` for fp16.
+    """
+
+    def __init__(
+        self, name: str, model: nn.Module, call: Callable[..., Any], release=None,
+        loss: Callable[[Any, Any], torch.Tensor] | None = None,
+        context: Callable[[], Any] = contextlib.nullcontext, scaler: Any = None,
+    ) -> None:
         self.name = name
         self.model = model
         self.call = call
         self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         self.release = release  # the recorder, for replaykit
+        self.loss, self.context, self.scaler = loss, context, scaler
+        self.rng: tuple | None = None  # its own RNG stream (dropout): see keep_rng
         self.times: list[float] = []
 
-    def step(self, x: torch.Tensor) -> None:
-        _loss(self.call(x)).backward()
-        self.opt.step()
+    def keep_rng(self, device: torch.device) -> None:
+        """From now on this arm draws from its own copy of the current RNG state (interleaved arms
+        would otherwise take turns on one stream, and no two would draw the same dropout masks)."""
+        self.rng = (torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+
+    def _swap_rng(self, device: torch.device) -> None:
+        if self.rng is None:
+            return
+        mine = self.rng
+        self.rng = (torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+        torch.set_rng_state(mine[0])
+        if mine[1] is not None:
+            torch.cuda.set_rng_state(mine[1], device)
+
+    def step(self, batch: Any) -> None:
+        if self.loss is None:
+            value = _loss(self.call(batch))
+        else:
+            args, targets = batch
+            with self.context():
+                value = self.loss(self.call(*args), targets)
+        if self.scaler is not None:
+            self.scaler.scale(value).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            value.backward()
+            self.opt.step()
         self.opt.zero_grad(set_to_none=True)
 
 
@@ -145,27 +181,44 @@ def bench_size(
         _sync(device)
         peaks[name] = _peak(device, mem0)
         arms.append(arm)
-    timed = batches[warmup_steps:]
+    yield from timed_results(size.name, arms, batches[warmup_steps:], rounds, device, peaks)
+
+
+def interleave(arms: list[_Arm], timed: list[Any], rounds: int, device: torch.device) -> None:
+    """Time the arms in ``rounds`` interleaved chunks of ``timed`` (drift hits every arm alike)."""
     per_round = max(1, len(timed) // rounds)
-    for r in range(rounds):  # interleaved: drift hits every arm alike
+    for r in range(rounds):
         chunk = timed[r * per_round : (r + 1) * per_round] or timed[:per_round]
         for arm in arms:
+            arm._swap_rng(device)  # its own stream in, the shared one out (outside the timed span)
             _sync(device)
             t0 = time.perf_counter()
             for x in chunk:
                 arm.step(x)
             _sync(device)
             arm.times.append((time.perf_counter() - t0) * 1e3 / len(chunk))
+            arm._swap_rng(device)
+
+
+def timed_results(
+    size: str, arms: list[_Arm], timed: list[Any], rounds: int, device: torch.device,
+    peaks: dict[str, float], notes: dict[str, str] | None = None,
+) -> Iterator[ArmResult]:
+    """Interleave the arms over ``timed``, then one result per arm; each arm's end state against eager's."""
+    interleave(arms, timed, rounds, device)
     states = {a.name: {k: v.detach().cpu().clone() for k, v in a.model.state_dict().items()} for a in arms}
     for arm in arms:
-        note = ""
+        note = (notes or {}).get(arm.name, "")
         if arm.release is not None:
-            note = f"replays={arm.release.counts['replay']} eager={dict(arm.release.eager_reasons)}"
-            arm.release.release()
+            rec = arm.release
+            note = f"replays={rec.counts['replay']} eager={dict(rec.eager_reasons)}"
+            if rec.retired:
+                note += f" retired: {rec.retire_reason}"
+            rec.release()
         t = arm.times
         qs = statistics.quantiles(t, n=10) if len(t) > 1 else t * 9
         yield ArmResult(
-            size.name, arm.name, statistics.median(t), qs[0], qs[-1], peaks[arm.name],
+            size, arm.name, statistics.median(t), qs[0], qs[-1], peaks[arm.name],
             not diff_states(states["eager"], states[arm.name]), note, t,
         )
 

@@ -137,8 +137,16 @@ def rows(results: Iterable[ScenarioResult]) -> list[dict[str, Any]]:
     return out
 
 
+_KEYS = (
+    *(k for k in Scenario.__dataclass_fields__ if k != "device"), "scenario", "arm", "expected", "equal", "ok",
+    "tensors_differing", "max_abs_diff", "none_pattern_diffs", "recordings", "replays", "eager", "eager_reasons",
+    "backward_reasons", "retired", "native_step_ms", "arm_step_ms", "error",
+)
+
+
 def frame(results: Iterable[ScenarioResult]):
-    """The rows as a pandas DataFrame (what the notebooks render)."""
+    """The rows as a pandas DataFrame (what the notebooks render); no scenarios (a zoo-only run): no
+    rows, but every column."""
     import pandas as pd
 
-    return pd.DataFrame(rows(results))
+    return pd.DataFrame(rows(results), columns=list(_KEYS))

@@ -154,6 +154,10 @@ class BatchSpec:
     No ``trees``: each notebook runs on its own default tree (nothing injected). With trees,
     a notebook that declares a ``tree`` parameter gets the tree's folder there; one that does
     not runs with the tree as its working directory.
+
+    ``notebook_parameters`` gives a notebook its own parameter sets instead of ``parameters``
+    (in a spec file: a notebook entry ``{"path": ..., "parameters": [...]}``), so notebooks
+    that declare different parameters share one batch.
     """
 
     environments: list[Environment]
@@ -164,6 +168,7 @@ class BatchSpec:
     repo: str = "."
     cell_timeout: int | None = None
     venvs_dir: str | None = None
+    notebook_parameters: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.environments:
@@ -174,32 +179,52 @@ class BatchSpec:
             self.parameters = [{}]
         _unique("environment", [e.name for e in self.environments])
         _unique("tree", [t.display for t in self.trees])
-        for i, params in enumerate(self.parameters):
+        if unknown := sorted(set(self.notebook_parameters) - set(self.notebooks)):
+            raise ValueError(f"notebook_parameters for notebooks not in the batch: {', '.join(unknown)}")
+        for nb, sets in list(self.notebook_parameters.items()):
+            sets = [sets] if isinstance(sets, dict) else list(sets or [{}])
+            self._check_sets(sets, f"{nb}: parameters")
+            self.notebook_parameters[nb] = sets
+        self._check_sets(self.parameters, "parameters")
+
+    def _check_sets(self, sets: list[Any], what: str) -> None:
+        for i, params in enumerate(sets):
             if not isinstance(params, dict):
-                raise ValueError(f"parameters[{i}] must be a mapping, got {type(params).__name__}")
+                raise ValueError(f"{what}[{i}] must be a mapping, got {type(params).__name__}")
             if "run_dir" in params:
-                raise ValueError(f"parameters[{i}]: 'run_dir' is set by the runner")
+                raise ValueError(f"{what}[{i}]: 'run_dir' is set by the runner")
             if self.trees and "tree" in params:
-                raise ValueError(f"parameters[{i}]: 'tree' is set by the batch from its trees")
+                raise ValueError(f"{what}[{i}]: 'tree' is set by the batch from its trees")
+
+    def parameters_of(self, notebook: str) -> list[dict[str, Any]]:
+        """The parameter sets ``notebook`` runs with: its own, else the batch's."""
+        return self.notebook_parameters.get(notebook, self.parameters)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BatchSpec:
         if not isinstance(data, dict):
             raise ValueError(f"a batch spec is a mapping, got {type(data).__name__}")
         known = {"name", "environments", "trees", "notebooks", "parameters", "repo",
-                 "cell_timeout", "venvs_dir"}
+                 "cell_timeout", "venvs_dir", "notebook_parameters"}
         if unknown := sorted(set(data) - known):
             raise ValueError(f"unknown batch spec keys: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
         envs = [_env_from(e, i) for i, e in enumerate(_list(data, "environments"))]
         trees = [_tree_from(t, i) for i, t in enumerate(_list(data, "trees"))]
-        notebooks = [str(n) for n in _list(data, "notebooks")]
+        notebooks, own = [], dict(data.get("notebook_parameters") or {})
+        for i, item in enumerate(_list(data, "notebooks")):
+            if isinstance(item, dict):  # {"path": ..., "parameters": [...]}
+                if set(item) - {"path", "parameters"} or "path" not in item:
+                    raise ValueError(f"notebooks[{i}]: a mapping takes path and parameters, got {sorted(item)}")
+                own[str(item["path"])] = item.get("parameters", [{}])
+                item = item["path"]
+            notebooks.append(str(item))
         params = data.get("parameters", [{}])
         if isinstance(params, dict):
             params = [params]
         return cls(
             environments=envs, notebooks=notebooks, trees=trees, parameters=list(params),
             name=str(data.get("name", "batch")), repo=str(data.get("repo", ".")),
-            cell_timeout=data.get("cell_timeout"), venvs_dir=data.get("venvs_dir"),
+            cell_timeout=data.get("cell_timeout"), venvs_dir=data.get("venvs_dir"), notebook_parameters=own,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -613,18 +638,19 @@ def _default_venvs_dir() -> Path:
     return Path(cache) / "replaykit" / "venvs"
 
 
-def _check_notebooks(notebooks: list[str], parameters: list[dict[str, Any]]) -> list[Path]:
-    """The notebooks as paths; every parameter set checked against every notebook's declared
-    parameters (names and types) before anything runs."""
-    paths = []
-    for nb in notebooks:
+def _check_notebooks(spec: BatchSpec) -> list[tuple[Path, list[dict[str, Any]]]]:
+    """The notebooks as paths with their parameter sets, each set checked against its notebook's
+    declared parameters (names and types) before anything runs."""
+    out = []
+    for nb in spec.notebooks:
         path = Path(nb)
         if not path.is_file():
             raise FileNotFoundError(f"notebook not found: {nb}")
-        for params in parameters:
+        sets = spec.parameters_of(nb)
+        for params in sets:
             check_parameters(path, params)
-        paths.append(path)
-    return paths
+        out.append((path, sets))
+    return out
 
 
 def run_batch(spec: BatchSpec, runs_dir: Path = Path("runs"), progress: bool = True) -> BatchResult:
@@ -636,7 +662,7 @@ def run_batch(spec: BatchSpec, runs_dir: Path = Path("runs"), progress: bool = T
     """
     from tqdm import tqdm
 
-    notebooks = _check_notebooks(spec.notebooks, spec.parameters)
+    notebooks = _check_notebooks(spec)
     venvs_dir = Path(spec.venvs_dir) if spec.venvs_dir else _default_venvs_dir()
     with tempfile.TemporaryDirectory(prefix="replaykit-batch-") as tmp:
         work = Path(tmp)
@@ -649,7 +675,7 @@ def run_batch(spec: BatchSpec, runs_dir: Path = Path("runs"), progress: bool = T
             "spec": spec.to_dict(), "environments": [], "trees": [t.record() for t in trees], "cells": [],
         }
         title = f"Batch {spec.name} ({started.strftime('%Y-%m-%d %H:%M UTC')})"
-        per_env = len(trees) * len(notebooks) * len(spec.parameters)
+        per_env = len(trees) * sum(len(sets) for _, sets in notebooks)
         bar = tqdm(total=len(spec.environments) * per_env, desc=f"batch {spec.name}", unit="run",
                    disable=not progress)
         with bar, _jupyter_path(kernels / "share" / "jupyter"):
@@ -658,8 +684,8 @@ def run_batch(spec: BatchSpec, runs_dir: Path = Path("runs"), progress: bool = T
                 env_rec, python, kernel = _prepare_env(env, venvs_dir, kernels)
                 doc["environments"].append(env_rec)
                 for tree in trees:
-                    for nb in notebooks:
-                        for params in spec.parameters:
+                    for nb, sets in notebooks:
+                        for params in sets:
                             bar.set_postfix_str(f"{env.name} | {tree.label} | {nb.name}")
                             cell_base = {"env": env.name, "python": python, "kernel": kernel,
                                          "tree": tree.record(), "notebook": str(nb),

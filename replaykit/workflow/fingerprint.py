@@ -188,6 +188,33 @@ def fingerprint(tree: str | Path | None = None) -> dict[str, Any]:
     }
 
 
+_TORCH_OF = """
+import json
+info = {"torch": None, "device": "cpu"}
+try:
+    import torch
+except ImportError:
+    pass
+else:
+    info["torch"] = torch.__version__
+    if torch.cuda.is_available():
+        info["device"] = torch.cuda.get_device_name(0)
+    elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        info["device"] = "mps"
+print(json.dumps(info))
+"""
+
+
+def torch_of(python: str, timeout: float = 120) -> dict[str, Any] | None:
+    """``{"torch": version, "device": ...}`` of another interpreter (a batch's kernel), or None when it
+    does not run. What ``fingerprint_slug`` needs to name a run after the interpreter that ran it."""
+    out = _run([python, "-c", _TORCH_OF], timeout=timeout)
+    try:
+        return json.loads(out.strip().splitlines()[-1]) if out else None
+    except (ValueError, IndexError):
+        return None
+
+
 def record_fingerprint(
     run_dir: str | Path | None = None, tree: str | Path | None = None
 ) -> dict[str, Any]:

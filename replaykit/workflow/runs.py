@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from replaykit.workflow.fingerprint import FINGERPRINT_FILE, fingerprint, fingerprint_slug
+from replaykit.workflow.fingerprint import FINGERPRINT_FILE, fingerprint, fingerprint_slug, torch_of
 
 from .archive import file_sha256
 from .folders import SUMMARY_FILE, unique_folder
@@ -349,6 +349,16 @@ def _has_parameters_cell(nb: Any) -> bool:
     return any("parameters" in _tags(c) for c in nb.cells)
 
 
+def folder_fingerprint(runner_fp: dict[str, Any], kernel: str) -> dict[str, Any]:
+    """The fingerprint a run folder is named after: the runner's, with torch and device of the
+    kernel's interpreter when that is another one (a batch environment: its torch, not the runner's)."""
+    python = kernel_executable(kernel)
+    if not python or os.path.abspath(python) == os.path.abspath(sys.executable):
+        return runner_fp
+    other = torch_of(python)
+    return {**runner_fp, **other} if other else runner_fp
+
+
 def run_notebook(
     notebook: Path,
     parameters: dict[str, Any] | None = None,
@@ -390,7 +400,7 @@ def run_notebook(
 
     runner_fp = fingerprint(tree)
     started = _utcnow()
-    run_dir = _make_run_dir(Path(runs_dir), started.strftime("%Y%m%dT%H%M%SZ"), fingerprint_slug(runner_fp))
+    run_dir = _make_run_dir(Path(runs_dir), started.strftime("%Y%m%dT%H%M%SZ"), fingerprint_slug(folder_fingerprint(runner_fp, kernel)))
     out_path = run_dir / f"{notebook.stem}.ipynb"
     params["run_dir"] = str(run_dir.resolve())
 

@@ -484,3 +484,26 @@ def test_sparse_gradients_fail_the_record_clearly() -> None:
     assert rec.retire_reason.startswith("capture failed: ReplayError:"), rec.retire_reason
     assert "sparse" in rec.retire_reason
     rec.release()
+
+
+class _BiasTable(nn.Module):
+    """Swin's relative position bias: a parameter table gathered by an integer index buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.table = nn.Parameter(torch.randn(7, 4))
+        self.register_buffer("index", torch.tensor([[0, 3, 6, 3], [1, 1, 5, 2], [2, 4, 0, 6], [5, 5, 5, 0]]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + self.table[self.index].sum(1)
+
+
+def test_an_integer_index_gather_records_and_replays(backend: str, device: str) -> None:
+    """aten.index is tagged dynamic_output_shape for boolean masks only: integer indices replay (the probe
+    retired torchvision's Swin for its relative position bias); a boolean mask is still refused (above)."""
+    from replaykit.testing.trial import Trial, compare
+
+    diffs, _, replay = compare(Trial(steps=3, features=4, batch=4, device=device), _BiasTable, backend=backend)
+    assert diffs == []
+    assert replay.recorder["retired"] is None and replay.recorder["replay"] >= 2, replay.recorder

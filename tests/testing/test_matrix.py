@@ -53,3 +53,11 @@ def test_the_replay_arm_with_the_shadow_check_stays_equal_and_counts_its_checks(
     summary = result.arms["replay"].recorder
     assert result.passed, result.diffs["replay"][:5]
     assert summary["check"] >= 2 and summary["retired"] is None
+
+
+def test_no_scenarios_still_give_every_column() -> None:
+    """A zoo-only parity run (tasks=[]): the notebook's tables select columns from an empty frame."""
+    df = matrix.frame([])
+    assert len(df) == 0 and {"scenario", "arm", "ok", "equal", "error"} <= set(df.columns)
+    one = parity.run_scenario(Scenario(task="detection", max_steps=1), ["replay"])
+    assert set(matrix.rows([one])[0]) == set(matrix.frame([]).columns)

@@ -240,3 +240,28 @@ def test_cli_quick_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     err = capsys.readouterr().err
     assert err.startswith("error: -y '{x: [1,': not valid YAML/JSON (") and "line 1, column" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_notebooks_with_their_own_parameters_share_one_batch(tmp_path: Path) -> None:
+    """verify.ipynb takes markers, parity.ipynb does not: each notebook can carry its own parameter sets."""
+    one = make_notebook(tmp_path / "one.ipynb", "assert x == 1", params='x = 0\nrun_dir = ""')
+    two = make_notebook(tmp_path / "two.ipynb", "assert y == 'b'", params='y = "a"\nrun_dir = ""')
+    data = {
+        "name": "mixed",
+        "environments": [{"name": "here", "python": sys.executable}],
+        "notebooks": [str(one), {"path": str(two), "parameters": [{"y": "b"}]}],
+        "parameters": [{"x": 1}],
+    }
+    spec = BatchSpec.from_dict(data)
+    assert spec.notebooks == [str(one), str(two)]
+    assert spec.parameters_of(str(one)) == [{"x": 1}] and spec.parameters_of(str(two)) == [{"y": "b"}]
+    result = run_batch(spec, tmp_path / "runs", progress=False)
+    assert [(Path(c["notebook"]).name, c["parameters"], c["status"]) for c in result.cells] == [
+        ("one.ipynb", {"x": 1}, "passed"), ("two.ipynb", {"y": "b"}, "passed"),
+    ]
+    with pytest.raises(ValueError, match="path and parameters"):
+        BatchSpec.from_dict({**data, "notebooks": [{"file": str(two)}]})
+    with pytest.raises(ValueError, match="'run_dir' is set by the runner"):
+        BatchSpec.from_dict({**data, "notebooks": [{"path": str(two), "parameters": {"run_dir": "x"}}]})
+    with pytest.raises(ValueError, match="not in the batch"):
+        BatchSpec(environments=spec.environments, notebooks=[str(one)], notebook_parameters={"other.ipynb": [{}]})

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # Small parameters per notebook: the injection path is what this tests.
 SMALL = {
-    "parity.ipynb": {"tasks": ["detection"], "accumulations": [2], "with_unsafe": True},
+    "parity.ipynb": {"tasks": ["detection"], "models": ["transformer_lm"], "accumulations": [2], "with_unsafe": True},
     "benchmark.ipynb": {"quick": True, "steps": 8, "rounds": 2},
     "verify.ipynb": {"markers": "not cuda", "ids": ["tests/core/test_bitwise.py"]},  # a CPU selection: some test must run
     "hazards.ipynb": {"hazards": ["inputs"], "unsafe": True},

@@ -196,3 +196,24 @@ def test_summary_line_keeps_both_ends_of_the_error_and_says_where_to_look() -> N
     assert "\n" not in line and "AssertionError: 3 failing test id(s)" in line and "run errors: [exit 4]" in line
     assert line.endswith("| see runs/x/verify.ipynb")
     assert summary_line(s | {"status": "passed", "failed_cell": None}).endswith("| 1.0 s")
+
+
+def test_a_run_folder_is_named_after_the_kernels_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch kernel in another venv (torch 2.12.1 beside a runner on 2.13.0) named its runs after the
+    runner's torch; the fingerprint inside was right, the folder name was not."""
+    import sys
+
+    from replaykit.workflow import fingerprint as fpmod
+    from replaykit.workflow import runs
+
+    runner = {"device": "cpu", "torch": "2.13.0+cpu", "tree": {"commit": "abcdef0123", "dirty": False}}
+    monkeypatch.setattr(runs, "kernel_executable", lambda name: sys.executable)
+    assert runs.folder_fingerprint(runner, "here") is runner  # this interpreter: nothing to ask
+    monkeypatch.setattr(runs, "kernel_executable", lambda name: "/elsewhere/bin/python")
+    monkeypatch.setattr(runs, "torch_of", lambda python: {"torch": "2.12.1+cu130", "device": "cpu"})
+    assert fpmod.fingerprint_slug(runs.folder_fingerprint(runner, "other")) == "cpu_torch2.12.1_abcdef0"
+    monkeypatch.setattr(runs, "torch_of", lambda python: None)  # it does not run: the runner's, as before
+    assert fpmod.fingerprint_slug(runs.folder_fingerprint(runner, "other")) == "cpu_torch2.13.0_abcdef0"
+    import torch
+
+    assert fpmod.torch_of(sys.executable)["torch"] == torch.__version__

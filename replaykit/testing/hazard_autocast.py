@@ -1,0 +1,70 @@
+"""Patterns the model zoo found (#14): a parameter used several times under autocast.
+
+Autocast caches the low-precision cast of a leaf that requires grad for the rest of the
+autocast region, so eager casts each parameter once per region: every use shares one
+cast, and the autograd engine sums their gradients in the low precision before the cast
+back to float32. A recording cannot share autocast's cache (a cast cached during capture
+would outlive it), so it casts per use and sums the gradients in float32: other bits.
+Torchvision's RetinaNet head (one set of convs over five FPN levels) showed it under
+16-mixed and bf16-mixed.
+
+``AUTOCAST`` joins the catalogue: within one call the probe counts the casts and routes
+that signature eager (``autocast_shared_weight``). ``AUTOCAST_LIMITS`` are still silent
+differences (README, Known limits): two calls of one captured module inside one autocast
+region whose outputs meet in one backward share eager's cast across the calls.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .hazard_patterns import Arm, Extras, Pattern, _sgd
+
+
+class SharedHead(nn.Module):
+    """One head applied to several feature maps (a detection head over FPN levels)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(6, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.stem(x))
+        return torch.cat([self.head(h), self.head(h.flip(0) * 0.5), self.head(h.roll(1, 0) * 0.25)])
+
+
+class OneHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def _autocast_loop(model: nn.Module, arm: Arm, calls: int, steps: int = 4) -> Extras:
+    """bf16 autocast (CPU and CUDA both have it); ``calls`` forwards in one region, one backward."""
+    opt = _sgd(model)
+    kept: Extras = {}
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(torch.device(arm.device).type, dtype=torch.bfloat16):
+            loss = sum((k + 1) * model(arm.randn(4, 6)).float().pow(2).mean() for k in range(calls))
+        loss.backward()
+        opt.step()
+        kept[f"loss{step}"] = loss.detach()
+    return kept
+
+
+AUTOCAST = [
+    Pattern("autocast_shared_weight", "parameters", "a head applied three times in one forward under bf16 autocast",
+            lambda d: SharedHead().to(d), lambda m, a: _autocast_loop(m, a, calls=1), guard="record_probe"),
+]
+
+AUTOCAST_LIMITS = [
+    Pattern("autocast_two_calls_one_region", "parameters",
+            "two calls of one captured module in one bf16 autocast region, one backward",
+            lambda d: OneHead().to(d), lambda m, a: _autocast_loop(m, a, calls=2)),
+]
