@@ -267,7 +267,7 @@ class Recorder:
         else:
             if not self._copy_out(call):
                 return self._eager(call, "live_alias", args, kwargs)
-            self.journal.add("replay", call)
+            self.journal.tick("replay", call)
         return self._replay(call, recording, key, callargs, args, kwargs)
 
     def _adopt_thread(self) -> bool:
@@ -526,7 +526,7 @@ class Recorder:
         )
 
     def _on_hold_end(self, call: int, reason: str) -> None:
-        self.journal.add("hold_end", call, reason)
+        self.journal.tick("hold_end", call, reason)
         if self._free_after_backward and reason == "dropped":
             self._free_recordings()
 
