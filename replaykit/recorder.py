@@ -46,31 +46,51 @@ class _Replay(torch.autograd.Function):
     def forward(ctx: Any, step: _Step, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.set_materialize_grads(False)
         ctx.step = step
-        return step.recorder._forward_replay(ctx, step, tensors[: step.n_inputs])
+        return step.recorder._forward_replay(ctx, step, tensors[: step.plan.n_inputs])
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         step: _Step = ctx.step
-        if torch.is_grad_enabled() and "repeat_backward" not in step.recorder.disabled:
+        if not torch.is_grad_enabled():  # autograd runs a backward without create_graph in no-grad mode
+            return (None, *step.recorder._backward_replay(step, grads))
+        if "repeat_backward" not in step.recorder.disabled:
             step.recorder._refuse_double_backward(step)  # create_graph=True: replayed gradients carry no graph
         with torch.no_grad():
             return (None, *step.recorder._backward_replay(step, grads))
+
+
+class _Plan:
+    """One recording and what replaying it needs, gathered when it is recorded: a call looks nothing up by key."""
+
+    __slots__ = ("aliases", "all_differentiable", "copies", "key", "n_inputs", "recording", "saved")
+
+    def __init__(self, key: tuple, recording: Recording, saved: list[torch.Tensor], aliases: StaticAliases) -> None:
+        self.key = key
+        self.recording = recording
+        self.saved = saved  # the parameters its backward reads: their versions are checked
+        self.aliases = aliases
+        self.n_inputs = len(recording.static_inputs)
+        self.all_differentiable = recording.differentiable == tuple(range(len(recording.static_outputs)))
+        # one write per distinct static input (aliased arguments share one), at its first position:
+        # (position, its .data to copy into without a version bump, or None for a broadcast layout, the static)
+        self.copies: list[tuple[int, torch.Tensor | None, torch.Tensor]] = []
+        for i, static in enumerate(recording.static_inputs):
+            if all(static is not other for _, _, other in self.copies):
+                self.copies.append((i, None if 0 in static.stride() else static.data, static))
 
 
 class _Step:
     """What one replayed call's autograd node needs to know."""
 
     __slots__ = (
-        "backwards", "call", "exact", "generation", "key", "n_inputs", "pending", "recorder", "recording", "shadow",
-        "versions",
+        "backwards", "call", "exact", "generation", "pending", "plan", "recorder", "recording", "shadow", "versions",
     )
 
-    def __init__(self, recorder: Recorder, recording: Recording, key: tuple, call: int, n_inputs: int) -> None:
+    def __init__(self, recorder: Recorder, plan: _Plan, call: int) -> None:
         self.recorder = recorder
-        self.recording = recording
-        self.key = key
+        self.plan = plan
+        self.recording = plan.recording
         self.call = call
-        self.n_inputs = n_inputs
         self.generation = 0
         self.pending: PendingBackward | None = None
         self.backwards = 0  # backwards run through this call so far
@@ -148,12 +168,12 @@ class Recorder:
         self._replayed_calls = 0  # calls routed to replay (the shadow check samples them)
         self._recordings: dict[tuple, Recording] = {}
         self._refused: dict[tuple, str] = {}  # signatures the probe refused, with the eager route
-        self._saved: dict[tuple, list[torch.Tensor]] = {}  # per recording: parameters its backward reads
+        self._plans: dict[tuple, _Plan] = {}  # per recording: what its replays need
         self._guard_grads = "copy_out" not in disabled
         self._guard_outputs = "live_outputs" not in disabled
         self._aliases: dict[tuple, StaticAliases] = {}
         me = weakref.ref(self)  # the hold must not keep its recorder alive (no cycle)
-        self._hold = Hold(lambda call, reason: (r := me()) is not None and r._on_hold_end(call, reason))
+        self._hold = Hold(lambda call: (r := me()) is not None and r._on_hold_end(call, "dropped"))
         self._hold_enabled = "hold" not in disabled
         self._exact_none = "none_pattern" not in disabled
         self._check_versions = "inplace_weights" not in disabled
@@ -254,21 +274,21 @@ class Recorder:
         refused = self._refused.get(key)
         if refused is not None:
             return self._eager(call, refused, args, kwargs)
-        recording = self._recordings.get(key)
-        if recording is None:
+        plan = self._plans.get(key)
+        if plan is None:
             if len(self._recordings) >= self.max_recordings:
                 return self._eager(call, "budget", args, kwargs)
             if not self._copy_out(call):
                 return self._eager(call, "live_alias", args, kwargs)
             with self._swapped:
-                recording = self._record(call, callargs, key)
-            if recording is None:
+                plan = self._record(call, callargs, key)
+            if plan is None:
                 return self._eager(call, self._refused.get(key, "retired"), args, kwargs)
         else:
             if not self._copy_out(call):
                 return self._eager(call, "live_alias", args, kwargs)
             self.journal.tick("replay", call)
-        return self._replay(call, recording, key, callargs, args, kwargs)
+        return self._replay(call, plan, callargs, args, kwargs)
 
     def _adopt_thread(self) -> bool:
         """The first thread to call owns the recorder; a call from any other runs eagerly."""
@@ -297,7 +317,7 @@ class Recorder:
         with self._swapped, stand_ins(self.module, originals, params):
             return self._forward(*args, **kwargs)
 
-    def _record(self, call: int, callargs: CallArgs, key: tuple) -> Recording | None:
+    def _record(self, call: int, callargs: CallArgs, key: tuple) -> _Plan | None:
         if not self._recordings:
             self._watch.rebaseline()
         if self._watch.hooks_at_start:
@@ -333,12 +353,12 @@ class Recorder:
                 self._retire(refusal.reason, call)
             return None
         self._recordings[key] = recording
-        self._saved[key] = [params[i] for i in saved]
-        self._aliases[key] = StaticAliases(recording.static_outputs if self._guard_outputs else (), ())
-        self._guard_new_grads(key, recording)
+        aliases = self._aliases[key] = StaticAliases(recording.static_outputs if self._guard_outputs else (), ())
+        plan = self._plans[key] = _Plan(key, recording, [params[i] for i in saved], aliases)
+        self._guard_new_grads(plan)
         shapes = ", ".join("x".join(map(str, t.shape)) for t in callargs.tensors)
         self.journal.add("record", call, None, f"[{shapes}] recording {len(self._recordings)}")
-        return recording
+        return plan
 
     def _static_inputs(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """Private copies of the inputs, in the caller's exact layout and with the caller's aliasing.
@@ -360,16 +380,18 @@ class Recorder:
             out.append(static)
         return out
 
-    def _guard_new_grads(self, key: tuple, recording: Recording) -> None:
+    def _guard_new_grads(self, plan: _Plan) -> None:
         """Put static gradient buffers a recording has (now) under copy-out."""
         if not self._guard_grads:
             return
+        recording = plan.recording
         params = recording.params
         grads = recording.static_grads[len(recording.static_grads) - len(params) :]
-        self._aliases[key].add_grads([(p, g) for p, g in zip(params, grads, strict=True) if g is not None])
+        plan.aliases.add_grads([(p, g) for p, g in zip(params, grads, strict=True) if g is not None])
 
-    def _replay(self, call: int, recording: Recording, key: tuple, callargs: CallArgs, args: tuple, kwargs: dict) -> Any:
-        step = _Step(self, recording, key, call, len(callargs.tensors))
+    def _replay(self, call: int, plan: _Plan, callargs: CallArgs, args: tuple, kwargs: dict) -> Any:
+        recording = plan.recording
+        step = _Step(self, plan, call)
         self._replayed_calls += 1
         if self.check_every and (self._replayed_calls - 1) % self.check_every == 0:
             step.shadow = Shadow(self.module, partial(self._run_forward, callargs, recording.params), callargs.tensors, recording.params)
@@ -383,7 +405,7 @@ class Recorder:
                 shadow.snapshot.restore()  # the state before this call: eager runs it again
                 self._retire(f"diverged: {difference}", call)
                 return self._forward(*args, **kwargs)
-        self._aliases[key].handed_out(outputs)
+        plan.aliases.handed_out(outputs)
         return recording.build_outputs(outputs)
 
     # ----------------------------------------------------------------- the replayed call
@@ -400,15 +422,15 @@ class Recorder:
         return clean
 
     def _forward_replay(self, ctx: Any, step: _Step, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        recording = step.recording
-        copied: set[int] = set()
-        for static, x in zip(recording.static_inputs, inputs, strict=True):
-            if id(static) not in copied:  # one static buffer per distinct input tensor
-                copied.add(id(static))
-                _copy_into(static, x)  # like a graph's own writes: no autograd version bump
+        plan, recording = step.plan, step.recording
+        for i, data, static in plan.copies:  # like a graph's own writes: no autograd version bump
+            if data is not None:
+                data.copy_(inputs[i])
+            else:
+                _copy_into(static, inputs[i])
         recording.replay_forward()
         if self._check_versions:  # what eager's saved-tensor check covers: the parameters the backward reads
-            step.versions = list(map(_VERSION, self._saved[step.key]))
+            step.versions = list(map(_VERSION, plan.saved))
         self._replays += 1
         step.generation = self._replays
         if self._hold_enabled:
@@ -421,16 +443,16 @@ class Recorder:
 
     def _backward_replay(self, step: _Step, grads: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor | None]:
         """One backward through a replayed call: replayed from the graph, or exact through the recorded graph."""
-        recording = step.recording
+        plan, recording = step.plan, step.recording
         self._end_hold(step)
         self._check_activations(step)
-        if step.versions is not None and list(map(_VERSION, self._saved[step.key])) != step.versions:
+        if step.versions is not None and list(map(_VERSION, plan.saved)) != step.versions:
             raise ReplayError(
                 "replaykit: one of the variables needed for gradient computation has been modified by an inplace "
                 f"operation: a parameter of {self.module_name} changed between replayed call {step.call} and its "
                 "backward (eager raises here too)"
             )
-        wanted = self._incoming(recording, grads)
+        wanted = grads if plan.all_differentiable and self._exact_none else self._incoming(recording, grads)
         step.backwards += 1
         if step.backwards > 1 and "repeat_backward" not in self.disabled:
             result, how = recording.exact_backward(wanted), "repeat"
@@ -438,11 +460,11 @@ class Recorder:
             result, how = recording.exact_backward(wanted), "multi_backward"
         else:
             if recording.prepare_backward(wanted):  # a backward graph was captured: its buffers join copy-out
-                self._guard_new_grads(step.key, recording)
+                self._guard_new_grads(plan)
             result, how = recording.backward(wanted)
         step.exact = step.exact or how is not None
         if how is None:
-            self._aliases[step.key].handed_out()
+            plan.aliases.handed_out()
         else:
             self.journal.add("backward", step.call, how)
         result = self._leave_inputs(recording, result)
@@ -454,7 +476,8 @@ class Recorder:
 
     def _end_hold(self, step: _Step) -> None:
         if step.pending is not None:
-            self._hold.release(step.pending, "backward")
+            if self._hold.release(step.pending):
+                self._on_hold_end(step.call, "backward")
             step.pending = None
 
     def _check_activations(self, step: _Step) -> None:
@@ -555,7 +578,7 @@ class Recorder:
         for aliases in self._aliases.values():
             aliases.copy_out()  # reachable holders keep valid values without pinning static memory
         self._aliases.clear()
-        self._saved.clear()
+        self._plans.clear()
         for recording in self._recordings.values():
             recording.free()
         self._recordings.clear()
