@@ -464,7 +464,7 @@ class Recorder:
             result, how = recording.backward(wanted)
         step.exact = step.exact or how is not None
         if how is None:
-            plan.aliases.handed_out()
+            plan.aliases.handed_out_grads()
         else:
             self.journal.add("backward", step.call, how)
         result = self._leave_inputs(recording, result)

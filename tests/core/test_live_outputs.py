@@ -39,3 +39,13 @@ def test_a_held_view_of_an_output_routes_eager(backend: str, device: str) -> Non
     model(x + 2)
     assert rec.counts["replay"] == 1
     rec.release()
+
+
+def test_held_outputs_keep_their_values_when_backwards_run_exactly(backend: str, device: str) -> None:
+    """multi_backward: no backward hands out gradient buffers, so copy-out reads only the outputs' use counts."""
+    trial = Trial(steps=3, accumulation=2, keep_outputs=True, device=device)
+    diffs, _, replay = compare(trial, DetectionNet, backend=backend, multi_backward=True)
+    assert diffs == []
+    assert replay.recorder["replay"] >= 4 and replay.recorder["backward_reasons"].get("multi_backward", 0) >= 4
+    diffs, _, _ = compare(trial, DetectionNet, backend=backend, multi_backward=True, unsafe_disable=("live_outputs",))
+    assert any(d.name.startswith("kept_output/") for d in diffs), diffs
