@@ -177,6 +177,8 @@ class Recorder:
         self._hold_enabled = "hold" not in disabled
         self._exact_none = "none_pattern" not in disabled
         self._check_versions = "inplace_weights" not in disabled
+        self._key_state = "module_state" not in disabled  # flags, not a frozenset lookup per call
+        self._exact_arguments = "argument_values" not in disabled
         self._watch = ModuleWatch(module)
         self._guard = ModuleGuard(module)
         self._free_after_backward = False
@@ -268,7 +270,7 @@ class Recorder:
                 return self._eager(call, "retired", args, kwargs)
         try:
             callargs = split_call(args, kwargs)
-            key = (self._state_key(verdict), *signature(callargs, self._device_kind, "argument_values" not in self.disabled))
+            key = (self._state_key(verdict), *signature(callargs, self._device_kind, self._exact_arguments))
         except UnhashableArgument as exc:
             return self._eager(call, exc.reason, args, kwargs)
         refused = self._refused.get(key)
@@ -298,7 +300,7 @@ class Recorder:
         return self._owner == threading.get_ident()
 
     def _state_key(self, verdict: Any) -> Any:
-        return None if "module_state" in self.disabled else verdict.key
+        return verdict.key if self._key_state else None
 
     def _eager(self, call: int, reason: str, args: tuple, kwargs: dict) -> Any:
         if self.strict:

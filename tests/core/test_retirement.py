@@ -115,6 +115,28 @@ def test_to_dtype_retires(backend: str, device: str) -> None:
     rec.release()
 
 
+def test_a_global_module_hook_retires_and_runs(backend: str, device: str) -> None:
+    """A hook from ``register_module_forward_hook`` would not run inside a replay: retire, then it runs."""
+    torch.manual_seed(0)
+    model = DetectionNet().to(device)
+    rec = rk.capture(model, backend=backend)
+    x = torch.randn(2, 3, 8, 8, device=device)
+    for _ in range(2):
+        sum(o.sum() for o in model(x).values()).backward()
+    assert rec.counts["replay"] == 1 and not rec.retired
+    seen: list[str] = []
+    handle = nn.modules.module.register_module_forward_hook(lambda m, i, o: seen.append(type(m).__name__))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", rk.ReplayWarning)
+            sum(o.sum() for o in model(x).values()).backward()
+    finally:
+        handle.remove()
+    assert rec.retired and rec.retire_reason == "module hooks changed (global)"
+    assert "Conv2d" in seen  # the submodules ran eagerly, hooks included
+    rec.release()
+
+
 def test_hooks_present_before_recording_retire(backend: str, device: str) -> None:
     model = DetectionNet().to(device)
     model.backbone.register_forward_pre_hook(lambda m, i: None)
