@@ -59,6 +59,26 @@ class _Replay(torch.autograd.Function):
             return (None, *step.recorder._backward_replay(step, grads))
 
 
+#: autograd's C entry point for _Replay: what Function.apply calls after its Python pass over the arguments
+_apply_c = super(torch.autograd.Function, _Replay).apply
+_functorch_active = torch._C._are_functorch_transforms_active
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+
+
+def _apply(step: _Step, inputs: list[torch.Tensor], params: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """``_Replay.apply(step, *inputs, *params)`` without ``Function.apply``'s generator over every argument.
+
+    Outside functorch transforms, ``Function.apply`` unwraps dead functorch wrappers among
+    its arguments (a Python step per argument: about 150 ns per parameter) and calls the C
+    entry point. The inputs are unwrapped here as it does; the parameters are the
+    recording's own, registered in the module (a swapped one routes eager), never wrappers.
+    Inside a transform the ordinary path runs (and refuses, as before).
+    """
+    if _functorch_active():
+        return _Replay.apply(step, *inputs, *params)
+    return _apply_c(step, *map(_unwrap_if_dead, inputs), *params)
+
+
 class _Plan:
     """One recording and what replaying it needs, gathered when it is recorded: a call looks nothing up by key."""
 
@@ -397,7 +417,7 @@ class Recorder:
         self._replayed_calls += 1
         if self.check_every and (self._replayed_calls - 1) % self.check_every == 0:
             step.shadow = Shadow(self.module, partial(self._run_forward, callargs, recording.params), callargs.tensors, recording.params)
-        outputs = _Replay.apply(step, *callargs.tensors, *recording.params)
+        outputs = _apply(step, callargs.tensors, recording.params)
         shadow = step.shadow
         if shadow is not None:
             difference = shadow.check_forward(self.module, outputs)
