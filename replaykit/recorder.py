@@ -37,6 +37,7 @@ from .state import StateSnapshot
 
 _RECORDER_ATTR = "_replaykit_recorder"
 _VERSION = operator.attrgetter("_version")
+_detach = torch.Tensor.detach
 
 
 class _Replay(torch.autograd.Function):
@@ -46,7 +47,7 @@ class _Replay(torch.autograd.Function):
     def forward(ctx: Any, step: _Step, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.set_materialize_grads(False)
         ctx.step = step
-        return step.recorder._forward_replay(ctx, step, tensors[: step.plan.n_inputs])
+        return step.recorder._forward_replay(ctx, step, tensors)  # the inputs come first, then the parameters
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
@@ -82,14 +83,13 @@ def _apply(step: _Step, inputs: list[torch.Tensor], params: list[torch.Tensor]) 
 class _Plan:
     """One recording and what replaying it needs, gathered when it is recorded: a call looks nothing up by key."""
 
-    __slots__ = ("aliases", "all_differentiable", "copies", "key", "n_inputs", "recording", "saved")
+    __slots__ = ("aliases", "all_differentiable", "copies", "key", "recording", "saved")
 
     def __init__(self, key: tuple, recording: Recording, saved: list[torch.Tensor], aliases: StaticAliases) -> None:
         self.key = key
         self.recording = recording
         self.saved = saved  # the parameters its backward reads: their versions are checked
         self.aliases = aliases
-        self.n_inputs = len(recording.static_inputs)
         self.all_differentiable = recording.differentiable == tuple(range(len(recording.static_outputs)))
         # one write per distinct static input (aliased arguments share one), at its first position:
         # (position, its .data to copy into without a version bump, or None for a broadcast layout, the static)
@@ -443,13 +443,13 @@ class Recorder:
             self.journal.add("copy_out", call, None, f"{copied} tensors")
         return clean
 
-    def _forward_replay(self, ctx: Any, step: _Step, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    def _forward_replay(self, ctx: Any, step: _Step, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         plan, recording = step.plan, step.recording
         for i, data, static in plan.copies:  # like a graph's own writes: no autograd version bump
             if data is not None:
-                data.copy_(inputs[i])
+                data.copy_(tensors[i])
             else:
-                _copy_into(static, inputs[i])
+                _copy_into(static, tensors[i])
         recording.replay_forward()
         if self._check_versions:  # what eager's saved-tensor check covers: the parameters the backward reads
             step.versions = list(map(_VERSION, plan.saved))
@@ -458,7 +458,7 @@ class Recorder:
         if self._hold_enabled:
             # ctx (and so step) lives exactly as long as the pending autograd graph
             step.pending = self._hold.begin(step.call)
-        outputs = tuple([o.detach() for o in recording.static_outputs])
+        outputs = tuple(map(_detach, recording.static_outputs))
         if recording.frozen_outputs:
             ctx.mark_non_differentiable(*[outputs[i] for i in recording.frozen_outputs])
         return outputs
@@ -533,8 +533,10 @@ class Recorder:
     @staticmethod
     def _leave_inputs(recording: Recording, result: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
         """Input gradients leave as copies: their holders (x.grad of a new x each call) are unreachable."""
-        it = iter(result)
         needs = recording.inputs_requiring_grad
+        if not any(needs):  # the usual case: no input gradient at all
+            return [None] * len(needs) + result
+        it = iter(result)
         return [(None if (g := next(it)) is None else g.clone()) if req else None for req in needs] + list(it)
 
     def _check_backward(

@@ -117,7 +117,7 @@ def signature(call: CallArgs, device_type: str, exact_arguments: bool = True) ->
     ``exact_arguments=False`` (unsafe, diagnosis only) keys non-tensor arguments by ``==``
     and ignores aliasing, as plain CUDA-graph wrappers do.
     """
-    tensors = tuple(_tensor_key(t) for t in call.tensors)
+    tensors = tuple(map(_tensor_key, call.tensors))
     aliases = aliasing(call.tensors) if exact_arguments else ()
     if call.spec is None:
         return (len(tensors), tensors, aliases, autocast_key(device_type))
