@@ -85,11 +85,10 @@ class _Plan:
 
     __slots__ = ("aliases", "all_differentiable", "copies", "key", "recording", "saved")
 
-    def __init__(self, key: tuple, recording: Recording, saved: list[torch.Tensor], aliases: StaticAliases) -> None:
+    def __init__(self, key: tuple, recording: Recording, saved: list[torch.Tensor], guard_outputs: bool) -> None:
         self.key = key
         self.recording = recording
         self.saved = saved  # the parameters its backward reads: their versions are checked
-        self.aliases = aliases
         self.all_differentiable = recording.differentiable == tuple(range(len(recording.static_outputs)))
         # one write per distinct static input (aliased arguments share one), at its first position:
         # (position, its .data to copy into without a version bump, or None for a broadcast layout, the static)
@@ -97,6 +96,9 @@ class _Plan:
         for i, static in enumerate(recording.static_inputs):
             if all(static is not other for _, _, other in self.copies):
                 self.copies.append((i, None if 0 in static.stride() else static.data, static))
+        # after the .data aliases: their references are part of the use-count baseline (an output
+        # that is a view of an input, possible with record_probe off, shares a static input's storage)
+        self.aliases = StaticAliases(recording.static_outputs if guard_outputs else (), ())
 
 
 class _Step:
@@ -375,8 +377,8 @@ class Recorder:
                 self._retire(refusal.reason, call)
             return None
         self._recordings[key] = recording
-        aliases = self._aliases[key] = StaticAliases(recording.static_outputs if self._guard_outputs else (), ())
-        plan = self._plans[key] = _Plan(key, recording, [params[i] for i in saved], aliases)
+        plan = self._plans[key] = _Plan(key, recording, [params[i] for i in saved], self._guard_outputs)
+        self._aliases[key] = plan.aliases
         self._guard_new_grads(plan)
         shapes = ", ".join("x".join(map(str, t.shape)) for t in callargs.tensors)
         self.journal.add("record", call, None, f"[{shapes}] recording {len(self._recordings)}")
