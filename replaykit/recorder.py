@@ -100,6 +100,11 @@ class _Plan:
         # that is a view of an input, possible with record_probe off, shares a static input's storage)
         self.aliases = StaticAliases(recording.static_outputs if guard_outputs else (), ())
 
+    def free(self) -> None:
+        """Let static memory go with the recording: a replayed call's autograd node (its step) may outlive it."""
+        self.copies = []
+        self.aliases = StaticAliases((), ())
+
 
 class _Step:
     """What one replayed call's autograd node needs to know."""
@@ -604,6 +609,8 @@ class Recorder:
         for aliases in self._aliases.values():
             aliases.copy_out()  # reachable holders keep valid values without pinning static memory
         self._aliases.clear()
+        for plan in self._plans.values():
+            plan.free()
         self._plans.clear()
         for recording in self._recordings.values():
             recording.free()

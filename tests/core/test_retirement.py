@@ -219,3 +219,27 @@ def test_batchnorm_with_cumulative_average_retires_and_matches_eager(backend: st
     for a, b in zip(eager.state_dict().values(), model.state_dict().values(), strict=True):
         assert torch.equal(a, b)
     rec.release()
+
+
+def test_a_graph_kept_after_release_pins_no_static_memory() -> None:
+    """A replayed call's autograd node outlives the recorder's release: it must not keep static buffers."""
+    import gc
+    import weakref
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    rec = rk.capture(model, backend="emulated")
+    x = torch.randn(2, 4)
+    model(x).sum().backward()
+    kept = model(x)  # a replay whose graph stays alive
+    recording = next(iter(rec._recordings.values()))
+    static_input = weakref.ref(recording.static_inputs[0])
+    static_output = weakref.ref(recording.static_outputs[0])
+    del recording
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rk.ReplayWarning)
+        rec.release()
+    gc.collect()
+    assert kept.grad_fn is not None
+    assert static_input() is None and static_output() is None
+    del kept
