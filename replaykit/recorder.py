@@ -226,7 +226,8 @@ class Recorder:
     def counts(self) -> dict[str, int]:
         """Events by kind, exact however long the run."""
         kinds = ("record", "replay", "eager", "backward", "copy_out", "retire", "hold_end", "release", "check")
-        return {k: self.journal.counts.get(k, 0) for k in kinds}
+        counts = self.journal.counts
+        return {k: counts.get(k, 0) for k in kinds}
 
     @property
     def eager_reasons(self) -> Counter[str]:
@@ -542,7 +543,7 @@ class Recorder:
         """Input gradients leave as copies: their holders (x.grad of a new x each call) are unreachable."""
         needs = recording.inputs_requiring_grad
         if not any(needs):  # the usual case: no input gradient at all
-            return [None] * len(needs) + result
+            return [None] * len(needs) + list(result)
         it = iter(result)
         return [(None if (g := next(it)) is None else g.clone()) if req else None for req in needs] + list(it)
 
