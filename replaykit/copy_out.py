@@ -33,9 +33,18 @@ def _cdata(t: torch.Tensor) -> int:
 
 
 class StaticAliases:
-    """The static storages one recording hands out, and how to reach their holders."""
+    """The static storages one recording hands out, and how to reach their holders.
 
-    __slots__ = ("_baseline", "_cdatas", "_grads", "_outputs", "_refs", "dirty")
+    Outputs and gradient buffers are handed out by different halves of a replay (its
+    forward, its replayed backward), so each half's use counts are read only after it
+    handed something out: a backward run exactly through the recorded graph (partial,
+    ``multi_backward``) or a forward whose graph was dropped leaves the other half alone.
+    """
+
+    __slots__ = (
+        "_grad_baseline", "_grad_cdatas", "_grads", "_grads_out", "_out_baseline", "_out_cdatas", "_outputs",
+        "_outputs_out", "_refs", "dirty",
+    )
 
     def __init__(
         self,
@@ -44,36 +53,48 @@ class StaticAliases:
     ) -> None:
         """``outputs``: static outputs to guard; ``grads``: (parameter, static gradient buffer) pairs."""
         self._outputs = list(outputs)
-        self._grads = list(grads)
-        self._cdatas = [_cdata(t) for t in self._outputs] + [_cdata(buf) for _, buf in self._grads]
-        self._baseline = list(map(_use_count, self._cdatas))  # measured before anything is handed out
+        self._out_cdatas = [_cdata(t) for t in self._outputs]
+        self._out_baseline = list(map(_use_count, self._out_cdatas))  # measured before anything is handed out
+        self._grads: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._grad_cdatas: list[int] = []
+        self._grad_baseline: list[int] = []
+        self.add_grads(grads)
         self._refs: list[weakref.ref[torch.Tensor]] = []
+        self._outputs_out = self._grads_out = False  # handed out since their use counts were last at baseline
         self.dirty = False
 
     def add_grads(self, grads: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Guard static gradient buffers captured later (before any of them is handed out)."""
         self._grads += grads
         cdatas = [_cdata(buf) for _, buf in grads]
-        self._cdatas += cdatas
-        self._baseline += list(map(_use_count, cdatas))
+        self._grad_cdatas += cdatas
+        self._grad_baseline += list(map(_use_count, cdatas))
 
-    def handed_out(self, outputs: Sequence[torch.Tensor] = ()) -> None:
-        """Aliases went out: outputs (kept weakly, to reach them) or gradients (reached via ``.grad``)."""
-        if self._outputs and outputs:
+    def handed_out(self, outputs: Sequence[torch.Tensor]) -> None:
+        """A replayed forward returned ``outputs`` (kept weakly, to reach them)."""
+        if self._outputs:
             self._refs = [weakref.ref(o) for o in outputs]
-        self.dirty = True
+        self._outputs_out = self.dirty = True
 
-    def _clean(self) -> bool:
-        return list(map(_use_count, self._cdatas)) == self._baseline
+    def handed_out_grads(self) -> None:
+        """A replayed backward returned the gradient buffers (reached later via ``.grad``)."""
+        self._grads_out = self.dirty = True
+
+    def _settle(self) -> bool:
+        """Clear each half whose use counts are back at baseline; True when nothing is aliased."""
+        if self._outputs_out and list(map(_use_count, self._out_cdatas)) == self._out_baseline:
+            self._outputs_out, self._refs = False, []
+        if self._grads_out and list(map(_use_count, self._grad_cdatas)) == self._grad_baseline:
+            self._grads_out = False
+        self.dirty = self._outputs_out or self._grads_out
+        return not self.dirty
 
     def copy_out(self) -> tuple[int, bool]:
         """Give reachable aliases their own storage; returns (copied, whether none is left)."""
-        if not self.dirty:
+        if not self.dirty or self._settle():
             return 0, True
-        if self._clean():
-            self.dirty, self._refs = False, []
-            return 0, True
-        live = [t for ref in self._refs if (t := ref()) is not None and _cdata(t) in self._cdatas]
+        cdatas = {*self._out_cdatas, *self._grad_cdatas}
+        live = [t for ref in self._refs if (t := ref()) is not None and _cdata(t) in cdatas]
         live += [g for param, buf in self._grads if (g := param.grad) is not None and g.data_ptr() == buf.data_ptr()]
         if live:
             with torch.no_grad():
@@ -81,8 +102,6 @@ class StaticAliases:
                 torch._foreach_copy_(fresh, live)  # one launch per dtype/device, not one per tensor
                 for t, f in zip(live, fresh, strict=True):
                     t.data = f
-        copied = len(live)
         self._refs = []
-        clean = self._clean()
-        self.dirty = not clean
-        return copied, clean
+        self._outputs_out = self._grads_out = True  # read both halves again
+        return len(live), self._settle()

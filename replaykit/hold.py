@@ -23,12 +23,12 @@ class PendingBackward:
 
 
 class Hold:
-    """At most one pending backward per recorder; ``on_release(call, reason)`` hears each end."""
+    """At most one pending backward per recorder; ``on_drop(call)`` hears a graph dropped without its backward."""
 
-    def __init__(self, on_release: Callable[[int, str], None]) -> None:
+    def __init__(self, on_drop: Callable[[int], None]) -> None:
         self._pending: weakref.ref[PendingBackward] | None = None
         self._pending_call = -1
-        self._on_release = on_release
+        self._on_drop = on_drop
 
     @property
     def active(self) -> bool:
@@ -41,11 +41,13 @@ class Hold:
         self._pending_call = call
         return token
 
-    def release(self, token: PendingBackward, reason: str = "backward") -> None:
-        """End the hold of ``token`` (no-op when it is not the pending one)."""
-        if self._pending is not None and self._pending() is token:
+    def release(self, token: PendingBackward) -> bool:
+        """End the hold of ``token``: True when it was the pending one (the caller journals the end)."""
+        pending = self._pending
+        if pending is not None and pending() is token:
             self._pending = None
-            self._on_release(token.call, reason)
+            return True
+        return False
 
     def clear(self) -> None:
         """Forget any pending backward (retirement, release)."""
@@ -54,4 +56,4 @@ class Hold:
     def _dropped(self, ref: weakref.ref) -> None:
         if self._pending is ref:
             self._pending = None
-            self._on_release(self._pending_call, "dropped")
+            self._on_drop(self._pending_call)

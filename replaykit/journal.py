@@ -13,6 +13,8 @@ KINDS: tuple[str, ...] = (
 )
 #: Kinds whose reasons are tallied: eager forwards, and backwards not replayed from a graph.
 REASONED: tuple[str, ...] = ("eager", "backward")
+#: Kinds whose every event is kept.
+PINNED: frozenset[str] = frozenset({"record", "retire", "unsafe"})
 
 
 class Event(NamedTuple):
@@ -23,6 +25,9 @@ class Event(NamedTuple):
     call: int
     reason: str | None = None
     detail: str | None = None
+
+
+_new_event = tuple.__new__  # Event(...) without the Python frame of NamedTuple.__new__
 
 
 class Journal(Sequence[Event]):
@@ -39,9 +44,15 @@ class Journal(Sequence[Event]):
         self._pinned: list[Event] = []
         self._tail: deque[Event] = deque(maxlen=tail)
         self._seen: set[tuple[str, str | None]] = set()
-        self.counts: Counter[str] = Counter()
+        self._tails: set[tuple[str, str | None]] = set()  # (kind, reason) whose next events only join the tail
+        self._counts: dict[str, int] = {}  # a plain dict: a Counter's ``+=`` costs twice as much
         self.reasons: dict[str, Counter[str]] = {k: Counter() for k in REASONED}
         self.total = 0
+
+    @property
+    def counts(self) -> Counter[str]:
+        """Events by kind (a copy)."""
+        return Counter(self._counts)
 
     @property
     def eager_reasons(self) -> Counter[str]:
@@ -52,18 +63,33 @@ class Journal(Sequence[Event]):
         return self.reasons["backward"]
 
     def add(self, kind: str, call: int, reason: str | None = None, detail: str | None = None) -> Event:
-        event = Event(self.total, kind, call, reason, detail)
+        event: Event = _new_event(Event, (self.total, kind, call, reason, detail))
         self.total += 1
-        self.counts[kind] += 1
+        self._counts[kind] = self._counts.get(kind, 0) + 1
         if kind in self.reasons:
             self.reasons[kind][reason or "unknown"] += 1
         key = (kind, reason)
-        if kind in ("record", "retire", "unsafe") or key not in self._seen:
+        if kind in PINNED or key not in self._seen:
             self._seen.add(key)
             self._pinned.append(event)
         else:
             self._tail.append(event)
+            if kind not in self.reasons:
+                self._tails.add(key)
         return event
+
+    def tick(self, kind: str, call: int, reason: str | None = None) -> None:
+        """``add`` without a detail, for the events of every replayed call (``replay``, ``hold_end``).
+
+        The same counts and order; once an event of ``(kind, reason)`` went to the tail (not
+        pinned, reason not tallied), the next ones go there in a few steps.
+        """
+        if (kind, reason) not in self._tails:
+            self.add(kind, call, reason)
+            return
+        self._tail.append(_new_event(Event, (self.total, kind, call, reason, None)))
+        self.total += 1
+        self._counts[kind] += 1
 
     @property
     def dropped(self) -> int:
@@ -89,7 +115,7 @@ class Journal(Sequence[Event]):
         """Counts by kind and eager reasons, for tables and notebooks."""
         return {
             "events": self.total,
-            **{k: self.counts.get(k, 0) for k in KINDS},
+            **{k: self._counts.get(k, 0) for k in KINDS},
             "eager_reasons": dict(self.eager_reasons),
             "backward_reasons": dict(self.backward_reasons),
         }

@@ -37,6 +37,7 @@ from .state import StateSnapshot
 
 _RECORDER_ATTR = "_replaykit_recorder"
 _VERSION = operator.attrgetter("_version")
+_detach = torch.Tensor.detach
 
 
 class _Replay(torch.autograd.Function):
@@ -46,31 +47,77 @@ class _Replay(torch.autograd.Function):
     def forward(ctx: Any, step: _Step, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.set_materialize_grads(False)
         ctx.step = step
-        return step.recorder._forward_replay(ctx, step, tensors[: step.n_inputs])
+        return step.recorder._forward_replay(ctx, step, tensors)  # the inputs come first, then the parameters
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         step: _Step = ctx.step
-        if torch.is_grad_enabled() and "repeat_backward" not in step.recorder.disabled:
+        if not torch.is_grad_enabled():  # autograd runs a backward without create_graph in no-grad mode
+            return (None, *step.recorder._backward_replay(step, grads))
+        if "repeat_backward" not in step.recorder.disabled:
             step.recorder._refuse_double_backward(step)  # create_graph=True: replayed gradients carry no graph
         with torch.no_grad():
             return (None, *step.recorder._backward_replay(step, grads))
+
+
+#: autograd's C entry point for _Replay: what Function.apply calls after its Python pass over the arguments
+_apply_c = super(torch.autograd.Function, _Replay).apply
+_functorch_active = torch._C._are_functorch_transforms_active
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+
+
+def _apply(step: _Step, inputs: list[torch.Tensor], params: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """``_Replay.apply(step, *inputs, *params)`` without ``Function.apply``'s generator over every argument.
+
+    Outside functorch transforms, ``Function.apply`` unwraps dead functorch wrappers among
+    its arguments (a Python step per argument: about 150 ns per parameter) and calls the C
+    entry point. The inputs are unwrapped here as it does; the parameters are the
+    recording's own, registered in the module (a swapped one routes eager), never wrappers.
+    Inside a transform the ordinary path runs (and refuses, as before).
+    """
+    if _functorch_active():
+        return _Replay.apply(step, *inputs, *params)
+    return _apply_c(step, *map(_unwrap_if_dead, inputs), *params)
+
+
+class _Plan:
+    """One recording and what replaying it needs, gathered when it is recorded: a call looks nothing up by key."""
+
+    __slots__ = ("aliases", "all_differentiable", "copies", "key", "recording", "saved")
+
+    def __init__(self, key: tuple, recording: Recording, saved: list[torch.Tensor], guard_outputs: bool) -> None:
+        self.key = key
+        self.recording = recording
+        self.saved = saved  # the parameters its backward reads: their versions are checked
+        self.all_differentiable = recording.differentiable == tuple(range(len(recording.static_outputs)))
+        # one write per distinct static input (aliased arguments share one), at its first position:
+        # (position, its .data to copy into without a version bump, or None for a broadcast layout, the static)
+        self.copies: list[tuple[int, torch.Tensor | None, torch.Tensor]] = []
+        for i, static in enumerate(recording.static_inputs):
+            if all(static is not other for _, _, other in self.copies):
+                self.copies.append((i, None if 0 in static.stride() else static.data, static))
+        # after the .data aliases: their references are part of the use-count baseline (an output
+        # that is a view of an input, possible with record_probe off, shares a static input's storage)
+        self.aliases = StaticAliases(recording.static_outputs if guard_outputs else (), ())
+
+    def free(self) -> None:
+        """Let static memory go with the recording: a replayed call's autograd node (its step) may outlive it."""
+        self.copies = []
+        self.aliases = StaticAliases((), ())
 
 
 class _Step:
     """What one replayed call's autograd node needs to know."""
 
     __slots__ = (
-        "backwards", "call", "exact", "generation", "key", "n_inputs", "pending", "recorder", "recording", "shadow",
-        "versions",
+        "backwards", "call", "exact", "generation", "pending", "plan", "recorder", "recording", "shadow", "versions",
     )
 
-    def __init__(self, recorder: Recorder, recording: Recording, key: tuple, call: int, n_inputs: int) -> None:
+    def __init__(self, recorder: Recorder, plan: _Plan, call: int) -> None:
         self.recorder = recorder
-        self.recording = recording
-        self.key = key
+        self.plan = plan
+        self.recording = plan.recording
         self.call = call
-        self.n_inputs = n_inputs
         self.generation = 0
         self.pending: PendingBackward | None = None
         self.backwards = 0  # backwards run through this call so far
@@ -148,15 +195,17 @@ class Recorder:
         self._replayed_calls = 0  # calls routed to replay (the shadow check samples them)
         self._recordings: dict[tuple, Recording] = {}
         self._refused: dict[tuple, str] = {}  # signatures the probe refused, with the eager route
-        self._saved: dict[tuple, list[torch.Tensor]] = {}  # per recording: parameters its backward reads
+        self._plans: dict[tuple, _Plan] = {}  # per recording: what its replays need
         self._guard_grads = "copy_out" not in disabled
         self._guard_outputs = "live_outputs" not in disabled
         self._aliases: dict[tuple, StaticAliases] = {}
         me = weakref.ref(self)  # the hold must not keep its recorder alive (no cycle)
-        self._hold = Hold(lambda call, reason: (r := me()) is not None and r._on_hold_end(call, reason))
+        self._hold = Hold(lambda call: (r := me()) is not None and r._on_hold_end(call, "dropped"))
         self._hold_enabled = "hold" not in disabled
         self._exact_none = "none_pattern" not in disabled
         self._check_versions = "inplace_weights" not in disabled
+        self._key_state = "module_state" not in disabled  # flags, not a frozenset lookup per call
+        self._exact_arguments = "argument_values" not in disabled
         self._watch = ModuleWatch(module)
         self._guard = ModuleGuard(module)
         self._free_after_backward = False
@@ -177,7 +226,8 @@ class Recorder:
     def counts(self) -> dict[str, int]:
         """Events by kind, exact however long the run."""
         kinds = ("record", "replay", "eager", "backward", "copy_out", "retire", "hold_end", "release", "check")
-        return {k: self.journal.counts.get(k, 0) for k in kinds}
+        counts = self.journal.counts
+        return {k: counts.get(k, 0) for k in kinds}
 
     @property
     def eager_reasons(self) -> Counter[str]:
@@ -248,27 +298,27 @@ class Recorder:
                 return self._eager(call, "retired", args, kwargs)
         try:
             callargs = split_call(args, kwargs)
-            key = (self._state_key(verdict), *signature(callargs, self._device_kind, "argument_values" not in self.disabled))
+            key = (self._state_key(verdict), *signature(callargs, self._device_kind, self._exact_arguments))
         except UnhashableArgument as exc:
             return self._eager(call, exc.reason, args, kwargs)
         refused = self._refused.get(key)
         if refused is not None:
             return self._eager(call, refused, args, kwargs)
-        recording = self._recordings.get(key)
-        if recording is None:
+        plan = self._plans.get(key)
+        if plan is None:
             if len(self._recordings) >= self.max_recordings:
                 return self._eager(call, "budget", args, kwargs)
             if not self._copy_out(call):
                 return self._eager(call, "live_alias", args, kwargs)
             with self._swapped:
-                recording = self._record(call, callargs, key)
-            if recording is None:
+                plan = self._record(call, callargs, key)
+            if plan is None:
                 return self._eager(call, self._refused.get(key, "retired"), args, kwargs)
         else:
             if not self._copy_out(call):
                 return self._eager(call, "live_alias", args, kwargs)
-            self.journal.add("replay", call)
-        return self._replay(call, recording, key, callargs, args, kwargs)
+            self.journal.tick("replay", call)
+        return self._replay(call, plan, callargs, args, kwargs)
 
     def _adopt_thread(self) -> bool:
         """The first thread to call owns the recorder; a call from any other runs eagerly."""
@@ -278,7 +328,7 @@ class Recorder:
         return self._owner == threading.get_ident()
 
     def _state_key(self, verdict: Any) -> Any:
-        return None if "module_state" in self.disabled else verdict.key
+        return verdict.key if self._key_state else None
 
     def _eager(self, call: int, reason: str, args: tuple, kwargs: dict) -> Any:
         if self.strict:
@@ -297,7 +347,7 @@ class Recorder:
         with self._swapped, stand_ins(self.module, originals, params):
             return self._forward(*args, **kwargs)
 
-    def _record(self, call: int, callargs: CallArgs, key: tuple) -> Recording | None:
+    def _record(self, call: int, callargs: CallArgs, key: tuple) -> _Plan | None:
         if not self._recordings:
             self._watch.rebaseline()
         if self._watch.hooks_at_start:
@@ -333,12 +383,12 @@ class Recorder:
                 self._retire(refusal.reason, call)
             return None
         self._recordings[key] = recording
-        self._saved[key] = [params[i] for i in saved]
-        self._aliases[key] = StaticAliases(recording.static_outputs if self._guard_outputs else (), ())
-        self._guard_new_grads(key, recording)
+        plan = self._plans[key] = _Plan(key, recording, [params[i] for i in saved], self._guard_outputs)
+        self._aliases[key] = plan.aliases
+        self._guard_new_grads(plan)
         shapes = ", ".join("x".join(map(str, t.shape)) for t in callargs.tensors)
         self.journal.add("record", call, None, f"[{shapes}] recording {len(self._recordings)}")
-        return recording
+        return plan
 
     def _static_inputs(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """Private copies of the inputs, in the caller's exact layout and with the caller's aliasing.
@@ -360,20 +410,22 @@ class Recorder:
             out.append(static)
         return out
 
-    def _guard_new_grads(self, key: tuple, recording: Recording) -> None:
+    def _guard_new_grads(self, plan: _Plan) -> None:
         """Put static gradient buffers a recording has (now) under copy-out."""
         if not self._guard_grads:
             return
+        recording = plan.recording
         params = recording.params
         grads = recording.static_grads[len(recording.static_grads) - len(params) :]
-        self._aliases[key].add_grads([(p, g) for p, g in zip(params, grads, strict=True) if g is not None])
+        plan.aliases.add_grads([(p, g) for p, g in zip(params, grads, strict=True) if g is not None])
 
-    def _replay(self, call: int, recording: Recording, key: tuple, callargs: CallArgs, args: tuple, kwargs: dict) -> Any:
-        step = _Step(self, recording, key, call, len(callargs.tensors))
+    def _replay(self, call: int, plan: _Plan, callargs: CallArgs, args: tuple, kwargs: dict) -> Any:
+        recording = plan.recording
+        step = _Step(self, plan, call)
         self._replayed_calls += 1
         if self.check_every and (self._replayed_calls - 1) % self.check_every == 0:
             step.shadow = Shadow(self.module, partial(self._run_forward, callargs, recording.params), callargs.tensors, recording.params)
-        outputs = _Replay.apply(step, *callargs.tensors, *recording.params)
+        outputs = _apply(step, callargs.tensors, recording.params)
         shadow = step.shadow
         if shadow is not None:
             difference = shadow.check_forward(self.module, outputs)
@@ -383,7 +435,7 @@ class Recorder:
                 shadow.snapshot.restore()  # the state before this call: eager runs it again
                 self._retire(f"diverged: {difference}", call)
                 return self._forward(*args, **kwargs)
-        self._aliases[key].handed_out(outputs)
+        plan.aliases.handed_out(outputs)
         return recording.build_outputs(outputs)
 
     # ----------------------------------------------------------------- the replayed call
@@ -399,38 +451,38 @@ class Recorder:
             self.journal.add("copy_out", call, None, f"{copied} tensors")
         return clean
 
-    def _forward_replay(self, ctx: Any, step: _Step, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        recording = step.recording
-        copied: set[int] = set()
-        for static, x in zip(recording.static_inputs, inputs, strict=True):
-            if id(static) not in copied:  # one static buffer per distinct input tensor
-                copied.add(id(static))
-                _copy_into(static, x)  # like a graph's own writes: no autograd version bump
+    def _forward_replay(self, ctx: Any, step: _Step, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        plan, recording = step.plan, step.recording
+        for i, data, static in plan.copies:  # like a graph's own writes: no autograd version bump
+            if data is not None:
+                data.copy_(tensors[i])
+            else:
+                _copy_into(static, tensors[i])
         recording.replay_forward()
         if self._check_versions:  # what eager's saved-tensor check covers: the parameters the backward reads
-            step.versions = list(map(_VERSION, self._saved[step.key]))
+            step.versions = list(map(_VERSION, plan.saved))
         self._replays += 1
         step.generation = self._replays
         if self._hold_enabled:
             # ctx (and so step) lives exactly as long as the pending autograd graph
             step.pending = self._hold.begin(step.call)
-        outputs = tuple([o.detach() for o in recording.static_outputs])
+        outputs = tuple(map(_detach, recording.static_outputs))
         if recording.frozen_outputs:
             ctx.mark_non_differentiable(*[outputs[i] for i in recording.frozen_outputs])
         return outputs
 
     def _backward_replay(self, step: _Step, grads: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor | None]:
         """One backward through a replayed call: replayed from the graph, or exact through the recorded graph."""
-        recording = step.recording
+        plan, recording = step.plan, step.recording
         self._end_hold(step)
         self._check_activations(step)
-        if step.versions is not None and list(map(_VERSION, self._saved[step.key])) != step.versions:
+        if step.versions is not None and list(map(_VERSION, plan.saved)) != step.versions:
             raise ReplayError(
                 "replaykit: one of the variables needed for gradient computation has been modified by an inplace "
                 f"operation: a parameter of {self.module_name} changed between replayed call {step.call} and its "
                 "backward (eager raises here too)"
             )
-        wanted = self._incoming(recording, grads)
+        wanted = grads if plan.all_differentiable and self._exact_none else self._incoming(recording, grads)
         step.backwards += 1
         if step.backwards > 1 and "repeat_backward" not in self.disabled:
             result, how = recording.exact_backward(wanted), "repeat"
@@ -438,11 +490,11 @@ class Recorder:
             result, how = recording.exact_backward(wanted), "multi_backward"
         else:
             if recording.prepare_backward(wanted):  # a backward graph was captured: its buffers join copy-out
-                self._guard_new_grads(step.key, recording)
+                self._guard_new_grads(plan)
             result, how = recording.backward(wanted)
         step.exact = step.exact or how is not None
         if how is None:
-            self._aliases[step.key].handed_out()
+            plan.aliases.handed_out_grads()
         else:
             self.journal.add("backward", step.call, how)
         result = self._leave_inputs(recording, result)
@@ -454,7 +506,8 @@ class Recorder:
 
     def _end_hold(self, step: _Step) -> None:
         if step.pending is not None:
-            self._hold.release(step.pending, "backward")
+            if self._hold.release(step.pending):
+                self._on_hold_end(step.call, "backward")
             step.pending = None
 
     def _check_activations(self, step: _Step) -> None:
@@ -488,8 +541,10 @@ class Recorder:
     @staticmethod
     def _leave_inputs(recording: Recording, result: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
         """Input gradients leave as copies: their holders (x.grad of a new x each call) are unreachable."""
-        it = iter(result)
         needs = recording.inputs_requiring_grad
+        if not any(needs):  # the usual case: no input gradient at all
+            return [None] * len(needs) + list(result)
+        it = iter(result)
         return [(None if (g := next(it)) is None else g.clone()) if req else None for req in needs] + list(it)
 
     def _check_backward(
@@ -526,7 +581,7 @@ class Recorder:
         )
 
     def _on_hold_end(self, call: int, reason: str) -> None:
-        self.journal.add("hold_end", call, reason)
+        self.journal.tick("hold_end", call, reason)
         if self._free_after_backward and reason == "dropped":
             self._free_recordings()
 
@@ -555,7 +610,9 @@ class Recorder:
         for aliases in self._aliases.values():
             aliases.copy_out()  # reachable holders keep valid values without pinning static memory
         self._aliases.clear()
-        self._saved.clear()
+        for plan in self._plans.values():
+            plan.free()
+        self._plans.clear()
         for recording in self._recordings.values():
             recording.free()
         self._recordings.clear()

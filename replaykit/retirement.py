@@ -31,6 +31,7 @@ _GLOBAL_HOOKS = (
     module_mod._global_backward_hooks,
 )
 _requires_grad = attrgetter("requires_grad")
+_data_ptr = torch.Tensor.data_ptr
 
 
 def hook_dicts(module: nn.Module) -> list[dict]:
@@ -56,7 +57,7 @@ class ModuleWatch:
         module = self._module
         self._tensors = [*module.parameters(), *module.buffers()]
         self._frozen = [p for p in module.parameters() if not p.requires_grad]
-        self._ptrs = list(map(torch.Tensor.data_ptr, self._tensors))
+        self._ptrs = list(map(_data_ptr, self._tensors))
         self._globals = sum(map(len, _GLOBAL_HOOKS))
         self._hooks = sum(map(len, hook_dicts(module)))
 
@@ -66,12 +67,12 @@ class ModuleWatch:
 
     def reason(self) -> str | None:
         """Why the recordings are no longer valid, or None when nothing changed."""
-        if list(map(torch.Tensor.data_ptr, self._tensors)) != self._ptrs:
+        if list(map(_data_ptr, self._tensors)) != self._ptrs:
             return "parameter or buffer storage changed"
-        if any(map(_requires_grad, self._frozen)):
+        if self._frozen and any(map(_requires_grad, self._frozen)):
             return "requires_grad of a parameter changed (a frozen parameter now requires grad)"
-        if sum(map(len, _GLOBAL_HOOKS)) != self._globals:
-            return "module hooks changed (global)"
+        if any(_GLOBAL_HOOKS) if self._globals == 0 else sum(map(len, _GLOBAL_HOOKS)) != self._globals:
+            return "module hooks changed (global)"  # from none (the usual baseline): any hook at all
         return None
 
     def close(self) -> None:

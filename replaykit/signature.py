@@ -12,7 +12,6 @@ never reach a signature.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
 from types import BuiltinFunctionType, FunctionType
 from typing import Any
@@ -21,14 +20,22 @@ import torch
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 
-@dataclass(frozen=True)
 class CallArgs:
-    """One call's arguments split into tensors and a structure to rebuild them from."""
+    """One call's arguments split into tensors and a structure to rebuild them from.
 
-    tensors: list[torch.Tensor]
-    leaves: list[Any]
-    spec: TreeSpec | None  # None: positional tensors only (the fast path)
-    tensor_slots: tuple[int, ...]
+    A slotted class, not a frozen dataclass: one is made per call, and a frozen
+    dataclass's ``__init__`` costs four ``object.__setattr__`` calls. Not to be modified.
+    """
+
+    __slots__ = ("leaves", "spec", "tensor_slots", "tensors")
+
+    def __init__(
+        self, tensors: list[torch.Tensor], leaves: list[Any], spec: TreeSpec | None, tensor_slots: tuple[int, ...]
+    ) -> None:
+        self.tensors = tensors
+        self.leaves = leaves
+        self.spec = spec  # None: positional tensors only (the fast path)
+        self.tensor_slots = tensor_slots
 
     def rebuild(self, tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> tuple[tuple, dict]:
         """The (args, kwargs) of this call with its tensors replaced by ``tensors``."""
@@ -54,7 +61,7 @@ _BY_IDENTITY = (FunctionType, BuiltinFunctionType, type)
 
 
 def _tensor_key(t: torch.Tensor) -> tuple:
-    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad)
+    return (t.shape, t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad)  # a Size is a tuple
 
 
 def _leaf_key(x: Any) -> tuple:
@@ -91,10 +98,14 @@ def autocast_key(device_type: str) -> tuple[bool, torch.dtype | None]:
     return False, None
 
 
+_is_tensor = torch.Tensor.__instancecheck__  # isinstance(x, torch.Tensor) as one callable, for map()
+
+
 def split_call(args: tuple, kwargs: dict) -> CallArgs:
     """Flatten a call's arguments into tensors and the rest."""
-    if not kwargs and all(isinstance(a, torch.Tensor) for a in args):
-        return CallArgs(list(args), list(args), None, tuple(range(len(args))))
+    if not kwargs and all(map(_is_tensor, args)):
+        tensors = list(args)
+        return CallArgs(tensors, tensors, None, tuple(range(len(args))))
     leaves, spec = tree_flatten((args, kwargs))
     slots = tuple(i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor))
     return CallArgs([leaves[i] for i in slots], leaves, spec, slots)
@@ -106,7 +117,7 @@ def signature(call: CallArgs, device_type: str, exact_arguments: bool = True) ->
     ``exact_arguments=False`` (unsafe, diagnosis only) keys non-tensor arguments by ``==``
     and ignores aliasing, as plain CUDA-graph wrappers do.
     """
-    tensors = tuple(_tensor_key(t) for t in call.tensors)
+    tensors = tuple(map(_tensor_key, call.tensors))
     aliases = aliasing(call.tensors) if exact_arguments else ()
     if call.spec is None:
         return (len(tensors), tensors, aliases, autocast_key(device_type))

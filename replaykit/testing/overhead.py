@@ -7,8 +7,11 @@ copy-out checks, the hold, the journal. The launches are the backend's; this mea
 the rest. The ``null`` backend's recordings replay nothing and hand back fixed buffers,
 and the same forward+backward is timed through a bare ``autograd.Function`` shaped like
 ``make_graphed_callables``' (inputs and parameters in, fixed outputs out, fixed
-gradients back). The difference, per call, is what replaykit adds. Arms run
-interleaved, round by round, in one process; the median round counts.
+gradients back). The difference, per call, is what replaykit adds. replaykit enters
+autograd through ``Function``'s C entry point, skipping ``Function.apply``'s Python pass
+over every argument, which the bare arm (like ``make_graphed_callables``) pays; the
+same bare Function entered the same way gives ``added vs C entry``, replaykit's own
+Python alone. Arms run interleaved, round by round, in one process; the median round counts.
 """
 
 from __future__ import annotations
@@ -94,7 +97,8 @@ def _timer(step: Callable[[], None], calls: int) -> float:
 
 
 def measure(blocks: int = 100, calls: int = 2000, rounds: int = 7) -> dict[str, float]:
-    """Median µs per forward+backward: bare Function, replaykit, replaykit with its guards off."""
+    """Median µs per forward+backward: bare Function (through apply, and through its C entry), replaykit,
+    replaykit with its guards off."""
     torch.set_num_threads(1)
     x = torch.randn(4, 8)
     arms: dict[str, Callable[[], None]] = {}
@@ -121,7 +125,14 @@ def measure(blocks: int = 100, calls: int = 2000, rounds: int = 7) -> dict[str, 
         for p in bare_params:
             p.grad = None
 
-    arms = {"bare Function": bare, **arms}
+    bare_c = super(torch.autograd.Function, _Bare).apply  # what Function.apply calls after its pass
+
+    def bare_entry() -> None:
+        bare_c(bare_out, bare_grads, x, *bare_params).sum().backward()
+        for p in bare_params:
+            p.grad = None
+
+    arms = {"bare Function": bare, "bare Function, C entry": bare_entry, **arms}
     samples: dict[str, list[float]] = {k: [] for k in arms}
     for _ in range(rounds):
         for name, step in arms.items():
@@ -133,6 +144,7 @@ def measure(blocks: int = 100, calls: int = 2000, rounds: int = 7) -> dict[str, 
         "parameters": float(len(list(models[0].parameters()))),
         **{f"{k} us": v for k, v in med.items()},
         "added us": med["replaykit"] - med["bare Function"],
+        "added vs C entry us": med["replaykit"] - med["bare Function, C entry"],
         "guards us": med["replaykit"] - med["replaykit, guards off"],
     }
 

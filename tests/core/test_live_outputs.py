@@ -39,3 +39,34 @@ def test_a_held_view_of_an_output_routes_eager(backend: str, device: str) -> Non
     model(x + 2)
     assert rec.counts["replay"] == 1
     rec.release()
+
+
+def test_held_outputs_keep_their_values_when_backwards_run_exactly(backend: str, device: str) -> None:
+    """multi_backward: no backward hands out gradient buffers, so copy-out reads only the outputs' use counts."""
+    trial = Trial(steps=3, accumulation=2, keep_outputs=True, device=device)
+    diffs, _, replay = compare(trial, DetectionNet, backend=backend, multi_backward=True)
+    assert diffs == []
+    assert replay.recorder["replay"] >= 4 and replay.recorder["backward_reasons"].get("multi_backward", 0) >= 4
+    diffs, _, _ = compare(trial, DetectionNet, backend=backend, multi_backward=True, unsafe_disable=("live_outputs",))
+    assert any(d.name.startswith("kept_output/") for d in diffs), diffs
+
+
+def test_the_recorders_own_references_are_in_the_use_count_baseline() -> None:
+    """An output that is a view of an input (record_probe off) shares a static input's storage, which
+    the recorder also references to copy inputs in: copy-out must still find it unaliased."""
+    import warnings
+
+    import replaykit.testing.hazard_patterns  # noqa: F401 - hazard_review is imported through it
+    from replaykit.testing.hazard_review import ReturnsInputView
+
+    torch.manual_seed(0)
+    model = ReturnsInputView()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rk.ReplayWarning)
+        rec = rk.capture(model, backend="emulated", unsafe_disable=("record_probe",))
+    for _ in range(3):
+        y, view = model(torch.randn(4, 6))
+        del view
+        y.sum().backward()
+    assert rec.counts["replay"] == 2 and rec.eager_reasons.get("live_alias", 0) == 0, rec.journal.format()
+    rec.release()

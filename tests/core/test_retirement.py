@@ -115,6 +115,28 @@ def test_to_dtype_retires(backend: str, device: str) -> None:
     rec.release()
 
 
+def test_a_global_module_hook_retires_and_runs(backend: str, device: str) -> None:
+    """A hook from ``register_module_forward_hook`` would not run inside a replay: retire, then it runs."""
+    torch.manual_seed(0)
+    model = DetectionNet().to(device)
+    rec = rk.capture(model, backend=backend)
+    x = torch.randn(2, 3, 8, 8, device=device)
+    for _ in range(2):
+        sum(o.sum() for o in model(x).values()).backward()
+    assert rec.counts["replay"] == 1 and not rec.retired
+    seen: list[str] = []
+    handle = nn.modules.module.register_module_forward_hook(lambda m, i, o: seen.append(type(m).__name__))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", rk.ReplayWarning)
+            sum(o.sum() for o in model(x).values()).backward()
+    finally:
+        handle.remove()
+    assert rec.retired and rec.retire_reason == "module hooks changed (global)"
+    assert "Conv2d" in seen  # the submodules ran eagerly, hooks included
+    rec.release()
+
+
 def test_hooks_present_before_recording_retire(backend: str, device: str) -> None:
     model = DetectionNet().to(device)
     model.backbone.register_forward_pre_hook(lambda m, i: None)
@@ -197,3 +219,27 @@ def test_batchnorm_with_cumulative_average_retires_and_matches_eager(backend: st
     for a, b in zip(eager.state_dict().values(), model.state_dict().values(), strict=True):
         assert torch.equal(a, b)
     rec.release()
+
+
+def test_a_graph_kept_after_release_pins_no_static_memory() -> None:
+    """A replayed call's autograd node outlives the recorder's release: it must not keep static buffers."""
+    import gc
+    import weakref
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    rec = rk.capture(model, backend="emulated")
+    x = torch.randn(2, 4)
+    model(x).sum().backward()
+    kept = model(x)  # a replay whose graph stays alive
+    recording = next(iter(rec._recordings.values()))
+    static_input = weakref.ref(recording.static_inputs[0])
+    static_output = weakref.ref(recording.static_outputs[0])
+    del recording
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rk.ReplayWarning)
+        rec.release()
+    gc.collect()
+    assert kept.grad_fn is not None
+    assert static_input() is None and static_output() is None
+    del kept
