@@ -46,9 +46,9 @@ from .errors import ReplayError
 from .guards import ModuleGuard, gradient_hooks, held_values, listen_for_writes, value_key
 from .guards import epoch as guard_epoch
 from .journal import Journal
-from .recorder import _copy_into, _host_dependent, _same_layout, recorder_of
+from .recorder import _copy_into, _host_dependent, recorder_of
 from .retirement import ModuleWatch
-from .signature import UnhashableArgument, signature, split_call
+from .signature import ALIGNMENT, UnhashableArgument, aligned_key, alignment, signature, split_call
 from .step_guards import GRAD, OptimizerWatch, hyper_key, optimizer_hooks, refusal, tensors_of
 
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
@@ -279,7 +279,7 @@ class TrainStep:
             hyper = hyper_key(self.optimizer, extra)
         if "module_state" in self.disabled:
             state = None
-        return (phase, state, self._rg_key, incoming, hyper, *signature(callargs, self.device.type, True))
+        return (phase, state, self._rg_key, incoming, hyper, *signature(callargs, self.device.type, True, aligned_key))
 
     def _adopt_thread(self) -> bool:
         if self._owner is None:
@@ -346,7 +346,7 @@ class TrainStep:
         # one static copy per distinct tensor: step(x, x) keeps `a is b` (nn.MultiheadAttention's
         # self-attention path) inside the recording, as the key's aliasing pattern says
         copies: dict[int, torch.Tensor] = {}
-        static = [copies[id(t)] if id(t) in copies else copies.setdefault(id(t), _same_layout(t)) for t in callargs.tensors]
+        static = [copies[id(t)] if id(t) in copies else copies.setdefault(id(t), aligned_copy(t)) for t in callargs.tensors]
         incoming = list(map(GRAD, self._trainable))
         # the recording reads private aliases of the incoming gradients: a handed-out alias
         # given storage of its own later (copy-out) must not move what the recording reads
@@ -573,3 +573,24 @@ class _Snapshot:
                 if g is not None:
                     g.data.copy_(v)
         torch.set_rng_state(self._rng)
+
+
+def aligned_copy(t: torch.Tensor) -> torch.Tensor:
+    """A private copy of ``t`` with its sizes, strides and address alignment (broadcast dimensions kept).
+
+    Not its storage offset: a batch sliced at offset ``i * n`` from a preloaded dataset would
+    otherwise need a buffer as large as the dataset's prefix and a recording per offset.
+    """
+    t = t.detach()
+    item = t.element_size()
+    compact = [1 if st == 0 else sz for sz, st in zip(t.shape, t.stride(), strict=True)]
+    extent = sum((n - 1) * st for n, st in zip(compact, t.stride(), strict=True)) + 1 if t.numel() else 0
+    align = ALIGNMENT.get(t.device.type, 512)
+    storage = torch.empty(extent + align // item, dtype=t.dtype, device=t.device)
+    want = alignment(t)
+    offset = ((want - storage.data_ptr()) % align) // item
+    static = storage.as_strided(t.shape, t.stride(), offset)
+    if alignment(static) != want:  # an address not a multiple of the element size
+        raise ReplayError(f"an input at address {t.data_ptr():#x} is not aligned to its element size")
+    _copy_into(static, t)
+    return static

@@ -17,7 +17,7 @@ from typing import Any
 import lightning as L
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from ..lightning import ReplayCallback, whole_step
 from .bench import Size, _loss
@@ -74,7 +74,9 @@ def _fit(module: L.LightningModule, data: torch.Tensor, device: str, callbacks: 
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         callbacks=[stamps, *callbacks],
     )
-    trainer.fit(module, DataLoader(TensorDataset(data), batch_size=None))
+    # a list of batches, as a loader yields them (a slice of one preloaded tensor has a new
+    # storage offset each step, which network replay keys: one recording per offset)
+    trainer.fit(module, DataLoader([(x.clone(),) for x in data], batch_size=None))
     steps = [(b - a) * 1e3 for a, b in zip(stamps.t, stamps.t[1:], strict=False)]
     return steps[len(steps) // 5 :]  # the first fifth warms up (records)
 

@@ -393,3 +393,23 @@ def test_a_failed_capture_puts_back_the_attributes_its_forward_assigned(backend,
     diffs, step = _pair(build, lambda env, g: [env["step"](*_batches(g, device)) for _ in range(6)], device)
     assert not diffs, diffs[:3]
     assert step.retire_reason is not None and step.retire_reason.startswith("capture failed")
+
+
+def test_batches_sliced_from_one_preloaded_tensor_share_a_recording(backend, device):
+    """A GPU-resident dataset sliced per step: offsets differ, alignment does not; one recording serves."""
+    results = []
+    for replay in (False, True):
+        torch.manual_seed(0)
+        model = SmallNet().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=torch.tensor(0.05, device=device), momentum=0.9, fused=True)
+        step = TrainStep(model, small_loss, opt, replay=replay)
+        g = torch.Generator().manual_seed(1)
+        xs = torch.randn(8 * 16, 8, generator=g).to(device)  # 16 rows x 8 floats: 512 bytes per batch
+        ys = torch.randint(0, 4, (8 * 16,), generator=g).to(device)
+        torch.manual_seed(2)
+        losses = [step(xs[i * 16 : (i + 1) * 16], ys[i * 16 : (i + 1) * 16]) for i in range(8)]
+        results.append((model, losses, step))
+    (m0, l0, _), (m1, l1, step) = results
+    assert step.counts["record"] == 1 and step.counts["replay"] == 6, step.journal
+    assert all(torch.equal(a, b) for a, b in zip(l0, l1, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(m0.state_dict().values(), m1.state_dict().values(), strict=True))
