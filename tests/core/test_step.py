@@ -404,12 +404,27 @@ def test_batches_sliced_from_one_preloaded_tensor_share_a_recording(backend, dev
         opt = torch.optim.SGD(model.parameters(), lr=torch.tensor(0.05, device=device), momentum=0.9, fused=True)
         step = TrainStep(model, small_loss, opt, replay=replay)
         g = torch.Generator().manual_seed(1)
-        xs = torch.randn(8 * 16, 8, generator=g).to(device)  # 16 rows x 8 floats: 512 bytes per batch
-        ys = torch.randint(0, 4, (8 * 16,), generator=g).to(device)
+        # 64 rows: 2048 bytes of inputs and 512 bytes of int64 targets per batch, so every slice
+        # starts on the allocator's alignment (512 bytes on CUDA); others would record per class
+        xs = torch.randn(8 * 64, 8, generator=g).to(device)
+        ys = torch.randint(0, 4, (8 * 64,), generator=g).to(device)
         torch.manual_seed(2)
-        losses = [step(xs[i * 16 : (i + 1) * 16], ys[i * 16 : (i + 1) * 16]) for i in range(8)]
+        losses = [step(xs[i * 64 : (i + 1) * 64], ys[i * 64 : (i + 1) * 64]) for i in range(8)]
         results.append((model, losses, step))
     (m0, l0, _), (m1, l1, step) = results
     assert step.counts["record"] == 1 and step.counts["replay"] == 6, step.journal
     assert all(torch.equal(a, b) for a, b in zip(l0, l1, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(m0.state_dict().values(), m1.state_dict().values(), strict=True))
+
+
+def test_a_slice_of_another_alignment_records_its_own(backend, device):
+    """What the alignment key is for: a batch starting mid-way in an aligned block is another recording."""
+    torch.manual_seed(0)
+    model = SmallNet().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    step = TrainStep(model, small_loss, opt)
+    xs = torch.randn(200, 8, device=device)
+    ys = torch.randint(0, 4, (200,), device=device)
+    for start in (0, 64, 128, 1, 65):  # element 1: 32 bytes into x's block, 8 into y's
+        step(xs[start : start + 16], ys[start : start + 16])
+    assert step.counts["record"] >= 2, step.journal
