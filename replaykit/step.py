@@ -49,7 +49,16 @@ from .journal import Journal
 from .recorder import _copy_into, _host_dependent, recorder_of
 from .retirement import ModuleWatch
 from .signature import ALIGNMENT, UnhashableArgument, aligned_key, alignment, signature, split_call
-from .step_guards import GRAD, OptimizerWatch, hyper_key, optimizer_hooks, refusal, tensors_of
+from .state import StateSnapshot
+from .step_guards import (
+    GRAD,
+    OptimizerWatch,
+    hyper_key,
+    optimizer_hooks,
+    refusal,
+    state_tensors,
+    tensors_of,
+)
 
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 _use_count = torch._C._storage_Use_Count
@@ -354,7 +363,7 @@ class TrainStep:
         for p, g in zip(self._trainable, private, strict=True):
             p.grad = g
         region: Region = CudaRegion(self.device, self._pool) if self.backend == "cuda" else TapeRegion(static)
-        snapshot = _Snapshot(self) if self.backend == "emulated" else None
+        snapshot = _Snapshot(self) if self.backend == "emulated" else None  # the tape runs the body
         scaler_state = _scaler_state(self.scaler)
 
         def body() -> list[torch.Tensor]:
@@ -363,18 +372,18 @@ class TrainStep:
 
         versions = [t._version for t in static]
         held = held_values(self.model)
-        attrs = {id(m): dict(m.__dict__) for m in self.model.modules()}  # put back if the capture fails
+        attrs = {id(m): dict(m.__dict__) for m in self.model.modules()}  # CUDA: put back if the capture fails
         try:
             with listen_for_writes() as writes:
                 (loss,) = region.capture(body)
         except Exception as exc:
-            _restore_attributes(writes, attrs)  # the twin's body runs the forward's Python again
             if snapshot is not None:
-                snapshot.restore()
-            else:
+                snapshot.restore()  # the twin's body runs this micro-batch again, the forward's Python included
+            else:  # a capture executes no kernels: only the forward's Python ran
                 from .backends.cuda import end_failed_capture
 
                 end_failed_capture(self.device)
+                _restore_attributes(writes, attrs)
             for p, g in zip(self._trainable, incoming, strict=True):
                 p.grad = g
             _restore_scaler(self.scaler, scaler_state)
@@ -476,13 +485,13 @@ class TrainStep:
     def _retire(self, reason: str, call: int) -> None:
         self.retired, self.retire_reason = True, reason
         self.journal.add("retire", call, reason)
-        self.release(keep_journal=True)
+        self.release()
 
     def _retire_eager(self, reason: str, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:
         self._retire(reason, self._calls)
         return self._eager(phase, "retired", args, kwargs)
 
-    def release(self, keep_journal: bool = True) -> None:
+    def release(self) -> None:
         """Free every recording (the step runs eagerly from now on if not retired already)."""
         for rec in self._recordings.values():
             rec.region.free()
@@ -497,7 +506,8 @@ STEP_PROTECTIONS = ("module_state", "param_identity", "state_identity", "host_va
 
 
 def _restore_attributes(writes: list[tuple[nn.Module, str]], attrs: dict[int, dict]) -> None:
-    """Plain module attributes assigned by a failed capture's body get their values back."""
+    """Plain module attributes assigned by a failed CUDA capture's body get their values back
+    (the emulated path's StateSnapshot does this and more; kept apart until the H200 runs it)."""
     for m, name in reversed(writes):
         old = attrs.get(id(m))
         if old is None:
@@ -549,30 +559,21 @@ def _side_stream(device: torch.device) -> Any:
 
 
 class _Snapshot:
-    """What a failed emulated recording (which runs the step) may have changed: put back in place."""
+    """What a failed recording may have changed, put back in place: the model's values, ``.grad``,
+    RNG and plain attributes (:class:`~replaykit.state.StateSnapshot`, as network replay uses) and
+    the optimizer's, scaler's and EMA's state tensors (the emulated backend runs the body)."""
 
     def __init__(self, step: TrainStep) -> None:
-        opt = step.optimizer
-        tensors = [*step.model.parameters(), *step.model.buffers()]
-        tensors += [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
-        tensors += tensors_of(opt)
-        if step.scaler is not None and getattr(step.scaler, "_scale", None) is not None:
-            tensors += [step.scaler._scale, step.scaler._growth_tracker]
-        if step.ema is not None:
-            tensors += step.ema.tensors()
-        self._values = [(t, t.detach().clone()) for t in _unique(tensors)]
-        self._grads = [(p, p.grad, None if p.grad is None else p.grad.detach().clone()) for p in step.params]
-        self._rng = torch.get_rng_state()
+        self._model = StateSnapshot(step.model)
+        extra = step.ema.tensors() if step.ema is not None else ()
+        tensors = _unique(state_tensors(step.optimizer, step.scaler, extra))
+        self._values = [(t, t.detach().clone()) for t in tensors]
 
     def restore(self) -> None:
+        self._model.restore()
         with torch.no_grad():
             for t, v in self._values:
                 t.data.copy_(v)
-            for p, g, v in self._grads:
-                p.grad = g
-                if g is not None:
-                    g.data.copy_(v)
-        torch.set_rng_state(self._rng)
 
 
 def aligned_copy(t: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.optim import optimizer as optim_module
 
 _PTR = torch.Tensor.data_ptr
 
@@ -152,9 +153,7 @@ class OptimizerWatch:
 
 
 def optimizer_hooks(optimizer: torch.optim.Optimizer) -> bool:
-    """Step hooks run Python around ``step()``; a replay would skip them."""
-    from torch.optim import optimizer as optim_module
-
+    """Step hooks run Python around ``step()``; a replay would skip them (checked every call)."""
     return bool(
         optimizer._optimizer_step_pre_hooks
         or optimizer._optimizer_step_post_hooks
