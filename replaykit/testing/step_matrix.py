@@ -20,7 +20,7 @@ from torch import nn
 
 from ..bitwise import TensorDiff, diff_states
 from ..step import EMA, TrainStep
-from .end_state import module_state, optimizer_state, scaler_state, scheduler_state
+from .step_trial import end_state
 from .tasks import make_datamodule, make_task
 
 
@@ -83,13 +83,7 @@ def _train(s: StepScenario, replay: bool, unsafe: bool) -> tuple[dict[str, Any],
             sched.step()
             if (i + 1) // s.accumulation == 3:
                 bn.eval()  # guarded: records anew (the unsafe arm replays training-mode BN)
-    state = module_state(net)
-    state.update(optimizer_state([opt]))
-    state.update(scaler_state(scaler))
-    state.update(scheduler_state([sched]))
-    state.update({f"ema/{i}": t.detach().cpu() for i, t in enumerate(ema.params)})
-    state.update({f"loss/{i}": t.detach().cpu() for i, t in enumerate(losses)})
-    return state, step
+    return end_state(net, opt, scaler, sched, ema, losses), step
 
 
 def run_scenario(s: StepScenario) -> StepScenarioResult:

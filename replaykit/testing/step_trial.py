@@ -142,6 +142,16 @@ def run(config: StepConfig, replay: bool) -> tuple[dict[str, Any], TrainStep, li
             _probe(config.probe, s, model, opt)
             if sched is not None:
                 sched.step()
+    state = end_state(model, opt, scaler, sched, ema, losses, kept=keeper.kept)  # type: ignore[attr-defined]
+    return state, step, losses
+
+
+def end_state(
+    model: nn.Module, opt: torch.optim.Optimizer, scaler: Any, sched: Any, ema: EMA | None,
+    losses: list[torch.Tensor], kept: list[torch.Tensor] = (),  # type: ignore[assignment]
+) -> dict[str, Any]:
+    """Everything a whole-step run must end with bitwise: model, optimizer, scaler, scheduler, EMA,
+    what the user kept, every loss (the trials and :mod:`replaykit.testing.step_matrix` compare it)."""
     state = module_state(model)
     state.update(optimizer_state([opt]))
     state.update(scaler_state(scaler))
@@ -149,9 +159,9 @@ def run(config: StepConfig, replay: bool) -> tuple[dict[str, Any], TrainStep, li
         state.update(scheduler_state([sched]))
     if ema is not None:
         state.update({f"ema/{i}": t.detach().cpu() for i, t in enumerate(ema.params)})
-    state.update({f"kept/{i}": t.detach().cpu() for i, t in enumerate(keeper.kept)})  # type: ignore[attr-defined]
+    state.update({f"kept/{i}": t.detach().cpu() for i, t in enumerate(kept)})
     state.update({f"loss/{i}": t.detach().cpu() for i, t in enumerate(losses)})
-    return state, step, losses
+    return state
 
 
 def _probe(probe: str | None, s: int, model: nn.Module, opt: torch.optim.Optimizer) -> None:
