@@ -923,13 +923,13 @@ def _optimizer_in_backward(model: nn.Module, arm: Arm) -> Extras:
 
 HOOK_ORDER = [
     Pattern("post_accumulate_hook_order", "hook_order", "register_post_accumulate_grad_hook on every parameter",
-            _mlp(bn=True), _hooked("post_accumulate")),
+            _mlp(bn=True), _hooked("post_accumulate"), guard="record_probe"),  # hooks before the first record
     Pattern("post_accumulate_hook_midway", "hook_order", "post-accumulate hooks registered after recording",
-            _mlp(bn=True), _hooked("post_accumulate", register_at=2)),
+            _mlp(bn=True), _hooked("post_accumulate", register_at=2), guard="param_identity"),  # the hook watcher
     Pattern("tensor_hook_clip", "hook_order", "p.register_hook clipping each gradient, order recorded",
-            _mlp(bn=True), _hooked("tensor")),
+            _mlp(bn=True), _hooked("tensor"), guard="record_probe"),
     Pattern("optimizer_in_backward", "hook_order", "per-parameter optimizers stepping in post-accumulate hooks",
-            _mlp(bn=True), _optimizer_in_backward),
+            _mlp(bn=True), _optimizer_in_backward, guard="record_probe"),
 ]
 
 

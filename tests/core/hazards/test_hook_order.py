@@ -1,6 +1,7 @@
 """Gradient hooks on parameters fire in eager's order (or the recorder routes eager / retires, with a reason).
 
-No guard name covers hooks yet, so there is no unsafe arm here: the patterns fail on main today.
+Hooks present at the first record are refused by the probe (``record_probe``); hooks registered
+later are seen by the guards' hook watcher (``param_identity``). Each pattern's unsafe arm diverges.
 """
 
 from __future__ import annotations
@@ -11,12 +12,17 @@ import torch
 import replaykit as rk
 from replaykit.testing.hazard_patterns import MLP
 
-from ._check import assert_safe, names
+from ._check import assert_safe, assert_unsafe_diverges, guarded, names
 
 
 @pytest.mark.parametrize("name", names("hook_order"))
 def test_hook_patterns_end_like_eager(backend: str, name: str) -> None:
     assert_safe(name, backend)
+
+
+@pytest.mark.parametrize("name", guarded("hook_order"))
+def test_without_the_guard_hook_order_diverges(backend: str, name: str) -> None:
+    assert_unsafe_diverges(name, backend)
 
 
 @pytest.mark.parametrize("kind", ["post_accumulate", "tensor"])
