@@ -1,4 +1,4 @@
-"""The one exception replaykit raises, and the warning it gives when a recorder retires."""
+"""The one exception replaykit raises, the warning it gives when an entry point retires, and argument checks."""
 
 from __future__ import annotations
 
@@ -9,3 +9,9 @@ class ReplayError(RuntimeError):
 
 class ReplayWarning(UserWarning):
     """A recorder retired to eager, or a protection was switched off."""
+
+
+def check_count(name: str, value: object, least: int, note: str = "") -> None:
+    """Refuse an argument that is not an int >= ``least`` (a bool is no count), naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ReplayError(f"{name} must be an int >= {least}{' ' + note if note else ''}, got {value!r}")

@@ -424,3 +424,15 @@ def tree_contains(root: nn.Module, module: nn.Module) -> bool:
     """Whether ``module`` is ``root`` or one of its submodules."""
     return any(m is module for m in root.modules())
 
+
+
+def host_dependence(module: nn.Module) -> str | None:
+    """Why a graph would freeze a host-side value of this module, or None.
+
+    BatchNorm with ``momentum=None`` averages with ``1 / num_batches_tracked`` read on the
+    host at every call; a graph would replay the first call's factor for ever.
+    """
+    for name, m in module.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.momentum is None and m.track_running_stats:
+            return f"BatchNorm {name or type(m).__name__} with momentum=None reads a host-side counter every call"
+    return None

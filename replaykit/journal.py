@@ -7,14 +7,16 @@ from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 #: ``hold_end``: a pending backward ran or its graph was dropped; ``release``: the recorder was released;
-#: ``refuse``: the probe refused a signature (its calls then run eager); ``check``: a shadow check.
+#: ``refuse``: the probe refused a signature (its calls then run eager); ``check``: a shadow check;
+#: ``rerecord``: recordings dropped for a change they cannot survive (its cause), recorded anew.
 KINDS: tuple[str, ...] = (
-    "record", "replay", "eager", "backward", "copy_out", "retire", "hold_end", "release", "refuse", "check", "unsafe",
+    "record", "replay", "eager", "backward", "copy_out", "retire", "rerecord", "hold_end", "release", "refuse",
+    "check", "unsafe",
 )
 #: Kinds whose reasons are tallied: eager forwards, and backwards not replayed from a graph.
 REASONED: tuple[str, ...] = ("eager", "backward")
 #: Kinds whose every event is kept.
-PINNED: frozenset[str] = frozenset({"record", "retire", "unsafe"})
+PINNED: frozenset[str] = frozenset({"record", "retire", "rerecord", "unsafe"})
 
 
 class Event(NamedTuple):
@@ -33,7 +35,7 @@ _new_event = tuple.__new__  # Event(...) without the Python frame of NamedTuple.
 class Journal(Sequence[Event]):
     """Ordered events, bounded for long runs.
 
-    Counts are exact. Every ``record``, ``retire`` and ``unsafe`` event and the first
+    Counts are exact. Every ``record``, ``retire``, ``rerecord`` and ``unsafe`` event and the first
     event of each (kind, reason) pair are kept for ever; the rest keep a tail of
     ``tail`` events. Memory and per-event cost stay flat however many calls run.
     """
@@ -118,6 +120,7 @@ class Journal(Sequence[Event]):
             **{k: self._counts.get(k, 0) for k in KINDS},
             "eager_reasons": dict(self.eager_reasons),
             "backward_reasons": dict(self.backward_reasons),
+            "rerecord_causes": [e.reason for e in self._pinned if e.kind == "rerecord"],
         }
 
     def format(self, limit: int = 40) -> str:

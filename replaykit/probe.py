@@ -3,9 +3,8 @@
 Some behaviour of a forward is invisible to a signature and frozen by any graph, so it
 is looked for once, before recording, on the same stand-ins the backends use:
 
-- assignments to module attributes (an auxiliary loss stored on the module, a Python
-  counter, a cached tensor): a replay would not run them;
-- in-place writes to an input: eager changes the caller's tensor, a replay its own copy;
+- Python effects a replay would not repeat (:mod:`replaykit.side_effects`): module
+  attributes assigned, inputs written in place, held containers changed;
 - random ops drawing from a private ``torch.Generator``: a graph registers only the
   default generator and would replay the first numbers for ever;
 - host reads of tensor data and data-dependent shapes (``.item()``, ``nonzero``, boolean
@@ -15,8 +14,6 @@ is looked for once, before recording, on the same stand-ins the backends use:
   parameter, a replay all at once after its backward, in another order;
 - an input that requires grad and is read several times: its gradient is a sum whose
   order, together with the caller's other uses of the tensor, can differ from eager;
-- containers and objects the module holds changed by forward (``self.feats["h"] = h``,
-  ``self.log.append(...)``): a replay would not change them;
 - tensors requiring grad that are not parameters of the module (a tensor attribute, a
   module kept in a plain dict): a recording would give them no gradient;
 - an output that is (a view of) an input: eager hands back the caller's memory, a replay
@@ -40,7 +37,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .guards import gradient_hooks, held_values, listen_for_writes, value_key
+from .guards import gradient_hooks
+from .side_effects import SideEffects
 from .signature import autocast_key
 
 
@@ -101,10 +99,6 @@ class _Inspector(TorchDispatchMode):
         super().__exit__(*exc)
         for gen, state in self._states.values():
             gen.set_state(state)
-
-
-def _names(module: nn.Module) -> dict[int, str]:
-    return {id(m): n or type(module).__name__ for n, m in module.named_modules()}
 
 
 def _uses(
@@ -174,8 +168,7 @@ def probe(
     if gradient_hooks(params) > 1:
         return Refusal("module", f"gradient hooks on {gradient_hooks(params)} parameters would run in another order than eager")
     leaves = [p.detach().requires_grad_(True) for p in params]
-    versions = [x._version for x in static_inputs]
-    held = held_values(module)
+    effects = SideEffects(module, static_inputs)
     inspector = _Inspector(leaves)
     hooks = _SavedParameters(leaves)
     # the backends record with autocast's cast cache off: so does the probe, to count the casts a recording makes
@@ -183,7 +176,7 @@ def probe(
     autocast, dtype = autocast_key(device)
     shared_casts = autocast and torch.is_autocast_cache_enabled()  # eager casts a parameter once per region
     with (
-        listen_for_writes() as writes,
+        effects,
         torch.autocast(device, dtype=dtype, enabled=autocast, cache_enabled=False),
         inspector,
         torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack),
@@ -191,16 +184,9 @@ def probe(
         outs, _ = tree_flatten(fn(*static_inputs, params=leaves))
     if saved is not None:
         saved[:] = sorted(hooks.saved)
-    names = _names(module)
-    written = sorted({f"{names.get(id(m), type(m).__name__)}.{attr}" for m, attr in writes if id(m) in names})
-    if written:
-        return Refusal("module", f"forward assigns {', '.join(written)}; a replay would not repeat the assignment")
-    mutated = [i for i, (x, v) in enumerate(zip(static_inputs, versions, strict=True)) if x._version != v]
-    if mutated:
-        return Refusal("module", f"forward writes input {mutated[0]} in place; a replay would write its own copy")
-    changed = [name for name, value, key in held if value_key(value) != key]
-    if changed:
-        return Refusal("module", f"forward changes {changed[0]} (a container or object the module holds); a replay would not")
+    effect = effects.reason("forward")
+    if effect is not None:
+        return Refusal("module", effect)
     if inspector.generators:
         return Refusal("module", f"{inspector.generators[0]} draws from a private torch.Generator, which a graph would freeze")
     if inspector.data_dependent:

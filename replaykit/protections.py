@@ -1,47 +1,71 @@
-"""The protections that make replay equal eager, and the diagnostic switch that turns them off."""
+"""The protections that make replay equal eager: one registry, and the diagnostic switch that turns them off.
+
+Each protection has a scope: the entry points it guards (``capture``, network replay;
+``step``, the whole step; ``both``). ``unsafe_disable`` takes the names in its entry
+point's scope, and every protection has a test whose unsafe arm diverges without it.
+"""
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from .errors import ReplayError, ReplayWarning
 
-#: Every protection, by the name ``unsafe_disable`` takes.
-PROTECTIONS: tuple[str, ...] = (
-    "copy_out", "hold", "live_outputs", "none_pattern",  # static buffers and the pending backward
-    "module_state", "param_identity", "argument_values", "input_aliasing", "input_layout",  # guards
-    "record_probe", "repeat_backward", "inplace_weights",
-)
 
-_WHAT = {
-    "copy_out": "live gradients are not copied out before a replay: accumulation reads overwritten buffers",
-    "hold": "forwards replay while a backward is pending: it reads the later forward's activations",
-    "live_outputs": "outputs the caller still holds are overwritten by the next replay",
-    "none_pattern": "parameters behind unread outputs get zero gradients where eager leaves None",
-    "module_state": "submodules' training flags and attributes are not guarded: a changed value replays the old one",
-    "param_identity": "parameters swapped (functional_call) or registered anew (parametrize) replay the recorded ones",
-    "argument_values": "non-tensor arguments are keyed by ==: -0.0 replays 0.0, objects are frozen",
-    "input_aliasing": "the same tensor passed twice replays a recording made for distinct tensors",
-    "input_layout": "static inputs are contiguous copies: strided or expanded inputs change reduction order",
-    "record_probe": "side effects, in-place input writes, private generators and sparse gradients are not looked for",
-    "repeat_backward": "a second backward through one replayed call rewrites the first one's gradient buffers; create_graph gets no graph",
-    "inplace_weights": "parameters changed in place between a replayed forward and its backward go unnoticed",
+class Protection(NamedTuple):
+    """One protection: its ``unsafe_disable`` name, the entry points it guards, what goes wrong without it."""
+
+    name: str
+    scope: str  # "capture", "step" or "both"
+    without: str
+
+
+REGISTRY: dict[str, Protection] = {
+    p.name: p
+    for p in (
+        # static buffers and the pending backward
+        Protection("copy_out", "both", "live gradients are not copied out before a replay: accumulation reads overwritten buffers"),
+        Protection("hold", "capture", "forwards replay while a backward is pending: it reads the later forward's activations"),
+        Protection("live_outputs", "capture", "outputs the caller still holds are overwritten by the next replay"),
+        Protection("none_pattern", "capture", "parameters behind unread outputs get zero gradients where eager leaves None"),
+        # guards
+        Protection("module_state", "both", "submodules' training flags and attributes are not guarded: a changed value replays the old one"),
+        Protection("param_identity", "both", "parameters swapped (functional_call) or registered anew (parametrize) replay the recorded ones"),
+        Protection("argument_values", "capture", "non-tensor arguments are keyed by ==: -0.0 replays 0.0, objects are frozen"),
+        Protection("input_aliasing", "capture", "the same tensor passed twice replays a recording made for distinct tensors"),
+        Protection("input_layout", "capture", "static inputs are contiguous copies: strided or expanded inputs change reduction order"),
+        Protection("record_probe", "capture", "side effects, in-place input writes, private generators and sparse gradients are not looked for"),
+        Protection("repeat_backward", "capture", "a second backward through one replayed call rewrites the first one's gradient buffers; create_graph gets no graph"),
+        Protection("inplace_weights", "capture", "parameters changed in place between a replayed forward and its backward go unnoticed"),
+        Protection("state_identity", "step", "optimizer, scaler and EMA state tensors replaced (load_state_dict, add_param_group) replay the old ones"),
+        Protection("host_values", "step", "the optimizer's, scaler's and clip's host values (a float lr) are not keyed: a changed one replays the old"),
+    )
 }
 
+#: Every protection's name.
+PROTECTIONS: tuple[str, ...] = tuple(REGISTRY)
 
-def disabled_protections(names: Iterable[str] | str) -> frozenset[str]:
-    """Validate ``unsafe_disable`` and warn once per protection switched off."""
+
+def in_scope(scope: str) -> tuple[str, ...]:
+    """The protections an entry point (``capture`` or ``step``) can switch off."""
+    return tuple(n for n, p in REGISTRY.items() if p.scope in (scope, "both"))
+
+
+def disabled_protections(names: Iterable[str] | str, scope: str, stacklevel: int = 3) -> frozenset[str]:
+    """Validate ``unsafe_disable`` for an entry point and warn once per protection switched off."""
     if isinstance(names, str):
         names = (names,)
     chosen = frozenset(names)
-    unknown = sorted(chosen - set(PROTECTIONS))
+    allowed = in_scope(scope)
+    unknown = sorted(chosen - set(allowed))
     if unknown:
-        raise ReplayError(f"unknown unsafe_disable name(s) {unknown}; choose from {list(PROTECTIONS)}")
+        raise ReplayError(f"unknown unsafe_disable name(s) {unknown} for {scope}; choose from {list(allowed)}")
     for name in sorted(chosen):
         warnings.warn(
-            f"replaykit: protection {name!r} is disabled ({_WHAT[name]}); results may differ from eager",
+            f"replaykit: protection {name!r} is disabled ({REGISTRY[name].without}); results may differ from eager",
             ReplayWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
     return chosen

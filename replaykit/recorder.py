@@ -9,8 +9,6 @@ probe, hold, copy_out, retirement, shadow, backends). ``capture`` is at the end.
 from __future__ import annotations
 
 import operator
-import threading
-import warnings
 import weakref
 from collections import Counter
 from collections.abc import Iterator
@@ -24,16 +22,17 @@ from torch.nn.parameter import is_lazy
 
 from .backends import Backend, Recording, module_device, resolve_backend
 from .copy_out import StaticAliases
-from .errors import ReplayError, ReplayWarning
-from .guards import ModuleGuard, tree_contains
+from .errors import ReplayError, check_count
+from .guards import host_dependence, tree_contains
 from .hold import Hold, PendingBackward
 from .journal import Journal
+from .layout import copy_into, same_layout
+from .lifecycle import Lifecycle
 from .probe import probe
 from .protections import disabled_protections
-from .retirement import ModuleWatch
 from .shadow import Shadow
 from .signature import CallArgs, UnhashableArgument, signature, split_call
-from .state import StateSnapshot
+from .snapshot import StateSnapshot
 
 _RECORDER_ATTR = "_replaykit_recorder"
 _VERSION = operator.attrgetter("_version")
@@ -175,20 +174,21 @@ class Recorder:
         disabled: frozenset[str],
         check_every: int = 0,
         multi_backward: bool = False,
+        max_rerecords: int = 8,
     ) -> None:
         self.module: nn.Module | None = module
         self.module_name = type(module).__name__
         self.backend = backend
         self.warmup = warmup
         self.max_recordings = max_recordings
-        self.strict = strict
         self.disabled = disabled
         self.check_every = check_every
         self.multi_backward = multi_backward
-        self.journal = Journal()
-        self.retired = False
-        self.retire_reason: str | None = None
-        self.released = False
+        me = weakref.ref(self)  # neither the hold nor the lifecycle may keep their recorder alive (no cycle)
+        self.lifecycle = Lifecycle(
+            f"{self.module_name} recorder", module, strict=strict, disabled=disabled, max_rerecords=max_rerecords,
+            drop=lambda: (r := me()) is not None and r._drop_recordings(),
+        )
         self._device_kind = _device_kind(module, backend)
         self._calls = 0
         self._replays = 0  # forward replays of any recording: a generation for retained graphs
@@ -199,23 +199,14 @@ class Recorder:
         self._guard_grads = "copy_out" not in disabled
         self._guard_outputs = "live_outputs" not in disabled
         self._aliases: dict[tuple, StaticAliases] = {}
-        me = weakref.ref(self)  # the hold must not keep its recorder alive (no cycle)
         self._hold = Hold(lambda call: (r := me()) is not None and r._on_hold_end(call, "dropped"))
         self._hold_enabled = "hold" not in disabled
         self._exact_none = "none_pattern" not in disabled
         self._check_versions = "inplace_weights" not in disabled
         self._key_state = "module_state" not in disabled  # flags, not a frozenset lookup per call
         self._exact_arguments = "argument_values" not in disabled
-        self._watch = ModuleWatch(module)
-        self._guard = ModuleGuard(module)
         self._free_after_backward = False
         self._paused = 0
-        self._owner: int | None = None  # the thread that calls the module; others run eagerly
-        # held while recording (stand-ins replace the parameters; a capture must not see another
-        # thread's kernels) and during the shadow check's eager run: another thread's eager call waits
-        self._swapped = threading.RLock()
-        for name in sorted(disabled):
-            self.journal.add("unsafe", 0, name)
         self._own_forward = "forward" in module.__dict__
         self._forward = module.forward
         module.forward = _RoutedForward(self, module)
@@ -223,16 +214,38 @@ class Recorder:
 
     # ----------------------------------------------------------------- read-outs
     @property
+    def journal(self) -> Journal:
+        return self.lifecycle.journal
+
+    @property
+    def strict(self) -> bool:
+        return self.lifecycle.strict
+
+    @property
+    def retired(self) -> bool:
+        return self.lifecycle.retired
+
+    @property
+    def retire_reason(self) -> str | None:
+        return self.lifecycle.retire_reason
+
+    @property
+    def released(self) -> bool:
+        return self.lifecycle.released
+
+    @property
     def counts(self) -> dict[str, int]:
         """Events by kind, exact however long the run."""
-        kinds = ("record", "replay", "eager", "backward", "copy_out", "retire", "hold_end", "release", "check")
-        counts = self.journal.counts
-        return {k: counts.get(k, 0) for k in kinds}
+        return self.lifecycle.counts
 
     @property
     def eager_reasons(self) -> Counter[str]:
         """Eager routes by reason, exact however long the run."""
-        return Counter(self.journal.eager_reasons)
+        return self.lifecycle.eager_reasons
+
+    def summary(self) -> str:
+        """One line of counts, eager reasons and state."""
+        return self.lifecycle.summary()
 
     @property
     def backward_reasons(self) -> Counter[str]:
@@ -269,12 +282,14 @@ class Recorder:
     def _route(self, args: tuple, kwargs: dict) -> Any:
         self._calls += 1
         call = self._calls
-        if self.retired or self.released:
-            return self._eager(call, "retired", args, kwargs)
+        life = self.lifecycle
+        stopped = life.stopped()
+        if stopped is not None:
+            return self._eager(call, stopped, args, kwargs)
         if self._paused:
             return self._eager(call, "paused", args, kwargs)
-        if self._owner != threading.get_ident() and not self._adopt_thread():
-            with self._swapped:
+        if not life.owns_thread():
+            with life.lock:
                 return self._eager(call, "thread", args, kwargs)
         if not torch.is_grad_enabled():
             return self._eager(call, "no_grad", args, kwargs)
@@ -282,23 +297,12 @@ class Recorder:
             return self._eager(call, "eval", args, kwargs)
         if self._hold_enabled and self._hold.active:
             return self._eager(call, "hold", args, kwargs)
-        verdict = self._guard.verdict()
-        if not self._recordings and verdict.retire:  # changed for good before anything was recorded
-            self._guard.rebaseline()
-            verdict = self._guard.verdict()
-        if verdict.retire is not None and self._recordings and "param_identity" not in self.disabled:
-            self._retire(verdict.retire, call)
-            return self._eager(call, "retired", args, kwargs)
-        if verdict.eager is not None and "param_identity" not in self.disabled:
-            return self._eager(call, verdict.eager, args, kwargs)
-        if self._recordings:
-            changed = self._watch.reason()
-            if changed is not None:
-                self._retire(changed, call)
-                return self._eager(call, "retired", args, kwargs)
+        state, eager = life.gate(call, bool(self._recordings))
+        if eager is not None:
+            return self._eager(call, eager, args, kwargs)
         try:
             callargs = split_call(args, kwargs)
-            key = (self._state_key(verdict), *signature(callargs, self._device_kind, self._exact_arguments))
+            key = (state if self._key_state else None, *signature(callargs, self._device_kind, self._exact_arguments))
         except UnhashableArgument as exc:
             return self._eager(call, exc.reason, args, kwargs)
         refused = self._refused.get(key)
@@ -310,7 +314,7 @@ class Recorder:
                 return self._eager(call, "budget", args, kwargs)
             if not self._copy_out(call):
                 return self._eager(call, "live_alias", args, kwargs)
-            with self._swapped:
+            with life.lock:
                 plan = self._record(call, callargs, key)
             if plan is None:
                 return self._eager(call, self._refused.get(key, "retired"), args, kwargs)
@@ -320,21 +324,8 @@ class Recorder:
             self.journal.tick("replay", call)
         return self._replay(call, plan, callargs, args, kwargs)
 
-    def _adopt_thread(self) -> bool:
-        """The first thread to call owns the recorder; a call from any other runs eagerly."""
-        with self._swapped:  # two threads' first calls at once: one owner
-            if self._owner is None:
-                self._owner = threading.get_ident()
-        return self._owner == threading.get_ident()
-
-    def _state_key(self, verdict: Any) -> Any:
-        return verdict.key if self._key_state else None
-
     def _eager(self, call: int, reason: str, args: tuple, kwargs: dict) -> Any:
-        if self.strict:
-            why = f"recorder is retired ({self.retire_reason})" if reason == "retired" else f"call {call} would run eagerly: {reason}"
-            raise ReplayError(f"replaykit: {why}")
-        self.journal.add("eager", call, reason)
+        self.lifecycle.eager(call, reason)
         return self._forward(*args, **kwargs)
 
     def _run_forward(
@@ -344,16 +335,17 @@ class Recorder:
         args, kwargs = callargs.rebuild(tensors)
         if params is None:
             return self._forward(*args, **kwargs)
-        with self._swapped, stand_ins(self.module, originals, params):
+        with self.lifecycle.lock, stand_ins(self.module, originals, params):
             return self._forward(*args, **kwargs)
 
     def _record(self, call: int, callargs: CallArgs, key: tuple) -> _Plan | None:
+        life = self.lifecycle
         if not self._recordings:
-            self._watch.rebaseline()
-        if self._watch.hooks_at_start:
+            life.first_record()
+        if life.watch.hooks_at_start:
             self._retire("module hooks inside the module would not run under replay", call)
             return None
-        frozen = _host_dependent(self.module)
+        frozen = host_dependence(self.module)
         if frozen is not None:  # refused on both backends: the emulated one mirrors what a graph can do
             self._retire(frozen, call)
             return None
@@ -404,7 +396,7 @@ class Recorder:
             if same and id(t) in made:
                 out.append(made[id(t)])
                 continue
-            static = _same_layout(t) if exact else t.detach().clone()
+            static = same_layout(t) if exact else t.detach().clone()
             static.requires_grad_(t.requires_grad)
             made[id(t)] = static
             out.append(static)
@@ -457,7 +449,7 @@ class Recorder:
             if data is not None:
                 data.copy_(tensors[i])
             else:
-                _copy_into(static, tensors[i])
+                copy_into(static, tensors[i])
         recording.replay_forward()
         if self._check_versions:  # what eager's saved-tensor check covers: the parameters the backward reads
             step.versions = list(map(_VERSION, plan.saved))
@@ -586,23 +578,15 @@ class Recorder:
             self._free_recordings()
 
     # ----------------------------------------------------------------- retirement
-    def _retire(self, reason: str, call: int, cause: BaseException | None = None, user: bool = False) -> None:
-        if self.retired:
-            return
-        if self.strict and not user:
-            raise ReplayError(f"replaykit: recorder would retire: {reason}") from cause
-        self.retired = True
-        self.retire_reason = reason
-        self.journal.add("retire", call, reason)
-        warnings.warn(
-            f"replaykit: {self.module_name} recorder retired to eager: {reason}",
-            ReplayWarning,
-            stacklevel=4,
-        )
-        self._watch.close()
-        self._guard.close()
+    def _retire(self, reason: str, call: int, cause: BaseException | None = None) -> None:
+        self.lifecycle.retire(reason, call, cause)
+
+    def _drop_recordings(self) -> None:
+        """The lifecycle's drop (re-record, retire, release): free every recording now, or after
+        the pending backward that still reads one."""
+        self._refused.clear()
         if self._hold.active:
-            self._free_after_backward = True  # the pending backward still needs its recording
+            self._free_after_backward = True
         else:
             self._free_recordings()
 
@@ -621,17 +605,13 @@ class Recorder:
 
     def retire(self, reason: str = "retired by the user") -> None:
         """Switch to eager for good: graphs and static memory are freed; training goes on eagerly."""
-        self._retire(reason, self._calls, user=True)
+        self.lifecycle.retire(reason, self._calls, user=True)
 
     def release(self) -> None:
-        """Restore ``module.forward`` and free everything; safe to call twice."""
-        if self.released:
-            return
-        self.released = True
-        self._watch.close()
-        self._guard.close()
+        """Restore ``module.forward`` and free everything; safe to call twice. Not a retirement."""
         self._hold.clear()
-        self._free_recordings()
+        if not self.lifecycle.release(self._calls):
+            return
         module = self.module
         assert module is not None
         if self._own_forward:
@@ -641,7 +621,6 @@ class Recorder:
         module.__dict__.pop(_RECORDER_ATTR, None)
         self.module = None  # a released recorder keeps its journal, not the module
         self._forward = None
-        self.journal.add("release", self._calls)
 
     def __enter__(self) -> Recorder:
         return self
@@ -671,39 +650,6 @@ def stand_ins(module: nn.Module, originals: list[torch.Tensor], leaves: list[tor
             dict.__setitem__(d, k, v)
 
 
-def _same_layout(t: torch.Tensor) -> torch.Tensor:
-    """A private copy of ``t`` with its sizes, strides and storage offset (broadcast dimensions kept)."""
-    t = t.detach()
-    compact = [1 if st == 0 else sz for sz, st in zip(t.shape, t.stride(), strict=True)]
-    extent = t.storage_offset() + sum((n - 1) * st for n, st in zip(compact, t.stride(), strict=True)) + 1
-    storage = torch.empty(extent if t.numel() else 0, dtype=t.dtype, device=t.device)
-    static = storage.as_strided(t.shape, t.stride(), t.storage_offset())
-    _copy_into(static, t)
-    return static
-
-
-def _copy_into(static: torch.Tensor, x: torch.Tensor) -> None:
-    """``static.copy_(x)`` without a version bump; a broadcast (stride 0) layout copies its real elements."""
-    if 0 in static.stride():  # same strides as x (they are part of the signature) unless input_layout is off
-        size = [1 if st == 0 else n for n, st in zip(static.shape, static.stride(), strict=True)]
-        static = static.as_strided(size, static.stride(), static.storage_offset())
-        x = x.detach().as_strided(size, x.stride(), x.storage_offset())
-    static.data.copy_(x)
-
-
-
-def _host_dependent(module: nn.Module) -> str | None:
-    """Why a graph would freeze a host-side value of this module, or None.
-
-    BatchNorm with ``momentum=None`` averages with ``1 / num_batches_tracked`` read on the
-    host at every call; a graph would replay the first call's factor for ever.
-    """
-    for name, m in module.named_modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.momentum is None and m.track_running_stats:
-            return f"BatchNorm {name or type(m).__name__} with momentum=None reads a host-side counter every call"
-    return None
-
-
 def _device_kind(module: nn.Module, backend: Backend) -> str:
     """The device type whose autocast state enters signatures."""
     device = getattr(backend, "device", None) or module_device(module)
@@ -724,6 +670,7 @@ def capture(
     strict: bool = False,
     check_every: int = 0,
     multi_backward: bool = False,
+    max_rerecords: int = 8,
     unsafe_disable: tuple[str, ...] | list[str] | str = (),
 ) -> Recorder:
     """Route every call of ``module`` through a recorder: record, replay, or eager with a reason.
@@ -741,9 +688,12 @@ def capture(
     - Replays end bitwise equal to eager training: live gradients and outputs are
       copied out before each replay, the hold keeps a pending backward's activations,
       and parameters behind unread outputs keep ``.grad is None``.
-    - Parameter replacement, storage changes, new submodule hooks, a forward with side
-      effects a replay cannot repeat (:mod:`replaykit.probe`) or a failing capture retire
-      the recorder (permanent eager, graphs freed, one warning).
+    - A parameter, buffer or submodule registered anew, storage changed (``.to()``,
+      ``load_state_dict(..., assign=True)``) or a frozen layer unfrozen drops the
+      recordings and records anew (``rerecord`` in the journal, at most ``max_rerecords``
+      times). New submodule hooks, a forward with side effects a replay cannot repeat
+      (:mod:`replaykit.probe`) or a failing capture retire the recorder (permanent eager,
+      graphs freed, one warning).
     - What cannot be replayed exactly raises :class:`ReplayError` rather than give a
       wrong number: ``create_graph=True`` through a replayed call, a second backward
       through a call whose first backward replayed the graph (pass
@@ -759,11 +709,10 @@ def capture(
     """
     if not isinstance(module, nn.Module):
         raise ReplayError(f"capture() takes an nn.Module, not {type(module).__name__}")
-    for name, value in (("warmup", warmup), ("max_recordings", max_recordings)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ReplayError(f"{name} must be an int >= 1, got {value!r}")
-    if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 0:
-        raise ReplayError(f"check_every must be an int >= 0 (0: off), got {check_every!r}")
+    check_count("warmup", warmup, 1)
+    check_count("max_recordings", max_recordings, 1)
+    check_count("max_rerecords", max_rerecords, 0)
+    check_count("check_every", check_every, 0, "(0: off)")
     if recorder_of(module) is not None:
         raise ReplayError(
             f"{type(module).__name__} is already captured; call release() on its recorder first"
@@ -775,9 +724,11 @@ def capture(
             f"{type(module).__name__} has uninitialized (lazy) parameters or buffers ({lazy[0]}, ...): "
             "run one forward eagerly to materialize them, then capture"
         )
-    disabled = disabled_protections(unsafe_disable)
+    disabled = disabled_protections(unsafe_disable, "capture")
     chosen = resolve_backend(backend, module)
-    recorder = Recorder(module, chosen, warmup, max_recordings, bool(strict), disabled, check_every, bool(multi_backward))
+    recorder = Recorder(
+        module, chosen, warmup, max_recordings, bool(strict), disabled, check_every, bool(multi_backward), max_rerecords
+    )
     _live[id(recorder)] = weakref.ref(recorder)
     weakref.finalize(recorder, _live.pop, id(recorder), None)
     return recorder

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from .bitwise import diff
-from .state import StateSnapshot, rng_states, tensor_attributes
+from .snapshot import StateSnapshot, rng_states, tensor_attributes
 
 
 def first_difference(pairs: Iterable[tuple[str, torch.Tensor | None, torch.Tensor | None]]) -> str | None:

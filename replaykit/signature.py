@@ -64,26 +64,6 @@ def _tensor_key(t: torch.Tensor) -> tuple:
     return (t.shape, t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad)  # a Size is a tuple
 
 
-#: Per device type, the bytes below which an address's alignment can choose a kernel's path
-#: (vector width, TMA): what each allocator guarantees a fresh tensor (CUDA's caching
-#: allocator 512, c10's CPU allocator 64), so fresh batches all share one class.
-ALIGNMENT = {"cuda": 512, "cpu": 64}
-
-
-def alignment(t: torch.Tensor) -> int:
-    """Where ``t``'s address sits within its device's alignment (0 for a fresh tensor)."""
-    return t.data_ptr() % ALIGNMENT.get(t.device.type, 512)
-
-
-def aligned_key(t: torch.Tensor) -> tuple:
-    """A tensor's key with its address's alignment instead of its storage offset.
-
-    Batches sliced from one preloaded tensor then share a recording: the static copy keeps
-    the caller's strides and alignment (:func:`replaykit.step.aligned_copy`), not its offset.
-    """
-    return (t.shape, t.stride(), alignment(t), t.dtype, t.device, t.requires_grad)
-
-
 def _leaf_key(x: Any) -> tuple:
     if isinstance(x, float):
         return (float, x.hex())
@@ -136,7 +116,7 @@ def signature(call: CallArgs, device_type: str, exact_arguments: bool = True, te
 
     ``exact_arguments=False`` (unsafe, diagnosis only) keys non-tensor arguments by ``==``
     and ignores aliasing, as plain CUDA-graph wrappers do. ``tensor_key`` replaces the
-    per-tensor key (the whole step keys storage offsets by alignment: :func:`aligned_key`).
+    per-tensor key (the whole step keys storage offsets by alignment: :func:`replaykit.layout.aligned_key`).
     """
     tensors = tuple(map(tensor_key or _tensor_key, call.tensors))
     aliases = aliasing(call.tensors) if exact_arguments else ()

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import sys
-import threading
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -40,22 +40,28 @@ from typing import Any
 import torch
 from torch import nn
 
-from .backends import module_device
-from .backends.region import CudaRegion, Region, TapeRegion
-from .errors import ReplayError
-from .guards import ModuleGuard, gradient_hooks, held_values, listen_for_writes, value_key
+from .backends import Backend, Region, module_device, resolve_backend
+from .ema import EMA
+from .errors import ReplayError, check_count
 from .guards import epoch as guard_epoch
+from .guards import gradient_hooks, host_dependence
 from .journal import Journal
-from .recorder import _copy_into, _host_dependent, recorder_of
-from .retirement import ModuleWatch
-from .signature import ALIGNMENT, UnhashableArgument, aligned_key, alignment, signature, split_call
-from .state import StateSnapshot
+from .layout import aligned_copy, aligned_key, copy_into
+from .lifecycle import Lifecycle
+from .protections import disabled_protections
+from .recorder import recorder_of
+from .side_effects import SideEffects
+from .signature import UnhashableArgument, signature, split_call
+from .snapshot import StateSnapshot
 from .step_guards import (
     GRAD,
     OptimizerWatch,
     hyper_key,
     optimizer_hooks,
-    refusal,
+    optimizer_refusal,
+    restore_scaler,
+    scaler_key,
+    scaler_state,
     state_tensors,
     tensors_of,
 )
@@ -64,47 +70,10 @@ _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 _use_count = torch._C._storage_Use_Count
 _PRECISIONS = {"32": None, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 
-
-class EMA:
-    """An exponential moving average of a model's parameters, updated by one foreach lerp.
-
-    The decay lives on the device (``set_decay`` writes it in place), so a replayed step
-    reads the current value; a Python float would be frozen into the graph.
-    """
-
-    #: assigning one of these moves ``version``: a recorded step reads the tensors it held then
-    _WATCHED = frozenset({"source", "params", "weights", "_weights"})
-
-    def __init__(self, model: nn.Module, decay: float) -> None:
-        self.version = 0
-        self.source = [p for p in model.parameters()]
-        self.params = [p.detach().clone() for p in self.source]
-        self._weights: dict[tuple, torch.Tensor] = {}
-        for p in self.params:
-            self._weights.setdefault((p.dtype, p.device), torch.zeros((), dtype=p.dtype, device=p.device))
-        self.weights = [self._weights[(p.dtype, p.device)] for p in self.params]
-        self.set_decay(decay)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("source", "params", "weights") and isinstance(value, list):
-            value = tuple(value)  # no item assignment: a replaced tensor goes through here
-        object.__setattr__(self, name, value)
-        if name in EMA._WATCHED:
-            object.__setattr__(self, "version", self.version + 1)
-
-    def set_decay(self, decay: float) -> None:
-        for w in self._weights.values():
-            w.fill_(1.0 - decay)
-
-    def update(self) -> None:
-        with torch.no_grad():
-            torch._foreach_lerp_(self.params, self.source, self.weights)
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [*self.params, *self._weights.values()]
+__all__ = ["EMA", "StepRecording", "TrainStep"]
 
 
-class _Recording:
+class StepRecording:
     """One phase of one signature: its region, static inputs and loss, and the gradients it leaves."""
 
     __slots__ = ("grads_out", "keep", "loss", "region", "static_inputs")
@@ -135,72 +104,96 @@ class TrainStep:
         backend: str = "auto",
         warmup: int = 1,
         max_recordings: int = 8,
+        max_rerecords: int = 8,
         strict: bool = False,
-        unsafe_disable: tuple[str, ...] = (),
+        unsafe_disable: tuple[str, ...] | list[str] | str = (),
         on_optimizer_step: Callable[[], None] | None = None,
     ) -> None:
-        if accumulate < 1:
-            raise ReplayError(f"accumulate must be >= 1, got {accumulate}")
+        if not isinstance(model, nn.Module):
+            raise ReplayError(f"TrainStep takes an nn.Module as its model, not {type(model).__name__}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ReplayError(f"TrainStep takes a torch.optim.Optimizer, not {type(optimizer).__name__}")
+        if not callable(loss_fn):
+            raise ReplayError(f"loss_fn must be callable as loss_fn(model, *batch), not {type(loss_fn).__name__}")
+        check_count("accumulate", accumulate, 1)
+        check_count("warmup", warmup, 0)
+        check_count("max_recordings", max_recordings, 1)
+        check_count("max_rerecords", max_rerecords, 0)
         if precision not in _PRECISIONS:
             raise ReplayError(f"precision {precision!r}: choose from {list(_PRECISIONS)}")
         if recorder_of(model) is not None:
             raise ReplayError("the model is captured by rk.capture already: a whole step records it itself")
-        unknown = set(unsafe_disable) - set(STEP_PROTECTIONS)
-        if unknown:
-            raise ReplayError(f"unknown protections {sorted(unknown)}; choose from {list(STEP_PROTECTIONS)}")
+        self.disabled = disabled_protections(unsafe_disable, "step")
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.scaler, self.max_norm, self.ema = scaler, max_norm, ema
         self.accumulate, self.precision, self.replay = accumulate, precision, replay
-        self.warmup, self.max_recordings, self.strict = warmup, max_recordings, strict
-        self.disabled = frozenset(unsafe_disable)
+        self.warmup, self.max_recordings = warmup, max_recordings
         self.on_optimizer_step = on_optimizer_step  # Python run after every optimizer step (a replay runs none)
         self.device = module_device(model) or torch.device("cpu")
-        self.backend = ("cuda" if self.device.type == "cuda" else "emulated") if backend == "auto" else backend
-        if self.backend not in ("cuda", "emulated"):
-            raise ReplayError(f"unknown backend {backend!r}; choose from ['auto', 'cuda', 'emulated']")
-        self.journal = Journal()
-        self.retired, self.retire_reason = False, None
-        self.params = _unique([*model.parameters(), *(p for g in optimizer.param_groups for p in g["params"])])
+        self.backend: Backend | None = resolve_backend(backend, model) if replay else None
+        me = weakref.ref(self)
+        self.lifecycle = Lifecycle(
+            f"TrainStep({type(model).__name__})", model, strict=strict, disabled=self.disabled,
+            max_rerecords=max_rerecords, drop=lambda: (s := me()) is not None and s._drop_recordings(),
+        )
+        self.lifecycle.add_watch(OptimizerWatch(optimizer, scaler, ema), "state_identity")
         self._rg_keys: dict[tuple[bool, ...], int] = {}
         self._rg: tuple[bool, ...] = ()
         self._rg_key = 0
         self._trainable: list[nn.Parameter] = []
-        self._refresh_trainable()
+        self._find_params()
         self._calls = 0
         self._micro = 0  # micro-batches into the current optimizer step
         self._steps = 0  # optimizer steps taken (eager or replayed)
-        self._recordings: dict[tuple, _Recording] = {}
+        self._recordings: dict[tuple, StepRecording] = {}
         self._handed: list[torch.Tensor] = []  # gradient aliases handed out since the last first phase
         # static gradient storages handed out: their use count with no holder but the recordings
         self._storages: list[int] = []
         self._baseline: list[int] = []
-        self._pool = torch.cuda.graph_pool_handle() if self.backend == "cuda" else None
-        self._refusal = refusal(optimizer, scaler, self.device)
-        self._guard = ModuleGuard(model) if replay else None
-        self._watch = ModuleWatch(model) if replay else None
-        self._owatch: OptimizerWatch | None = None
-        self._owner: int | None = None
         self._hooks_epoch, self._has_hooks = -1, False
-        for name in sorted(self.disabled):
-            self.journal.add("unsafe", 0, name)
 
     # ----------------------------------------------------------------- read-outs
     @property
+    def journal(self) -> Journal:
+        return self.lifecycle.journal
+
+    @property
+    def strict(self) -> bool:
+        return self.lifecycle.strict
+
+    @property
+    def retired(self) -> bool:
+        return self.lifecycle.retired
+
+    @property
+    def retire_reason(self) -> str | None:
+        return self.lifecycle.retire_reason
+
+    @property
+    def released(self) -> bool:
+        return self.lifecycle.released
+
+    @property
     def counts(self) -> dict[str, int]:
-        kinds = ("record", "replay", "eager", "retire", "copy_out")
-        return {k: self.journal.counts.get(k, 0) for k in kinds}
+        """Events by kind (:data:`replaykit.journal.KINDS`), exact however long the run."""
+        return self.lifecycle.counts
 
     @property
     def eager_reasons(self) -> Counter[str]:
-        return Counter(self.journal.eager_reasons)
+        return self.lifecycle.eager_reasons
 
     @property
     def recordings(self) -> int:
         return len(self._recordings)
 
+    def summary(self) -> str:
+        """One line of counts, eager reasons and state."""
+        return self.lifecycle.summary()
+
     def __repr__(self) -> str:
-        state = f"retired: {self.retire_reason}" if self.retired else f"{self.recordings} recordings"
-        mode = self.backend if self.replay else "eager twin"
+        life = self.lifecycle
+        state = f"retired: {life.retire_reason}" if life.retired else f"{self.recordings} recordings"
+        mode = self.backend.name if self.backend is not None else "eager twin"
         return f"<TrainStep {type(self.model).__name__} {mode} {state} {self.counts}>"
 
     # ----------------------------------------------------------------- the call
@@ -210,6 +203,13 @@ class TrainStep:
         if self._micro == 1:
             return "first"
         return "last" if self._micro == self.accumulate else "accumulate"
+
+    def _find_params(self) -> None:
+        """The model's and the optimizer's parameters (again after a re-record: a group may have been added)."""
+        self.params = _unique([*self.model.parameters(), *(p for g in self.optimizer.param_groups for p in g["params"])])
+        self._refusal = optimizer_refusal(self.optimizer, self.scaler, self.device)
+        self._rg = ()
+        self._refresh_trainable()
 
     def _refresh_trainable(self) -> None:
         """Which parameters require grad: a recording freezes it (a layer frozen later would still
@@ -232,33 +232,27 @@ class TrainStep:
 
     def _route(self, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:
         call = self._calls
-        if self.retired:
-            return self._eager(phase, "retired", args, kwargs)
+        life = self.lifecycle
+        stopped = life.stopped()
+        if stopped is not None:
+            return self._eager(phase, stopped, args, kwargs)
         if self._refusal is not None:
             return self._eager(phase, self._refusal, args, kwargs)
         if self._steps < self.warmup:
             return self._eager(phase, "warmup", args, kwargs)
-        if self._owner != threading.get_ident() and not self._adopt_thread():
-            return self._eager(phase, "thread", args, kwargs)
+        if not life.owns_thread():
+            with life.lock:
+                return self._eager(phase, "thread", args, kwargs)
         if not torch.is_grad_enabled():
             return self._eager(phase, "no_grad", args, kwargs)
         if optimizer_hooks(self.optimizer) or self._gradient_hooks():
             return self._eager(phase, "hooks", args, kwargs)
-        verdict = self._guard.verdict()  # type: ignore[union-attr]
-        if not self._recordings and verdict.retire:
-            self._guard.rebaseline()  # type: ignore[union-attr]
-            verdict = self._guard.verdict()  # type: ignore[union-attr]
-        if verdict.retire is not None and "param_identity" not in self.disabled:
-            return self._retire_eager(verdict.retire, phase, args, kwargs)
-        if verdict.eager is not None and "param_identity" not in self.disabled:
-            return self._eager(phase, verdict.eager, args, kwargs)
-        if self._recordings and "state_identity" not in self.disabled:
-            changed = self._watch.reason() or self._owatch.reason()  # type: ignore[union-attr]
-            if changed is not None:
-                return self._retire_eager(changed, phase, args, kwargs)
+        state, eager = life.gate(call, bool(self._recordings))
+        if eager is not None:
+            return self._eager(phase, eager, args, kwargs)
         try:
             callargs = split_call(args, kwargs)
-            key = self._key(phase, verdict.key, callargs)
+            key = self._key(phase, state, callargs)
         except UnhashableArgument as exc:
             return self._eager(phase, exc.reason, args, kwargs)
         if any(map(_REQUIRES_GRAD, callargs.tensors)):  # eager's backward gives it a .grad; a static copy none
@@ -267,15 +261,16 @@ class TrainStep:
         if rec is None:
             if len(self._recordings) >= self.max_recordings:
                 return self._eager(phase, "budget", args, kwargs)
-            return self._record(phase, key, callargs, args, kwargs)
+            with life.lock:
+                return self._record(phase, key, callargs, args, kwargs)
         if phase == "first":
             self._copy_out(call)
             if "copy_out" not in self.disabled and self._live_alias():
                 return self._eager(phase, "live_alias", args, kwargs)
         for static, x in zip(rec.static_inputs, callargs.tensors, strict=True):
-            _copy_into(static, x)
+            copy_into(static, x)
         rec.region.replay()
-        self.journal.add("replay", call, phase)
+        self.journal.tick("replay", call, phase)
         return self._after(phase, rec)
 
     def _key(self, phase: str, state: Any, callargs: Any) -> tuple:
@@ -284,16 +279,11 @@ class TrainStep:
         if "host_values" in self.disabled:
             hyper: tuple = ()
         else:
-            extra = (None if self.max_norm is None else float(self.max_norm).hex(), _scaler_key(self.scaler))
+            extra = (None if self.max_norm is None else float(self.max_norm).hex(), scaler_key(self.scaler))
             hyper = hyper_key(self.optimizer, extra)
         if "module_state" in self.disabled:
             state = None
         return (phase, state, self._rg_key, incoming, hyper, *signature(callargs, self.device.type, True, aligned_key))
-
-    def _adopt_thread(self) -> bool:
-        if self._owner is None:
-            self._owner = threading.get_ident()
-        return self._owner == threading.get_ident()
 
     # ----------------------------------------------------------------- eager (the twin)
     def _body(self, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:
@@ -324,9 +314,7 @@ class TrainStep:
 
     def _eager(self, phase: str, reason: str | None, args: tuple, kwargs: dict) -> torch.Tensor:
         if reason is not None:
-            if self.strict and reason not in ("warmup",):
-                raise ReplayError(f"replaykit: call {self._calls} would run eagerly: {reason}")
-            self.journal.add("eager", self._calls, reason)
+            self.lifecycle.eager(self._calls, reason)
         stream = _side_stream(self.device) if reason == "warmup" else None
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             loss = self._body(phase, args, kwargs)
@@ -345,13 +333,11 @@ class TrainStep:
     def _record(self, phase: str, key: tuple, callargs: Any, args: tuple, kwargs: dict) -> torch.Tensor:
         call = self._calls
         before = list(map(_use_count, self._storages))  # a recording adds holders of its own (private aliases)
-        frozen = _host_dependent(self.model)
+        frozen = host_dependence(self.model)
         if frozen is not None:
             return self._retire_eager(frozen, phase, args, kwargs)
         if not self._recordings:
-            self._watch.rebaseline()  # type: ignore[union-attr]
-            extra = self.ema.tensors() if self.ema is not None else ()
-            self._owatch = OptimizerWatch(self.optimizer, self.scaler, extra, self.ema)
+            self.lifecycle.first_record()
         # one static copy per distinct tensor: step(x, x) keeps `a is b` (nn.MultiheadAttention's
         # self-attention path) inside the recording, as the key's aliasing pattern says
         copies: dict[int, torch.Tensor] = {}
@@ -362,46 +348,39 @@ class TrainStep:
         private = [None if g is None else g.detach() for g in incoming]
         for p, g in zip(self._trainable, private, strict=True):
             p.grad = g
-        region: Region = CudaRegion(self.device, self._pool) if self.backend == "cuda" else TapeRegion(static)
-        snapshot = _Snapshot(self) if self.backend == "emulated" else None  # the tape runs the body
-        scaler_state = _scaler_state(self.scaler)
+        assert self.backend is not None
+        region = self.backend.region(static)
+        rollback = _Rollback(self, region.executes)
 
         def body() -> list[torch.Tensor]:
             a, kw = callargs.rebuild(static)
             return [self._body(phase, a, kw)]
 
-        versions = [t._version for t in static]
-        held = held_values(self.model)
-        attrs = {id(m): dict(m.__dict__) for m in self.model.modules()}  # CUDA: put back if the capture fails
+        effects = SideEffects(self.model, static)
         try:
-            with listen_for_writes() as writes:
+            with effects:
                 (loss,) = region.capture(body)
-        except Exception as exc:
-            if snapshot is not None:
-                snapshot.restore()  # the twin's body runs this micro-batch again, the forward's Python included
-            else:  # a capture executes no kernels: only the forward's Python ran
-                from .backends.cuda import end_failed_capture
-
-                end_failed_capture(self.device)
-                _restore_attributes(writes, attrs)
+        except BaseException as exc:
+            region.abort()
+            rollback.restore()  # the twin's body runs this micro-batch again, the forward's Python included
             for p, g in zip(self._trainable, incoming, strict=True):
                 p.grad = g
-            _restore_scaler(self.scaler, scaler_state)
-            self._micro -= 1  # the twin's body runs this micro-batch again from the start
+            self._micro -= 1  # the micro-batch starts again from its beginning
             self._calls -= 1
+            if not isinstance(exc, Exception):  # KeyboardInterrupt: nothing of this call happened; record later
+                raise
             self._retire(f"capture failed: {type(exc).__name__}: {exc}", call)
             return self(*args, **kwargs)
         grads_out = [None if p.grad is None else p.grad for p in self._trainable]
         keep = [*(g for g in private if g is not None), *tensors_of(self.optimizer)]
-        rec = _Recording(region, static, loss, grads_out, keep)
-        why = self._unrepeatable(writes, held, static, versions)
+        rec = StepRecording(region, static, loss, grads_out, keep)
+        why = effects.reason("the step")
         if why is not None:
             # the body ran once, as eager's does: its effects stand (an input written in place
             # reaches the caller's tensor); the recording is not kept
             with torch.no_grad():
-                for x, t, v in zip(callargs.tensors, static, versions, strict=True):
-                    if t._version != v:
-                        x.copy_(t)
+                for i in effects.written_inputs():
+                    callargs.tensors[i].copy_(static[i])
             out = self._after(phase, rec)
             region.free()
             self._retire(why, call)
@@ -412,21 +391,7 @@ class TrainStep:
         self._baseline = [b + a - c for b, a, c in zip(self._baseline, after, before, strict=True)]
         return self._after(phase, rec)
 
-    def _unrepeatable(self, writes: list, held: list, static: list[torch.Tensor], versions: list[int]) -> str | None:
-        """What the recorded body did that a replay, running no Python, would not repeat."""
-        names = {id(m): n or type(m).__name__ for n, m in self.model.named_modules()}
-        written = sorted({f"{names.get(id(m), type(m).__name__)}.{attr}" for m, attr in writes})
-        if written:
-            return f"the step assigns {', '.join(written)}; a replay would not repeat the assignment"
-        mutated = [i for i, (t, v) in enumerate(zip(static, versions, strict=True)) if t._version != v]
-        if mutated:
-            return f"loss_fn writes input {mutated[0]} in place; a replay would write its own copy"
-        changed = [name for name, value, k in held if value_key(value) != k]
-        if changed:
-            return f"the step changes {changed[0]} (a container or object the model holds); a replay would not"
-        return None
-
-    def _after(self, phase: str, rec: _Recording) -> torch.Tensor:
+    def _after(self, phase: str, rec: StepRecording) -> torch.Tensor:
         """Leave the gradients as eager would and hand back a copy of the loss."""
         if phase == "step":  # gradients were None before and the replay assigns none
             self._stepped()
@@ -483,39 +448,54 @@ class TrainStep:
         return self._has_hooks
 
     def _retire(self, reason: str, call: int) -> None:
-        self.retired, self.retire_reason = True, reason
-        self.journal.add("retire", call, reason)
-        self.release()
+        self.lifecycle.retire(reason, call)
 
     def _retire_eager(self, reason: str, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:
         self._retire(reason, self._calls)
         return self._eager(phase, "retired", args, kwargs)
 
+    def retire(self, reason: str = "retired by the user") -> None:
+        """Run eagerly for good: recordings are freed; training goes on with the twin's body."""
+        self.lifecycle.retire(reason, self._calls, user=True)
+
     def release(self) -> None:
-        """Free every recording (the step runs eagerly from now on if not retired already)."""
+        """Free every recording; later calls run the twin's body (reason ``released``). Not a retirement."""
+        self.lifecycle.release(self._calls)
+
+    def _drop_recordings(self) -> None:
+        """The lifecycle's drop (re-record, retire, release): free every recording; parameters and
+        the optimizer's refusal are read again (a re-record may follow ``add_param_group``)."""
         for rec in self._recordings.values():
             rec.region.free()
         self._recordings.clear()
         self._storages, self._baseline = [], []
-        if not self.retired:
-            self.retired, self.retire_reason = True, "released"
+        self._handed = []
+        if not self.lifecycle.stopped():
+            self._find_params()
 
 
-#: What a TrainStep's ``unsafe_disable`` may switch off (each has a test that diverges without it).
-STEP_PROTECTIONS = ("module_state", "param_identity", "state_identity", "host_values", "copy_out")
+class _Rollback:
+    """What a failed recording may have changed, put back in place.
 
+    The emulated backend runs the body: the model's values, ``.grad``, RNG and plain
+    attributes (:class:`~replaykit.snapshot.StateSnapshot`) and the optimizer's, scaler's
+    and EMA's state tensors. A CUDA capture runs only the body's Python: the attributes,
+    held containers and the scaler's per-optimizer notes.
+    """
 
-def _restore_attributes(writes: list[tuple[nn.Module, str]], attrs: dict[int, dict]) -> None:
-    """Plain module attributes assigned by a failed CUDA capture's body get their values back
-    (the emulated path's StateSnapshot does this and more; kept apart until the H200 runs it)."""
-    for m, name in reversed(writes):
-        old = attrs.get(id(m))
-        if old is None:
-            continue
-        if name in old:
-            m.__dict__[name] = old[name]
-        elif name in m.__dict__:
-            del m.__dict__[name]
+    def __init__(self, step: TrainStep, executes: bool) -> None:
+        self._model = StateSnapshot(step.model, tensors=executes)
+        extra = step.ema.tensors() if step.ema is not None and executes else ()
+        tensors = _unique(state_tensors(step.optimizer, step.scaler, extra)) if executes else []
+        self._values = [(t, t.detach().clone()) for t in tensors]
+        self._scaler, self._scaler_state = step.scaler, scaler_state(step.scaler)
+
+    def restore(self) -> None:
+        self._model.restore()
+        with torch.no_grad():
+            for t, v in self._values:
+                t.data.copy_(v)
+        restore_scaler(self._scaler, self._scaler_state)
 
 
 def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -526,22 +506,6 @@ def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
             seen.add(id(t))
             out.append(t)
     return out
-
-
-def _scaler_key(scaler: Any) -> Any:
-    if scaler is None or not scaler.is_enabled():  # a disabled scaler has no growth settings (nor state)
-        return None if scaler is None else False
-    return (True, float(scaler._growth_factor).hex(), float(scaler._backoff_factor).hex(), scaler._growth_interval)
-
-
-def _scaler_state(scaler: Any) -> Any:
-    return None if scaler is None or not scaler.is_enabled() else dict(scaler._per_optimizer_states)
-
-
-def _restore_scaler(scaler: Any, state: Any) -> None:
-    if state is not None:
-        scaler._per_optimizer_states.clear()
-        scaler._per_optimizer_states.update(state)
 
 
 _streams: dict[torch.device, Any] = {}
@@ -558,40 +522,3 @@ def _side_stream(device: torch.device) -> Any:
     return stream
 
 
-class _Snapshot:
-    """What a failed recording may have changed, put back in place: the model's values, ``.grad``,
-    RNG and plain attributes (:class:`~replaykit.state.StateSnapshot`, as network replay uses) and
-    the optimizer's, scaler's and EMA's state tensors (the emulated backend runs the body)."""
-
-    def __init__(self, step: TrainStep) -> None:
-        self._model = StateSnapshot(step.model)
-        extra = step.ema.tensors() if step.ema is not None else ()
-        tensors = _unique(state_tensors(step.optimizer, step.scaler, extra))
-        self._values = [(t, t.detach().clone()) for t in tensors]
-
-    def restore(self) -> None:
-        self._model.restore()
-        with torch.no_grad():
-            for t, v in self._values:
-                t.data.copy_(v)
-
-
-def aligned_copy(t: torch.Tensor) -> torch.Tensor:
-    """A private copy of ``t`` with its sizes, strides and address alignment (broadcast dimensions kept).
-
-    Not its storage offset: a batch sliced at offset ``i * n`` from a preloaded dataset would
-    otherwise need a buffer as large as the dataset's prefix and a recording per offset.
-    """
-    t = t.detach()
-    item = t.element_size()
-    compact = [1 if st == 0 else sz for sz, st in zip(t.shape, t.stride(), strict=True)]
-    extent = sum((n - 1) * st for n, st in zip(compact, t.stride(), strict=True)) + 1 if t.numel() else 0
-    align = ALIGNMENT.get(t.device.type, 512)
-    storage = torch.empty(extent + align // item, dtype=t.dtype, device=t.device)
-    want = alignment(t)
-    offset = ((want - storage.data_ptr()) % align) // item
-    static = storage.as_strided(t.shape, t.stride(), offset)
-    if alignment(static) != want:  # an address not a multiple of the element size
-        raise ReplayError(f"an input at address {t.data_ptr():#x} is not aligned to its element size")
-    _copy_into(static, t)
-    return static

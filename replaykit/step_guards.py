@@ -10,7 +10,7 @@ counters, the scale, a tensor ``lr``) at the address it had. So:
   replays the old rate; a tensor ``lr`` updated in place (``fill_``) is read by the graph;
 - state tensors are watched by address (:class:`OptimizerWatch`): ``load_state_dict``,
   a new parameter group or a replaced buffer retires the step;
-- what can never replay is refused up front with a reason (:func:`refusal`).
+- what can never replay is refused up front with a reason (:func:`optimizer_refusal`).
 """
 
 from __future__ import annotations
@@ -118,14 +118,14 @@ class OptimizerWatch:
     """Notices state tensors replaced or new state (``load_state_dict``, ``add_param_group``,
     ``opt.state[p][k] = ...``), and EMA tensors re-assigned (``ema.version`` moved)."""
 
-    def __init__(
-        self, optimizer: torch.optim.Optimizer, scaler: Any = None, extra: Sequence[torch.Tensor] = (), ema: Any = None
-    ) -> None:
-        self._optimizer, self._scaler, self._extra, self._ema = optimizer, scaler, list(extra), ema
+    def __init__(self, optimizer: torch.optim.Optimizer, scaler: Any = None, ema: Any = None) -> None:
+        self._optimizer, self._scaler, self._ema = optimizer, scaler, ema
         self._flag = [False]
         self.rebaseline()
 
     def rebaseline(self) -> None:
+        """Take the state as it is now (before a first recording, again after a re-record)."""
+        self._extra = self._ema.tensors() if self._ema is not None else []
         self._state = self._optimizer.state
         for p, s in list(self._state.items()):
             if type(s) is dict:  # watched from now on (see _WatchedState)
@@ -162,7 +162,7 @@ def optimizer_hooks(optimizer: torch.optim.Optimizer) -> bool:
     )
 
 
-def refusal(optimizer: torch.optim.Optimizer, scaler: Any, device: torch.device) -> str | None:
+def optimizer_refusal(optimizer: torch.optim.Optimizer, scaler: Any, device: torch.device) -> str | None:
     """Why this optimizer/scaler pair can never replay as a graph, or None (checked once)."""
     name = type(optimizer).__name__
     if isinstance(optimizer, torch.optim.LBFGS):
@@ -186,3 +186,21 @@ def refusal(optimizer: torch.optim.Optimizer, scaler: Any, device: torch.device)
 
 
 GRAD = operator.attrgetter("grad")
+
+
+def scaler_key(scaler: Any) -> Any:
+    """The GradScaler's host settings a recorded ``update`` bakes in (a disabled scaler has none)."""
+    if scaler is None or not scaler.is_enabled():
+        return None if scaler is None else False
+    return (True, float(scaler._growth_factor).hex(), float(scaler._backoff_factor).hex(), scaler._growth_interval)
+
+
+def scaler_state(scaler: Any) -> Any:
+    """What a failed recording's ``scaler.step``/``unscale_`` may have noted per optimizer (to put back)."""
+    return None if scaler is None or not scaler.is_enabled() else dict(scaler._per_optimizer_states)
+
+
+def restore_scaler(scaler: Any, state: Any) -> None:
+    if state is not None:
+        scaler._per_optimizer_states.clear()
+        scaler._per_optimizer_states.update(state)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ReplayError
-from .base import Backend, Recording
+from .base import Backend, Recording, Region
 from .emulated import EmulatedBackend
 
 BACKENDS: tuple[str, ...] = ("auto", "cuda", "emulated")
@@ -20,7 +20,7 @@ def module_device(module: torch.nn.Module) -> torch.device | None:
 
 def resolve_backend(name: str, module: torch.nn.Module) -> Backend:
     """``auto`` is ``cuda`` for a module on a CUDA device and ``emulated`` otherwise."""
-    if name not in BACKENDS:
+    if not isinstance(name, str) or name not in BACKENDS:
         raise ReplayError(f"unknown backend {name!r}; choose from {list(BACKENDS)}")
     device = module_device(module)
     if name == "auto":
@@ -36,4 +36,4 @@ def resolve_backend(name: str, module: torch.nn.Module) -> Backend:
     return CudaBackend(device)
 
 
-__all__ = ["BACKENDS", "Backend", "Recording", "module_device", "resolve_backend"]
+__all__ = ["BACKENDS", "Backend", "Recording", "Region", "module_device", "resolve_backend"]

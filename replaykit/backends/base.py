@@ -1,4 +1,5 @@
-"""The small interface every backend implements: record once, replay forward and backward."""
+"""The small interface every backend implements: record a forward+backward (:class:`Recording`) or a
+whole step (:class:`Region`) once, and replay it."""
 
 from __future__ import annotations
 
@@ -93,8 +94,37 @@ class Recording(ABC):
         """Release graphs and static memory; the recording is unusable afterwards."""
 
 
+class Region(ABC):
+    """One recorded body (a whole training step). ``capture`` runs it once and leaves its work done.
+
+    Network replay's :class:`Recording` connects a recorded forward and backward to
+    autograd; a region is simpler: record a body, then replay it over the same tensors.
+    Tensors the body reads by reference (parameters, gradients, optimizer state, a tensor
+    lr) are read again at every replay.
+    """
+
+    #: whether ``capture`` runs the body's kernels (emulated) or only records them (cuda,
+    #: which then replays once): what a failed capture may have changed differs
+    executes: bool
+
+    @abstractmethod
+    def capture(self, body: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
+        """Record ``body`` and leave its work done; returns its (static) output tensors."""
+
+    @abstractmethod
+    def replay(self) -> None:
+        """Run the recorded work again over the same tensors."""
+
+    def abort(self) -> None:  # noqa: B027 - optional hook
+        """Clean up after a ``capture`` that raised (the device's capture state)."""
+
+    @abstractmethod
+    def free(self) -> None:
+        """Give back what the recording holds."""
+
+
 class Backend(ABC):
-    """Makes recordings for one recorder; owns what they share (a CUDA memory pool)."""
+    """Makes recordings and regions for one entry point; owns what they share (a CUDA memory pool)."""
 
     name: str
 
@@ -110,6 +140,10 @@ class Backend(ABC):
 
         The caller snapshots and restores module state and RNG around this call.
         """
+
+    @abstractmethod
+    def region(self, fixed: Sequence[torch.Tensor]) -> Region:
+        """A new whole-step region; ``fixed`` are the static inputs the body reads (rewritten before each replay)."""
 
     def free(self) -> None:  # noqa: B027 - optional hook
         """Release what the recordings shared."""

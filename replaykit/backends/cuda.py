@@ -30,16 +30,18 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from ..errors import ReplayError
+from ..layout import compact, compact_size
 from ..signature import autocast_key
 from .base import (
     Backend,
     ForwardFn,
     Recording,
+    Region,
     differentiable_indices,
     flatten_outputs,
     grad_targets,
@@ -177,7 +179,7 @@ class CudaRecording(Recording):
 
     def backward(self, grads: Sequence[torch.Tensor | None]) -> tuple[list[torch.Tensor | None], str | None]:
         if self._bwd is not None and _layout(grads) == self._bwd_layout:
-            srcs = [g if not broadcast else _compact(g) for g, broadcast in zip(grads, self._broadcast, strict=True) if g is not None]
+            srcs = [g if not broadcast else compact(g) for g, broadcast in zip(grads, self._broadcast, strict=True) if g is not None]
             torch._foreach_copy_(self._grad_bases, srcs)  # one launch (same dtype) where mgc copies per output
             self._bwd.replay()
             return [None if g is None else g.detach() for g in self.static_grads], None
@@ -202,7 +204,7 @@ class CudaRecording(Recording):
             if g is None:
                 bases.append(None)
                 continue
-            base = torch.empty_strided(_compact_size(g.size(), g.stride()), g.stride(), dtype=g.dtype, device=g.device)
+            base = torch.empty_strided(compact_size(g.size(), g.stride()), g.stride(), dtype=g.dtype, device=g.device)
             bases.append(base)
             views.append(base.as_strided(g.size(), g.stride()))  # the incoming layout, broadcasts included
         read = [i for i, g in zip(self.differentiable, grads, strict=True) if g is not None]
@@ -280,15 +282,6 @@ def _layout(grads: Sequence[torch.Tensor | None]) -> tuple:
     return tuple(None if g is None else g.stride() for g in grads)
 
 
-def _compact_size(size: Sequence[int], stride: Sequence[int]) -> list[int]:
-    """Broadcast (stride 0) dimensions shrunk to 1: the memory a gradient really has."""
-    return [1 if st == 0 else sz for sz, st in zip(size, stride, strict=True)]
-
-
-def _compact(t: torch.Tensor) -> torch.Tensor:
-    return t.as_strided(_compact_size(t.size(), t.stride()), t.stride(), t.storage_offset())
-
-
 class CudaBackend(Backend):
     """CUDA graphs in one private memory pool shared by a recorder's recordings."""
 
@@ -310,3 +303,38 @@ class CudaBackend(Backend):
                 raise ReplayError(f"input on {t.device}, recorder on {self.device}")
         with torch.cuda.device(self.device):
             return CudaRecording(fn, static_inputs, params, warmup, self.pool, self.device)
+
+    def region(self, fixed: Sequence[torch.Tensor]) -> Region:
+        return CudaRegion(self.device, self.pool)
+
+
+class CudaRegion(Region):
+    """A ``torch.cuda.CUDAGraph`` in the backend's private pool (shared by its recordings).
+
+    A capture executes nothing: the recording call's work is one replay right after it.
+    """
+
+    executes = False
+
+    def __init__(self, device: torch.device, pool: tuple) -> None:
+        self.device = device
+        self.pool = pool
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def capture(self, body: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(self.device), torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            outs = body()
+        self.graph = graph
+        graph.replay()  # a capture executes nothing: this is the recording call's step
+        return outs
+
+    def replay(self) -> None:
+        assert self.graph is not None
+        self.graph.replay()
+
+    def abort(self) -> None:
+        end_failed_capture(self.device)
+
+    def free(self) -> None:
+        self.graph = None

@@ -24,7 +24,7 @@ data-dependent output shapes, random ops on a private generator, sparse gradient
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -34,6 +34,7 @@ from .base import (
     Backend,
     ForwardFn,
     Recording,
+    Region,
     differentiable_indices,
     flatten_outputs,
     grad_targets,
@@ -151,3 +152,31 @@ class EmulatedBackend(Backend):
         self, fn: ForwardFn, static_inputs: list[torch.Tensor], params: list[torch.Tensor], warmup: int
     ) -> Recording:
         return EmulatedRecording(fn, static_inputs, params, warmup)
+
+    def region(self, fixed: Sequence[torch.Tensor]) -> Region:
+        return TapeRegion(fixed)
+
+
+class TapeRegion(Region):
+    """A tape of aten calls over the static inputs (fixed slots); the capture runs the body.
+
+    The replay runs the recorded aten sequence without the Python: a host value the body
+    read (a float lr, a clip threshold, ``dropout.p``) is frozen exactly as in a graph.
+    """
+
+    executes = True
+
+    def __init__(self, fixed: Sequence[torch.Tensor]) -> None:
+        self.tape = Tape(fixed)
+
+    def capture(self, body: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
+        with self.tape.recording():
+            outs = body()
+        self.tape.seal(outs)
+        return outs
+
+    def replay(self) -> None:
+        self.tape.replay()
+
+    def free(self) -> None:
+        self.tape.free()

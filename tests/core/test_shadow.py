@@ -52,6 +52,9 @@ class _SkewedBackend(Backend):
     def record(self, fn, static_inputs, params, warmup):
         return _Skewed(self._inner.record(fn, static_inputs, params, warmup), self._where)
 
+    def region(self, fixed):
+        return self._inner.region(fixed)
+
     def free(self) -> None:
         self._inner.free()
 

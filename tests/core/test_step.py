@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 import replaykit as rk
-from replaykit.step import STEP_PROTECTIONS, TrainStep
+from replaykit.protections import in_scope
+from replaykit.step import TrainStep
 from replaykit.testing.step_trial import PROBES, SmallNet, StepConfig, small_loss, trial
 
 
@@ -92,7 +93,7 @@ def test_without_its_guard_each_probe_diverges(backend, device, probe):
 
 
 def test_probes_cover_every_protection():
-    assert set(PROBES.values()) == set(STEP_PROTECTIONS)
+    assert set(PROBES.values()) == set(in_scope("step"))
 
 
 def test_capture_failure_retires_and_the_step_stays_exact(backend, device):
@@ -123,7 +124,7 @@ def test_clear_errors_for_bad_input():
         TrainStep(model, small_loss, opt, accumulate=0)
     with pytest.raises(rk.ReplayError, match="precision"):
         TrainStep(model, small_loss, opt, precision="fp8")
-    with pytest.raises(rk.ReplayError, match="unknown protections"):
+    with pytest.raises(rk.ReplayError, match="unknown unsafe_disable"):
         TrainStep(model, small_loss, opt, unsafe_disable=("nothing",))
     rec = rk.capture(model)
     with pytest.raises(rk.ReplayError, match=r"captured by rk\.capture"):
@@ -211,8 +212,16 @@ def test_a_layer_frozen_mid_training_records_anew(backend, device, accumulate):
     assert step.counts["replay"] > 0 and step.retire_reason is None
 
 
+def _assert_rerecorded(step: TrainStep, cause: str) -> None:
+    """Dropped and recorded anew at the change, and the calls after it replay."""
+    assert not step.retired and step.counts["rerecord"] == 1, step.summary()
+    assert cause in step.journal.summary()["rerecord_causes"][0]
+    last = [e.kind for e in step.journal if e.kind in ("record", "replay", "eager")][-2:]
+    assert last == ["replay", "replay"], step.journal.format()
+
+
 @pytest.mark.parametrize("optimizer", ["sgd_float", "adamw"])
-def test_optimizer_state_assigned_by_hand_retires(backend, device, optimizer):
+def test_optimizer_state_assigned_by_hand_rerecords(backend, device, optimizer):
     """``opt.state[p][k] = torch.zeros_like(p)`` (a moment reset) leaves the recorded tensor alive at
     its address: no pointer check sees it, the assignment itself must."""
     from replaykit.testing.step_trial import _optimizer
@@ -235,10 +244,10 @@ def test_optimizer_state_assigned_by_hand_retires(backend, device, optimizer):
 
     diffs, step = _pair(build, drive, device)
     assert not diffs, diffs[:3]
-    assert step.retire_reason is not None and "opt.state[p][k]" in step.retire_reason
+    _assert_rerecorded(step, "opt.state[p][k]")
 
 
-def test_ema_tensors_reassigned_retire(backend, device):
+def test_ema_tensors_reassigned_rerecord(backend, device):
     """``ema.params = [...]`` (an EMA reset to the current weights) after recording: a replay would
     keep lerping into the old tensors."""
 
@@ -257,7 +266,7 @@ def test_ema_tensors_reassigned_retire(backend, device):
 
     diffs, step = _pair(build, drive, device)
     assert not diffs, diffs[:3]
-    assert step.retire_reason is not None and "EMA" in step.retire_reason
+    _assert_rerecorded(step, "EMA")
 
 
 def test_an_input_requiring_grad_routes_eager(backend, device):

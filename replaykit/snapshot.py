@@ -14,13 +14,18 @@ from torch import nn
 
 
 class StateSnapshot:
-    """Values of a module's parameters and buffers, its ``.grad`` tensors and the RNG states."""
+    """Values of a module's parameters and buffers, its ``.grad`` tensors, the RNG states and its
+    plain attributes and held containers.
 
-    def __init__(self, module: nn.Module) -> None:
-        tensors = [*module.parameters(), *module.buffers(), *tensor_attributes(module)]
-        self._values = [(t, t.detach().clone()) for t in tensors]
-        self._grads = [(p, p.grad, None if p.grad is None else p.grad.detach().clone()) for p in module.parameters()]
-        self._cpu_rng, self._cuda_rng = rng_states(tensors)
+    ``tensors=False`` keeps only the attributes and containers: after a CUDA capture that
+    raised, only the body's Python ran (a capture executes no kernels).
+    """
+
+    def __init__(self, module: nn.Module, tensors: bool = True) -> None:
+        held = [*module.parameters(), *module.buffers(), *tensor_attributes(module)] if tensors else []
+        self._values = [(t, t.detach().clone()) for t in held]
+        self._grads = [(p, p.grad, None if p.grad is None else p.grad.detach().clone()) for p in module.parameters()] if tensors else []
+        self._rng = rng_states(held) if tensors else None
         self._attributes = [(m, _plain_attributes(m)) for m in module.modules()]
         self._contents = [(v, _contents(v)) for m in module.modules() for v in _plain_attributes(m).values() if _mutable(v)]
 
@@ -43,9 +48,11 @@ class StateSnapshot:
                     p.grad = grad
                 if grad is not None:
                     grad.data.copy_(value)
-        torch.set_rng_state(self._cpu_rng)
-        for device, state in self._cuda_rng.items():
-            torch.cuda.set_rng_state(state, device)
+        if self._rng is not None:
+            cpu, cuda = self._rng
+            torch.set_rng_state(cpu)
+            for device, state in cuda.items():
+                torch.cuda.set_rng_state(state, device)
 
 
 _MISSING = object()

@@ -1,0 +1,199 @@
+"""What both entry points share: who may call, what happened, and when recordings stop being trusted.
+
+``rk.capture``'s :class:`~replaykit.recorder.Recorder` and :class:`~replaykit.step.TrainStep`
+each compose one :class:`Lifecycle`; the policy below is written here once:
+
+- **owner**: the first thread to call owns the entry point; another thread's calls run
+  eagerly (reason ``thread``), after any recording under way (:attr:`Lifecycle.lock`);
+- **journal**: every route, recording, re-recording and retirement is an event; counts
+  come from the journal's kinds;
+- **gate**: before a call picks a recording, the module guard's verdict (its state key,
+  or an eager route such as ``parameters_swapped``) and the watches (storages,
+  ``requires_grad`` flips, global hooks; the step adds its optimizer watch) are read;
+- **re-record**: a well-defined change seen by the gate (optimizer state loaded, a
+  parameter group added, a layer unfrozen, a parameter or buffer registered anew or
+  given new storage) drops every recording, journals ``rerecord`` with its cause, and
+  the next call records anew; at most ``max_rerecords`` times, then the entry point retires;
+- **retire**: permanent eager with a reason, graphs freed, one :class:`ReplayWarning`;
+  ``strict=True`` raises instead of any eager route (warm-up aside) or retirement;
+- **release**: frees everything; later calls run eagerly (reason ``released``). It is not
+  a retirement (``retired`` stays False).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from torch import nn
+
+from .errors import ReplayError, ReplayWarning
+from .guards import ModuleGuard
+from .journal import KINDS, Journal
+from .retirement import ModuleWatch
+
+
+class Watch(Protocol):
+    """Something a recording depends on that no write notification reports, compared per call."""
+
+    def reason(self) -> str | None: ...
+
+    def rebaseline(self) -> None: ...
+
+
+class Lifecycle:
+    """One entry point's owner thread, journal, gate, re-record budget and retirement."""
+
+    def __init__(
+        self,
+        name: str,
+        module: nn.Module,
+        *,
+        strict: bool,
+        disabled: frozenset[str],
+        max_rerecords: int,
+        drop: Callable[[], None],
+    ) -> None:
+        self.name = name
+        self.strict = strict
+        self.disabled = disabled
+        self.max_rerecords = max_rerecords
+        self.journal = Journal()
+        self.retired = False
+        self.retire_reason: str | None = None
+        self.released = False
+        self.rerecords = 0
+        self.guard = ModuleGuard(module)
+        self.watch = ModuleWatch(module)
+        self._drop = drop  # the entry point frees its recordings (now, or after a pending backward)
+        self._identity = "param_identity" not in disabled
+        self._watches: list[Watch] = []
+        self._owner: int | None = None
+        #: held while recording and by other threads' eager calls: they wait for a recording under way
+        self.lock = threading.RLock()
+        for protection in sorted(disabled):
+            self.journal.add("unsafe", 0, protection)
+
+    # ----------------------------------------------------------------- read-outs
+    @property
+    def counts(self) -> dict[str, int]:
+        """Events by kind (every kind of :data:`replaykit.journal.KINDS`), exact however long the run."""
+        counts = self.journal.counts
+        return {k: counts.get(k, 0) for k in KINDS}
+
+    @property
+    def eager_reasons(self) -> Counter[str]:
+        return Counter(self.journal.eager_reasons)
+
+    def summary(self) -> str:
+        """One line: the counts that happened and the eager reasons, most frequent first."""
+        counts = ", ".join(f"{k} {v}" for k, v in self.counts.items() if v and k != "unsafe")
+        reasons = "; ".join(f"{r} x{n}" for r, n in self.eager_reasons.most_common())
+        state = f"retired: {self.retire_reason}" if self.retired else "released" if self.released else "live"
+        return f"{self.name}: {counts or 'no calls'}" + (f" | eager: {reasons}" if reasons else "") + f" | {state}"
+
+    # ----------------------------------------------------------------- the routes
+    def stopped(self) -> str | None:
+        """``retired`` or ``released`` when no call may replay any more."""
+        return "retired" if self.retired else "released" if self.released else None
+
+    def owns_thread(self) -> bool:
+        """The first thread to call owns the entry point; a call from any other runs eagerly."""
+        me = threading.get_ident()
+        if self._owner == me:
+            return True
+        with self.lock:  # two threads' first calls at once: one owner
+            if self._owner is None:
+                self._owner = me
+        return self._owner == me
+
+    def eager(self, call: int, reason: str) -> None:
+        """Journal an eager route; under ``strict`` anything but a warm-up raises instead."""
+        if self.strict and reason != "warmup":
+            why = f"{self.name} is retired ({self.retire_reason})" if reason == "retired" else f"call {call} would run eagerly: {reason}"
+            raise ReplayError(f"replaykit: {why}")
+        self.journal.add("eager", call, reason)
+
+    def add_watch(self, watch: Watch, protection: str) -> None:
+        """Compare ``watch`` per call while recordings exist, unless ``protection`` is switched off."""
+        if protection not in self.disabled:
+            self._watches.append(watch)
+
+    def gate(self, call: int, recorded: bool) -> tuple[Any, str | None]:
+        """Before a call picks a recording: ``(state key, None)``, or ``(None, eager reason)``.
+
+        ``recorded``: whether recordings exist. A change they cannot survive drops them
+        (re-record) or retires; with none, a changed tree is simply the new baseline.
+        """
+        verdict = self.guard.verdict()
+        if recorded:
+            change = self._change(verdict.retire)
+            if change is not None:
+                self.rerecord(change, call)
+                if self.retired:
+                    return None, "retired"
+                recorded = False
+        if not recorded and verdict.retire is not None:
+            self.guard.rebaseline()
+            verdict = self.guard.verdict()
+        if verdict.eager is not None and self._identity:
+            return None, verdict.eager
+        return verdict.key, None
+
+    def _change(self, identity: str | None) -> str | None:
+        if self._identity:
+            change = identity or self.watch.reason()
+            if change is not None:
+                return change
+        for watch in self._watches:
+            change = watch.reason()
+            if change is not None:
+                return change
+        return None
+
+    def first_record(self) -> None:
+        """Called before the first recording (again after a re-record): what exists now is the baseline."""
+        self.watch.rebaseline()
+        for watch in self._watches:
+            watch.rebaseline()
+
+    # ----------------------------------------------------------------- re-record, retire, release
+    def rerecord(self, cause: str, call: int) -> None:
+        """Drop every recording for a well-defined change; the next call records anew (or retire: budget spent)."""
+        if self.rerecords >= self.max_rerecords:
+            self.retire(f"{cause} (re-record budget of {self.max_rerecords} spent)", call)
+            return
+        self.rerecords += 1
+        self.journal.add("rerecord", call, cause)
+        self._drop()
+
+    def retire(self, reason: str, call: int, cause: BaseException | None = None, user: bool = False) -> None:
+        """Permanent eager: graphs freed, one warning (``strict``: raise instead, unless the user asked)."""
+        if self.retired:
+            return
+        if self.strict and not user:
+            raise ReplayError(f"replaykit: {self.name} would retire: {reason}") from cause
+        self.retired = True
+        self.retire_reason = reason
+        self.journal.add("retire", call, reason)
+        warnings.warn(f"replaykit: {self.name} retired to eager: {reason}", ReplayWarning, stacklevel=5)
+        self._close()
+        self._drop()
+
+    def release(self, call: int) -> bool:
+        """Stop for good without retiring; False when released already."""
+        if self.released:
+            return False
+        self.released = True
+        self._close()
+        self._drop()
+        self.journal.add("release", call)
+        return True
+
+    def _close(self) -> None:
+        self.watch.close()
+        self.guard.close()
+        self._watches = []

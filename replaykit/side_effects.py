@@ -1,0 +1,60 @@
+"""What a replay would not repeat: the Python effects of the code a recording ran once.
+
+A replay runs kernels, not Python. So when the recorded code (network replay's probe
+forward, or the whole step's recording call)
+
+- assigns a module attribute (an auxiliary loss stored on the module, a counter, a flag
+  it reads next call),
+- writes one of its inputs in place (eager changes the caller's tensor, a replay its own
+  static copy), or
+- changes a container or plain object the model holds (``self.log.append(...)``),
+
+replays would silently not do it again. :class:`SideEffects` watches one run for all
+three; both entry points ask it the same question.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from .guards import held_values, listen_for_writes, value_key
+
+
+class SideEffects:
+    """Watches one run of recorded code (``with SideEffects(model, inputs) as effects: ...``)."""
+
+    def __init__(self, module: nn.Module, inputs: Sequence[torch.Tensor]) -> None:
+        self._module = module
+        self._inputs = list(inputs)
+        self._versions = [x._version for x in self._inputs]
+        self._held = held_values(module)
+        self._listen = listen_for_writes()
+        self.writes: list[tuple[nn.Module, str]] = []
+
+    def __enter__(self) -> SideEffects:
+        self.writes = self._listen.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._listen.__exit__(*exc)
+
+    def written_inputs(self) -> list[int]:
+        """Indices of the inputs written in place during the run."""
+        return [i for i, (x, v) in enumerate(zip(self._inputs, self._versions, strict=True)) if x._version != v]
+
+    def reason(self, who: str) -> str | None:
+        """Why replays of the run would differ from eager (``who`` names the code: "forward", "the step"), or None."""
+        names = {id(m): n or type(m).__name__ for n, m in self._module.named_modules()}
+        written = sorted({f"{names.get(id(m), type(m).__name__)}.{attr}" for m, attr in self.writes})
+        if written:
+            return f"{who} assigns {', '.join(written)}; a replay would not repeat the assignment"
+        mutated = self.written_inputs()
+        if mutated:
+            return f"{who} writes input {mutated[0]} in place; a replay would write its own copy"
+        changed = [name for name, value, key in self._held if value_key(value) != key]
+        if changed:
+            return f"{who} changes {changed[0]} (a container or object the model holds); a replay would not"
+        return None
