@@ -16,14 +16,18 @@ This package is the core and imports only torch. Beside it: ``replaykit.lightnin
 
 from __future__ import annotations
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from .determinism import enable_determinism
-from .errors import ReplayError, ReplayWarning
-from .journal import Event, Journal
-from .protections import PROTECTIONS
-from .recorder import Recorder, capture, recorder_of
-from .step import EMA, TrainStep
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time ``__getattr__`` imports on first use
+    from .determinism import enable_determinism
+    from .errors import ReplayError, ReplayWarning
+    from .journal import Event, Journal
+    from .protections import PROTECTIONS
+    from .recorder import Recorder, capture, recorder_of
+    from .step import EMA, TrainStep
 
 __all__ = [
     "EMA",
@@ -39,3 +43,24 @@ __all__ = [
     "enable_determinism",
     "recorder_of",
 ]
+
+# The package root is lazy so that ``replaykit.workflow`` (no torch) and ``replaykit.tables`` load
+# without the core: a name below is imported from its module the first time it is asked for.
+_HOMES = {
+    "EMA": "step", "PROTECTIONS": "protections", "Event": "journal", "Journal": "journal",
+    "Recorder": "recorder", "ReplayError": "errors", "ReplayWarning": "errors", "TrainStep": "step",
+    "capture": "recorder", "enable_determinism": "determinism", "recorder_of": "recorder",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{home}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -30,18 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from replaykit import tables
-from replaykit.workflow.batch import (
-    PreparedTree,
-    TreeSpec,
-    error_cell,
-    new_folder,
-    prepare_tree,
-    run_cell,
-    write_index,
-)
+from replaykit.workflow.cells import error_cell, run_cell
+from replaykit.workflow.errors import WorkflowError
 from replaykit.workflow.evidence import EXECUTED, result_text
 from replaykit.workflow.fingerprint import notebook_path
+from replaykit.workflow.git import GitError, git, git_text
+from replaykit.workflow.index import new_folder, write_index
 from replaykit.workflow.runs import kernel_executable
+from replaykit.workflow.trees import PreparedTree, TreeSpec, prepare_tree
 
 __all__ = [
     "ArmsResult", "BisectResult", "Commit", "EndpointError", "arms", "bisect", "commits_between", "search",
@@ -53,7 +48,7 @@ GOOD, BAD, SKIP = "good", "bad", "skip"
 SHORT_VERDICTS = {"stable pass": "passed", "stable fail": "failed", "fails only with others": "fails with others"}
 
 
-class EndpointError(ValueError):
+class EndpointError(WorkflowError, ValueError):
     """``--good`` is not good or ``--bad`` is not bad on this device: bisecting would name a
     commit nobody tested. The endpoint runs are saved in ``folder``."""
 
@@ -75,19 +70,12 @@ class Commit:
 # --- git ---------------------------------------------------------------------
 
 
-def _git(repo: Path, *args: str) -> str:
-    proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise ValueError(f"git {' '.join(args[:2])} failed in {repo}: {proc.stderr.strip()}")
-    return proc.stdout
-
-
 def _commit(repo: Path, rev: str) -> str:
     if rev.startswith("-"):
         raise ValueError(f"{rev!r} is not a revision")
     try:
-        return _git(repo, "rev-parse", "--verify", "-q", f"{rev}^{{commit}}").strip()
-    except ValueError:
+        return git_text(repo, "rev-parse", "--verify", "-q", f"{rev}^{{commit}}").strip()
+    except GitError:
         raise ValueError(f"{rev!r} is not a commit in {repo}") from None
 
 
@@ -96,13 +84,14 @@ def commits_between(repo: Path, good: str, bad: str) -> list[Commit]:
     --reverse good..bad``), with subjects. ValueError when good is not an ancestor of bad."""
     repo = Path(repo)
     g, b = _commit(repo, good), _commit(repo, bad)
-    ancestor = subprocess.run(["git", "merge-base", "--is-ancestor", g, b], cwd=repo, check=False)
-    if ancestor.returncode != 0:
-        raise ValueError(f"good {good} ({g[:7]}) is not an ancestor of bad {bad} ({b[:7]})")
-    shas = _git(repo, "rev-list", "--first-parent", "--reverse", f"{g}..{b}").split()
+    try:
+        git(repo, "merge-base", "--is-ancestor", g, b)
+    except GitError:
+        raise ValueError(f"good {good} ({g[:7]}) is not an ancestor of bad {bad} ({b[:7]})") from None
+    shas = git_text(repo, "rev-list", "--first-parent", "--reverse", f"{g}..{b}").split()
     if not shas:
         raise ValueError(f"no commits between good {good} and bad {bad}")
-    subjects = _git(repo, "log", "--no-walk=unsorted", "--format=%H%x00%s", *shas).splitlines()
+    subjects = git_text(repo, "log", "--no-walk=unsorted", "--format=%H%x00%s", *shas).splitlines()
     by_sha = dict(line.split("\0", 1) for line in subjects if "\0" in line)
     return [Commit(sha, by_sha.get(sha, "")) for sha in shas]
 
@@ -289,7 +278,7 @@ def bisect(
     params = _parameters(markers, ids, repeats, isolate_failures, extra_args, run_timeout)
     commits = commits_between(repo, good, bad)
     good_sha = _commit(repo, good)
-    good_commit = Commit(good_sha, _git(repo, "log", "-1", "--format=%s", good_sha).strip())
+    good_commit = Commit(good_sha, git_text(repo, "log", "-1", "--format=%s", good_sha).strip())
     folder = new_folder(Path(runs_dir), "bisect", f"{good_sha[:7]}..{commits[-1].short}")
     doc: dict[str, Any] = {"kind": "bisect", "repo": str(repo.resolve()), "good": good, "bad": bad,
                            "parameters": params, "commits": [asdict(c) for c in commits], "cells": []}

@@ -158,8 +158,10 @@ def _pair(text: str, flag: str, what: str) -> tuple[str, str]:
 
 def spec_from_args(args: argparse.Namespace):  # -> batch.BatchSpec
     """The batch spec: the file given, or one built from --env/--venv/--tree/--notebook/-p."""
-    from replaykit.workflow.batch import BatchSpec, Environment, TreeSpec, load_spec
+    from replaykit.workflow.batch import BatchSpec, load_spec
+    from replaykit.workflow.environments import Environment
     from replaykit.workflow.runs import cli_parameters
+    from replaykit.workflow.trees import TreeSpec
 
     quick = args.env or args.venv or args.tree or args.notebook or args.parameter or args.raw or args.yaml
     if args.spec is not None:

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from replaykit.workflow.git import git, git_text
 
 __all__ = ["DEFAULT_PLANT", "Plant", "Planted", "main", "plant_history"]
 
@@ -70,13 +71,6 @@ class Planted:
         return self.commits[-1]
 
 
-def _git(repo: Path, *args: str) -> str:
-    proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise ValueError(f"git {' '.join(args[:2])} failed: {proc.stderr.strip()}")
-    return proc.stdout.strip()
-
-
 def plant_history(source: Path, good: str, bad: str, dest: Path, *, plant: Plant = DEFAULT_PLANT,
                   at: int | None = None, branch: str = "drill") -> Planted:
     """Clone ``source`` into ``dest`` and copy ``good`` and the first-parent commits after it up to
@@ -92,23 +86,23 @@ def plant_history(source: Path, good: str, bad: str, dest: Path, *, plant: Plant
     at = (len(after) + 1) // 2 if at is None else at
     if not 1 <= at <= len(after):
         raise ValueError(f"--plant-at must be within 1..{len(after)}, got {at}")
-    originals = [_git(source, "rev-parse", f"{good}^{{commit}}"), *after]
-    _git(source.parent, "clone", "-q", "--no-checkout", str(source), str(dest))
-    _git(dest, "config", "user.email", "drill@replaykit.invalid")
-    _git(dest, "config", "user.name", "replaykit drill")
+    originals = [git_text(source, "rev-parse", f"{good}^{{commit}}"), *after]
+    git(source.parent, "clone", "-q", "--no-checkout", str(source), str(dest))
+    git(dest, "config", "user.email", "drill@replaykit.invalid")
+    git(dest, "config", "user.name", "replaykit drill")
     copies: list[str] = []
     for i, original in enumerate(originals):
-        _git(dest, "checkout", "-q", "-f", "--detach", original)
-        _git(dest, "clean", "-q", "-fdx")
-        subject = _git(dest, "log", "-1", "--format=%s", original)
+        git(dest, "checkout", "-q", "-f", "--detach", original)
+        git(dest, "clean", "-q", "-fdx")
+        subject = git_text(dest, "log", "-1", "--format=%s", original)
         if i >= at:
             plant.apply(dest)
-            _git(dest, "add", "-A")
+            git(dest, "add", "-A")
             subject += f" [drill: bug planted in {plant.path}]" if i == at else ""
-        tree = _git(dest, "write-tree")
+        tree = git_text(dest, "write-tree")
         parents = ["-p", copies[-1]] if copies else []
-        copies.append(_git(dest, "commit-tree", tree, *parents, "-m", subject))
-    _git(dest, "checkout", "-q", "-f", "-B", branch, copies[-1])
+        copies.append(git_text(dest, "commit-tree", tree, *parents, "-m", subject))
+    git(dest, "checkout", "-q", "-f", "-B", branch, copies[-1])
     return Planted(repo=Path(dest), branch=branch, commits=copies, originals=originals, planted=copies[at])
 
 

@@ -20,7 +20,9 @@ from typing import Any
 
 from replaykit.workflow import archive
 from replaykit.workflow.archive import MANIFEST_NAME, in_colab
+from replaykit.workflow.errors import WorkflowError
 from replaykit.workflow.folders import slug
+from replaykit.workflow.git import GitError, git_text
 
 __all__ = [
     "FINGERPRINT_FILE", "MANIFEST_NAME", "NeedsSourceTree", "default_tree", "fingerprint",
@@ -34,7 +36,7 @@ DIRTY_IGNORE = ("runs/",)
 """Paths whose changes do not make a checkout dirty (run evidence is written there)."""
 
 
-class NeedsSourceTree(ValueError):
+class NeedsSourceTree(WorkflowError, ValueError):
     """replaykit runs from an installed wheel and the command needs a checkout, a folder or an archive."""
 
 
@@ -94,19 +96,18 @@ def _manifest_info(path: Path) -> dict[str, Any]:
 
 def _git_info(tree: Path) -> dict[str, Any]:
     info: dict[str, Any] = {"source": "git", "commit": None, "dirty": None}
-    git = shutil.which("git")
-    head = _run([git, "rev-parse", "HEAD"], cwd=tree) if git else None
-    if head is None:
-        info["error"] = "git rev-parse HEAD failed" if git else "git not found"
+    try:
+        info["commit"] = git_text(tree, "rev-parse", "HEAD", timeout=5).strip()
+    except GitError as exc:
+        info["error"] = str(exc)
         return info
-    info["commit"] = head.strip()
-    status = _run([git, "status", "--porcelain"], cwd=tree)
-    if status is not None:
-        changed = [
-            line[3:] for line in status.splitlines() if not line[3:].startswith(DIRTY_IGNORE)
-        ]
-        info["dirty"] = bool(changed)
-        info["changed"] = changed[:20]
+    try:
+        status = git_text(tree, "status", "--porcelain", timeout=5)
+    except GitError:
+        return info  # the commit is known, whether it is dirty is not
+    changed = [line[3:] for line in status.splitlines() if not line[3:].startswith(DIRTY_IGNORE)]
+    info["dirty"] = bool(changed)
+    info["changed"] = changed[:20]
     return info
 
 

@@ -1,7 +1,7 @@
 """The runs/ layout that runs, batch, bisect and evidence share: file names, slugs, fresh folders.
 
-It lives in a module of its own because batch imports evidence: a name defined in batch and
-read by evidence would make the two import each other.
+It lives in a module of its own because ``index`` imports ``evidence``: a name defined in index
+and read by evidence would make the two import each other.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 SUMMARY_FILE = "summary.json"
 """A run folder's record (``runs.run_notebook`` writes it, ``evidence`` reads it)."""
 INDEX_FILE = "index.json"
-"""A batch, bisect or arms folder's index (``batch.write_index`` writes it, ``evidence`` reads it)."""
+"""A batch, bisect or arms folder's index (``index.write_index`` writes it, ``evidence`` reads it)."""
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
 

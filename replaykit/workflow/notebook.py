@@ -11,10 +11,12 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
+from replaykit.workflow.errors import WorkflowError
+
 PACKAGES = ("torch", "lightning", "pandas", "matplotlib", "papermill", "nbformat", "ipywidgets", "junitparser")
 
 
-class EnvironmentProblem(RuntimeError):
+class EnvironmentProblem(WorkflowError, RuntimeError):
     """What a notebook needs and this runtime lacks, said plainly."""
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +29,33 @@ def test_import_replaykit_pulls_in_no_extra() -> None:
     modules = _modules_after("import replaykit as rk\nrk.capture, rk.enable_determinism")
     assert not {m for m in modules if m.split(".")[0] in NOT_IN_CORE}
     assert not {m for m in modules if m.startswith(("replaykit.testing", "replaykit.workflow", "replaykit.lightning"))}
+
+
+def test_the_package_root_is_lazy_and_still_exports_everything() -> None:
+    """``import replaykit`` loads no core module; each exported name loads its own on first use."""
+    code = (
+        "import sys, replaykit as rk\n"
+        "assert 'torch' not in sys.modules, 'import replaykit loaded torch'\n"
+        "assert set(rk.__all__) <= set(dir(rk))\n"
+        "missing = [n for n in rk.__all__ if getattr(rk, n, None) is None]\n"
+        "assert not missing, missing\n"
+        "from replaykit import TrainStep, capture\n"
+        "assert capture is rk.capture and TrainStep is rk.TrainStep and 'torch' in sys.modules\n"
+        "try:\n    rk.no_such_name\nexcept AttributeError:\n    pass\nelse:\n    raise SystemExit('no AttributeError')"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+WORKFLOW_MODULES = sorted(
+    f"replaykit.workflow.{p.stem}" if p.stem != "__init__" else "replaykit.workflow"
+    for p in (PACKAGE / "workflow").glob("*.py") if p.stem != "__main__"  # __main__ runs the command
+)
+
+
+@pytest.mark.parametrize("module", WORKFLOW_MODULES)
+def test_a_workflow_module_loads_without_torch(module: str) -> None:
+    """The workflow runs where torch is absent or slow to load (a bare runner, a Colab bootstrap cell)."""
+    assert "torch" not in _modules_after(f"import {module}")
 
 
 def test_the_archive_module_loads_by_path_without_torch() -> None:

@@ -1,4 +1,4 @@
-"""batch.py: environments × trees × notebooks × parameters, real papermill runs on tiny notebooks."""
+"""A batch: environments × trees × notebooks × parameters, real papermill runs on tiny notebooks."""
 
 from __future__ import annotations
 
@@ -16,15 +16,11 @@ nbformat = pytest.importorskip("nbformat", reason="papermill tooling not install
 pytest.importorskip("papermill", reason="papermill tooling not installed")
 
 from replaykit.workflow import cli  # noqa: E402
-from replaykit.workflow.batch import (  # noqa: E402 - after the importorskip guards
-    WRONG_INTERPRETER,
-    BatchSpec,
-    Environment,
-    TreeSpec,
-    load_spec,
-    run_batch,
-    same_interpreter,
-)
+from replaykit.workflow.batch import BatchSpec, load_spec, run_batch  # noqa: E402 - after the importorskip guards
+from replaykit.workflow.cells import WRONG_INTERPRETER  # noqa: E402
+from replaykit.workflow.environments import Environment  # noqa: E402
+from replaykit.workflow.interpreters import same_interpreter  # noqa: E402
+from replaykit.workflow.trees import TreeSpec  # noqa: E402
 
 PROBE = """\
 import json, pathlib, platform, sys

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import zipfile
@@ -35,6 +36,17 @@ def test_scripts_are_shims(script: str) -> None:
     code = [line for line in text.splitlines() if line.strip() and not line.startswith(("#", '"""'))]
     assert len(code) <= 10, f"{script} is more than a shim"
     assert f'"{SHIMS[script]}"' in text or "archive.main(" in text
+
+
+HARNESS = {"bench_replay.py", "demo.py", "parity_matrix.py"}  # entry points over replaykit.testing and runs
+
+
+def test_scripts_holds_the_shims_and_the_harness_entry_points_only() -> None:
+    """No hidden one-off script (a device run's commands with one machine's paths) hides in scripts/."""
+    files = {p.name for p in (ROOT / "scripts").iterdir() if p.is_file()}
+    assert files == set(SHIMS) | HARNESS
+    for name in files:
+        assert not re.search(r"(?<![\w.])/(tmp|home|work|root|mnt|content)/", (ROOT / "scripts" / name).read_text()), name
 
 
 def test_a_shim_runs_the_command() -> None:
