@@ -39,6 +39,7 @@ REGISTRY: dict[str, Protection] = {
         Protection("record_probe", "capture", "side effects, in-place input writes, private generators and sparse gradients are not looked for"),
         Protection("repeat_backward", "capture", "a second backward through one replayed call rewrites the first one's gradient buffers; create_graph gets no graph"),
         Protection("inplace_weights", "capture", "parameters changed in place between a replayed forward and its backward go unnoticed"),
+        Protection("verify_recording", "both", "a new recording is trusted unchecked: code that computes differently under capture (a library branching on it) replays that"),
         Protection("state_identity", "step", "optimizer, scaler and EMA state tensors replaced (load_state_dict, add_param_group) replay the old ones"),
         Protection("host_values", "step", "the optimizer's, scaler's and clip's host values (a float lr) are not keyed: a changed one replays the old"),
     )
@@ -51,6 +52,12 @@ PROTECTIONS: tuple[str, ...] = tuple(REGISTRY)
 def in_scope(scope: str) -> tuple[str, ...]:
     """The protections an entry point (``capture`` or ``step``) can switch off."""
     return tuple(n for n, p in REGISTRY.items() if p.scope in (scope, "both"))
+
+
+def negative_control(*names: str) -> tuple[str, ...]:
+    """The ``unsafe_disable`` that shows a protection is needed: ``names`` and the recording's
+    verification, which would otherwise catch at the first replay what a switched-off guard lets through."""
+    return (*names, "verify_recording") if "verify_recording" not in names else names
 
 
 def disabled_protections(names: Iterable[str] | str, scope: str, stacklevel: int = 3) -> frozenset[str]:

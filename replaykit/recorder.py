@@ -82,11 +82,12 @@ def _apply(step: _Step, inputs: list[torch.Tensor], params: list[torch.Tensor]) 
 class _Plan:
     """One recording and what replaying it needs, gathered when it is recorded: a call looks nothing up by key."""
 
-    __slots__ = ("aliases", "all_differentiable", "copies", "key", "recording", "saved")
+    __slots__ = ("aliases", "all_differentiable", "copies", "key", "recording", "saved", "verified")
 
     def __init__(self, key: tuple, recording: Recording, saved: list[torch.Tensor], guard_outputs: bool) -> None:
         self.key = key
         self.recording = recording
+        self.verified = False  # until a replay of it matched eager (forward and backward)
         self.saved = saved  # the parameters its backward reads: their versions are checked
         self.all_differentiable = recording.differentiable == tuple(range(len(recording.static_outputs)))
         # one write per distinct static input (aliased arguments share one), at its first position:
@@ -198,6 +199,7 @@ class Recorder:
         self._plans: dict[tuple, _Plan] = {}  # per recording: what its replays need
         self._guard_grads = "copy_out" not in disabled
         self._guard_outputs = "live_outputs" not in disabled
+        self._verify = "verify_recording" not in disabled
         self._aliases: dict[tuple, StaticAliases] = {}
         self._hold = Hold(lambda call: (r := me()) is not None and r._on_hold_end(call, "dropped"))
         self._hold_enabled = "hold" not in disabled
@@ -415,7 +417,8 @@ class Recorder:
         recording = plan.recording
         step = _Step(self, plan, call)
         self._replayed_calls += 1
-        if self.check_every and (self._replayed_calls - 1) % self.check_every == 0:
+        verifying = self._verify and not plan.verified
+        if verifying or (self.check_every and (self._replayed_calls - 1) % self.check_every == 0):
             step.shadow = Shadow(self.module, partial(self._run_forward, callargs, recording.params), callargs.tensors, recording.params)
         outputs = _apply(step, callargs.tensors, recording.params)
         shadow = step.shadow
@@ -425,7 +428,7 @@ class Recorder:
             if difference is not None:
                 del outputs, step  # the hold ends with the discarded graph
                 shadow.snapshot.restore()  # the state before this call: eager runs it again
-                self._retire(f"diverged: {difference}", call)
+                self._diverged(plan, difference, call, verifying)
                 return self._forward(*args, **kwargs)
         plan.aliases.handed_out(outputs)
         return recording.build_outputs(outputs)
@@ -555,9 +558,28 @@ class Recorder:
         difference = shadow.check_backward(names, full, result)
         self.journal.add("check", step.call, "backward", difference)
         if difference is None:
+            step.plan.verified = True
             return result
-        self._retire(f"diverged: {difference}", step.call)
+        self._diverged(step.plan, difference, step.call, self._verify and not step.plan.verified)
         return full
+
+    def _diverged(self, plan: _Plan, difference: str, call: int, verifying: bool) -> None:
+        """A replay differed from eager: a recording's first check routes its signature eager; a
+        sampled check (``check_every``) of a verified one retires the recorder."""
+        if not verifying:
+            self._retire(f"diverged: {difference}", call)
+            return
+        key = plan.key
+        self._refused[key] = "diverged"
+        self.journal.add("refuse", call, "diverged", f"the recording differs from eager: {difference}")
+        aliases = self._aliases.pop(key, None)
+        if aliases is not None:
+            aliases.copy_out()
+        self._plans.pop(key, None)
+        recording = self._recordings.pop(key, None)
+        plan.free()
+        if recording is not None:
+            recording.free()
 
     def _param_names(self, recording: Recording) -> list[str]:
         names = {id(p): n for n, p in self.module.named_parameters()} if self.module is not None else {}

@@ -53,7 +53,8 @@ class Shadow:
         params: Sequence[torch.Tensor],
     ) -> None:
         snapshot = StateSnapshot(module)
-        self.inputs = [x.detach().requires_grad_(x.requires_grad) for x in inputs]
+        stand_ins: dict[int, torch.Tensor] = {}  # one per distinct tensor: `q is k` stays true, as in eager
+        self.inputs = [stand_ins.setdefault(id(x), x.detach().requires_grad_(x.requires_grad)) for x in inputs]
         self.leaves = [p.detach().requires_grad_(True) for p in params]
         try:
             self.outputs, _ = tree_flatten(run(*self.inputs, params=self.leaves))

@@ -52,17 +52,14 @@ from .protections import disabled_protections
 from .recorder import recorder_of
 from .side_effects import SideEffects
 from .signature import UnhashableArgument, signature, split_call
-from .snapshot import StateSnapshot
+from .step_check import StepSnapshot, difference, end_state, unique
 from .step_guards import (
     GRAD,
     OptimizerWatch,
     hyper_key,
     optimizer_hooks,
     optimizer_refusal,
-    restore_scaler,
     scaler_key,
-    scaler_state,
-    state_tensors,
     tensors_of,
 )
 
@@ -105,6 +102,7 @@ class TrainStep:
         warmup: int = 1,
         max_recordings: int = 8,
         max_rerecords: int = 8,
+        check_every: int = 0,
         strict: bool = False,
         unsafe_disable: tuple[str, ...] | list[str] | str = (),
         on_optimizer_step: Callable[[], None] | None = None,
@@ -119,6 +117,7 @@ class TrainStep:
         check_count("warmup", warmup, 0)
         check_count("max_recordings", max_recordings, 1)
         check_count("max_rerecords", max_rerecords, 0)
+        check_count("check_every", check_every, 0, "(0: off)")
         if precision not in _PRECISIONS:
             raise ReplayError(f"precision {precision!r}: choose from {list(_PRECISIONS)}")
         if recorder_of(model) is not None:
@@ -127,7 +126,7 @@ class TrainStep:
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.scaler, self.max_norm, self.ema = scaler, max_norm, ema
         self.accumulate, self.precision, self.replay = accumulate, precision, replay
-        self.warmup, self.max_recordings = warmup, max_recordings
+        self.warmup, self.max_recordings, self.check_every = warmup, max_recordings, check_every
         self.on_optimizer_step = on_optimizer_step  # Python run after every optimizer step (a replay runs none)
         self.device = module_device(model) or torch.device("cpu")
         self.backend: Backend | None = resolve_backend(backend, model) if replay else None
@@ -146,6 +145,8 @@ class TrainStep:
         self._micro = 0  # micro-batches into the current optimizer step
         self._steps = 0  # optimizer steps taken (eager or replayed)
         self._recordings: dict[tuple, StepRecording] = {}
+        self._refused: dict[tuple, str] = {}  # signatures whose recording differed from eager
+        self._replayed = 0  # calls that replayed (the shadow check samples them)
         self._handed: list[torch.Tensor] = []  # gradient aliases handed out since the last first phase
         # static gradient storages handed out: their use count with no holder but the recordings
         self._storages: list[int] = []
@@ -206,7 +207,7 @@ class TrainStep:
 
     def _find_params(self) -> None:
         """The model's and the optimizer's parameters (again after a re-record: a group may have been added)."""
-        self.params = _unique([*self.model.parameters(), *(p for g in self.optimizer.param_groups for p in g["params"])])
+        self.params = unique([*self.model.parameters(), *(p for g in self.optimizer.param_groups for p in g["params"])])
         self._refusal = optimizer_refusal(self.optimizer, self.scaler, self.device)
         self._rg = ()
         self._refresh_trainable()
@@ -259,6 +260,9 @@ class TrainStep:
             return self._eager(phase, "input_requires_grad", args, kwargs)
         rec = self._recordings.get(key)
         if rec is None:
+            refused = self._refused.get(key)
+            if refused is not None:
+                return self._eager(phase, refused, args, kwargs)
             if len(self._recordings) >= self.max_recordings:
                 return self._eager(phase, "budget", args, kwargs)
             with life.lock:
@@ -267,11 +271,46 @@ class TrainStep:
             self._copy_out(call)
             if "copy_out" not in self.disabled and self._live_alias():
                 return self._eager(phase, "live_alias", args, kwargs)
+        self._replayed += 1
+        if self.check_every and (self._replayed - 1) % self.check_every == 0:
+            return self._checked_replay(phase, rec, callargs, args, kwargs)
         for static, x in zip(rec.static_inputs, callargs.tensors, strict=True):
             copy_into(static, x)
         rec.region.replay()
         self.journal.tick("replay", call, phase)
         return self._after(phase, rec)
+
+    def _checked_replay(self, phase: str, rec: StepRecording, callargs: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+        """The shadow check (``check_every``): replay, then the twin's body from the same state; a
+        difference retires the step and the state is eager's."""
+        call = self._calls
+        snapshot = self._snapshot(tensors=True)
+        for static, x in zip(rec.static_inputs, callargs.tensors, strict=True):
+            copy_into(static, x)
+        rec.region.replay()
+        self.journal.tick("replay", call, phase)
+        found, loss = self._against_eager(snapshot, rec.loss, phase, args, kwargs)
+        self.journal.add("check", call, "step", found)
+        if found is None:
+            return self._after(phase, rec)
+        self._retire(f"diverged: {found}", call)
+        if phase in ("step", "last"):
+            self._stepped()
+        return loss
+
+    def _snapshot(self, tensors: bool) -> StepSnapshot:
+        return StepSnapshot(self.model, self.optimizer, self.scaler, self.ema, self._trainable, tensors)
+
+    def _against_eager(
+        self, snapshot: StepSnapshot, loss: torch.Tensor, phase: str, args: tuple, kwargs: dict
+    ) -> tuple[str | None, torch.Tensor]:
+        """The recorded work's end state against the twin's body run from ``snapshot``: the first
+        difference (or None) and eager's loss. The state left behind is eager's."""
+        state = (self.model, self.optimizer, self.scaler, self.ema, self._trainable)
+        replayed = end_state(*state, loss, clone=True)
+        snapshot.restore()
+        eager = self._body(phase, args, kwargs)
+        return difference(replayed, end_state(*state, eager, clone=False)), eager
 
     def _key(self, phase: str, state: Any, callargs: Any) -> tuple:
         grads = list(map(GRAD, self._trainable))
@@ -350,7 +389,8 @@ class TrainStep:
             p.grad = g
         assert self.backend is not None
         region = self.backend.region(static)
-        rollback = _Rollback(self, region.executes)
+        verify = "verify_recording" not in self.disabled
+        snapshot = self._snapshot(tensors=region.executes or verify)
 
         def body() -> list[torch.Tensor]:
             a, kw = callargs.rebuild(static)
@@ -362,7 +402,7 @@ class TrainStep:
                 (loss,) = region.capture(body)
         except BaseException as exc:
             region.abort()
-            rollback.restore()  # the twin's body runs this micro-batch again, the forward's Python included
+            snapshot.restore()  # the twin's body runs this micro-batch again, the forward's Python included
             for p, g in zip(self._trainable, incoming, strict=True):
                 p.grad = g
             self._micro -= 1  # the micro-batch starts again from its beginning
@@ -385,6 +425,16 @@ class TrainStep:
             region.free()
             self._retire(why, call)
             return out
+        if verify:
+            found, eager = self._against_eager(snapshot, loss, phase, args, kwargs)
+            self.journal.add("check", call, "recording", found)
+            if found is not None:  # eager's work stands; this signature runs eagerly from now on
+                region.free()
+                self._refused[key] = "diverged"
+                self.journal.add("refuse", call, "diverged", f"the recording differs from eager: {found}")
+                if phase in ("step", "last"):
+                    self._stepped()
+                return eager
         self._recordings[key] = rec
         self.journal.add("record", call, phase, f"recording {len(self._recordings)}")
         after = map(_use_count, self._storages)
@@ -468,44 +518,11 @@ class TrainStep:
         for rec in self._recordings.values():
             rec.region.free()
         self._recordings.clear()
+        self._refused.clear()
         self._storages, self._baseline = [], []
         self._handed = []
         if not self.lifecycle.stopped():
             self._find_params()
-
-
-class _Rollback:
-    """What a failed recording may have changed, put back in place.
-
-    The emulated backend runs the body: the model's values, ``.grad``, RNG and plain
-    attributes (:class:`~replaykit.snapshot.StateSnapshot`) and the optimizer's, scaler's
-    and EMA's state tensors. A CUDA capture runs only the body's Python: the attributes,
-    held containers and the scaler's per-optimizer notes.
-    """
-
-    def __init__(self, step: TrainStep, executes: bool) -> None:
-        self._model = StateSnapshot(step.model, tensors=executes)
-        extra = step.ema.tensors() if step.ema is not None and executes else ()
-        tensors = _unique(state_tensors(step.optimizer, step.scaler, extra)) if executes else []
-        self._values = [(t, t.detach().clone()) for t in tensors]
-        self._scaler, self._scaler_state = step.scaler, scaler_state(step.scaler)
-
-    def restore(self) -> None:
-        self._model.restore()
-        with torch.no_grad():
-            for t, v in self._values:
-                t.data.copy_(v)
-        restore_scaler(self._scaler, self._scaler_state)
-
-
-def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    seen: set[int] = set()
-    out = []
-    for t in tensors:
-        if id(t) not in seen:
-            seen.add(id(t))
-            out.append(t)
-    return out
 
 
 _streams: dict[torch.device, Any] = {}

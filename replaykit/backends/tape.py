@@ -94,7 +94,7 @@ class _Op:
         self.frees: tuple[int, ...] = ()  # scratch slots last read here
 
 
-def refusal(func: Any, args: tuple, kwargs: dict) -> str | None:
+def untapeable(func: Any, args: tuple, kwargs: dict) -> str | None:
     """Why a CUDA graph capture could not replay this aten call faithfully, or None."""
     name = str(func)
     if func in _MASKED_INDEX:
@@ -152,7 +152,7 @@ class _HostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-class _Recorder(TorchDispatchMode):
+class _TapeMode(TorchDispatchMode):
     """Appends each aten call to the tape; refuses what a capture could not replay."""
 
     def __init__(self, tape: Tape) -> None:
@@ -161,7 +161,7 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        why = refusal(func, args, kwargs)
+        why = untapeable(func, args, kwargs)
         if why is not None:
             raise ReplayError(why)
         out = func(*args, **kwargs)
@@ -189,9 +189,9 @@ class Tape:
         self._device_types: tuple[str, ...] = ()
 
     # ----------------------------------------------------------------- recording
-    def recording(self) -> _Recording:
+    def recording(self) -> _Taping:
         """The context that records: dispatch mode plus saved-tensor hooks."""
-        return _Recording(self)
+        return _Taping(self)
 
     def _encode(self, a: Any) -> Any:
         if isinstance(a, torch.Tensor):
@@ -389,18 +389,37 @@ class _no_autocast:
             c.__exit__(*exc)
 
 
-class _Recording:
-    """``with tape.recording():`` the dispatch mode and the saved-tensor hooks together."""
+def _capturing() -> bool:
+    return True
+
+
+class _ReportCapturing:
+    """While the tape records, ``torch.cuda.is_current_stream_capturing()`` answers True, as it does
+    inside a CUDA capture: code that branches on it (transformers' ``is_tracing``, the optimizers'
+    capture health check) takes on the CPU the branch a recording takes on a GPU."""
+
+    def __enter__(self) -> None:
+        self._original = torch.cuda.is_current_stream_capturing
+        torch.cuda.is_current_stream_capturing = _capturing
+
+    def __exit__(self, *exc: object) -> None:
+        torch.cuda.is_current_stream_capturing = self._original
+
+
+class _Taping:
+    """``with tape.recording():`` the dispatch mode, the saved-tensor hooks and the capture report together."""
 
     def __init__(self, tape: Tape) -> None:
         self.tape = tape
         self.hooks = torch.autograd.graph.saved_tensors_hooks(tape.pack, tape.unpack)
-        self.mode = _Recorder(tape)
+        self.mode = _TapeMode(tape)
         self.host = _HostReads()
+        self.report = _ReportCapturing()
 
     def __enter__(self) -> Tape:
         self.hooks.__enter__()
         self.host.__enter__()
+        self.report.__enter__()
         self.mode.__enter__()
         return self.tape
 
@@ -409,6 +428,7 @@ class _Recording:
             self.mode.__exit__(*exc)
         finally:
             try:
+                self.report.__exit__(*exc)
                 self.host.__exit__(*exc)
             finally:
                 self.hooks.__exit__(*exc)

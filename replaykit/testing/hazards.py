@@ -36,6 +36,7 @@ from torch import nn
 
 import replaykit as rk
 from replaykit import bitwise
+from replaykit.protections import negative_control
 
 from .hazard_patterns import HAZARDS, PATTERNS, Arm, Extras, Pattern
 
@@ -240,7 +241,7 @@ def run_pattern(pattern: Pattern, backend: str, unsafe: bool = False) -> Outcome
         raise ValueError(f"pattern {pattern.name!r} names no guard to switch off")
     start = time.perf_counter()
     eager = _run_arm(pattern, device, None, (), "eager")
-    disable = tuple(pattern.guard.split("+")) if unsafe and pattern.guard else ()
+    disable = negative_control(*pattern.guard.split("+")) if unsafe and pattern.guard else ()
     replay = _run_arm(pattern, device, backend, disable, "unsafe" if unsafe else "replay")
     kind, detail, diffs = classify(eager, replay)
     return Outcome(

@@ -27,7 +27,7 @@ import lightning as L
 import torch
 
 from replaykit.lightning import ReplayCallback
-from replaykit.protections import PROTECTIONS
+from replaykit.protections import PROTECTIONS, negative_control
 
 from ..bitwise import diff_states
 from .end_state import snapshot
@@ -143,7 +143,7 @@ def run_arm(scenario: Scenario, arm: str = "native") -> ArmOutcome:
     callbacks: list[L.Callback] = [trace, timer]
     replay: ReplayCallback | None = None
     if arm != "native":
-        unsafe = (arm.split(":", 1)[1],) if arm.startswith("unsafe:") else ()
+        unsafe = negative_control(arm.split(":", 1)[1]) if arm.startswith("unsafe:") else ()
         replay = ReplayCallback("net", unsafe_disable=unsafe, check_every=0 if unsafe else scenario.check_every)
         callbacks.append(replay)
     if scenario.accumulation_schedule is not None:

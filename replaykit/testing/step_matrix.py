@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..bitwise import TensorDiff, diff_states
+from ..protections import negative_control
 from ..step import EMA, TrainStep
 from .step_trial import end_state
 from .tasks import make_datamodule, make_task
@@ -71,7 +72,7 @@ def _train(s: StepScenario, replay: bool, unsafe: bool) -> tuple[dict[str, Any],
 
     step = TrainStep(
         net, loss_fn, opt, scaler=scaler, max_norm=1.0, ema=ema, accumulate=s.accumulation, precision=s.precision,
-        replay=replay, unsafe_disable=("module_state",) if unsafe else (),
+        replay=replay, unsafe_disable=negative_control("module_state") if unsafe else (),
     )
     bn = next(m for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm))
     losses = []

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..bitwise import TensorDiff, diff_states
+from ..protections import negative_control
 from ..step import EMA, TrainStep
 from .end_state import module_state, optimizer_state, scaler_state, scheduler_state
 
@@ -118,7 +119,7 @@ def run(config: StepConfig, replay: bool) -> tuple[dict[str, Any], TrainStep, li
     ema = EMA(model, config.ema) if config.ema is not None else None
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5) if config.scheduler else None
     scaler = torch.amp.GradScaler(config.device, init_scale=2.0**8, growth_interval=2) if config.scaler else None
-    unsafe = config.unsafe if replay else ()
+    unsafe = negative_control(*config.unsafe) if replay and config.unsafe else ()
     step = TrainStep(
         model, small_loss, opt, scaler=scaler, max_norm=config.clip, ema=ema, accumulate=config.accumulate,
         precision=config.precision, replay=replay, backend=config.backend, unsafe_disable=unsafe,

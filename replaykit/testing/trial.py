@@ -199,10 +199,10 @@ def compare(trial: Trial, make_model: Callable[[], nn.Module], **capture_kwargs:
 
 def arms(trial: Trial, make_model: Callable[[], nn.Module], **capture_kwargs: Any) -> Iterator[tuple[str, list[TensorDiff], Outcome]]:
     """The replay arm, then one arm per protection switched off, each compared with eager."""
-    from replaykit.protections import PROTECTIONS
+    from replaykit.protections import PROTECTIONS, negative_control
 
     eager = run(trial, make_model)
     yield "replay", diff_states(eager.state, (r := run(trial, make_model, capture_kwargs)).state), r
     for name in PROTECTIONS:
-        arm = run(trial, make_model, {**capture_kwargs, "unsafe_disable": (name,)})
+        arm = run(trial, make_model, {**capture_kwargs, "unsafe_disable": negative_control(name)})
         yield f"unsafe:{name}", diff_states(eager.state, arm.state), arm

@@ -17,6 +17,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 
 import replaykit as rk
 from replaykit.backends.emulated import EmulatedBackend
+from replaykit.protections import negative_control
 from replaykit.snapshot import StateSnapshot
 from replaykit.testing.nets import DetectionNet, DropoutNet
 from replaykit.testing.tasks import TASKS, make_task
@@ -377,7 +378,7 @@ def test_through_the_recorder_without_its_guard_a_changed_dropout_p_silently_div
     torch.manual_seed(0)
     model = DropoutNet(p=0.3)
     x = torch.randn(6, 12)
-    rec = rk.capture(model, backend="emulated", unsafe_disable=("module_state",))
+    rec = rk.capture(model, backend="emulated", unsafe_disable=negative_control("module_state"))
     model(x)  # records
     for d in _dropouts(model):
         d.p = 0.7
@@ -451,7 +452,7 @@ def test_what_a_capture_cannot_replay_fails_the_record(body, message: str) -> No
     """The backend's own refusal (the recorder's probe, switched off here, refuses these first)."""
     torch.manual_seed(0)
     model = _Net(body)
-    rec = rk.capture(model, backend="emulated", unsafe_disable=("record_probe",))
+    rec = rk.capture(model, backend="emulated", unsafe_disable=negative_control("record_probe"))
     x = torch.randn(3, 4)
     ref = copy.deepcopy(model)
     out = model(x)
@@ -478,7 +479,7 @@ def test_sparse_gradients_fail_the_record_clearly() -> None:
             return self.emb(idx).sum(1)
 
     model = Bag()
-    rec = rk.capture(model, backend="emulated", unsafe_disable=("record_probe",))
+    rec = rk.capture(model, backend="emulated", unsafe_disable=negative_control("record_probe"))
     model(torch.tensor([[1, 2], [3, 4]]))
     assert rec.retired
     assert rec.retire_reason.startswith("capture failed: ReplayError:"), rec.retire_reason

@@ -93,7 +93,8 @@ def test_without_its_guard_each_probe_diverges(backend, device, probe):
 
 
 def test_probes_cover_every_protection():
-    assert set(PROBES.values()) == set(in_scope("step"))
+    # verify_recording's negative control: test_a_capture_time_branch_is_caught_at_recording
+    assert set(PROBES.values()) | {"verify_recording"} == set(in_scope("step"))
 
 
 def test_capture_failure_retires_and_the_step_stays_exact(backend, device):
@@ -437,3 +438,40 @@ def test_a_slice_of_another_alignment_records_its_own(backend, device):
     for start in (0, 64, 128, 1, 65):  # element 1: 32 bytes into x's block, 8 into y's
         step(xs[start : start + 16], ys[start : start + 16])
     assert step.counts["record"] >= 2, step.journal
+
+
+class _CaptureBranch(SmallNet):
+    """Code that computes differently while a CUDA stream captures (transformers' mask builders
+    branch on ``torch.cuda.is_current_stream_capturing()``; the emulated backend answers True too)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        try:
+            capturing = torch.cuda.is_current_stream_capturing()
+        except RuntimeError:  # a CPU-only build has no CUDA runtime to ask
+            capturing = False
+        return out * (1 + 2**-10) if capturing else out
+
+
+@pytest.mark.parametrize("unsafe", [(), ("verify_recording",)], ids=["verified", "unsafe"])
+def test_a_capture_time_branch_is_caught_at_recording(backend, device, unsafe):
+    """The recording call is compared with the twin's body from the same state: a difference routes
+    that signature eager and the state is eager's; without the check the capture branch replays."""
+
+    def build(replay):
+        model = _CaptureBranch().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        step = TrainStep(model, small_loss, opt, replay=replay, unsafe_disable=unsafe if replay else ())
+        return {"model": model, "opt": opt, "step": step}
+
+    def drive(env, g):
+        return [env["step"](*_batches(g, device)) for _ in range(5)]
+
+    diffs, step = _pair(build, drive, device)
+    if unsafe:
+        assert diffs and step.counts["replay"] > 0
+        return
+    assert not diffs, diffs[:3]
+    assert step.eager_reasons["diverged"] == 3 and not step.retired
+    refusal = next(e for e in step.journal if e.kind == "refuse")
+    assert refusal.detail.startswith("the recording differs from eager: loss")

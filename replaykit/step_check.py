@@ -1,0 +1,101 @@
+"""The whole step checked against its eager twin on the same state, bit for bit.
+
+Guards cover what was foreseen. Code that computes differently while a graph is being
+captured (a library branching on ``torch.cuda.is_current_stream_capturing()``: transformers'
+mask builders), or kernels a capture chose differently, are not a guard's business: the
+only sure test is to run the same call eagerly from the same state and compare. So
+
+- every new recording is verified at its recording call: the recorded work's end state
+  (``R``) is kept, the state before the call is put back, the twin's body runs eagerly
+  (``E``), and ``R`` must equal ``E`` bitwise (parameters, buffers, gradients and their
+  None pattern, optimizer, scaler and EMA state, the loss); and
+- with ``TrainStep(..., check_every=N)`` every N-th replayed call is checked the same way.
+
+The state left behind is always eager's, so a difference loses nothing: the recording's
+signature then routes eager (verification) or the step retires (shadow check), with the
+first differing tensor named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .shadow import first_difference
+from .snapshot import StateSnapshot
+from .step_guards import restore_scaler, scaler_state, state_tensors
+
+
+def unique(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``tensors`` without repeats (by identity), in order."""
+    seen: set[int] = set()
+    out = []
+    for t in tensors:
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return out
+
+
+class StepSnapshot:
+    """What one step may change, to be put back in place.
+
+    ``tensors=True``: the model's values, ``.grad``, RNG, plain attributes and held
+    containers (:class:`~replaykit.snapshot.StateSnapshot`), the optimizer's, scaler's and
+    EMA's state tensors and the scaler's per-optimizer notes. ``tensors=False`` (after a CUDA
+    capture that raised, which ran only the body's Python): the attributes, containers and
+    the scaler's notes.
+    """
+
+    def __init__(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, ema: Any, grads_of: Sequence[torch.Tensor],
+        tensors: bool,
+    ) -> None:
+        self._model = StateSnapshot(model, tensors=tensors)
+        extra = ema.tensors() if ema is not None and tensors else ()
+        state = unique(state_tensors(optimizer, scaler, extra)) if tensors else []
+        self._values = [(t, t.detach().clone()) for t in state]
+        # .grad of parameters outside the model (an optimizer's extra group)
+        inside = {id(p) for p in model.parameters()}
+        self._grads = [(p, p.grad, None if p.grad is None else p.grad.detach().clone()) for p in grads_of if id(p) not in inside] if tensors else []
+        self._scaler, self._scaler_state = scaler, scaler_state(scaler)
+
+    def restore(self) -> None:
+        self._model.restore()
+        with torch.no_grad():
+            for t, v in self._values:
+                t.data.copy_(v)
+            for p, grad, value in self._grads:
+                p.grad = grad
+                if grad is not None:
+                    grad.data.copy_(value)
+        restore_scaler(self._scaler, self._scaler_state)
+
+
+def end_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, ema: Any, params: Sequence[torch.Tensor],
+    loss: torch.Tensor, clone: bool,
+) -> list[tuple[str, torch.Tensor | None]]:
+    """Everything a step leaves, named: the loss, parameters and their gradients, buffers, the
+    optimizer's, scaler's and EMA's state tensors (``clone``: copies, to outlive the next run)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    out: list[tuple[str, torch.Tensor | None]] = [("loss", loss)]
+    for i, p in enumerate(params):
+        name = names.get(id(p), f"parameter {i}")
+        out += [(f"parameter {name}", p), (f"grad {name}", p.grad)]
+    out += [(f"buffer {n}", b) for n, b in model.named_buffers()]
+    extra = ema.tensors() if ema is not None else ()
+    out += [(f"optimizer/scaler/EMA state {i}", t) for i, t in enumerate(unique(state_tensors(optimizer, scaler, extra)))]
+    if clone:
+        out = [(n, None if t is None else t.detach().clone()) for n, t in out]
+    return out
+
+
+def difference(replayed: list[tuple[str, torch.Tensor | None]], eager: list[tuple[str, torch.Tensor | None]]) -> str | None:
+    """The first tensor where the recorded work's end state differs bitwise from eager's, or None."""
+    if [n for n, _ in replayed] != [n for n, _ in eager]:
+        return "the step's state changed shape (a tensor appeared or went away)"
+    return first_difference((n, e, r) for (n, r), (_, e) in zip(replayed, eager, strict=True))
