@@ -9,17 +9,21 @@ import torch
 from torch import nn
 
 import replaykit as rk
-from replaykit.testing import hazards
-from replaykit.testing.hazard_patterns import HAZARDS, MLP, PATTERNS, Arm, Pattern
 from replaykit.testing.hazards import (
     BOTH_RAISE,
     CLEAR_ERROR,
     EAGER_ONLY_RAISED,
+    HAZARDS,
+    MLP,
+    PATTERNS,
     REPLAYED,
     SILENT_DIFF,
     UNCLEAR_ERROR,
+    Arm,
+    Pattern,
     compare_states,
     run_pattern,
+    runner,
 )
 
 
@@ -108,12 +112,12 @@ def test_the_catalogue_covers_every_hazard_class_with_unique_names() -> None:
 
 
 def test_the_cli_exits_1_on_a_failure_and_writes_json(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.setattr(hazards, "PATTERNS", [_fake("nudged", _nudge), _fake("clean", lambda m: None)])
+    monkeypatch.setattr(runner, "PATTERNS", [_fake("nudged", _nudge), _fake("clean", lambda m: None)])
     out = tmp_path / "out.json"
-    assert hazards.main(["--backend", "emulated", "--json", str(out)]) == 1
+    assert runner.main(["--backend", "emulated", "--json", str(out)]) == 1
     rows = json.loads(out.read_text())
     assert [(r["pattern"], r["kind"], r["failed"]) for r in rows] == [
         ("nudged", SILENT_DIFF, True), ("clean", REPLAYED, False),
     ]
-    monkeypatch.setattr(hazards, "PATTERNS", [_fake("clean", lambda m: None)])
-    assert hazards.main(["--plain"]) == 0
+    monkeypatch.setattr(runner, "PATTERNS", [_fake("clean", lambda m: None)])
+    assert runner.main(["--plain"]) == 0

@@ -1,4 +1,4 @@
-"""The hazards runner: each catalogue pattern eager vs replayed, classified per backend.
+"""The runner: each catalogue pattern eager vs replayed, classified per backend.
 
     python -m replaykit.testing.hazards --backend emulated [--unsafe] [--hazard inputs] [--json out.json]
 
@@ -37,7 +37,8 @@ from torch import nn
 import replaykit as rk
 from replaykit import bitwise
 
-from .hazard_patterns import HAZARDS, PATTERNS, Arm, Extras, Pattern
+from .catalogue import HAZARDS, PATTERNS
+from .pattern import Arm, Extras, Pattern
 
 REPLAYED = "replayed bitwise"
 ROUTED = "routed eager"
