@@ -4,4 +4,5 @@ import sys
 
 from .runner import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a child process imports the parent's main module
+    sys.exit(main())

@@ -5,6 +5,7 @@ attributes, config objects, values held outside the module tree.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,7 @@ from .pattern import (
     mlp,
     set_at,
     setter,
+    step_loop,
 )
 
 
@@ -125,6 +127,26 @@ def _class_attribute(model: nn.Module, arm: Arm) -> Extras:
         ClassScaled.SCALE = 1.0
 
 
+# --------------------------------------------------------------------------- whole steps (rk.TrainStep)
+def _lr_scaled_at(at: int, factor: float) -> Callable[[nn.Module, torch.optim.Optimizer, int], None]:
+    """A ``step_loop`` ``before``: every group's float lr scaled by hand once, at step ``at``."""
+
+    def before(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+        if step == at:
+            for group in opt.param_groups:
+                group["lr"] = group["lr"] * factor
+
+    return before
+
+
+def _temperature_at(at: int, value: float) -> Callable[[nn.Module, torch.optim.Optimizer, int], None]:
+    def before(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+        if step == at:
+            model.temperature = value
+
+    return before
+
+
 HAZARD = "host_values"
 
 PATTERNS: list[Pattern] = [
@@ -163,6 +185,14 @@ PATTERNS: list[Pattern] = [
     Pattern("hidden_teacher_dropout_p", "host_values", "a teacher kept in a list has its dropout p annealed",
             lambda d: Distill(d).to(d),
             lambda m, a: loop(m, a, steps=4, before=lambda m, step: setattr(m._teacher[0].drop, "p", 0.5 - 0.1 * step)), guard="module_state"),
+    Pattern("step_plain_sgd", "host_values", "a plain SGD step (momentum, float lr) under rk.TrainStep: the control",
+            mlp(), lambda m, a: step_loop(m, a), api="step"),
+    Pattern("step_float_lr_changed", "host_values", "a float lr halved by hand after the step recorded",
+            mlp(), lambda m, a: step_loop(m, a, steps=6, before=_lr_scaled_at(3, 0.5)), guard="host_values", api="step"),
+    Pattern("step_temperature_changed", "host_values", "a float attribute the forward reads, changed after recording",
+            lambda d: Tempered().to(d),
+            lambda m, a: step_loop(m, a, loss_fn=lambda m, x: -m(x)[:, 0].mean(), steps=6, before=_temperature_at(3, 0.5)),
+            guard="module_state", api="step"),
 ]
 
 KNOWN_LIMITS: list[Pattern] = [

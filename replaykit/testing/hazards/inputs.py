@@ -191,6 +191,20 @@ def _view_then_inplace(model: nn.Module, arm: Arm) -> Extras:
     return loss_steps(model, arm, step)
 
 
+def _step_writes_input(model: nn.Module, arm: Arm) -> Extras:
+    """loss_fn halves its input in place; one batch trained on repeatedly, so the caller's x compounds."""
+
+    def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(0.5)
+        return m(x).pow(2).mean()
+
+    step = arm.train_step(model, loss_fn, sgd(model), warmup=2)
+    x = arm.randn(4, 6)
+    kept: Extras = {f"loss{i}": step(x).detach() for i in range(6)}
+    kept["caller_x"] = x
+    return kept
+
+
 HAZARD = "inputs"
 
 PATTERNS: list[Pattern] = [
@@ -219,4 +233,6 @@ PATTERNS: list[Pattern] = [
             lambda m, a: loop(m, a, steps=4, call=lambda m, x, s: m(x, float("nan") if s < 2 else 1.0))),
     Pattern("output_view_of_input_mutated", "inputs", "forward returns x[:, 3:]; the caller zeroes it in place",
             lambda d: ReturnsInputView().to(d), _view_then_inplace, guard="record_probe"),
+    Pattern("step_loss_writes_input", "inputs", "loss_fn scales its input in place (the caller's tensor)",
+            mlp(), _step_writes_input, api="step"),
 ]

@@ -4,6 +4,7 @@ another thread.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable
 
@@ -16,6 +17,7 @@ from .pattern import (
     Pattern,
     mlp,
     sgd,
+    step_loop,
 )
 
 
@@ -62,6 +64,12 @@ def _catching(errors: list[BaseException], fn: Callable[[int], None], i: int) ->
         errors.append(exc)
 
 
+def _resume_optimizer(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+    """At step 3 the optimizer loads its own state dict (a resumed checkpoint: same values, new tensors)."""
+    if step == 3:
+        opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+
+
 HAZARD = "lifecycle"
 
 PATTERNS: list[Pattern] = [
@@ -69,4 +77,6 @@ PATTERNS: list[Pattern] = [
             mlp(), _inplace_weights, guard="inplace_weights"),
     Pattern("step_in_another_thread", "lifecycle", "one training step runs in a second thread",
             mlp(), _threaded),
+    Pattern("step_optimizer_state_loaded", "lifecycle", "optimizer.load_state_dict after the step recorded",
+            mlp(), lambda m, a: step_loop(m, a, steps=6, before=_resume_optimizer), guard="state_identity", api="step"),
 ]

@@ -17,6 +17,7 @@ from .pattern import (
     mlp,
     set_at,
     sgd,
+    step_loop,
 )
 
 
@@ -136,6 +137,18 @@ def _albert(model: nn.Module, arm: Arm) -> Extras:
     return kept
 
 
+def _replace_bias(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+    """At step 3 ``fc2.bias`` becomes a new Parameter (same values); the user moves its optimizer slot."""
+    if step != 3:
+        return
+    old = model.fc2.bias
+    model.fc2.bias = nn.Parameter(old.detach().clone())
+    for group in opt.param_groups:
+        group["params"] = [model.fc2.bias if p is old else p for p in group["params"]]
+    if old in opt.state:
+        opt.state[model.fc2.bias] = opt.state.pop(old)
+
+
 HAZARD = "parameters"
 
 PATTERNS: list[Pattern] = [
@@ -157,4 +170,6 @@ PATTERNS: list[Pattern] = [
             _weight_norm_model, lambda m, a: loop(m, a)),
     Pattern("shared_submodule_albert", "parameters", "one block registered three times (ALBERT)",
             lambda d: Albert().to(d), _albert),
+    Pattern("step_parameter_replaced", "parameters", "a parameter replaced by a new nn.Parameter after recording",
+            mlp(), lambda m, a: step_loop(m, a, steps=6, before=_replace_bias), guard="param_identity", api="step"),
 ]

@@ -3,35 +3,74 @@
 A :class:`Pattern` builds a tiny model on a device and trains it a few steps as a user
 would write it; the runner (:mod:`.runner`) runs it twice from the same seed, eagerly
 and replayed, and compares the end states bit for bit. A pattern's ``train`` gets the
-model (captured or not) and an :class:`Arm`; it returns the extra tensors it keeps
-(losses, outputs, input gradients, hook call order), which join the parameters,
-gradients and buffers. :class:`MLP` and the loops below are what most patterns share,
-so every hazard module writes only what is particular to it.
+model and an :class:`Arm`; it returns the extra tensors it keeps (losses, outputs, input
+gradients, hook call order), which join the parameters, gradients and buffers.
 
-Imports only torch.
+Two entry points (``Pattern.api``): a ``"capture"`` pattern trains the model as plain
+PyTorch, and the runner captures it (``rk.capture``) in the replay arm; a ``"step"``
+pattern builds its training step with :meth:`Arm.train_step`, which is ``rk.TrainStep``
+replaying in the replay arm and its eager twin (``replay=False``) in the eager arm.
+:class:`MLP` and the loops below are what most patterns share, so every hazard module
+writes only what is particular to it.
+
+Imports only torch and the public core API.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
+import replaykit as rk
+
 Extras = dict[str, "torch.Tensor | None"]
+
+
+APIS = ("capture", "step")
 
 
 @dataclass
 class Arm:
-    """What a pattern's ``train`` knows about the run it is in."""
+    """What a pattern's ``train`` knows about the run it is in.
+
+    ``recorder``: the ``rk.capture`` recorder of a capture pattern's replay arm, or the
+    ``rk.TrainStep`` a step pattern built (the runner reads its journal). ``backend`` and
+    ``unsafe_disable``: what :meth:`train_step` builds with.
+    """
 
     device: str
     name: str  # "eager", "replay" or "unsafe"
     recorder: object | None = None
+    backend: str = "emulated"
+    unsafe_disable: tuple[str, ...] = ()
+    optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
+
+    @property
+    def replay(self) -> bool:
+        """Whether this arm replays (the eager arm is the reference)."""
+        return self.name != "eager"
 
     def randn(self, *shape: int) -> torch.Tensor:
         return torch.randn(*shape, device=self.device)
+
+    def train_step(
+        self, model: nn.Module, loss_fn: Callable[..., torch.Tensor], optimizer: torch.optim.Optimizer, **kwargs: Any
+    ) -> rk.TrainStep:
+        """A step pattern's ``rk.TrainStep``: replaying in the replay arm (with the arm's
+        ``unsafe_disable``), its eager twin in the eager arm; same backend, same ``kwargs``.
+        The optimizer's state joins the end state."""
+        step = rk.TrainStep(
+            model, loss_fn, optimizer, replay=self.replay, backend=self.backend,
+            unsafe_disable=self.unsafe_disable if self.replay else (), **kwargs,
+        )
+        self.optimizers.append(optimizer)
+        if self.replay:
+            self.recorder = step
+        return step
 
 
 @dataclass(frozen=True)
@@ -46,7 +85,14 @@ class Pattern:
     from a kernel's sensitivity to layout or aliasing, which differs between machines
     (it diverged on the development CPU, not on the H200 host's CPU): where it does not
     show, the notebook says so instead of failing. ``target``: which module to
-    capture (default: the whole model).
+    capture (default: the whole model; a capture pattern's only).
+
+    ``api``: ``"capture"`` (the runner captures the model) or ``"step"`` (``train`` builds
+    its step with :meth:`Arm.train_step`; ``guard`` then names a ``TrainStep`` protection).
+    ``may_hang``: the pattern has hung in native code somewhere (a CUDA capture, a lock
+    in the autograd engine), where no in-process deadline can stop it: the runner runs
+    it in a child process it can kill. ``timeout_s``: its deadline per run, if not the
+    runner's default.
     """
 
     name: str
@@ -61,6 +107,15 @@ class Pattern:
     kernel_dependent: bool = False  # the unsafe arm diverges only where kernels are layout/alias sensitive
     target: Callable[[nn.Module], nn.Module] | None = None
     tags: tuple[str, ...] = field(default=())
+    api: str = "capture"
+    may_hang: bool = False
+    timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.api not in APIS:
+            raise ValueError(f"pattern {self.name!r}: api {self.api!r}, choose from {APIS}")
+        if self.api == "step" and self.target is not None:
+            raise ValueError(f"pattern {self.name!r}: a step pattern steps its whole model (no target)")
 
 
 # --------------------------------------------------------------------------- the shared net
@@ -159,3 +214,26 @@ def setter(attr: str, value: object, step: int = 2, sub: str | None = None) -> C
         setattr(model.get_submodule(sub) if sub else model, attr, value)
 
     return set_at(step, fn)
+
+
+def step_loop(
+    model: nn.Module,
+    arm: Arm,
+    loss_fn: Callable[..., torch.Tensor] = lambda m, x: m(x).pow(2).mean(),
+    optimizer: Callable[[nn.Module], torch.optim.Optimizer] = sgd,
+    steps: int = 5,
+    shape: tuple[int, ...] = (4, 6),
+    before: Callable[[nn.Module, torch.optim.Optimizer, int], None] | None = None,
+    **step_kwargs: Any,
+) -> Extras:
+    """A step pattern's loop: ``loss = step(x)`` per batch through :meth:`Arm.train_step`;
+    keeps every loss. ``before(model, optimizer, step)`` runs before each call (a schedule,
+    a hand-made change); ``step_kwargs`` go to ``rk.TrainStep`` (``accumulate``, ``warmup``...)."""
+    opt = optimizer(model)
+    step = arm.train_step(model, loss_fn, opt, **step_kwargs)
+    kept: Extras = {}
+    for i in range(steps):
+        if before is not None:
+            before(model, opt, i)
+        kept[f"loss{i}"] = step(arm.randn(*shape)).detach()
+    return kept

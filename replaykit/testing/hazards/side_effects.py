@@ -18,6 +18,8 @@ from .pattern import (
     Pattern,
     loop,
     loss_steps,
+    mlp,
+    step_loop,
 )
 
 
@@ -246,6 +248,13 @@ class Checkpointed(nn.Module):
         return self.head(checkpoint(self.block, x, use_reentrant=False))
 
 
+def _alternating_loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Flips a task flag in a dict the model holds and weights the loss by it (Python a replay would not run)."""
+    history = model.__dict__.setdefault("history", {})
+    history["task"] = 1 - history.get("task", 0)
+    return model(x).pow(2).mean() * (1.0 + history["task"])
+
+
 HAZARD = "side_effects"
 
 PATTERNS: list[Pattern] = [
@@ -275,6 +284,8 @@ PATTERNS: list[Pattern] = [
             lambda m, a: loss_steps(m, a, lambda m, a: (m(a.randn(4, 6)), m.state.last)[1].pow(2).mean()), guard="record_probe"),
     Pattern("tensor_attribute_with_grad", "side_effects", "a trainable plain tensor attribute (logit_scale)",
             lambda d: TensorAttrWithGrad().to(d), _tensor_attr, guard="record_probe"),
+    Pattern("step_loss_changes_held_dict", "side_effects", "loss_fn flips a flag in a dict the model holds",
+            mlp(), lambda m, a: step_loop(m, a, loss_fn=_alternating_loss, steps=6, warmup=2), api="step"),
 ]
 
 KNOWN_LIMITS: list[Pattern] = [
