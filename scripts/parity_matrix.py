@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from replaykit import tables
-from replaykit.testing import matrix
-from replaykit.testing.scenario import quiet_replay_warnings
+from replaykit.testing.parity import matrix
+from replaykit.testing.parity.scenario import quiet_replay_warnings
 from replaykit.workflow.fingerprint import fingerprint
 
 

@@ -1,16 +1,18 @@
-"""The parity harness (extra ``testing``), named after ``torch.testing``: does replay end where eager ends?
+"""The test harness (extra ``testing``), named after ``torch.testing``: does replay end where eager ends?
 
-    end_state   snapshot a Lightning run's whole end state (weights, grads, optimizer, scaler, EMA ...)
-    nets        small networks that exercise replay (DetectionNet, DropoutNet)
-    trial       plain-PyTorch trials: eager vs replay vs unsafe arms over a few steps
-    tasks/      synthetic Lightning tasks (detection, pose, oriented, segmentation) and their data
-    scenario    the matrix's data model (Scenario, ArmOutcome, ScenarioResult)
-    parity      run one scenario's arms in this process
-    ddp         run one scenario's arms as DDP processes under torchrun
-    matrix      build and run the scenario matrix; its rows, diff rows and summary
-    bench       replay vs eager step times and memory
-    plots       the notebooks' tables and figures (pandas, matplotlib: extra ``notebooks``)
-    demo        ``python -m replaykit.testing.demo``: a parity table and a journal, no notebook
+    hazards/  the hazard catalogue (one module per hazard class) and its runner:
+              ``python -m replaykit.testing.hazards --backend emulated [--unsafe]``
+    parity/   whole training runs eager vs replayed: plain-PyTorch trials (``rk.capture``,
+              ``rk.TrainStep``), the Lightning scenario matrix, its DDP runner, end-state snapshots
+    bench/    step times and memory: network replay, the whole step, Lightning's loop, host overhead
+    nets      small networks that exercise replay (DetectionNet, DropoutNet)
+    tasks/    synthetic Lightning tasks (detection, pose, oriented, segmentation) and their data
+    zoo/      torchvision and timm networks built from code, trained eager vs replayed
+    plots     the notebooks' tables and figures (pandas, matplotlib: extra ``notebooks``)
+    demo      ``python -m replaykit.testing.demo``: a parity table and a journal, no notebook
+
+    hazard_patterns, matrix, scenario, step_matrix, step_bench, lightning_step_bench: the old
+    paths the notebooks import, each the very module it names in a subpackage (no copy).
 
 The bitwise comparator itself is core (``replaykit.bitwise``): the shadow check uses it.
 Import the module you need; this package imports nothing on its own.

@@ -19,7 +19,7 @@ from replaykit.determinism import enable_determinism
 from replaykit.errors import ReplayWarning
 
 from .nets import DetectionNet
-from .trial import Trial, arms
+from .parity.trial import Trial, arms
 
 
 def rows(device: str, steps: int) -> tuple[list[dict], str]:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .scenario import ScenarioResult, steady_steps
+from .parity.scenario import ScenarioResult, steady_steps
 
 ZERO_FLOOR = 1e-12  # where a bitwise-equal tensor is drawn on a log axis
 

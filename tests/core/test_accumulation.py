@@ -7,7 +7,7 @@ import torch
 
 import replaykit as rk
 from replaykit.testing.nets import DetectionNet
-from replaykit.testing.trial import Trial, compare
+from replaykit.testing.parity.trial import Trial, compare
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])

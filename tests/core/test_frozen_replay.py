@@ -503,7 +503,7 @@ class _BiasTable(nn.Module):
 def test_an_integer_index_gather_records_and_replays(backend: str, device: str) -> None:
     """aten.index is tagged dynamic_output_shape for boolean masks only: integer indices replay (the probe
     retired torchvision's Swin for its relative position bias); a boolean mask is still refused (above)."""
-    from replaykit.testing.trial import Trial, compare
+    from replaykit.testing.parity.trial import Trial, compare
 
     diffs, _, replay = compare(Trial(steps=3, features=4, batch=4, device=device), _BiasTable, backend=backend)
     assert diffs == []

@@ -9,7 +9,7 @@ import torch
 
 import replaykit as rk
 from replaykit.testing.nets import DetectionNet
-from replaykit.testing.trial import Trial, compare
+from replaykit.testing.parity.trial import Trial, compare
 
 
 @pytest.mark.parametrize("accumulation", [1, 2])

@@ -6,7 +6,7 @@ import torch
 
 import replaykit as rk
 from replaykit.testing.nets import DetectionNet
-from replaykit.testing.trial import Trial, compare
+from replaykit.testing.parity.trial import Trial, compare
 
 
 def test_held_outputs_keep_their_values(backend: str, device: str) -> None:
@@ -56,8 +56,7 @@ def test_the_recorders_own_references_are_in_the_use_count_baseline() -> None:
     the recorder also references to copy inputs in: copy-out must still find it unaliased."""
     import warnings
 
-    import replaykit.testing.hazard_patterns  # noqa: F401 - hazard_review is imported through it
-    from replaykit.testing.hazard_review import ReturnsInputView
+    from replaykit.testing.hazards.inputs import ReturnsInputView
 
     torch.manual_seed(0)
     model = ReturnsInputView()

@@ -7,7 +7,7 @@ import torch
 
 import replaykit as rk
 from replaykit.testing.nets import DetectionNet, DropoutNet
-from replaykit.testing.trial import Trial, compare, run
+from replaykit.testing.parity.trial import Trial, compare, run
 
 
 @pytest.mark.parametrize("accumulation", [1, 2, 3])

@@ -15,7 +15,7 @@ from torch import nn
 import replaykit as rk
 from replaykit.protections import in_scope
 from replaykit.step import TrainStep
-from replaykit.testing.step_trial import PROBES, SmallNet, StepConfig, small_loss, trial
+from replaykit.testing.parity.step_trial import PROBES, SmallNet, StepConfig, small_loss, trial
 
 
 def _cfg(device: str, backend: str, **kw) -> StepConfig:
@@ -156,7 +156,7 @@ def _pair(build, drive, device):
     """``build(replay) -> env`` (model, opt, step, ...), ``drive(env, g) -> kept tensors``: the eager
     twin and the replayed run compared bitwise (model, gradients, optimizer, kept tensors)."""
     from replaykit.bitwise import diff_states
-    from replaykit.testing.end_state import module_state, optimizer_state
+    from replaykit.testing.parity.end_state import module_state, optimizer_state
 
     states, envs = [], []
     for replay in (False, True):
@@ -225,11 +225,11 @@ def _assert_rerecorded(step: TrainStep, cause: str) -> None:
 def test_optimizer_state_assigned_by_hand_rerecords(backend, device, optimizer):
     """``opt.state[p][k] = torch.zeros_like(p)`` (a moment reset) leaves the recorded tensor alive at
     its address: no pointer check sees it, the assignment itself must."""
-    from replaykit.testing.step_trial import _optimizer
+    from replaykit.testing.parity.step_trial import make_optimizer
 
     def build(replay):
         model = SmallNet().to(device)
-        opt = _optimizer(optimizer, model, device)
+        opt = make_optimizer(optimizer, model, device)
         return {"model": model, "opt": opt, "step": TrainStep(model, small_loss, opt, replay=replay)}
 
     def drive(env, g):

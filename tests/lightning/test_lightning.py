@@ -11,8 +11,8 @@ import torch
 
 import replaykit as rk
 from replaykit.lightning import ReplayCallback
-from replaykit.testing.parity import run_scenario, unsafe_arms
-from replaykit.testing.scenario import Scenario
+from replaykit.testing.parity.arms import run_scenario, unsafe_arms
+from replaykit.testing.parity.scenario import Scenario
 from replaykit.testing.tasks import make_datamodule, make_task
 
 
@@ -114,7 +114,7 @@ def test_bf16_on_a_gpu_without_it_retires_instead_of_crashing(monkeypatch: pytes
 
 def test_accumulation_changed_between_fits_keeps_replay_and_parity() -> None:
     from replaykit.bitwise import diff_states
-    from replaykit.testing.end_state import snapshot
+    from replaykit.testing.parity.end_state import snapshot
 
     def two_fits(replay: bool) -> tuple[dict, ReplayCallback | None]:
         L.seed_everything(0, verbose=False)

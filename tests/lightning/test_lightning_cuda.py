@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from replaykit.lightning import ReplayCallback
-from replaykit.testing.parity import run_scenario, unsafe_arms
-from replaykit.testing.scenario import Scenario
+from replaykit.testing.parity.arms import run_scenario, unsafe_arms
+from replaykit.testing.parity.scenario import Scenario
 from replaykit.testing.tasks import make_datamodule, make_task
 
 

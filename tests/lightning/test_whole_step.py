@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import replaykit as rk
 from replaykit.errors import ReplayError
 from replaykit.lightning import whole_step
-from replaykit.testing.step_trial import SmallNet, small_loss
+from replaykit.testing.parity.step_trial import SmallNet, small_loss
 
 
 class WholeStepModule(L.LightningModule):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from replaykit.bitwise import diff_states
-from replaykit.testing.end_state import snapshot
+from replaykit.testing.parity.end_state import snapshot
 from replaykit.testing.tasks import LAYOUTS, TASKS, SyntheticDataModule, make_datamodule, make_task
 from replaykit.testing.tasks.data import batch_sizes
 

@@ -1,6 +1,6 @@
 """Zoo step times: eager vs ``torch.cuda.make_graphed_callables`` vs replaykit, per model × precision × batch.
 
-The arms and their interleaved timing are :mod:`replaykit.testing.bench`'s; a zoo step is
+The arms and their interleaved timing are :mod:`replaykit.testing.bench.timing`'s; a zoo step is
 forward, the model's loss, backward (a GradScaler for ``16-mixed``), SGD step and
 ``zero_grad``, at each model's small and medium batch (``ZooModel.batches``). Autocast
 runs with its cast cache on for eager and replaykit, as users write it, and off for
@@ -20,7 +20,7 @@ import torch
 
 from replaykit.recorder import capture
 
-from .. import bench
+from ..bench import network, timing
 from . import MODELS, build, names, unavailable
 from .run import AUTOCAST
 
@@ -33,14 +33,14 @@ def _context(device: torch.device, dtype: torch.dtype | None, cache: bool = True
     return lambda: torch.autocast(device.type, dtype=dtype, cache_enabled=cache)
 
 
-def _failed(size: str, arm: str, error: str) -> bench.ArmResult:
-    return bench.ArmResult(size, arm, math.nan, math.nan, math.nan, math.nan, None, f"failed: {error}")
+def _failed(size: str, arm: str, error: str) -> timing.ArmResult:
+    return timing.ArmResult(size, arm, math.nan, math.nan, math.nan, math.nan, None, f"failed: {error}")
 
 
 def bench_model(
     name: str, precision: str, batch: int, device: torch.device, steps: int = 30, rounds: int = 5,
     warmup_steps: int = 5, backend: str = "auto", seed: int = 0,
-) -> list[bench.ArmResult]:
+) -> list[timing.ArmResult]:
     """Every arm for one model, precision and batch size (``size`` reads ``model/precision/b<batch>``)."""
     size = f"{name}/{precision}/b{batch}"
     why = unavailable(name)
@@ -52,13 +52,13 @@ def bench_model(
     base = base.to(device).train()
     g = torch.Generator().manual_seed(1000 + seed)
     batches = [make_batch(batch, device, g) for _ in range(steps)]
-    arms: list[bench._Arm] = []
+    arms: list[timing.TimedArm] = []
     peaks: dict[str, float] = {}
-    out: list[bench.ArmResult] = []
+    out: list[timing.ArmResult] = []
     for arm_name in ARMS:
         if arm_name == "make_graphed_callables" and device.type != "cuda":
             continue
-        mem0 = bench._peak_reset(device)
+        mem0 = timing.peak_reset(device)
         model = copy.deepcopy(base)
         scaler = torch.amp.GradScaler(device.type) if precision == "16-mixed" else None
         try:
@@ -66,12 +66,12 @@ def bench_model(
                 context = _context(device, dtype, cache=False)
                 with context():  # its warm-up and capture run under the autocast it will be called in
                     call = torch.cuda.make_graphed_callables(model, tuple(a.clone() for a in batches[0][0]))
-                arm = bench._Arm(arm_name, model, call, loss=loss, context=context, scaler=scaler)
+                arm = timing.TimedArm(arm_name, model, call, loss=loss, context=context, scaler=scaler)
             elif arm_name == "replaykit":
                 rec = capture(model, backend=backend, warmup=3)
-                arm = bench._Arm(arm_name, model, model, release=rec, loss=loss, context=_context(device, dtype), scaler=scaler)
+                arm = timing.TimedArm(arm_name, model, model, release=rec, loss=loss, context=_context(device, dtype), scaler=scaler)
             else:
-                arm = bench._Arm(arm_name, model, model, loss=loss, context=_context(device, dtype), scaler=scaler)
+                arm = timing.TimedArm(arm_name, model, model, loss=loss, context=_context(device, dtype), scaler=scaler)
             torch.manual_seed(seed + 1)  # every arm draws the same dropout masks as eager
             for b in batches[:warmup_steps]:
                 arm.step(b)
@@ -79,19 +79,19 @@ def bench_model(
         except Exception as exc:  # one arm that cannot run is a row that says so
             out.append(_failed(size, arm_name, f"{type(exc).__name__}: {str(exc)[:200]}"))
             continue
-        bench._sync(device)
-        peaks[arm_name] = bench._peak(device, mem0)
+        timing.sync(device)
+        peaks[arm_name] = timing.peak_mib(device, mem0)
         arms.append(arm)
     if arms and arms[0].name == "eager":
-        out = list(bench.timed_results(size, arms, batches[warmup_steps:], rounds, device, peaks)) + out
+        out = list(timing.timed_results(size, arms, batches[warmup_steps:], rounds, device, peaks)) + out
     return out
 
 
 def run(
     models: Iterable[str], precisions: Iterable[str] = ("32",), device: str | torch.device | None = None,
     steps: int = 30, rounds: int = 5, backend: str = "auto",
-    progress: Callable[[bench.ArmResult], None] | None = None,
-) -> list[bench.ArmResult]:
+    progress: Callable[[timing.ArmResult], None] | None = None,
+) -> list[timing.ArmResult]:
     """Every model × precision at its small and medium batch."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda":
@@ -109,11 +109,11 @@ def run(
     return results
 
 
-def table(results: list[bench.ArmResult]) -> list[dict[str, Any]]:
-    """:func:`replaykit.testing.bench.table` rows (ratios vs eager and vs make_graphed_callables), split
+def table(results: list[timing.ArmResult]) -> list[dict[str, Any]]:
+    """:func:`replaykit.testing.bench.network.table` rows (ratios vs eager and vs make_graphed_callables), split
     into model, precision and batch; failed arms keep their row with the reason."""
     timed = [r for r in results if not r.note.startswith("failed:")]
-    rows = bench.table(timed) if timed else []
+    rows = network.table(timed) if timed else []
     rows += [{**{k: v for k, v in vars(r).items() if k != "step_ms"}} for r in results if r.note.startswith("failed:")]
     for row in rows:
         model, precision, b = row["size"].split("/")

@@ -1,6 +1,6 @@
 """The zoo's parity runner: each model × precision × accumulation trained eagerly and under replay.
 
-The same plain PyTorch loop as :mod:`replaykit.testing.trial` (seed, batches, SGD with
+The same plain PyTorch loop as :mod:`replaykit.testing.parity.trial` (seed, batches, SGD with
 momentum, gradient accumulation; autocast for ``16-mixed``/``bf16-mixed``, with a
 GradScaler for fp16), run three times from identical state: eager, eager again (parity
 presupposes that eager repeats itself), and with ``rk.capture(module)``. The end states
@@ -34,8 +34,8 @@ from replaykit.bitwise import TensorDiff, diff_states
 from replaykit.errors import ReplayError, ReplayWarning
 from replaykit.recorder import capture
 
-from ..scenario import PRECISIONS, steady_steps
-from ..trial import _flat_state, _grads
+from ..parity.scenario import PRECISIONS, steady_steps
+from ..parity.trial import flat_state, grads
 from . import MODELS, build, names, unavailable
 
 State = dict[str, "torch.Tensor | None"]
@@ -142,7 +142,7 @@ def train(case: ZooCase, capture_kwargs: dict[str, Any] | None = None) -> ZooArm
                 if (i + 1) % case.accumulation == 0:
                     if scaler is not None:
                         scaler.unscale_(opt)
-                    state.update(_grads(module, f"grad/step{step}"))
+                    state.update(grads(module, f"grad/step{step}"))
                     if scaler is not None:
                         scaler.step(opt)
                         scaler.update()
@@ -155,7 +155,7 @@ def train(case: ZooCase, capture_kwargs: dict[str, Any] | None = None) -> ZooArm
                 losses.append(loss.detach().float().cpu())
     except Exception as exc:  # an arm that raises is a row with its error, not a crashed matrix
         error = f"{type(exc).__name__}: {exc}"
-    state.update({k: None if v is None else v.cpu() for k, v in _flat_state(module, opt).items()})
+    state.update({k: None if v is None else v.cpu() for k, v in flat_state(module, opt).items()})
     state = {k: None if v is None else v.cpu() for k, v in state.items()}
     state["losses"] = torch.stack(losses) if losses else torch.zeros(0)
     if scaler is not None:

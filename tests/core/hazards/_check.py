@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from replaykit.testing.hazard_patterns import Pattern, by_hazard, pattern
-from replaykit.testing.hazards import Outcome, run_pattern
+from replaykit.testing.hazards import Outcome, Pattern, by_hazard, pattern, run_pattern
 
 
 def _explain(o: Outcome) -> str:

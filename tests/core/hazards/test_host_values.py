@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import replaykit as rk
-from replaykit.testing.hazard_patterns import MLP
+from replaykit.testing.hazards.pattern import MLP
 
 from ._check import assert_safe, assert_unsafe_diverges, guarded, names
 

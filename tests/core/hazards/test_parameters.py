@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 from torch.func import functional_call
 
 import replaykit as rk
-from replaykit.testing.hazard_patterns import MLP
+from replaykit.testing.hazards.pattern import MLP
 
 from ._check import assert_safe, assert_unsafe_diverges, guarded, names
 
@@ -61,3 +62,11 @@ def test_a_parametrization_registered_after_capture_is_noticed(backend: str, dev
         assert rec.retired or rec.counts["record"] >= 2 or rec.counts["eager"] >= 1
     finally:
         rec.release()
+
+
+def test_a_lazy_module_is_refused_clearly_until_materialized() -> None:
+    model = nn.Sequential(nn.LazyLinear(4), nn.ReLU(), nn.Linear(4, 2))
+    with pytest.raises(rk.ReplayError, match="lazy"):
+        rk.capture(model, backend="emulated")
+    model(torch.randn(3, 5))  # materializes
+    rk.capture(model, backend="emulated").release()

@@ -1,8 +1,11 @@
-"""The hazards runner itself can fail: a broken replay arm is a SILENT DIFF, a stray error is unclear."""
+"""The hazards runner itself can fail: a broken replay arm is a SILENT DIFF, a stray error is unclear,
+a hang is a failure (in this process or in a child), for both entry points (capture and step)."""
 
 from __future__ import annotations
 
 import json
+import signal
+import time
 
 import pytest
 import torch
@@ -10,16 +13,27 @@ from torch import nn
 
 import replaykit as rk
 from replaykit.testing import hazards
-from replaykit.testing.hazard_patterns import HAZARDS, MLP, PATTERNS, Arm, Pattern
 from replaykit.testing.hazards import (
     BOTH_RAISE,
     CLEAR_ERROR,
     EAGER_ONLY_RAISED,
+    HANG,
+    HAZARDS,
+    MLP,
+    PATTERNS,
     REPLAYED,
+    RETIRED,
+    ROUTED,
     SILENT_DIFF,
     UNCLEAR_ERROR,
+    Arm,
+    Outcome,
+    Pattern,
     compare_states,
     run_pattern,
+    runner,
+    step_loop,
+    summary,
 )
 
 
@@ -103,17 +117,156 @@ def test_the_catalogue_covers_every_hazard_class_with_unique_names() -> None:
     for hazard in HAZARDS:
         assert [p for p in PATTERNS if p.hazard == hazard], hazard
     known = {*rk.PROTECTIONS, "module_state", "input_aliasing", "input_layout", "argument_values",
-             "repeat_backward", "param_identity", "record_probe", "inplace_weights"}
+             "repeat_backward", "param_identity", "record_probe", "inplace_weights",
+             "state_identity", "host_values", "copy_out"}  # the last three: TrainStep's own
     assert {g for p in PATTERNS if p.guard for g in p.guard.split("+")} <= known
 
 
 def test_the_cli_exits_1_on_a_failure_and_writes_json(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.setattr(hazards, "PATTERNS", [_fake("nudged", _nudge), _fake("clean", lambda m: None)])
+    monkeypatch.setattr(runner, "PATTERNS", [_fake("nudged", _nudge), _fake("clean", lambda m: None)])
     out = tmp_path / "out.json"
-    assert hazards.main(["--backend", "emulated", "--json", str(out)]) == 1
+    assert runner.main(["--backend", "emulated", "--json", str(out)]) == 1
     rows = json.loads(out.read_text())
     assert [(r["pattern"], r["kind"], r["failed"]) for r in rows] == [
         ("nudged", SILENT_DIFF, True), ("clean", REPLAYED, False),
     ]
-    monkeypatch.setattr(hazards, "PATTERNS", [_fake("clean", lambda m: None)])
-    assert hazards.main(["--plain"]) == 0
+    monkeypatch.setattr(runner, "PATTERNS", [_fake("clean", lambda m: None)])
+    assert runner.main(["--plain"]) == 0
+
+
+# --------------------------------------------------------------------------- whole-step patterns
+def _fake_step(name: str, replay_effect, loss_fn=lambda m, x: m(x).pow(2).mean()) -> Pattern:
+    def train(model: nn.Module, arm: Arm) -> dict:
+        kept = step_loop(model, arm, loss_fn=loss_fn)
+        if arm.replay:
+            replay_effect(model)
+        return kept
+
+    return Pattern(name, "inputs", "a whole-step fake", lambda d: MLP().to(d), train, api="step")
+
+
+def test_a_clean_step_pattern_replays_bitwise_against_its_eager_twin(backend: str) -> None:
+    outcome = run_pattern(_fake_step("clean_step", lambda m: None), backend)
+    assert (outcome.kind, outcome.api) == (REPLAYED, "step"), outcome.detail
+    assert outcome.journal["replay"] >= 1 and outcome.journal["record"] >= 1
+
+
+def test_a_step_pattern_that_nudges_a_weight_is_a_silent_diff(backend: str) -> None:
+    outcome = run_pattern(_fake_step("nudged_step", _nudge), backend)
+    assert outcome.kind == SILENT_DIFF and outcome.failed
+    assert outcome.detail.startswith("param/fc1.weight")
+
+
+def test_the_optimizer_state_is_part_of_a_step_patterns_end_state(backend: str) -> None:
+    def train(model: nn.Module, arm: Arm) -> dict:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        step = arm.train_step(model, lambda m, x: m(x).pow(2).mean(), opt)
+        for _ in range(4):
+            step(arm.randn(4, 6))
+        if arm.replay:
+            with torch.no_grad():
+                opt.state[model.fc2.bias]["momentum_buffer"][0] += 1e-3
+        return {}
+
+    outcome = run_pattern(Pattern("momentum", "inputs", "", lambda d: MLP().to(d), train, api="step"), backend)
+    assert outcome.kind == SILENT_DIFF
+    assert outcome.detail.startswith("optim0/fc2.bias/momentum_buffer"), outcome.detail
+
+
+def test_a_step_patterns_retirement_and_routing_are_classified(backend: str) -> None:
+    def flip(model: nn.Module, x: torch.Tensor) -> torch.Tensor:  # Python a replay would not repeat
+        model.__dict__.setdefault("seen", []).append(1)
+        return model(x).pow(2).mean()
+
+    assert run_pattern(_fake_step("retires", lambda m: None, loss_fn=flip), backend).kind == RETIRED
+
+    def lr_every_step(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+        opt.param_groups[0]["lr"] = 0.1 / (step + 1)  # a new recording per step: over the budget of one
+
+    def budget(model: nn.Module, arm: Arm) -> dict:
+        return step_loop(model, arm, before=lr_every_step, max_recordings=1)
+
+    outcome = run_pattern(Pattern("budget", "inputs", "", lambda d: MLP().to(d), budget, api="step"), backend)
+    assert outcome.kind == ROUTED, outcome.line()
+    assert "budget" in outcome.detail
+
+
+def test_a_step_pattern_must_build_its_step_through_the_arm() -> None:
+    def plain(model: nn.Module, arm: Arm) -> dict:
+        return {}
+
+    with pytest.raises(ValueError, match=r"arm\.train_step"):
+        run_pattern(Pattern("no_step", "inputs", "", lambda d: MLP().to(d), plain, api="step"), "emulated")
+    with pytest.raises(ValueError, match="api"):
+        Pattern("bad_api", "inputs", "", lambda d: MLP().to(d), plain, api="lightning")
+
+
+# --------------------------------------------------------------------------- deadlines
+def _spin_in_replay(model: nn.Module, arm: Arm) -> dict:
+    if arm.replay:
+        while True:  # a Python-level hang: the in-process alarm ends it
+            pass
+    return {}
+
+
+def test_a_hang_in_this_process_is_a_failure_not_a_stuck_run() -> None:
+    pat = Pattern("spins", "lifecycle", "", lambda d: MLP().to(d), _spin_in_replay)
+    outcome = run_pattern(pat, "emulated", timeout=0.5)
+    assert outcome.kind == HANG and outcome.failed
+    assert "replay arm" in outcome.detail
+    assert run_pattern(_fake("after_a_hang", lambda m: None), "emulated").kind == REPLAYED  # the alarm is off again
+
+
+def _clean(model: nn.Module, arm: Arm) -> dict:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad(set_to_none=True)
+        model(arm.randn(4, 6)).pow(2).mean().backward()
+        opt.step()
+    return {}
+
+
+def _stuck_in_replay(model: nn.Module, arm: Arm) -> dict:
+    if arm.replay:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # as deaf to the alarm as native code
+        time.sleep(600)
+    return _clean(model, arm)
+
+
+# module level: a child process finds a ``may_hang`` pattern by its module and name
+IN_A_CHILD = [
+    Pattern("clean_in_a_child", "lifecycle", "", lambda d: MLP().to(d), _clean, may_hang=True),
+    Pattern("stuck_in_a_child", "lifecycle", "", lambda d: MLP().to(d), _stuck_in_replay, may_hang=True),
+]
+
+
+def test_a_may_hang_pattern_runs_in_a_child_and_answers_as_here() -> None:
+    outcome = run_pattern(IN_A_CHILD[0], "emulated")
+    assert isinstance(outcome, Outcome)
+    assert outcome.kind == REPLAYED and outcome.journal["replay"] >= 1
+
+
+def test_a_native_hang_is_killed_with_its_child_and_is_a_failure() -> None:
+    start = time.perf_counter()
+    outcome = run_pattern(IN_A_CHILD[1], "emulated", timeout=1.0)
+    assert outcome.kind == HANG and outcome.failed, outcome.line()
+    assert "killed" in outcome.detail
+    assert time.perf_counter() - start < 120
+
+
+# --------------------------------------------------------------------------- the summary
+def test_replay_coverage_counts_realistic_guarded_runs_per_api_and_backend() -> None:
+    outcomes = [
+        run_pattern(_fake("replays", lambda m: None), "emulated"),
+        run_pattern(_fake_step("step_replays", lambda m: None), "emulated"),
+        run_pattern(_fake_step("step_retires", lambda m: None, loss_fn=lambda m, x: (
+            m.__dict__.setdefault("seen", []).append(1), m(x).pow(2).mean())[1]), "emulated"),
+    ]
+    unsafe = Outcome("replays", "inputs", "emulated", REPLAYED, unsafe=True)
+    limit = Outcome(hazards.KNOWN_LIMITS[0].name, "x", "emulated", REPLAYED)
+    result = summary([*outcomes, unsafe, limit])
+    assert result["coverage"] == {
+        "capture/emulated": {"replayed": 1, "patterns": 1, "share": 1.0},
+        "step/emulated": {"replayed": 1, "patterns": 2, "share": 0.5},
+    }
+    assert "replay coverage: capture/emulated 1/1 (100%), step/emulated 1/2 (50%)" in result["line"]

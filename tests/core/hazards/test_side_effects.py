@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import replaykit as rk
-from replaykit.testing.hazard_patterns import Warmup
+from replaykit.testing.hazards.side_effects import Warmup
 
 from ._check import assert_safe, assert_unsafe_diverges, guarded, names
 

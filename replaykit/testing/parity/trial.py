@@ -1,7 +1,7 @@
 """A small plain-PyTorch training loop run twice, eager and under replay, for bitwise comparison.
 
 This is the core library's parity harness (the Lightning one lives in
-``replaykit.testing.parity``): the same seed, batches and schedule, then the whole end state
+``replaykit.testing.parity.arms``): the same seed, batches and schedule, then the whole end state
 (parameters, buffers, the gradients of every optimizer step with their None pattern,
 optimizer state, losses, outputs the caller kept) compared bit for bit.
 """
@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten
 
 from replaykit.recorder import Recorder, capture
 
-from ..bitwise import TensorDiff, diff_states
+from ...bitwise import TensorDiff, diff_states
 
 State = dict[str, torch.Tensor | None]
 
@@ -105,7 +105,8 @@ def loss_of(outputs: Any, read: tuple[int, ...] | None, kind: str = "mixed") -> 
     return total
 
 
-def _flat_state(model: nn.Module, opt: torch.optim.Optimizer) -> State:
+def flat_state(model: nn.Module, opt: torch.optim.Optimizer) -> State:
+    """Parameters, buffers and the optimizer's tensor state, detached copies keyed for :func:`~replaykit.bitwise.diff_states`."""
     state: State = {}
     for name, p in model.named_parameters():
         state[f"param/{name}"] = p.detach().clone()
@@ -119,7 +120,8 @@ def _flat_state(model: nn.Module, opt: torch.optim.Optimizer) -> State:
     return state
 
 
-def _grads(model: nn.Module, prefix: str) -> State:
+def grads(model: nn.Module, prefix: str) -> State:
+    """Each parameter's ``.grad`` (``None`` kept: the None pattern is compared too), under ``prefix``."""
     return {
         f"{prefix}/{n}": None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()
     }
@@ -163,7 +165,7 @@ def run(
             kept_outputs.append(out)
         del out, loss
         if (i + 1) % trial.accumulation == 0 or i == len(inputs) - 1:
-            state.update(_grads(model, f"grad/step{step}"))
+            state.update(grads(model, f"grad/step{step}"))
             opt.step()
             if trial.keep_grads:
                 live_kept.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
@@ -172,16 +174,16 @@ def run(
     if trial.device.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    state.update(_flat_state(model, opt))
-    state.update(_grads(model, "grad/end"))
+    state.update(flat_state(model, opt))
+    state.update(grads(model, "grad/end"))
     state["losses"] = torch.tensor(losses, dtype=torch.float64)
     for k, out in enumerate(kept_outputs):
         for j, t in enumerate(tree_flatten(out)[0]):
             state[f"kept_output/{k}/{j}"] = t.detach().clone()
-    for k, grads in enumerate(live_kept):
-        kept_grads.append({f"kept_grad/{k}/{n}": g.detach().clone() for n, g in grads.items()})
-    for grads in kept_grads:
-        state.update(grads)
+    for k, held in enumerate(live_kept):
+        kept_grads.append({f"kept_grad/{k}/{n}": g.detach().clone() for n, g in held.items()})
+    for held in kept_grads:
+        state.update(held)
     outcome = Outcome(state, seconds=seconds, losses=losses)
     if rec is not None:
         outcome.recorder = {**rec.journal.summary(), "retired": rec.retire_reason}

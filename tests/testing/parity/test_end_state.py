@@ -11,7 +11,7 @@ from lightning.pytorch.plugins import MixedPrecision
 from torch import nn
 
 from replaykit.bitwise import diff_states
-from replaykit.testing.end_state import scheduler_state, snapshot
+from replaykit.testing.parity.end_state import scheduler_state, snapshot
 from replaykit.testing.tasks import make_datamodule, make_task
 
 pytestmark = pytest.mark.filterwarnings(

@@ -1,6 +1,6 @@
 """replaykit's own host time per replayed call, measured with a backend that does no work.
 
-    python -m replaykit.testing.overhead [--blocks 100] [--calls 2000] [--rounds 7]
+    python -m replaykit.testing.bench.overhead [--blocks 100] [--calls 2000] [--rounds 7]
 
 A replayed call costs the graph launches plus replaykit's Python: routing, guards,
 copy-out checks, the hold, the journal. The launches are the backend's; this measures
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from ..backends.base import (
+from ...backends.base import (
     Backend,
     ForwardFn,
     Recording,
@@ -32,8 +32,8 @@ from ..backends.base import (
     flatten_outputs,
     grad_targets,
 )
-from ..protections import PROTECTIONS
-from ..recorder import Recorder
+from ...protections import PROTECTIONS
+from ...recorder import Recorder
 
 GUARDS = ("module_state", "param_identity", "argument_values", "input_aliasing", "input_layout", "inplace_weights")
 

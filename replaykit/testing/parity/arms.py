@@ -29,10 +29,10 @@ import torch
 from replaykit.lightning import ReplayCallback
 from replaykit.protections import PROTECTIONS, negative_control
 
-from ..bitwise import diff_states
+from ...bitwise import diff_states
+from ..tasks import make_datamodule, make_task
 from .end_state import snapshot
 from .scenario import PRECISIONS, ArmOutcome, Scenario, ScenarioResult
-from .tasks import make_datamodule, make_task
 
 
 class GradTrace(L.Callback):

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..bitwise import TensorDiff, diff_states
-from ..protections import negative_control
-from ..step import EMA, TrainStep
+from ...bitwise import TensorDiff, diff_states
+from ...protections import negative_control
+from ...step import EMA, TrainStep
 from .end_state import module_state, optimizer_state, scaler_state, scheduler_state
 
 
@@ -74,7 +74,8 @@ class StepResult:
         return not self.diffs
 
 
-def _optimizer(name: str, model: nn.Module, device: str) -> torch.optim.Optimizer:
+def make_optimizer(name: str, model: nn.Module, device: str) -> torch.optim.Optimizer:
+    """The trials' optimizers by name: ``sgd`` (fused, tensor lr), ``sgd_float``, ``adamw`` (fused), ``adam_plain``."""
     params = model.parameters()
     lr = torch.tensor(0.05, device=device)
     if name == "sgd":
@@ -115,7 +116,7 @@ def run(config: StepConfig, replay: bool) -> tuple[dict[str, Any], TrainStep, li
     """Train ``config.steps`` optimizer steps; returns the end state, the step and the losses."""
     torch.manual_seed(config.seed)
     model = SmallNet().to(config.device)
-    opt = _optimizer(config.optimizer, model, config.device)
+    opt = make_optimizer(config.optimizer, model, config.device)
     ema = EMA(model, config.ema) if config.ema is not None else None
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5) if config.scheduler else None
     scaler = torch.amp.GradScaler(config.device, init_scale=2.0**8, growth_interval=2) if config.scaler else None
@@ -152,7 +153,7 @@ def end_state(
     losses: list[torch.Tensor], kept: list[torch.Tensor] = (),  # type: ignore[assignment]
 ) -> dict[str, Any]:
     """Everything a whole-step run must end with bitwise: model, optimizer, scaler, scheduler, EMA,
-    what the user kept, every loss (the trials and :mod:`replaykit.testing.step_matrix` compare it)."""
+    what the user kept, every loss (the trials and :mod:`replaykit.testing.parity.step_matrix` compare it)."""
     state = module_state(model)
     state.update(optimizer_state([opt]))
     state.update(scaler_state(scaler))

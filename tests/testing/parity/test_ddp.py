@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from replaykit.lightning import ReplayCallback, unsupported
-from replaykit.testing.ddp import compare
-from replaykit.testing.scenario import Scenario
+from replaykit.testing.parity.ddp import compare
+from replaykit.testing.parity.scenario import Scenario
 from replaykit.testing.tasks import make_task
 
 
@@ -49,7 +49,7 @@ def test_parity_notebook_with_ddp(tmp_path) -> None:
 
     from replaykit.workflow.runs import run_notebook
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     params = {"tasks": ["detection"], "accumulations": [2], "devices": 2, "with_unsafe": True}
     result = run_notebook(root / "notebooks" / "parity.ipynb", params, runs_dir=tmp_path, cwd=root, progress=False)
     assert result.ok, result.summary.get("failed_cell")

@@ -1,6 +1,6 @@
 """Parity under Lightning DDP: each arm runs as ``devices`` processes under torchrun, every rank compared.
 
-    python -m replaykit.testing.ddp --task detection --accumulation 2 --devices 2 [--device cuda]
+    python -m replaykit.testing.parity.ddp --task detection --accumulation 2 --devices 2 [--device cuda]
 
 The driver launches one torchrun job per arm (``native``, ``replay``); each rank trains the
 same scenario with ``Trainer(strategy="ddp")`` and saves its end state. Every rank's replay
@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from ..bitwise import TensorDiff, diff_states
-from .parity import run_arm
+from ...bitwise import TensorDiff, diff_states
+from .arms import run_arm
 from .scenario import ArmOutcome, Scenario, ScenarioResult, quiet_replay_warnings
 
 
@@ -42,7 +42,7 @@ def launch(scenario: Scenario, arm: str, out_dir: Path, timeout: float = 600) ->
     spec.write_text(json.dumps({"scenario": dataclasses.asdict(scenario), "arm": arm}))
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={scenario.devices}",
-        "-m", "replaykit.testing.ddp", "--worker", str(spec),
+        "-m", "replaykit.testing.parity.ddp", "--worker", str(spec),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)

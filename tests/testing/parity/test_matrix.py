@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from replaykit.testing import matrix, parity
-from replaykit.testing.scenario import Scenario
+from replaykit.testing.parity import matrix
+from replaykit.testing.parity.arms import run_arm, run_scenario, unsafe_arms
+from replaykit.testing.parity.scenario import Scenario
 
 SLICE = [
     Scenario(task="detection", precision="32", accumulation=2, layout="contiguous"),
@@ -20,8 +21,8 @@ SLICE = [
 
 @pytest.mark.parametrize("scenario", SLICE, ids=lambda s: s.name)
 def test_slice_replays_equal_and_unsafe_arms_diverge(scenario: Scenario) -> None:
-    arms = ["replay", *parity.unsafe_arms(scenario)]
-    result = parity.run_scenario(scenario, arms)
+    arms = ["replay", *unsafe_arms(scenario)]
+    result = run_scenario(scenario, arms)
     rows = {r["arm"]: r for r in matrix.rows([result])}
     assert rows["replay"]["equal"], result.diffs["replay"][:5]
     assert rows["replay"]["replays"] >= 1 and rows["replay"]["retired"] is None
@@ -42,14 +43,14 @@ def test_matrix_shape_and_runner_yields_each_result() -> None:
 
 def test_bad_scenarios_fail_clearly() -> None:
     with pytest.raises(ValueError, match="precision"):
-        parity.run_arm(Scenario(precision="8-bit"))
+        run_arm(Scenario(precision="8-bit"))
     with pytest.raises(ValueError, match="arm"):
-        parity.run_arm(Scenario(), "sideways")
+        run_arm(Scenario(), "sideways")
 
 
 def test_the_replay_arm_with_the_shadow_check_stays_equal_and_counts_its_checks() -> None:
     scenario = Scenario(task="pose", precision="16-mixed", accumulation=2, check_every=2)
-    result = parity.run_scenario(scenario, ["replay"])
+    result = run_scenario(scenario, ["replay"])
     summary = result.arms["replay"].recorder
     assert result.passed, result.diffs["replay"][:5]
     assert summary["check"] >= 2 and summary["retired"] is None
@@ -59,5 +60,5 @@ def test_no_scenarios_still_give_every_column() -> None:
     """A zoo-only parity run (tasks=[]): the notebook's tables select columns from an empty frame."""
     df = matrix.frame([])
     assert len(df) == 0 and {"scenario", "arm", "ok", "equal", "error"} <= set(df.columns)
-    one = parity.run_scenario(Scenario(task="detection", max_steps=1), ["replay"])
+    one = run_scenario(Scenario(task="detection", max_steps=1), ["replay"])
     assert set(matrix.rows([one])[0]) == set(matrix.frame([]).columns)

@@ -1,4 +1,4 @@
-"""Patterns the model zoo found (#14): a parameter used several times under autocast.
+"""A parameter used several times under autocast (found by the model zoo).
 
 Autocast caches the low-precision cast of a leaf that requires grad for the rest of the
 autocast region, so eager casts each parameter once per region: every use shares one
@@ -8,10 +8,10 @@ would outlive it), so it casts per use and sums the gradients in float32: other 
 Torchvision's RetinaNet head (one set of convs over five FPN levels) showed it under
 16-mixed and bf16-mixed.
 
-``AUTOCAST`` joins the catalogue: within one call the probe counts the casts and routes
-that signature eager (``autocast_shared_weight``). ``AUTOCAST_LIMITS`` are still silent
-differences (README, Known limits): two calls of one captured module inside one autocast
-region whose outputs meet in one backward share eager's cast across the calls.
+Within one call the probe counts the casts and routes that signature eager
+(``autocast_shared_weight``). ``KNOWN_LIMITS`` are still silent differences (README, Known
+limits): two calls of one captured module inside one autocast region whose outputs meet
+in one backward share eager's cast across the calls.
 """
 
 from __future__ import annotations
@@ -19,7 +19,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .hazard_patterns import Arm, Extras, Pattern, _sgd
+from .pattern import (
+    Arm,
+    Extras,
+    Pattern,
+    sgd,
+)
 
 
 class SharedHead(nn.Module):
@@ -46,7 +51,7 @@ class OneHead(nn.Module):
 
 def _autocast_loop(model: nn.Module, arm: Arm, calls: int, steps: int = 4) -> Extras:
     """bf16 autocast (CPU and CUDA both have it); ``calls`` forwards in one region, one backward."""
-    opt = _sgd(model)
+    opt = sgd(model)
     kept: Extras = {}
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
@@ -58,13 +63,16 @@ def _autocast_loop(model: nn.Module, arm: Arm, calls: int, steps: int = 4) -> Ex
     return kept
 
 
-AUTOCAST = [
-    Pattern("autocast_shared_weight", "parameters", "a head applied three times in one forward under bf16 autocast",
+HAZARD = "autocast"
+
+PATTERNS: list[Pattern] = [
+    Pattern("autocast_shared_weight", "autocast", "a head applied three times in one forward under bf16 autocast",
             lambda d: SharedHead().to(d), lambda m, a: _autocast_loop(m, a, calls=1), guard="record_probe"),
 ]
 
-AUTOCAST_LIMITS = [
-    Pattern("autocast_two_calls_one_region", "parameters",
+KNOWN_LIMITS: list[Pattern] = [
+    Pattern("autocast_two_calls_one_region", "autocast",
             "two calls of one captured module in one bf16 autocast region, one backward",
             lambda d: OneHead().to(d), lambda m, a: _autocast_loop(m, a, calls=2)),
 ]
+"""Still silent differences (README, Known limits): kept out of ``PATTERNS``."""

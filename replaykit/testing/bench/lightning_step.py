@@ -1,0 +1,117 @@
+"""Lightning whole-step timing: ``Trainer.fit`` step times of Lightning's own floor (a one-parameter
+model), automatic optimization eager and with network replay (``ReplayCallback``), and manual
+optimization with the whole step replayed (:func:`replaykit.lightning.whole_step`).
+
+The issue's target reads: whole-step ≤ floor + 1.2 × the raw whole-step graph time (the raw
+graph is timed by :mod:`replaykit.testing.bench.step`). Step times come from a callback that
+synchronizes and stamps every ``on_train_batch_end``; the median of the steady steps counts.
+Not a test: timings are never asserted.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from ...lightning import ReplayCallback, whole_step
+from ..nets import DetectionNet
+from .timing import Size, heads_loss
+
+ARMS = ("lightning floor", "lightning eager", "lightning + network replay", "lightning + whole step")
+
+
+class _Stamps(L.Callback):
+    def __init__(self) -> None:
+        self.t: list[float] = []
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.t.append(time.perf_counter())
+
+
+class _Auto(L.LightningModule):
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return heads_loss(self.net(batch[0]))
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.net.parameters(), lr=0.01, momentum=0.9, fused=next(self.parameters()).is_cuda)
+
+
+class _Floor(_Auto):
+    """One parameter: what Lightning's loop costs per step by itself."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return (self.net.weight * batch[0].mean()).square().sum()
+
+
+class _Whole(_Auto):
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__(net)
+        self.automatic_optimization = False
+
+    def on_train_start(self) -> None:
+        self.step = whole_step(self, self.net, lambda net, x: heads_loss(net(x)))
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        self.step(batch[0])
+
+
+def _fit(module: L.LightningModule, data: torch.Tensor, device: str, callbacks: list) -> list[float]:
+    stamps = _Stamps()
+    trainer = L.Trainer(
+        max_epochs=1, accelerator="gpu" if device == "cuda" else "cpu", devices=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[stamps, *callbacks],
+    )
+    # a list of batches, as a loader yields them (a slice of one preloaded tensor has a new
+    # storage offset each step, which network replay keys: one recording per offset)
+    trainer.fit(module, DataLoader([(x.clone(),) for x in data], batch_size=None))
+    steps = [(b - a) * 1e3 for a, b in zip(stamps.t, stamps.t[1:], strict=False)]
+    return steps[len(steps) // 5 :]  # the first fifth warms up (records)
+
+
+def run(size: Size, device: str = "cuda", steps: int = 100) -> list[dict[str, Any]]:
+    """Median step ms per arm (same batches, same initial weights)."""
+    torch.manual_seed(0)
+    base = DetectionNet(width=size.width, depth=size.depth)
+    g = torch.Generator().manual_seed(1)
+    data = torch.randn(steps, size.batch, 3, size.image, size.image, generator=g).to(device)
+    out = []
+    for arm in ARMS:
+        net = DetectionNet(width=size.width, depth=size.depth)
+        net.load_state_dict(base.state_dict())
+        if arm == "lightning floor":
+            module, cbs = _Floor(nn.Linear(1, 1, bias=False)), []
+        elif arm == "lightning eager":
+            module, cbs = _Auto(net), []
+        elif arm == "lightning + network replay":
+            module, cbs = _Auto(net), [ReplayCallback("net")]
+        else:
+            module, cbs = _Whole(net), []
+        t = _fit(module, data, device, cbs)
+        out.append({"size": size.name, "arm": arm, "median_ms": statistics.median(t), "steps": len(t)})
+    return out
+
+
+def summary(rows: list[dict[str, Any]], raw_graph_ms: float | None) -> dict[str, Any]:
+    by = {r["arm"]: r["median_ms"] for r in rows}
+    line = (
+        f"lightning {rows[0]['size']}: floor {by['lightning floor']:.3f} ms, eager {by['lightning eager']:.3f} ms, "
+        f"network replay {by['lightning + network replay']:.3f} ms, whole step {by['lightning + whole step']:.3f} ms"
+    )
+    target = None
+    if raw_graph_ms is not None:
+        target = by["lightning floor"] + 1.2 * raw_graph_ms
+        line += f"; target floor + 1.2 x raw graph ({raw_graph_ms:.3f} ms) = {target:.3f} ms: {'met' if by['lightning + whole step'] <= target else 'missed'}"
+    return {"line": line, "target_ms": target, "rows": rows}

@@ -1,0 +1,45 @@
+"""The catalogue: every hazard class's patterns, in one list the runner and the notebook read.
+
+Each hazard module holds one class (``HAZARD``), its realistic ``PATTERNS`` and, where some
+are still silent differences, its ``KNOWN_LIMITS``. A new class is a new module listed in
+``MODULES``; a new pattern is one more entry in its module's ``PATTERNS``.
+"""
+
+from __future__ import annotations
+
+from . import (
+    autocast,
+    hook_order,
+    host_values,
+    inputs,
+    lifecycle,
+    parameters,
+    side_effects,
+    two_backwards,
+)
+from .pattern import Pattern
+
+MODULES = (two_backwards, host_values, parameters, inputs, side_effects, lifecycle, hook_order, autocast)
+
+HAZARDS: tuple[str, ...] = tuple(m.HAZARD for m in MODULES)
+
+PATTERNS: list[Pattern] = [p for m in MODULES for p in m.PATTERNS]
+
+KNOWN_LIMITS: list[Pattern] = [p for m in MODULES for p in getattr(m, "KNOWN_LIMITS", [])]
+"""Still silent differences (README, Known limits): kept out of ``PATTERNS``; their tests are
+strict xfails, so a fix shows up as a test to update."""
+
+
+def by_hazard(hazard: str) -> list[Pattern]:
+    """The catalogue's patterns of one hazard class."""
+    if hazard not in HAZARDS:
+        raise KeyError(f"unknown hazard {hazard!r}; choose from {HAZARDS}")
+    return [p for p in PATTERNS if p.hazard == hazard]
+
+
+def pattern(name: str) -> Pattern:
+    """The catalogue's pattern of this name."""
+    for p in PATTERNS:
+        if p.name == name:
+            return p
+    raise KeyError(f"no hazard pattern named {name!r}")

@@ -1,0 +1,202 @@
+"""Host-side values a graph freezes: submodules' modes, BN momentum, dropout p, float and flag
+attributes, config objects, values held outside the module tree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .pattern import (
+    MLP,
+    Arm,
+    Extras,
+    Pattern,
+    loop,
+    mlp,
+    set_at,
+    setter,
+    step_loop,
+)
+
+
+class Tempered(nn.Module):
+    """Logits divided by a Python float temperature the training loop anneals."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+        self.temperature = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.log_softmax(self.net(x) / self.temperature, dim=1)
+
+
+class Scaled(nn.Module):
+    """Reads ``cfg.scale`` of a config object passed as an argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+
+    def forward(self, x: torch.Tensor, cfg: Config) -> torch.Tensor:
+        return self.net(x) * cfg.scale
+
+
+class Config:
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+
+class Branchy(nn.Module):
+    """A boolean attribute switches a residual branch on (a curriculum flag)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(6, 6)
+        self.fc2 = nn.Linear(6, 3)
+        self.use_residual = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc1(x))
+        if self.use_residual:
+            h = h + x
+        return self.fc2(h)
+
+
+def _config_arg(model: nn.Module, arm: Arm) -> Extras:
+    cfg = Config(1.0)
+
+    def call(m: nn.Module, x: torch.Tensor, step: int) -> torch.Tensor:
+        cfg.scale = 1.0 / (step + 1)  # the same object, a new value
+        return m(x, cfg)
+
+    return loop(model, arm, steps=4, call=call)
+
+
+@dataclasses.dataclass(slots=True)
+class SlotConfig:
+    scale: float = 1.0
+
+
+class SlotScaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+        self.cfg = SlotConfig()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * self.cfg.scale
+
+
+class Distill(nn.Module):
+    """A frozen teacher kept in a list (so it is not a registered submodule)."""
+
+    def __init__(self, device: str = "cpu") -> None:
+        super().__init__()
+        self.net = MLP()
+        teacher = MLP(p=0.5).to(device)  # ``.to()`` on the student does not reach it
+        teacher.requires_grad_(False)
+        self._teacher = [teacher]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            target = self._teacher[0](x)
+        return self.net(x) - target
+
+
+class ClassScaled(nn.Module):
+    SCALE = 1.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * type(self).SCALE
+
+
+def _class_attribute(model: nn.Module, arm: Arm) -> Extras:
+    try:
+        return loop(model, arm, steps=4, before=lambda m, step: setattr(ClassScaled, "SCALE", 1.0 / (step + 1)))
+    finally:
+        ClassScaled.SCALE = 1.0
+
+
+# --------------------------------------------------------------------------- whole steps (rk.TrainStep)
+def _lr_scaled_at(at: int, factor: float) -> Callable[[nn.Module, torch.optim.Optimizer, int], None]:
+    """A ``step_loop`` ``before``: every group's float lr scaled by hand once, at step ``at``."""
+
+    def before(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+        if step == at:
+            for group in opt.param_groups:
+                group["lr"] = group["lr"] * factor
+
+    return before
+
+
+def _temperature_at(at: int, value: float) -> Callable[[nn.Module, torch.optim.Optimizer, int], None]:
+    def before(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+        if step == at:
+            model.temperature = value
+
+    return before
+
+
+HAZARD = "host_values"
+
+PATTERNS: list[Pattern] = [
+    Pattern("submodule_bn_eval", "host_values", "model.bn.eval() on a submodule after recording (BN frozen)",
+            mlp(bn=True), lambda m, a: loop(m, a, steps=4, before=set_at(2, lambda m: m.bn.eval())),
+            guard="module_state"),
+    Pattern("submodule_dropout_eval", "host_values", "model.drop.eval() on a submodule after recording",
+            mlp(p=0.5), lambda m, a: loop(m, a, steps=4, before=set_at(2, lambda m: m.drop.eval())),
+            guard="module_state"),
+    Pattern("bn_momentum_changed", "host_values", "bn.momentum changed after recording",
+            mlp(bn=True), lambda m, a: loop(m, a, steps=4, before=setter("momentum", 0.5, sub="bn")),
+            guard="module_state"),
+    Pattern("bn_momentum_none_after_record", "host_values", "bn.momentum = None (cumulative average) after recording",
+            mlp(bn=True), lambda m, a: loop(m, a, steps=4, before=setter("momentum", None, sub="bn")),
+            guard="module_state"),
+    Pattern("dropout_p_annealed", "host_values", "dropout.p annealed every step",
+            mlp(p=0.5),
+            lambda m, a: loop(m, a, steps=4, before=lambda m, s: setattr(m.drop, "p", 0.5 - 0.15 * s)),
+            guard="module_state"),
+    Pattern("temperature_schedule", "host_values", "a Python float attribute used as a temperature schedule",
+            lambda d: Tempered().to(d),
+            lambda m, a: loop(m, a, steps=4, before=lambda m, s: setattr(m, "temperature", 1.0 / (1 + s)),
+                               loss=lambda o: -o[:, 0].mean()),
+            guard="module_state"),
+    Pattern("config_object_argument", "host_values", "an argument object's .scale changes between calls",
+            lambda d: Scaled().to(d), _config_arg, guard="argument_values"),
+    Pattern("flag_attribute_branch", "host_values", "a boolean attribute switches a residual branch",
+            lambda d: Branchy().to(d), lambda m, a: loop(m, a, steps=4, before=setter("use_residual", True)),
+            guard="module_state"),
+    Pattern("slots_config", "host_values", "a __slots__ dataclass config whose scale is annealed",
+            lambda d: SlotScaled().to(d),
+            lambda m, a: loop(m, a, steps=4, before=lambda m, step: setattr(m.cfg, "scale", 1.0 / (step + 1))), guard="module_state"),
+    Pattern("hidden_teacher_eval", "host_values", "a teacher kept in a list is put in eval mode",
+            lambda d: Distill(d).to(d),
+            lambda m, a: loop(m, a, steps=4, before=lambda m, step: m._teacher[0].eval() if step == 2 else None), guard="module_state"),
+    Pattern("hidden_teacher_dropout_p", "host_values", "a teacher kept in a list has its dropout p annealed",
+            lambda d: Distill(d).to(d),
+            lambda m, a: loop(m, a, steps=4, before=lambda m, step: setattr(m._teacher[0].drop, "p", 0.5 - 0.1 * step)), guard="module_state"),
+    Pattern("step_plain_sgd", "host_values", "a plain SGD step (momentum, float lr) under rk.TrainStep: the control",
+            mlp(), lambda m, a: step_loop(m, a), api="step"),
+    Pattern("step_float_lr_changed", "host_values", "a float lr halved by hand after the step recorded",
+            mlp(), lambda m, a: step_loop(m, a, steps=6, before=_lr_scaled_at(3, 0.5)), guard="host_values", api="step"),
+    Pattern("step_temperature_changed", "host_values", "a float attribute the forward reads, changed after recording",
+            lambda d: Tempered().to(d),
+            lambda m, a: step_loop(m, a, loss_fn=lambda m, x: -m(x)[:, 0].mean(), steps=6, before=_temperature_at(3, 0.5)),
+            guard="module_state", api="step"),
+]
+
+KNOWN_LIMITS: list[Pattern] = [
+    Pattern("class_attribute", "host_values", "a class attribute read in forward changes",
+            lambda d: ClassScaled().to(d), _class_attribute),
+]
+"""Still silent differences (README, Known limits): kept out of ``PATTERNS``."""

@@ -1,0 +1,297 @@
+"""Side effects a replay would not repeat: private generators, attributes set in forward,
+held containers, data-dependent shapes, ``.item()``, sparse gradients.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .pattern import (
+    MLP,
+    Arm,
+    Extras,
+    Pattern,
+    loop,
+    loss_steps,
+    mlp,
+    step_loop,
+)
+
+
+class Noisy(nn.Module):
+    """Feature noise from the module's own Generator."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__()
+        self.net = MLP()
+        self.gen = torch.Generator(device=device).manual_seed(7)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        noise = torch.randn(x.shape, generator=self.gen, device=x.device)
+        return self.net(x + 0.1 * noise)
+
+
+def _noisy(model: nn.Module, arm: Arm) -> Extras:
+    kept = loop(model, arm, steps=4)
+    kept["generator_state"] = model.gen.get_state()  # advanced exactly once per call, as in eager
+    return kept
+
+
+class RunningCentre(nn.Module):
+    """A plain tensor attribute (not a buffer) updated in forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+        self.centre = torch.zeros(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        self.centre = 0.9 * self.centre.to(h.device) + 0.1 * h.detach().mean(0)
+        return h - self.centre
+
+
+class MoE(nn.Module):
+    """Two experts and a gate; the load-balancing loss is stored on the module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(6, 2)
+        self.experts = nn.ModuleList([nn.Linear(6, 3), nn.Linear(6, 3)])
+        self.aux_loss = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(self.gate(x), dim=1)
+        self.aux_loss = 2 * probs.mean(0).pow(2).sum()
+        return sum(probs[:, i : i + 1] * e(x) for i, e in enumerate(self.experts))
+
+
+def _moe(model: nn.Module, arm: Arm) -> Extras:
+    kept: Extras = {}
+
+    def loss(out: torch.Tensor) -> torch.Tensor:
+        return out.pow(2).mean() + 0.1 * model.aux_loss
+
+    kept.update(loop(model, arm, loss=loss))
+    kept["aux_loss"] = model.aux_loss.detach()
+    return kept
+
+
+class Masked(nn.Module):
+    """Returns only the rows a data-dependent mask keeps (boolean indexing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.net(x)
+        return h[h.sum(dim=1) > 0]
+
+
+class Nonzero(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = (x[:, 0] > 0).nonzero().squeeze(1)
+        return self.net(x.index_select(0, rows))
+
+
+class ItemNorm(nn.Module):
+    """Normalises by a host-side maximum read with .item()."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.net(x)
+        return h / (h.detach().abs().max().item() + 1.0)
+
+
+class SparseEmb(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 6, sparse=True)
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.emb(ids).mean(dim=1))
+
+
+def _sparse(model: nn.Module, arm: Arm) -> Extras:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    kept: Extras = {}
+    for step in range(3):
+        opt.zero_grad(set_to_none=True)
+        ids = torch.randint(0, 20, (4, 5), device=arm.device)
+        loss = model(ids).pow(2).mean()
+        loss.backward()
+        kept[f"emb_grad{step}"] = model.emb.weight.grad.to_dense()
+        opt.step()
+    model.emb.weight.grad = None  # a sparse .grad has no dense end state to compare
+    return kept
+
+
+class Warmup(nn.Module):
+    """A Python counter incremented in forward drives a warm-up factor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.net(x) * min(1.0, self.calls / 4)
+
+
+def _with_attr(attr: str) -> Callable[[nn.Module, Arm], Extras]:
+    def train(model: nn.Module, arm: Arm) -> Extras:
+        kept = loop(model, arm, steps=4)
+        value = getattr(model, attr)
+        kept[attr] = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+        return kept
+
+    return train
+
+
+class Cache(nn.Module):
+    """Writes a feature into a dict it holds; the loss reads it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(6, 8), nn.Linear(8, 3)
+        self.feats: dict[str, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc1(x))
+        self.feats["h"] = h
+        return self.fc2(h)
+
+
+class Stats(nn.Module):
+    """Appends a statistic to a list it holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+        self.log: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.net(x)
+        self.log.append(out.detach().mean())
+        return out
+
+
+def _stats(model: nn.Module, arm: Arm) -> Extras:
+    kept = loop(model, arm, steps=4)
+    kept["entries"] = torch.tensor(float(len(model.log)))
+    return kept
+
+
+class TensorAttrWithGrad(nn.Module):
+    """A trainable temperature kept as a plain tensor attribute (CLIP's logit_scale, not a Parameter)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+        self.logit_scale = torch.tensor(1.5, requires_grad=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * self.logit_scale.exp()
+
+
+def _tensor_attr(model: nn.Module, arm: Arm) -> Extras:
+    opt = torch.optim.SGD([*model.parameters(), model.logit_scale], lr=0.1)
+    kept = loss_steps(model, arm, lambda m, a: m(a.randn(4, 6)).pow(2).mean(), opt=opt)
+    kept["scale"] = model.logit_scale.detach().clone()
+    return kept
+
+
+class HeldState(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+        self.state = types.SimpleNamespace(last=None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.net(x)
+        self.state.last = out
+        return out
+
+
+class Seeded(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP(p=0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.manual_seed(123)  # not an aten op: a tape (and a graph) does not repeat it
+        return self.net(x)
+
+
+class Checkpointed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = MLP(d_out=6, p=0.3)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(checkpoint(self.block, x, use_reentrant=False))
+
+
+def _alternating_loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Flips a task flag in a dict the model holds and weights the loss by it (Python a replay would not run)."""
+    history = model.__dict__.setdefault("history", {})
+    history["task"] = 1 - history.get("task", 0)
+    return model(x).pow(2).mean() * (1.0 + history["task"])
+
+
+HAZARD = "side_effects"
+
+PATTERNS: list[Pattern] = [
+    Pattern("private_generator", "side_effects", "noise from the module's own torch.Generator",
+            lambda d: Noisy(d).to(d), _noisy, guard="record_probe"),
+    Pattern("tensor_attribute_updated", "side_effects", "a plain tensor attribute updated in forward",
+            lambda d: RunningCentre().to(d), _with_attr("centre"), guard="record_probe"),
+    Pattern("moe_aux_loss_attribute", "side_effects", "an auxiliary loss stored on the module, added to the loss",
+            lambda d: MoE().to(d), _moe, guard="record_probe"),
+    Pattern("boolean_mask_output", "side_effects", "a data-dependent output shape (boolean masking)",
+            lambda d: Masked().to(d), lambda m, a: loop(m, a, steps=4), guard=None),  # both backends refuse it at capture too
+    Pattern("nonzero_rows", "side_effects", "rows picked with nonzero(): data-dependent shapes inside",
+            lambda d: Nonzero().to(d), lambda m, a: loop(m, a, steps=4), guard=None),  # both backends refuse it at capture too
+    Pattern("item_in_forward", "side_effects", ".item() read inside forward",
+            lambda d: ItemNorm().to(d), lambda m, a: loop(m, a, steps=4), guard=None),  # both backends refuse it at capture too
+    Pattern("sparse_embedding_grad", "side_effects", "nn.Embedding(sparse=True): sparse gradients",
+            lambda d: SparseEmb().to(d), _sparse, guard=None),  # both backends refuse it at capture too
+    Pattern("python_counter", "side_effects", "a Python counter incremented in forward (warm-up factor)",
+            lambda d: Warmup().to(d), _with_attr("calls"), guard="record_probe"),
+    Pattern("feature_dict_in_forward", "side_effects", "forward writes a feature into a dict the loss reads",
+            lambda d: Cache().to(d),
+            lambda m, a: loss_steps(m, a, lambda m, a: m(a.randn(4, 6)).pow(2).mean() + 0.1 * m.feats["h"].pow(2).mean()), guard="record_probe"),
+    Pattern("list_append_in_forward", "side_effects", "forward appends a statistic to a list it holds",
+            lambda d: Stats().to(d), _stats, guard="record_probe"),
+    Pattern("object_attribute_set_in_forward", "side_effects", "forward stores its output on an object it holds",
+            lambda d: HeldState().to(d),
+            lambda m, a: loss_steps(m, a, lambda m, a: (m(a.randn(4, 6)), m.state.last)[1].pow(2).mean()), guard="record_probe"),
+    Pattern("tensor_attribute_with_grad", "side_effects", "a trainable plain tensor attribute (logit_scale)",
+            lambda d: TensorAttrWithGrad().to(d), _tensor_attr, guard="record_probe"),
+    Pattern("step_loss_changes_held_dict", "side_effects", "loss_fn flips a flag in a dict the model holds",
+            mlp(), lambda m, a: step_loop(m, a, loss_fn=_alternating_loss, steps=6, warmup=2), api="step"),
+    # silent once; the recording's verification (its first replay against eager) routes them eager
+    Pattern("manual_seed_in_forward", "side_effects", "torch.manual_seed inside forward (not an aten op)",
+            lambda d: Seeded().to(d), lambda m, a: loop(m, a, steps=4), guard="verify_recording"),
+    Pattern("checkpointed_dropout", "side_effects", "torch.utils.checkpoint around a block with dropout",
+            lambda d: Checkpointed().to(d), lambda m, a: loop(m, a, steps=4), guard="verify_recording"),
+]
+
+KNOWN_LIMITS: list[Pattern] = []
+"""Still silent differences (README, Known limits): kept out of ``PATTERNS``."""

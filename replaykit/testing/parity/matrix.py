@@ -1,0 +1,152 @@
+"""The parity matrix: task x precision x accumulation x layout scenarios, run one by one,
+and the tables (rows, diff rows, summary) a notebook renders from their results."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict
+from typing import Any
+
+from .arms import run_scenario, unsafe_arms
+from .scenario import PRECISIONS, Scenario, ScenarioResult, steady_steps
+
+
+def matrix(
+    tasks: Iterable[str] = ("detection", "pose", "oriented", "segmentation"),
+    precisions: Iterable[str] = PRECISIONS,
+    accumulations: Iterable[int] = (1, 2, 3),
+    layouts: Iterable[str] = ("contiguous", "channels_last"),
+    partial_layouts: Iterable[str] = ("partial_last", "partial_between"),
+    partial_accumulation: int = 2,
+    **common: Any,
+) -> list[Scenario]:
+    """task x precision x accumulation x layout, plus the partial-batch layouts at one accumulation."""
+    tasks, precisions = list(tasks), list(precisions)
+    out = [
+        Scenario(task=t, precision=p, accumulation=a, layout=lay, **common)
+        for t, p, a, lay in itertools.product(tasks, precisions, accumulations, layouts)
+    ]
+    out += [
+        Scenario(task=t, precision=p, accumulation=partial_accumulation, layout=lay, **common)
+        for t, p, lay in itertools.product(tasks, precisions, partial_layouts)
+    ]
+    return out
+
+
+def run_matrix(
+    scenarios: Iterable[Scenario], with_unsafe: bool = False, progress: bool = True
+) -> Iterator[ScenarioResult]:
+    """Run scenarios one by one (a tqdm bar when ``progress``), yielding each result as it comes."""
+    scenarios = list(scenarios)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(scenarios), desc="parity", unit="case")
+    try:
+        for scenario in scenarios:
+            arms = ["replay", *(unsafe_arms(scenario) if with_unsafe else [])]
+            if scenario.devices > 1:  # each arm as DDP processes under torchrun
+                from .ddp import run_scenario as run_ddp  # torch.distributed only when asked
+
+                result = run_ddp(scenario, ("native", *arms))
+            else:
+                result = run_scenario(scenario, arms)
+            if bar is not None:
+                bar.set_postfix_str(f"{scenario.name}: {'pass' if result.passed else 'FAIL'}")
+                bar.update()
+            yield result
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def diff_rows(results: Iterable[ScenarioResult], limit: int = 20) -> list[dict[str, Any]]:
+    """The diff table: per scenario and non-native arm, one row per tensor that differs
+    (name, problem, max abs diff, max ULP distance, mismatched elements), ``limit`` rows at most each."""
+    out = []
+    for r in results:
+        for arm, diffs in r.diffs.items():
+            out += [{"scenario": r.scenario.name, "arm": arm, **d.as_dict()} for d in diffs[:limit]]
+    return out
+
+
+def summary(results: Iterable[ScenarioResult]) -> dict[str, Any]:
+    """Counts for a run's summary.json, and the one line an engineering log quotes."""
+    results = list(results)
+    table = rows(results)
+    replay = [r for r in table if r["arm"] == "replay"]
+    unsafe = [r for r in table if r["arm"] != "replay"]
+    diverged = [r for r in unsafe if not r["equal"]]
+    line = (
+        f"{sum(r.passed for r in results)}/{len(results)} scenarios passed; replay arm: "
+        f"{sum(r['equal'] for r in replay)}/{len(replay)} bitwise equal; unsafe arms: "
+        f"{len(diverged)}/{len(unsafe)} diverged"
+    )
+    return {
+        "line": line,
+        "scenarios": len(results),
+        "passed": sum(r.passed for r in results),
+        "failed": [r.scenario.name for r in results if not r.passed],
+        "replay_equal": sum(r["equal"] for r in replay),
+        "replay_cases": len(replay),
+        "unsafe_diverged": len(diverged),
+        "unsafe_cases": len(unsafe),
+    }
+
+
+def _median_steady(ms: list[float]) -> float:
+    steady = steady_steps(ms)
+    return statistics.median(steady) if steady else float("nan")
+
+
+def rows(results: Iterable[ScenarioResult]) -> list[dict[str, Any]]:
+    """One row per scenario and non-native arm: pass/fail, diff summary, journal summary, step times."""
+    out = []
+    for r in results:
+        native = r.arms["native"]
+        for name, arm in r.arms.items():
+            if name == "native":
+                continue
+            diffs = r.diffs.get(name, [])
+            rec = arm.recorder or {}
+            out.append(
+                {
+                    **{k: v for k, v in asdict(r.scenario).items() if k not in ("device",)},
+                    "scenario": r.scenario.name,
+                    "arm": name,
+                    "expected": "diverge" if name.startswith("unsafe:") and name[7:] in r.scenario.exercised() else "equal",
+                    "equal": r.equal(name),
+                    "ok": r.ok(name),
+                    "tensors_differing": len(diffs),
+                    "max_abs_diff": max((d.max_abs for d in diffs if d.problem == "values"), default=0.0),
+                    "none_pattern_diffs": sum(d.problem == "none_pattern" for d in diffs),
+                    "recordings": rec.get("record", 0),
+                    "replays": rec.get("replay", 0),
+                    "eager": rec.get("eager", 0),
+                    "eager_reasons": rec.get("eager_reasons", {}),
+                    "backward_reasons": rec.get("backward_reasons", {}),
+                    "retired": rec.get("retired"),
+                    "native_step_ms": _median_steady(native.step_ms),
+                    "arm_step_ms": _median_steady(arm.step_ms),
+                    "error": arm.error or native.error,
+                }
+            )
+    return out
+
+
+_KEYS = (
+    *(k for k in Scenario.__dataclass_fields__ if k != "device"), "scenario", "arm", "expected", "equal", "ok",
+    "tensors_differing", "max_abs_diff", "none_pattern_diffs", "recordings", "replays", "eager", "eager_reasons",
+    "backward_reasons", "retired", "native_step_ms", "arm_step_ms", "error",
+)
+
+
+def frame(results: Iterable[ScenarioResult]):
+    """The rows as a pandas DataFrame (what the notebooks render); no scenarios (a zoo-only run): no
+    rows, but every column."""
+    import pandas as pd
+
+    return pd.DataFrame(rows(results), columns=list(_KEYS))

@@ -1,0 +1,126 @@
+"""The parity matrix's data model: a scenario, one arm's outcome, a scenario's result.
+
+Both runners build on it: :mod:`replaykit.testing.parity.arms` (one process) and
+:mod:`replaykit.testing.parity.ddp` (DDP under torchrun); neither imports the other's runner.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from replaykit.errors import ReplayWarning
+
+from ...bitwise import TensorDiff
+
+PRECISIONS: tuple[str, ...] = ("32", "16-mixed", "bf16-mixed")
+#: Which protection each probe (or accumulation) shows to matter.
+EXERCISES = {"two_forwards": "hold", "keep_outputs": "live_outputs", "drop_head": "none_pattern"}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One training configuration of the parity matrix."""
+
+    task: str = "detection"
+    precision: str = "32"
+    accumulation: int = 1
+    layout: str = "contiguous"
+    batch_size: int = 4
+    n_train: int | None = None  # batches come from the layout when None
+    max_steps: int = -1  # optimizer steps; -1: one epoch
+    clip: float | None = None
+    scheduler: str | None = None
+    ema: float | None = None
+    optimizer: str = "sgd"
+    validate: bool = False
+    probe: str | None = None
+    overflow_step: int | None = None
+    epochs: int = 1
+    accumulation_schedule: tuple[tuple[int, int], ...] | None = None  # ((epoch, accumulation), ...)
+    resume: bool = False  # train ``epochs`` epochs, checkpoint, then resume for one more in a new Trainer
+    assign_at_step: int | None = None  # load_state_dict(..., assign=True) into net at this step
+    seed: int = 0
+    device: str = "cpu"
+    devices: int = 1  # processes (DDP when > 1: launched by replaykit.testing.parity.ddp under torchrun)
+    check_every: int = 0  # the replay arm's shadow check: every N-th replayed call against eager (0: off)
+
+    @property
+    def name(self) -> str:
+        parts = [self.task, self.precision, f"acc{self.accumulation}", self.layout]
+        flags = {
+            "overflow": self.overflow_step is not None,
+            "ema": self.ema is not None,
+            "clip": self.clip is not None,
+            "sched": self.scheduler is not None,
+            "val": self.validate,
+            "acc-schedule": self.accumulation_schedule is not None,
+            "resume": self.resume,
+            "assign": self.assign_at_step is not None,
+        }
+        parts += [p for p in (self.probe, *(k for k, on in flags.items() if on)) if p]
+        return "/".join(str(p) for p in parts)
+
+    def exercised(self) -> tuple[str, ...]:
+        """Protections whose absence this scenario can expose."""
+        # with drop_head (a partial backward: fresh gradients) or two_forwards (eager and replay
+        # gradients summed before AccumulateGrad) no static buffer becomes a .grad
+        aliasing = self.probe not in ("drop_head", "two_forwards")
+        out = ["copy_out"] if self.accumulation > 1 and aliasing else []
+        if self.probe in EXERCISES:
+            out.append(EXERCISES[self.probe])
+        return tuple(out)
+
+
+WARMUP_STEPS = 2  # the first steps record (replay) or warm caches (native): not steady-state timing
+
+
+def steady_steps(ms: list[float]) -> list[float]:
+    """Per-step times without the warm-up steps, which record graphs and would swamp a median;
+    kept whole when there are too few steps to spare them."""
+    return ms[WARMUP_STEPS:] if len(ms) > 2 * WARMUP_STEPS else list(ms)
+
+
+@dataclass
+class ArmOutcome:
+    """What one arm ended with."""
+
+    arm: str
+    state: dict[str, torch.Tensor | None]
+    recorder: dict[str, Any] | None
+    step_ms: list[float]
+    seconds: float
+    error: str | None = None
+
+
+@dataclass
+class ScenarioResult:
+    """Both (or more) arms of one scenario and how each compares with native."""
+
+    scenario: Scenario
+    arms: dict[str, ArmOutcome]
+    diffs: dict[str, list[TensorDiff]] = field(default_factory=dict)
+
+    def equal(self, arm: str) -> bool:
+        return self.arms[arm].error is None and not self.diffs.get(arm)
+
+    def ok(self, arm: str) -> bool:
+        """Replay arms must equal native; an unsafe arm must diverge where its protection is exercised."""
+        if arm == "native":
+            return self.arms[arm].error is None
+        if arm.startswith("unsafe:") and arm.split(":", 1)[1] in self.scenario.exercised():
+            return not self.equal(arm)
+        return self.equal(arm)
+
+    @property
+    def passed(self) -> bool:
+        return all(self.ok(arm) for arm in self.arms)
+
+
+
+def quiet_replay_warnings() -> None:
+    """Replay warnings are expected in unsafe arms; keep notebook output readable."""
+    warnings.simplefilter("ignore", ReplayWarning)
