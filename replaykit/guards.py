@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterator
 from enum import Enum
 from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
@@ -207,6 +207,12 @@ def value_key(value: Any) -> Any:
         return ("c", value.real.hex(), value.imag.hex())
     if isinstance(value, (set, frozenset)):
         return (type(value), frozenset(value_key(v) for v in value))
+    if isinstance(value, deque):
+        return ("deque", tuple(value_key(v) for v in value))
+    if is_ndarray(value):  # by contents: an array updated in place keeps its identity
+        return ("ndarray", value.dtype.str, value.shape, value.tobytes())
+    if _is_numpy_generator(value):
+        return ("np-rng", id(value), value_key(value.bit_generator.state))
     if isinstance(value, FunctionType):  # by code and captured values: a new lambda each step may reuse an id
         cells = tuple(value_key(c.cell_contents) if _filled(c) else None for c in value.__closure__ or ())
         return ("fn", id(value.__code__), cells, value_key(value.__defaults__), value_key(value.__kwdefaults__))
@@ -223,6 +229,15 @@ def value_key(value: Any) -> Any:
     return ("id", id(value))
 
 
+def is_ndarray(value: Any) -> bool:
+    """A numpy array (numpy is not imported for this: a type check by module name)."""
+    return type(value).__module__ == "numpy" and hasattr(value, "tobytes") and hasattr(value, "shape")
+
+
+def _is_numpy_generator(value: Any) -> bool:
+    return type(value).__module__.startswith("numpy.random") and hasattr(value, "bit_generator")
+
+
 def _filled(cell: Any) -> bool:
     try:
         cell.cell_contents  # noqa: B018 - an empty cell raises
@@ -237,7 +252,7 @@ def _slots(value: Any) -> tuple[str, ...]:
 
 def _needs_polling(value: Any) -> bool:
     """Values that can change without a module ``__setattr__``: mutable containers, plain-data objects."""
-    if isinstance(value, (list, dict, set)):
+    if isinstance(value, (list, dict, set, deque)) or is_ndarray(value) or _is_numpy_generator(value):
         return True
     if isinstance(value, (torch.Tensor, nn.Module, FunctionType, BuiltinFunctionType, MethodType, type, ModuleType)):
         return False

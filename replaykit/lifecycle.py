@@ -28,12 +28,19 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import torch
 from torch import nn
 
 from .errors import ReplayError, ReplayWarning
 from .guards import ModuleGuard
 from .journal import KINDS, Journal
 from .retirement import ModuleWatch
+
+_grad_enabled = torch.is_grad_enabled
+_anomaly = torch.is_anomaly_enabled
+_functorch = torch._C._are_functorch_transforms_active
+_graph_task = torch._C._current_graph_task_id
+_saved_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
 
 
 class Watch(Protocol):
@@ -70,6 +77,7 @@ class Lifecycle:
         self.watch = ModuleWatch(module)
         self._drop = drop  # the entry point frees its recordings (now, or after a pending backward)
         self._identity = "param_identity" not in disabled
+        self._modes = "autograd_modes" not in disabled
         self._watches: list[Watch] = []
         self._owner: int | None = None
         #: held while recording and by other threads' eager calls: they wait for a recording under way
@@ -109,6 +117,28 @@ class Lifecycle:
             if self._owner is None:
                 self._owner = me
         return self._owner == me
+
+    def mode(self) -> str | None:
+        """Why autograd's mode forbids a replay now, or None (five C-level reads).
+
+        A replay hands autograd fixed kernels' results: under ``no_grad`` there is nothing to
+        record; anomaly mode checks each backward op for NaNs (a replayed backward runs none);
+        saved-tensor hooks (activation offload, non-reentrant checkpoint) would never see the
+        recording's saved tensors; a ``torch.func`` transform wraps the tensors; and a call inside a
+        backward (checkpoint's recompute) must not record, nor replay over a pending backward.
+        """
+        if not _grad_enabled():
+            return "no_grad"
+        if self._modes:
+            if _anomaly():
+                return "anomaly_mode"
+            if _graph_task() != -1:
+                return "in_backward"
+            if _functorch():
+                return "functorch"
+            if _saved_hooks is not None and _saved_hooks(False) is not None:
+                return "saved_tensors_hooks"
+        return None
 
     def eager(self, call: int, reason: str) -> None:
         """Journal an eager route; under ``strict`` anything but a warm-up raises instead."""

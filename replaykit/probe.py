@@ -159,6 +159,7 @@ def probe(
     static_inputs: Sequence[torch.Tensor],
     params: Sequence[torch.Tensor],
     saved: list[int] | None = None,
+    host_rng: bool = True,
 ) -> Refusal | None:
     """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None.
 
@@ -168,7 +169,7 @@ def probe(
     if gradient_hooks(params) > 1:
         return Refusal("module", f"gradient hooks on {gradient_hooks(params)} parameters would run in another order than eager")
     leaves = [p.detach().requires_grad_(True) for p in params]
-    effects = SideEffects(module, static_inputs)
+    effects = SideEffects(module, static_inputs, host_rng)
     inspector = _Inspector(leaves)
     hooks = _SavedParameters(leaves)
     # the backends record with autocast's cast cache off: so does the probe, to count the casts a recording makes

@@ -40,6 +40,13 @@ REGISTRY: dict[str, Protection] = {
         Protection("repeat_backward", "capture", "a second backward through one replayed call rewrites the first one's gradient buffers; create_graph gets no graph"),
         Protection("inplace_weights", "capture", "parameters changed in place between a replayed forward and its backward go unnoticed"),
         Protection("verify_recording", "both", "a new recording is trusted unchecked: code that computes differently under capture (a library branching on it) replays that"),
+        Protection("autograd_modes", "both", "calls under anomaly mode, saved-tensor hooks, torch.func transforms or inside a backward (checkpoint's recompute) replay as if none were on"),
+        Protection("host_rng", "both", "a recorded call that drew from Python's or numpy's RNG replays the first draw for ever"),
+        Protection("input_versions", "capture", "an input changed in place between a replayed forward and its backward goes unnoticed (eager raises)"),
+        Protection("hooks", "step", "module, gradient and optimizer hooks run at the recording call only"),
+        Protection("loss_inputs", "step", "what loss_fn reads besides tensors (closure cells, globals, a criterion's attributes) is frozen at recording"),
+        Protection("optimizer_trust", "step", "an optimizer whose step() is not known to be capture-safe replays without its Python"),
+        Protection("foreign_grads", "step", "parameters outside the model that loss_fn reaches keep the gradient of the recording call"),
         Protection("state_identity", "step", "optimizer, scaler and EMA state tensors replaced (load_state_dict, add_param_group) replay the old ones"),
         Protection("host_values", "step", "the optimizer's, scaler's and clip's host values (a float lr) are not keyed: a changed one replays the old"),
     )

@@ -293,8 +293,9 @@ class Recorder:
         if not life.owns_thread():
             with life.lock:
                 return self._eager(call, "thread", args, kwargs)
-        if not torch.is_grad_enabled():
-            return self._eager(call, "no_grad", args, kwargs)
+        mode = life.mode()
+        if mode is not None:
+            return self._eager(call, mode, args, kwargs)
         if not self.module.training:
             return self._eager(call, "eval", args, kwargs)
         if self._hold_enabled and self._hold.active:
@@ -358,7 +359,7 @@ class Recorder:
         fn = partial(self._run_forward, callargs, params)
         saved = list(range(len(params)))  # the parameters the backward reads (all, unless the probe says)
         try:
-            refusal = None if "record_probe" in self.disabled else probe(self.module, fn, static_inputs, params, saved)
+            refusal = None if "record_probe" in self.disabled else probe(self.module, fn, static_inputs, params, saved, "host_rng" not in self.disabled)
             if refusal is None:
                 recording = self.backend.record(fn, static_inputs, params, self.warmup)
         except Exception as exc:

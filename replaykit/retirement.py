@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.modules import module as module_mod
 
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
-_GLOBAL_HOOKS = (
+GLOBAL_HOOKS = (
     module_mod._global_forward_pre_hooks,
     module_mod._global_forward_hooks,
     module_mod._global_backward_pre_hooks,
@@ -34,10 +34,15 @@ _requires_grad = attrgetter("requires_grad")
 _data_ptr = torch.Tensor.data_ptr
 
 
+def module_hooks(module: nn.Module) -> int:
+    """Hooks of every module in the tree, the root's own included (a whole step runs those too)."""
+    return sum(len(m.__dict__.get(name, ())) for m in module.modules() for name in _HOOK_DICTS)
+
+
 def hook_dicts(module: nn.Module) -> list[dict]:
     """The hook dicts whose entries would run inside ``module.forward`` (not the top module's own)."""
     dicts = [getattr(m, name) for m in module.modules() if m is not module for name in _HOOK_DICTS]
-    return dicts + list(_GLOBAL_HOOKS)
+    return dicts + list(GLOBAL_HOOKS)
 
 
 class ModuleWatch:
@@ -58,7 +63,7 @@ class ModuleWatch:
         self._tensors = [*module.parameters(), *module.buffers()]
         self._frozen = [p for p in module.parameters() if not p.requires_grad]
         self._ptrs = list(map(_data_ptr, self._tensors))
-        self._globals = sum(map(len, _GLOBAL_HOOKS))
+        self._globals = sum(map(len, GLOBAL_HOOKS))
         self._hooks = sum(map(len, hook_dicts(module)))
 
     @property
@@ -71,7 +76,7 @@ class ModuleWatch:
             return "parameter or buffer storage changed"
         if self._frozen and any(map(_requires_grad, self._frozen)):
             return "requires_grad of a parameter changed (a frozen parameter now requires grad)"
-        if any(_GLOBAL_HOOKS) if self._globals == 0 else sum(map(len, _GLOBAL_HOOKS)) != self._globals:
+        if any(GLOBAL_HOOKS) if self._globals == 0 else sum(map(len, GLOBAL_HOOKS)) != self._globals:
             return "module hooks changed (global)"  # from none (the usual baseline): any hook at all
         return None
 

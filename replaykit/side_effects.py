@@ -9,8 +9,9 @@ forward, or the whole step's recording call)
   static copy), or
 - changes a container or plain object the model holds (``self.log.append(...)``),
 
-replays would silently not do it again. :class:`SideEffects` watches one run for all
-three; both entry points ask it the same question.
+replays would silently not do it again. Nor would a replay draw again from Python's
+``random`` or numpy's global RNG (mixup's lambda, LayerDrop): it repeats the first draw.
+:class:`SideEffects` watches one run for all of these; both entry points ask it the same question.
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ import torch
 from torch import nn
 
 from .guards import held_values, listen_for_writes, value_key
+from .snapshot import host_rng_state
 
 
 class SideEffects:
     """Watches one run of recorded code (``with SideEffects(model, inputs) as effects: ...``)."""
 
-    def __init__(self, module: nn.Module, inputs: Sequence[torch.Tensor]) -> None:
+    def __init__(self, module: nn.Module, inputs: Sequence[torch.Tensor], host_rng: bool = True) -> None:
         self._module = module
+        self._rng = host_rng_state() if host_rng else None
         self._inputs = list(inputs)
         self._versions = [x._version for x in self._inputs]
         self._held = held_values(module)
@@ -57,4 +60,6 @@ class SideEffects:
         changed = [name for name, value, key in self._held if value_key(value) != key]
         if changed:
             return f"{who} changes {changed[0]} (a container or object the model holds); a replay would not"
+        if self._rng is not None and host_rng_state() != self._rng:
+            return f"{who} draws from Python's random or numpy's global RNG; a replay would repeat the first draw"
         return None

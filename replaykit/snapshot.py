@@ -9,8 +9,14 @@ bitwise equal to eager.
 
 from __future__ import annotations
 
+import random
+import sys
+from collections import deque
+
 import torch
 from torch import nn
+
+from .guards import is_ndarray
 
 
 class StateSnapshot:
@@ -26,6 +32,7 @@ class StateSnapshot:
         self._values = [(t, t.detach().clone()) for t in held]
         self._grads = [(p, p.grad, None if p.grad is None else p.grad.detach().clone()) for p in module.parameters()] if tensors else []
         self._rng = rng_states(held) if tensors else None
+        self._host_rng = host_rng_state() if tensors else None
         self._attributes = [(m, _plain_attributes(m)) for m in module.modules()]
         self._contents = [(v, _contents(v)) for m in module.modules() for v in _plain_attributes(m).values() if _mutable(v)]
 
@@ -48,6 +55,8 @@ class StateSnapshot:
                     p.grad = grad
                 if grad is not None:
                     grad.data.copy_(value)
+        if self._host_rng is not None:
+            set_host_rng_state(self._host_rng)
         if self._rng is not None:
             cpu, cuda = self._rng
             torch.set_rng_state(cpu)
@@ -65,15 +74,17 @@ def _plain_attributes(module: nn.Module) -> dict:
 
 
 def _mutable(value: object) -> bool:
-    return isinstance(value, (list, dict, set)) or (
+    return isinstance(value, (list, dict, set, deque)) or is_ndarray(value) or (
         hasattr(value, "__dict__") and not isinstance(value, (nn.Module, torch.Tensor, type)) and not callable(value)
     )
 
 
 def _contents(value: object) -> object:
     """A shallow copy of a container's items, or of a plain object's attributes."""
-    if isinstance(value, list):
+    if isinstance(value, (list, deque)):
         return list(value)
+    if is_ndarray(value):
+        return value.copy()  # type: ignore[attr-defined]
     if isinstance(value, (dict, set)):
         return value.copy()
     return dict(vars(value))
@@ -83,6 +94,11 @@ def _put_back(value: object, contents: object) -> None:
     """Undo what a forward did to a container or object the module holds (a log it appended to)."""
     if isinstance(value, list):
         value[:] = contents  # type: ignore[index]
+    elif isinstance(value, deque):
+        value.clear()
+        value.extend(contents)  # type: ignore[arg-type]
+    elif is_ndarray(value):
+        value[...] = contents  # type: ignore[index]
     elif isinstance(value, (dict, set)):
         value.clear()
         value.update(contents)  # type: ignore[arg-type]
@@ -100,3 +116,20 @@ def rng_states(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, dict[torch.de
     """The CPU generator's state and each CUDA device's (of the devices ``tensors`` live on)."""
     devices = {t.device for t in tensors if t.device.type == "cuda"}
     return torch.get_rng_state(), {d: torch.cuda.get_rng_state(d) for d in devices}
+
+
+def host_rng_state() -> tuple:
+    """Python's ``random`` state, and numpy's global one when numpy is imported (nothing else drew from it)."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return (random.getstate(),)
+    name, key, pos, has_gauss, gauss = np.random.get_state()
+    return (random.getstate(), name, key.tobytes(), pos, has_gauss, gauss)
+
+
+def set_host_rng_state(state: tuple) -> None:
+    random.setstate(state[0])
+    if len(state) > 1:
+        np = sys.modules["numpy"]
+        name, key, pos, has_gauss, gauss = state[1:]
+        np.random.set_state((name, np.frombuffer(key, dtype=np.uint32).copy(), pos, has_gauss, gauss))

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import sys
+import warnings
 import weakref
 from collections import Counter
 from collections.abc import Callable
@@ -42,20 +43,23 @@ from torch import nn
 
 from .backends import Backend, Region, module_device, resolve_backend
 from .ema import EMA
-from .errors import ReplayError, check_count
+from .errors import ReplayError, ReplayWarning, check_count
 from .guards import epoch as guard_epoch
 from .guards import gradient_hooks, host_dependence
 from .journal import Journal
 from .layout import aligned_copy, aligned_key, copy_into
 from .lifecycle import Lifecycle
+from .loss_inputs import LossInputs
 from .protections import disabled_protections
 from .recorder import recorder_of
+from .retirement import GLOBAL_HOOKS, module_hooks
 from .side_effects import SideEffects
 from .signature import UnhashableArgument, signature, split_call
 from .step_check import StepSnapshot, difference, end_state, unique
 from .step_guards import (
     GRAD,
     OptimizerWatch,
+    host_state,
     hyper_key,
     optimizer_hooks,
     optimizer_refusal,
@@ -64,6 +68,12 @@ from .step_guards import (
 )
 
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
+#: What a recording bakes in and nothing keys: assigning one after construction raises
+#: (``max_norm`` may change: it keys the recordings; ``on_optimizer_step`` runs outside them).
+_FIXED = frozenset({
+    "model", "loss_fn", "optimizer", "scaler", "ema", "accumulate", "precision", "replay", "backend", "warmup",
+    "max_recordings", "check_every", "disabled", "device",
+})
 _use_count = torch._C._storage_Use_Count
 _PRECISIONS = {"32": None, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 
@@ -104,6 +114,7 @@ class TrainStep:
         max_rerecords: int = 8,
         check_every: int = 0,
         strict: bool = False,
+        trust_optimizer: bool = False,
         unsafe_disable: tuple[str, ...] | list[str] | str = (),
         on_optimizer_step: Callable[[], None] | None = None,
     ) -> None:
@@ -111,6 +122,11 @@ class TrainStep:
             raise ReplayError(f"TrainStep takes an nn.Module as its model, not {type(model).__name__}")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ReplayError(f"TrainStep takes a torch.optim.Optimizer, not {type(optimizer).__name__}")
+        if isinstance(optimizer, torch.optim.LBFGS):
+            raise ReplayError(
+                "TrainStep steps the optimizer without a closure; LBFGS re-evaluates one (and reads the loss on the "
+                "host): train LBFGS with its own closure loop"
+            )
         if not callable(loss_fn):
             raise ReplayError(f"loss_fn must be callable as loss_fn(model, *batch), not {type(loss_fn).__name__}")
         check_count("accumulate", accumulate, 1)
@@ -123,6 +139,7 @@ class TrainStep:
         if recorder_of(model) is not None:
             raise ReplayError("the model is captured by rk.capture already: a whole step records it itself")
         self.disabled = disabled_protections(unsafe_disable, "step")
+        self._trust = bool(trust_optimizer) or "optimizer_trust" in self.disabled
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.scaler, self.max_norm, self.ema = scaler, max_norm, ema
         self.accumulate, self.precision, self.replay = accumulate, precision, replay
@@ -152,6 +169,23 @@ class TrainStep:
         self._storages: list[int] = []
         self._baseline: list[int] = []
         self._hooks_epoch, self._has_hooks = -1, False
+        self._check_hooks = "hooks" not in self.disabled
+        self._loss_inputs = LossInputs(loss_fn, model) if replay and "loss_inputs" not in self.disabled else None
+        self._loss_key: tuple = ()
+        if self._loss_inputs is not None and self._loss_inputs.unwatched:
+            warnings.warn(
+                f"replaykit: TrainStep cannot see what loss_fn reads through {', '.join(self._loss_inputs.unwatched)}: "
+                "a Python value read there is frozen at the recording call",
+                ReplayWarning,
+                stacklevel=2,
+            )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FIXED and "lifecycle" in self.__dict__:
+            raise ReplayError(
+                f"TrainStep.{name} is fixed at construction (its recordings bake it in); build a new TrainStep instead"
+            )
+        object.__setattr__(self, name, value)
 
     # ----------------------------------------------------------------- read-outs
     @property
@@ -208,7 +242,7 @@ class TrainStep:
     def _find_params(self) -> None:
         """The model's and the optimizer's parameters (again after a re-record: a group may have been added)."""
         self.params = unique([*self.model.parameters(), *(p for g in self.optimizer.param_groups for p in g["params"])])
-        self._refusal = optimizer_refusal(self.optimizer, self.scaler, self.device)
+        self._refusal = optimizer_refusal(self.optimizer, self.scaler, self.device, self._trust)
         self._rg = ()
         self._refresh_trainable()
 
@@ -244,9 +278,10 @@ class TrainStep:
         if not life.owns_thread():
             with life.lock:
                 return self._eager(phase, "thread", args, kwargs)
-        if not torch.is_grad_enabled():
-            return self._eager(phase, "no_grad", args, kwargs)
-        if optimizer_hooks(self.optimizer) or self._gradient_hooks():
+        mode = life.mode()
+        if mode is not None:
+            return self._eager(phase, mode, args, kwargs)
+        if self._check_hooks and self._hooks():
             return self._eager(phase, "hooks", args, kwargs)
         state, eager = life.gate(call, bool(self._recordings))
         if eager is not None:
@@ -322,7 +357,11 @@ class TrainStep:
             hyper = hyper_key(self.optimizer, extra)
         if "module_state" in self.disabled:
             state = None
-        return (phase, state, self._rg_key, incoming, hyper, *signature(callargs, self.device.type, True, aligned_key))
+        self._loss_key = self._loss_inputs.key() if self._loss_inputs is not None else ()
+        return (
+            phase, state, self._rg_key, incoming, hyper, self._loss_key,
+            *signature(callargs, self.device.type, True, aligned_key),
+        )
 
     # ----------------------------------------------------------------- eager (the twin)
     def _body(self, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:
@@ -372,7 +411,7 @@ class TrainStep:
     def _record(self, phase: str, key: tuple, callargs: Any, args: tuple, kwargs: dict) -> torch.Tensor:
         call = self._calls
         before = list(map(_use_count, self._storages))  # a recording adds holders of its own (private aliases)
-        frozen = host_dependence(self.model)
+        frozen = host_dependence(self.model) or host_state(self.optimizer, self.device)
         if frozen is not None:
             return self._retire_eager(frozen, phase, args, kwargs)
         if not self._recordings:
@@ -396,7 +435,7 @@ class TrainStep:
             a, kw = callargs.rebuild(static)
             return [self._body(phase, a, kw)]
 
-        effects = SideEffects(self.model, static)
+        effects = SideEffects(self.model, static, "host_rng" not in self.disabled)
         try:
             with effects:
                 (loss,) = region.capture(body)
@@ -415,6 +454,10 @@ class TrainStep:
         keep = [*(g for g in private if g is not None), *tensors_of(self.optimizer)]
         rec = StepRecording(region, static, loss, grads_out, keep)
         why = effects.reason("the step")
+        if why is None and self._loss_inputs is not None:
+            changed = self._loss_inputs.changed(self._loss_key)
+            if changed is not None:
+                why = f"loss_fn changes {changed}; a replay would not"
         if why is not None:
             # the body ran once, as eager's does: its effects stand (an input written in place
             # reaches the caller's tensor); the recording is not kept
@@ -490,11 +533,15 @@ class TrainStep:
                     a.data = a.clone()
             self.journal.add("copy_out", call, None, f"{len(held)} tensors")
 
-    def _gradient_hooks(self) -> bool:
-        """Hooks on parameters run Python a replay skips; re-read only when a watched write happened."""
+    def _hooks(self) -> bool:
+        """Hooks run Python a replay skips: the optimizer's and global module hooks are read every
+        call; module and parameter hooks only when a watched write happened."""
+        if optimizer_hooks(self.optimizer) or any(GLOBAL_HOOKS):
+            return True
         now = guard_epoch()
         if now != self._hooks_epoch:
-            self._hooks_epoch, self._has_hooks = now, gradient_hooks(self._trainable) > 0
+            self._hooks_epoch = now
+            self._has_hooks = gradient_hooks(self._trainable) > 0 or module_hooks(self.model) > 0
         return self._has_hooks
 
     def _retire(self, reason: str, call: int) -> None:

@@ -121,6 +121,7 @@ class OptimizerWatch:
     def __init__(self, optimizer: torch.optim.Optimizer, scaler: Any = None, ema: Any = None) -> None:
         self._optimizer, self._scaler, self._ema = optimizer, scaler, ema
         self._flag = [False]
+        optimizer.register_state_dict_post_hook(plain_state_dict)
         self.rebaseline()
 
     def rebaseline(self) -> None:
@@ -162,11 +163,27 @@ def optimizer_hooks(optimizer: torch.optim.Optimizer) -> bool:
     )
 
 
-def optimizer_refusal(optimizer: torch.optim.Optimizer, scaler: Any, device: torch.device) -> str | None:
-    """Why this optimizer/scaler pair can never replay as a graph, or None (checked once)."""
+def known_step(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer's ``step`` is torch's own (a subclass overriding it may keep Python state).
+
+    Lightning's and Fabric's wrappers forward ``step`` to the optimizer they wrap: that one decides.
+    """
+    cls = type(optimizer)
+    if cls.__module__.startswith(("lightning.", "lightning_fabric.", "pytorch_lightning.")):
+        inner = getattr(optimizer, "optimizer", None)
+        return isinstance(inner, torch.optim.Optimizer) and inner is not optimizer and known_step(inner)
+    return getattr(cls.step, "__module__", "").startswith("torch.optim.")
+
+
+def optimizer_refusal(optimizer: torch.optim.Optimizer, scaler: Any, device: torch.device, trust: bool = False) -> str | None:
+    """Why this optimizer/scaler pair can never replay as a graph, or None (checked at construction
+    and at each re-record). ``trust``: the user declares a foreign ``step`` capture-safe."""
     name = type(optimizer).__name__
-    if isinstance(optimizer, torch.optim.LBFGS):
-        return "LBFGS re-evaluates a closure and reads the loss on the host"
+    if not trust and not known_step(optimizer):
+        return (
+            f"{name}.step is not a torch.optim step known to be capture-safe: Python state it keeps (a counter "
+            "on self) would not move under a replay. Pass trust_optimizer=True if its step only launches kernels"
+        )
     groups = optimizer.param_groups
     if scaler is not None and getattr(scaler, "is_enabled", lambda: True)() and not getattr(optimizer, "_step_supports_amp_scaling", False):
         return (
@@ -183,6 +200,31 @@ def optimizer_refusal(optimizer: torch.optim.Optimizer, scaler: Any, device: tor
             # without capturable=True, fused or not
             return f"{name} reads its step counter on the host unless capturable=True (with fused=True for speed)"
     return None
+
+
+def host_state(optimizer: torch.optim.Optimizer, device: torch.device) -> str | None:
+    """Why a CUDA graph would freeze optimizer state kept on the CPU (Adagrad's step counter), or None.
+
+    A capture records device kernels only: an op on a CPU tensor runs once, at capture.
+    """
+    if device.type != "cuda":
+        return None
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for k, t in optimizer.state.get(p, {}).items():
+                if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                    return (
+                        f"{type(optimizer).__name__} keeps state {k!r} on the CPU: a CUDA graph would never update it "
+                        "(use an optimizer with capturable=True)"
+                    )
+    return None
+
+
+def plain_state_dict(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
+    """A state-dict post hook: watched per-parameter state dicts leave as plain dicts, so a
+    checkpoint loads with ``torch.load(weights_only=True)``."""
+    state_dict["state"] = {k: dict(v) if isinstance(v, _WatchedState) else v for k, v in state_dict["state"].items()}
+    return state_dict
 
 
 GRAD = operator.attrgetter("grad")

@@ -92,9 +92,14 @@ def test_without_its_guard_each_probe_diverges(backend, device, probe):
     assert not result.equal, f"{probe} without {PROBES[probe]} still matched: the guard is untested"
 
 
-def test_probes_cover_every_protection():
-    # verify_recording's negative control: test_a_capture_time_branch_is_caught_at_recording
-    assert set(PROBES.values()) | {"verify_recording"} == set(in_scope("step"))
+def test_every_step_protection_has_a_negative_control():
+    """Each TrainStep protection is switched off in some unsafe arm that must diverge: a trial probe
+    here, or a step pattern of the hazard catalogue (tests/core/hazards)."""
+    from replaykit.testing.hazards import PATTERNS
+
+    controlled = set(PROBES.values()) | {"verify_recording"}  # test_a_capture_time_branch_is_caught_at_recording
+    controlled |= {g for p in PATTERNS if p.api == "step" and p.guard for g in p.guard.split("+")}
+    assert set(in_scope("step")) <= controlled, sorted(set(in_scope("step")) - controlled)
 
 
 def test_capture_failure_retires_and_the_step_stays_exact(backend, device):
@@ -133,11 +138,11 @@ def test_clear_errors_for_bad_input():
     rec.release()
 
 
-def test_lbfgs_routes_eager_with_a_reason():
+def test_lbfgs_is_refused_at_construction():
+    """TrainStep steps the optimizer without a closure; LBFGS needs one (its twin could not run either)."""
     model = nn.Linear(8, 4)
-    opt = torch.optim.LBFGS(model.parameters())
-    step = TrainStep(model, lambda m, x, y: nn.functional.cross_entropy(m(x), y), opt)
-    assert "closure" in (step._refusal or "")
+    with pytest.raises(rk.ReplayError, match="closure"):
+        TrainStep(model, lambda m, x, y: nn.functional.cross_entropy(m(x), y), torch.optim.LBFGS(model.parameters()))
 
 
 def test_an_adam_without_capturable_routes_eager_with_its_reason(backend, device):

@@ -1,0 +1,146 @@
+"""What a whole step's ``loss_fn`` reads besides tensors, keyed on every call.
+
+A recording runs ``loss_fn`` once, so every Python value it read then is frozen into the
+graph: a focal loss's ``gamma`` annealed by a schedule, a loss weight in a closure or a
+module-level global set to 0 after N steps, an attribute of an ``nn.Module`` criterion
+kept outside the model. :class:`LossInputs` finds once where such values live:
+
+- ``loss_fn``'s closure cells and defaults, and the globals its code names (its nested
+  code too), and the same for the functions those lead to (a few levels deep);
+- the object of a bound method or a callable instance, a ``functools.partial``'s
+  arguments, an ``nn.Module`` criterion's plain attributes (all its submodules');
+
+and :meth:`LossInputs.key` reads their values each call
+(:func:`~replaykit.guards.value_key`): a changed value records anew (within
+``max_recordings``), a value set back replays its recording. What is guarded elsewhere
+is skipped (the model, optimizers, schedulers, scalers, tensors by identity). What cannot
+be inspected (a C function, an object without ``__dict__``) is listed in ``unwatched``,
+which the step names in a :class:`~replaykit.errors.ReplayWarning` at construction.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from .guards import value_key
+
+_DEPTH = 3  # functions reached through functions: helpers of helpers, not the whole program
+#: guarded by the step itself, or by identity (a tensor's memory is what a graph reads)
+_SKIPPED = (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler, torch.Tensor, ModuleType, type)
+_CONTAINERS = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
+
+
+def _module_values(module: nn.Module) -> tuple:
+    """A criterion module's plain settings (every submodule's), the way the model's guard reads them."""
+    return tuple(
+        (n, k, value_key(v))
+        for n, m in module.named_modules()
+        for k, v in m.__dict__.items()
+        if k not in _CONTAINERS and "hooks" not in k and not isinstance(v, (torch.Tensor, nn.Module))
+    )
+
+
+class LossInputs:
+    """Where ``loss_fn``'s host values live; ``key()`` is their values now."""
+
+    def __init__(self, loss_fn: Callable[..., Any], model: nn.Module) -> None:
+        self._model_ids = {id(m) for m in model.modules()}
+        self._seen: set[int] = set()
+        self._sources: list[tuple[str, Callable[[], Any]]] = []
+        self.unwatched: list[str] = []
+        self._walk(loss_fn, "loss_fn", 0)
+        for name, read in list(self._sources):  # a value that cannot be keyed is named, not guessed at
+            try:
+                read()
+            except (RecursionError, TypeError, ValueError) as exc:
+                self._sources.remove((name, read))
+                self.unwatched.append(f"{name} ({type(exc).__name__})")
+
+    def key(self) -> tuple:
+        """The values ``loss_fn`` would read now."""
+        return tuple(read() for _, read in self._sources)
+
+    def changed(self, before: tuple) -> str | None:
+        """The first source whose value differs from ``before`` (a key taken earlier), or None."""
+        for (name, read), old in zip(self._sources, before, strict=True):
+            if read() != old:
+                return name
+        return None
+
+    # ----------------------------------------------------------------- finding the sources
+    def _add(self, name: str, get: Callable[[], Any]) -> None:
+        self._sources.append((name, lambda: self._value(get())))
+
+    def _value(self, value: Any) -> Any:
+        if isinstance(value, nn.Module):
+            return ("model", id(value)) if id(value) in self._model_ids else ("module", id(value), _module_values(value))
+        if isinstance(value, _SKIPPED) or type(value).__module__.startswith("torch."):
+            return ("id", id(value))
+        return value_key(value)
+
+    def _walk(self, fn: Any, name: str, depth: int) -> None:
+        if id(fn) in self._seen or depth > _DEPTH:
+            return
+        self._seen.add(id(fn))
+        if isinstance(fn, FunctionType):
+            self._function(fn, name, depth)
+        elif isinstance(fn, MethodType):
+            self._add(f"{name}.__self__", lambda: fn.__self__)
+            self._walk(fn.__func__, name, depth)
+        elif isinstance(fn, functools.partial):
+            self._add(f"{name} (partial arguments)", lambda: (fn.args, fn.keywords))
+            self._walk(fn.func, name, depth)
+        elif isinstance(fn, nn.Module):
+            if id(fn) not in self._model_ids:
+                self._add(name, lambda: fn)
+                self._walk(type(fn).forward, f"{type(fn).__name__}.forward", depth + 1)
+        elif isinstance(fn, BuiltinFunctionType) or not hasattr(fn, "__dict__"):
+            if depth == 0:
+                self.unwatched.append(f"{name} ({type(fn).__name__}: its Python cannot be inspected)")
+        elif callable(fn) and not isinstance(fn, type):
+            self._add(name, lambda: fn)
+            self._walk(type(fn).__call__, f"{type(fn).__name__}.__call__", depth + 1)
+
+    def _function(self, fn: FunctionType, name: str, depth: int) -> None:
+        code = fn.__code__
+        for var, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
+            self._add(f"{name}'s closure variable {var!r}", lambda cell=cell: cell.cell_contents if _filled(cell) else None)
+            if _filled(cell):
+                self._follow(cell.cell_contents, f"{var}", depth)
+        if fn.__defaults__ or fn.__kwdefaults__:
+            self._add(f"{name}'s defaults", lambda: (fn.__defaults__, fn.__kwdefaults__))
+        globals_ = fn.__globals__
+        for global_name in sorted(_names(code)):
+            if global_name in globals_:
+                self._add(f"global {global_name!r}", lambda g=globals_, n=global_name: g.get(n))
+                self._follow(globals_[global_name], global_name, depth)
+
+    def _follow(self, value: Any, name: str, depth: int) -> None:
+        """Functions and criteria reached from a closure cell or a global are walked too."""
+        if isinstance(value, (FunctionType, MethodType, functools.partial)):
+            self._walk(value, name, depth + 1)
+        elif isinstance(value, nn.Module) and id(value) not in self._model_ids:
+            self._walk(type(value).forward, f"{type(value).__name__}.forward", depth + 1)
+
+
+def _names(code: Any) -> set[str]:
+    """The global names a code object (and the code nested in it: comprehensions, lambdas) uses."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _names(const)
+    return names
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
