@@ -43,6 +43,22 @@ _graph_task = torch._C._current_graph_task_id
 _saved_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
 
 
+#: What to change when most calls run eagerly for a reason (the one-time warning names it).
+HINTS = {
+    "budget": (
+        "every call needed a recording of its own until max_recordings was spent: a host value changes every call "
+        "(a float lr set by a scheduler: give the optimizer a tensor lr, lr=torch.tensor(...), with fused=True or "
+        "capturable=True; a float attribute the forward reads) or batch shapes vary (pad to a few lengths)"
+    ),
+    "diverged": "the recording computes differently from eager (the journal's refuse event names the tensor)",
+    "hooks": "hooks run Python a replay skips: remove them while replaying, or keep them and train eagerly",
+    "object_argument": "an object argument could change under a recording: pass tensors and plain values",
+    "input_requires_grad": "an input that requires grad gets no .grad from a replay: detach it, or train eagerly",
+}
+#: Calls before the share of eager calls is judged, and the share that warns.
+_WARN_AFTER, _WARN_SHARE = 20, 0.5
+
+
 class Watch(Protocol):
     """Something a recording depends on that no write notification reports, compared per call."""
 
@@ -80,6 +96,7 @@ class Lifecycle:
         self._modes = "autograd_modes" not in disabled
         self._watches: list[Watch] = []
         self._owner: int | None = None
+        self._warned_share = False
         #: held while recording and by other threads' eager calls: they wait for a recording under way
         self.lock = threading.RLock()
         for protection in sorted(disabled):
@@ -146,6 +163,23 @@ class Lifecycle:
             why = f"{self.name} is retired ({self.retire_reason})" if reason == "retired" else f"call {call} would run eagerly: {reason}"
             raise ReplayError(f"replaykit: {why}")
         self.journal.add("eager", call, reason)
+        if not self._warned_share and call >= _WARN_AFTER:
+            self._warn_share(call)
+
+    def _warn_share(self, call: int) -> None:
+        """Once: most calls ran eagerly (warm-up aside) — say why and what to change."""
+        reasons = self.journal.reasons["eager"]
+        eager = sum(reasons.values()) - reasons.get("warmup", 0)
+        if eager <= _WARN_SHARE * call or self.retired or self.released:
+            return
+        self._warned_share = True
+        top = next(r for r, _ in reasons.most_common() if r != "warmup")
+        hint = HINTS.get(top, "see the journal (summary()) for each call's route")
+        warnings.warn(
+            f"replaykit: {self.name}: {eager} of {call} calls ran eagerly, most for {top!r}: {hint}",
+            ReplayWarning,
+            stacklevel=4,
+        )
 
     def add_watch(self, watch: Watch, protection: str) -> None:
         """Compare ``watch`` per call while recordings exist, unless ``protection`` is switched off."""

@@ -135,8 +135,14 @@ def _uses(
     return counts, len(foreign)
 
 
+def foreign_leaves(outputs: Sequence[torch.Tensor], known: Sequence[torch.Tensor]) -> int:
+    """How many tensors requiring grad outside ``known`` (leaves of another network) ``outputs`` reach."""
+    return _uses([o for o in outputs if o.requires_grad], [], known)[1]
+
+
 class _SavedParameters:
-    """Saved-tensor hooks noting which parameters the backward reads (eager checks just those for in-place changes)."""
+    """Saved-tensor hooks noting which parameters and inputs the backward reads (eager checks just those
+    for in-place changes)."""
 
     def __init__(self, leaves: Sequence[torch.Tensor]) -> None:
         self._index = {t.untyped_storage().data_ptr(): i for i, t in enumerate(leaves)}
@@ -160,10 +166,12 @@ def probe(
     params: Sequence[torch.Tensor],
     saved: list[int] | None = None,
     host_rng: bool = True,
+    saved_inputs: list[int] | None = None,
 ) -> Refusal | None:
     """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None.
 
-    ``saved``, when given, receives the indices of the parameters the backward reads.
+    ``saved``, when given, receives the indices of the parameters the backward reads;
+    ``saved_inputs`` those of the inputs it reads (eager raises if one changes in place before it).
     The caller snapshots and restores module state and RNG around this call.
     """
     if gradient_hooks(params) > 1:
@@ -171,7 +179,7 @@ def probe(
     leaves = [p.detach().requires_grad_(True) for p in params]
     effects = SideEffects(module, static_inputs, host_rng)
     inspector = _Inspector(leaves)
-    hooks = _SavedParameters(leaves)
+    hooks = _SavedParameters([*leaves, *static_inputs])
     # the backends record with autocast's cast cache off: so does the probe, to count the casts a recording makes
     device = next((t.device.type for t in (*static_inputs, *params)), "cpu")
     autocast, dtype = autocast_key(device)
@@ -184,7 +192,9 @@ def probe(
     ):
         outs, _ = tree_flatten(fn(*static_inputs, params=leaves))
     if saved is not None:
-        saved[:] = sorted(hooks.saved)
+        saved[:] = sorted(i for i in hooks.saved if i < len(leaves))
+    if saved_inputs is not None:
+        saved_inputs[:] = sorted(i - len(leaves) for i in hooks.saved if i >= len(leaves))
     effect = effects.reason("forward")
     if effect is not None:
         return Refusal("module", effect)

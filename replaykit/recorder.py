@@ -82,13 +82,16 @@ def _apply(step: _Step, inputs: list[torch.Tensor], params: list[torch.Tensor]) 
 class _Plan:
     """One recording and what replaying it needs, gathered when it is recorded: a call looks nothing up by key."""
 
-    __slots__ = ("aliases", "all_differentiable", "copies", "key", "recording", "saved", "verified")
+    __slots__ = ("aliases", "all_differentiable", "copies", "key", "recording", "saved", "saved_inputs", "verified")
 
-    def __init__(self, key: tuple, recording: Recording, saved: list[torch.Tensor], guard_outputs: bool) -> None:
+    def __init__(
+        self, key: tuple, recording: Recording, saved: list[torch.Tensor], saved_inputs: list[int], guard_outputs: bool
+    ) -> None:
         self.key = key
         self.recording = recording
         self.verified = False  # until a replay of it matched eager (forward and backward)
         self.saved = saved  # the parameters its backward reads: their versions are checked
+        self.saved_inputs = saved_inputs  # the inputs (positions) it reads: likewise
         self.all_differentiable = recording.differentiable == tuple(range(len(recording.static_outputs)))
         # one write per distinct static input (aliased arguments share one), at its first position:
         # (position, its .data to copy into without a version bump, or None for a broadcast layout, the static)
@@ -110,7 +113,8 @@ class _Step:
     """What one replayed call's autograd node needs to know."""
 
     __slots__ = (
-        "backwards", "call", "exact", "generation", "pending", "plan", "recorder", "recording", "shadow", "versions",
+        "backwards", "call", "exact", "generation", "inputs", "pending", "plan", "recorder", "recording", "shadow",
+        "versions",
     )
 
     def __init__(self, recorder: Recorder, plan: _Plan, call: int) -> None:
@@ -124,6 +128,7 @@ class _Step:
         self.exact = False  # whether the first one left the activations untouched (eager through the graph)
         self.shadow: Shadow | None = None
         self.versions: list[int] | None = None  # parameters' versions at the forward
+        self.inputs: list[tuple[torch.Tensor, int]] | None = None  # the saved inputs and their versions
 
 
 class _RoutedForward:
@@ -205,6 +210,7 @@ class Recorder:
         self._hold_enabled = "hold" not in disabled
         self._exact_none = "none_pattern" not in disabled
         self._check_versions = "inplace_weights" not in disabled
+        self._check_inputs = "input_versions" not in disabled
         self._key_state = "module_state" not in disabled  # flags, not a frozenset lookup per call
         self._exact_arguments = "argument_values" not in disabled
         self._free_after_backward = False
@@ -358,8 +364,11 @@ class Recorder:
         params = [p for _, p in named]
         fn = partial(self._run_forward, callargs, params)
         saved = list(range(len(params)))  # the parameters the backward reads (all, unless the probe says)
+        saved_inputs: list[int] = []  # the inputs it reads (none known without the probe)
         try:
-            refusal = None if "record_probe" in self.disabled else probe(self.module, fn, static_inputs, params, saved, "host_rng" not in self.disabled)
+            refusal = None if "record_probe" in self.disabled else probe(
+                self.module, fn, static_inputs, params, saved, "host_rng" not in self.disabled, saved_inputs
+            )
             if refusal is None:
                 recording = self.backend.record(fn, static_inputs, params, self.warmup)
         except Exception as exc:
@@ -378,7 +387,9 @@ class Recorder:
                 self._retire(refusal.reason, call)
             return None
         self._recordings[key] = recording
-        plan = self._plans[key] = _Plan(key, recording, [params[i] for i in saved], self._guard_outputs)
+        plan = self._plans[key] = _Plan(
+            key, recording, [params[i] for i in saved], saved_inputs if self._check_inputs else [], self._guard_outputs
+        )
         self._aliases[key] = plan.aliases
         self._guard_new_grads(plan)
         shapes = ", ".join("x".join(map(str, t.shape)) for t in callargs.tensors)
@@ -457,6 +468,8 @@ class Recorder:
         recording.replay_forward()
         if self._check_versions:  # what eager's saved-tensor check covers: the parameters the backward reads
             step.versions = list(map(_VERSION, plan.saved))
+        if plan.saved_inputs:  # and the caller's inputs it reads
+            step.inputs = [(tensors[i], tensors[i]._version) for i in plan.saved_inputs]
         self._replays += 1
         step.generation = self._replays
         if self._hold_enabled:
@@ -476,6 +489,12 @@ class Recorder:
             raise ReplayError(
                 "replaykit: one of the variables needed for gradient computation has been modified by an inplace "
                 f"operation: a parameter of {self.module_name} changed between replayed call {step.call} and its "
+                "backward (eager raises here too)"
+            )
+        if step.inputs is not None and any(t._version != v for t, v in step.inputs):
+            raise ReplayError(
+                "replaykit: one of the variables needed for gradient computation has been modified by an inplace "
+                f"operation: an input of {self.module_name} changed between replayed call {step.call} and its "
                 "backward (eager raises here too)"
             )
         wanted = grads if plan.all_differentiable and self._exact_none else self._incoming(recording, grads)

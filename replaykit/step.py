@@ -50,6 +50,7 @@ from .journal import Journal
 from .layout import aligned_copy, aligned_key, copy_into
 from .lifecycle import Lifecycle
 from .loss_inputs import LossInputs
+from .probe import foreign_leaves
 from .protections import disabled_protections
 from .recorder import recorder_of
 from .retirement import GLOBAL_HOOKS, module_hooks
@@ -172,6 +173,7 @@ class TrainStep:
         self._check_hooks = "hooks" not in self.disabled
         self._loss_inputs = LossInputs(loss_fn, model) if replay and "loss_inputs" not in self.disabled else None
         self._loss_key: tuple = ()
+        self._walking, self._foreign = False, 0
         if self._loss_inputs is not None and self._loss_inputs.unwatched:
             warnings.warn(
                 f"replaykit: TrainStep cannot see what loss_fn reads through {', '.join(self._loss_inputs.unwatched)}: "
@@ -370,6 +372,8 @@ class TrainStep:
         ctx = torch.autocast(self.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
         with ctx:
             loss = self.loss_fn(self.model, *args, **kwargs)
+        if self._walking:  # the recording call: does the loss reach parameters we do not hand gradients to?
+            self._foreign = foreign_leaves([loss], self.params)
         scaled = loss / self.accumulate if self.accumulate > 1 else loss
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
@@ -436,10 +440,12 @@ class TrainStep:
             return [self._body(phase, a, kw)]
 
         effects = SideEffects(self.model, static, "host_rng" not in self.disabled)
+        self._walking, self._foreign = "foreign_grads" not in self.disabled, 0
         try:
             with effects:
                 (loss,) = region.capture(body)
         except BaseException as exc:
+            self._walking = False
             region.abort()
             snapshot.restore()  # the twin's body runs this micro-batch again, the forward's Python included
             for p, g in zip(self._trainable, incoming, strict=True):
@@ -450,10 +456,16 @@ class TrainStep:
                 raise
             self._retire(f"capture failed: {type(exc).__name__}: {exc}", call)
             return self(*args, **kwargs)
+        self._walking = False
         grads_out = [None if p.grad is None else p.grad for p in self._trainable]
         keep = [*(g for g in private if g is not None), *tensors_of(self.optimizer)]
         rec = StepRecording(region, static, loss, grads_out, keep)
         why = effects.reason("the step")
+        if why is None and self._foreign:
+            why = (
+                f"loss_fn reaches {self._foreign} tensor(s) requiring grad outside the model and the optimizer (a second "
+                "network): a replay would not give them this call's gradients"
+            )
         if why is None and self._loss_inputs is not None:
             changed = self._loss_inputs.changed(self._loss_key)
             if changed is not None:
