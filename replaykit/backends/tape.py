@@ -80,10 +80,11 @@ def _resolve(a: Any, table: list) -> Any:
 class _Op:
     """One taped aten call and where its results go."""
 
-    __slots__ = ("args", "dyn_args", "dyn_kwargs", "frees", "func", "kwargs", "out", "outs", "statics")
+    __slots__ = ("args", "dyn_args", "dyn_kwargs", "frees", "func", "grad", "kwargs", "out", "outs", "statics")
 
     def __init__(self, func: Any, args: tuple, kwargs: dict) -> None:
         self.func = func
+        self.grad = torch.is_grad_enabled()  # some kernels read it (an RNN's training workspace)
         self.args = args
         self.kwargs = kwargs
         self.dyn_args = tuple(i for i, a in enumerate(args) if type(a) in (_Slot, _Seq))
@@ -300,8 +301,13 @@ class Tape:
         """Run the taped ops over the fixed tensors; static results are rewritten in place."""
         table: list[Any] = [None] * self._n
         table[: len(self._fixed)] = self._fixed
-        with torch.no_grad(), _no_autocast(self._device_types):
+        # below autograd (a replay builds no graph), each op in the grad mode it was recorded in
+        with torch._C._AutoDispatchBelowAutograd(), torch.enable_grad(), _no_autocast(self._device_types):
+            mode = True
             for op in self._ops:
+                if op.grad is not mode:
+                    mode = op.grad
+                    torch._C._set_grad_enabled(mode)
                 args, kwargs = op.args, op.kwargs
                 if op.dyn_args:
                     args = list(args)
@@ -406,8 +412,49 @@ class _ReportCapturing:
         torch.cuda.is_current_stream_capturing = self._original
 
 
+def _get_cpu_state() -> torch.Tensor:
+    return torch.default_generator.get_state()
+
+
+def _set_cpu_state(state: torch.Tensor) -> None:
+    torch.default_generator.set_state(state)
+
+
+class _GeneratorEvents:
+    """The CPU generator's state read and set by the recorded code go on the tape.
+
+    Activation checkpointing's recompute sets the generator back to the state its forward
+    read (``torch.get_rng_state`` / ``set_rng_state``, not aten ops), so the recomputed
+    dropout draws the forward's mask; a CUDA graph replays that rewind through its
+    graph-safe generator state. On the tape, the read is a step whose result is the state
+    *at that point of each replay*, and the set restores it, so a replay draws as eager does.
+    """
+
+    def __init__(self, tape: Tape) -> None:
+        self.tape = tape
+
+    def __enter__(self) -> None:
+        self._get, self._set = torch.get_rng_state, torch.set_rng_state
+        tape = self.tape
+
+        def get_rng_state() -> torch.Tensor:
+            state = _get_cpu_state()
+            tape._append(_get_cpu_state, (), {}, state)
+            return state
+
+        def set_rng_state(new_state: torch.Tensor) -> None:
+            _set_cpu_state(new_state)
+            tape._append(_set_cpu_state, (new_state,), {}, None)
+
+        torch.get_rng_state, torch.set_rng_state = get_rng_state, set_rng_state
+
+    def __exit__(self, *exc: object) -> None:
+        torch.get_rng_state, torch.set_rng_state = self._get, self._set
+
+
 class _Taping:
-    """``with tape.recording():`` the dispatch mode, the saved-tensor hooks and the capture report together."""
+    """``with tape.recording():`` the dispatch mode, the saved-tensor hooks, the capture report and the
+    generator's state events together."""
 
     def __init__(self, tape: Tape) -> None:
         self.tape = tape
@@ -415,11 +462,13 @@ class _Taping:
         self.mode = _TapeMode(tape)
         self.host = _HostReads()
         self.report = _ReportCapturing()
+        self.generator = _GeneratorEvents(tape)
 
     def __enter__(self) -> Tape:
         self.hooks.__enter__()
         self.host.__enter__()
         self.report.__enter__()
+        self.generator.__enter__()
         self.mode.__enter__()
         return self.tape
 
@@ -428,6 +477,7 @@ class _Taping:
             self.mode.__exit__(*exc)
         finally:
             try:
+                self.generator.__exit__(*exc)
                 self.report.__exit__(*exc)
                 self.host.__exit__(*exc)
             finally:
