@@ -167,11 +167,13 @@ def probe(
     saved: list[int] | None = None,
     host_rng: bool = True,
     saved_inputs: list[int] | None = None,
+    multi_use: list[int] | None = None,
 ) -> Refusal | None:
     """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None.
 
     ``saved``, when given, receives the indices of the parameters the backward reads;
-    ``saved_inputs`` those of the inputs it reads (eager raises if one changes in place before it).
+    ``saved_inputs`` those of the inputs it reads (eager raises if one changes in place before it);
+    ``multi_use`` those of the parameters read more than once (their gradient is a sum inside the call).
     The caller snapshots and restores module state and RNG around this call.
     """
     if gradient_hooks(params) > 1:
@@ -224,7 +226,10 @@ def probe(
     wanting = [x for x in static_inputs if x.requires_grad]
     if not diff:
         return None
-    uses, foreign = _uses(diff, wanting, leaves)  # before the backward, which frees the graph as it goes
+    uses, foreign = _uses(diff, [*wanting, *leaves], [])  # before the backward, which frees the graph as it goes
+    if multi_use is not None:
+        multi_use[:] = [i for i, n in enumerate(uses[len(wanting):]) if n > 1]
+    uses = uses[: len(wanting)]
     if foreign:
         return Refusal(
             "module",

@@ -9,6 +9,7 @@ probe, hold, copy_out, retirement, shadow, backends). ``capture`` is at the end.
 from __future__ import annotations
 
 import operator
+import warnings
 import weakref
 from collections import Counter
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from torch.nn.parameter import is_lazy
 
 from .backends import Backend, Recording, module_device, resolve_backend
 from .copy_out import StaticAliases
-from .errors import ReplayError, check_count
+from .errors import ReplayError, ReplayWarning, check_count
 from .guards import host_dependence, tree_contains
 from .hold import Hold, PendingBackward
 from .journal import Journal
@@ -82,11 +83,14 @@ def _apply(step: _Step, inputs: list[torch.Tensor], params: list[torch.Tensor]) 
 class _Plan:
     """One recording and what replaying it needs, gathered when it is recorded: a call looks nothing up by key."""
 
-    __slots__ = ("aliases", "all_differentiable", "copies", "key", "recording", "saved", "saved_inputs", "verified")
+    __slots__ = (
+        "aliases", "all_differentiable", "copies", "key", "multi_use", "recording", "saved", "saved_inputs", "verified",
+    )
 
     def __init__(
         self, key: tuple, recording: Recording, saved: list[torch.Tensor], saved_inputs: list[int], guard_outputs: bool
     ) -> None:
+        self.multi_use: list[str] = []  # parameters read more than once per call (their gradient is a sum inside it)
         self.key = key
         self.recording = recording
         self.verified = False  # until a replay of it matched eager (forward and backward)
@@ -214,6 +218,7 @@ class Recorder:
         self._key_state = "module_state" not in disabled  # flags, not a frozenset lookup per call
         self._exact_arguments = "argument_values" not in disabled
         self._free_after_backward = False
+        self._pending_plan: _Plan | None = None  # the plan of the replayed call whose backward is pending
         self._paused = 0
         self._own_forward = "forward" in module.__dict__
         self._forward = module.forward
@@ -305,6 +310,7 @@ class Recorder:
         if not self.module.training:
             return self._eager(call, "eval", args, kwargs)
         if self._hold_enabled and self._hold.active:
+            self._reentered(call)
             return self._eager(call, "hold", args, kwargs)
         state, eager = life.gate(call, bool(self._recordings))
         if eager is not None:
@@ -332,6 +338,23 @@ class Recorder:
                 return self._eager(call, "live_alias", args, kwargs)
             self.journal.tick("replay", call)
         return self._replay(call, plan, callargs, args, kwargs)
+
+    def _reentered(self, call: int) -> None:
+        """Called again while a replayed call's backward is pending: a parameter the recording reads
+        twice gets its gradient from the replay pre-summed, and autograd adds this call's uses to that
+        sum in another order than eager (the last bits). Said once, and the signature runs eagerly from
+        now on (both calls then eager, so exact)."""
+        plan = self._pending_plan
+        if plan is None or not plan.multi_use or plan.key in self._refused:
+            return
+        self._refused[plan.key] = "reentrant_shared_weight"
+        detail = (
+            f"{self.module_name} is called again while a replayed call's backward is pending, and the recording reads "
+            f"{plan.multi_use[0]} more than once: this step's gradient of it may differ from eager in the last bits "
+            "(summation order); the signature runs eagerly from now on"
+        )
+        self.journal.add("refuse", call, "reentrant_shared_weight", detail)
+        warnings.warn(f"replaykit: {detail}", ReplayWarning, stacklevel=4)
 
     def _eager(self, call: int, reason: str, args: tuple, kwargs: dict) -> Any:
         self.lifecycle.eager(call, reason)
@@ -365,9 +388,10 @@ class Recorder:
         fn = partial(self._run_forward, callargs, params)
         saved = list(range(len(params)))  # the parameters the backward reads (all, unless the probe says)
         saved_inputs: list[int] = []  # the inputs it reads (none known without the probe)
+        multi_use: list[int] = []  # the parameters it reads more than once
         try:
             refusal = None if "record_probe" in self.disabled else probe(
-                self.module, fn, static_inputs, params, saved, "host_rng" not in self.disabled, saved_inputs
+                self.module, fn, static_inputs, params, saved, "host_rng" not in self.disabled, saved_inputs, multi_use
             )
             if refusal is None:
                 recording = self.backend.record(fn, static_inputs, params, self.warmup)
@@ -390,6 +414,8 @@ class Recorder:
         plan = self._plans[key] = _Plan(
             key, recording, [params[i] for i in saved], saved_inputs if self._check_inputs else [], self._guard_outputs
         )
+        twice = set(multi_use)
+        plan.multi_use = [n for i, (n, _) in enumerate(named) if i in twice]
         self._aliases[key] = plan.aliases
         self._guard_new_grads(plan)
         shapes = ", ".join("x".join(map(str, t.shape)) for t in callargs.tensors)
@@ -475,6 +501,7 @@ class Recorder:
         if self._hold_enabled:
             # ctx (and so step) lives exactly as long as the pending autograd graph
             step.pending = self._hold.begin(step.call)
+            self._pending_plan = plan
         outputs = tuple(map(_detach, recording.static_outputs))
         if recording.frozen_outputs:
             ctx.mark_non_differentiable(*[outputs[i] for i in recording.frozen_outputs])
