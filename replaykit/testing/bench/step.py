@@ -28,7 +28,9 @@ from ...step import TrainStep
 from ..nets import DetectionNet
 from .timing import SIZES, ArmResult, Size, heads_loss, peak_mib, peak_reset, sync
 
-ARMS = ("eager", "make_graphed_callables", "replaykit network", "replaykit step", "raw step graph")
+ARMS = ("eager", "make_graphed_callables", "replaykit network", "replaykit step", "replaykit step check_every=100", "raw step graph")
+#: the shadow check's cost is its arm against plain "replaykit step"
+CHECKED = "replaykit step check_every=100"
 
 
 def _sgd(model: nn.Module) -> torch.optim.Optimizer:
@@ -77,8 +79,8 @@ def _arm(name: str, model: nn.Module, sample: torch.Tensor, backend: str) -> tup
     if name == "replaykit network":
         rec = capture(model, backend=backend, warmup=3)
         return _loop_step(model, opt), rec
-    if name == "replaykit step":
-        step = TrainStep(model, lambda m, x: heads_loss(m(x)), opt, backend=backend)
+    if name in ("replaykit step", CHECKED):
+        step = TrainStep(model, lambda m, x: heads_loss(m(x)), opt, backend=backend, check_every=100 if name == CHECKED else 0)
         return step, step
     if name == "raw step graph":
         return _raw_graph(model, opt, sample), None
@@ -93,7 +95,7 @@ def bench_size(
     base = DetectionNet(width=size.width, depth=size.depth).to(device)
     g = torch.Generator(device="cpu").manual_seed(1)
     batches = [torch.randn(size.batch, 3, size.image, size.image, generator=g).to(device) for _ in range(steps)]
-    names = [a for a in ARMS if device.type == "cuda" or a in ("eager", "replaykit network", "replaykit step")]
+    names = [a for a in ARMS if device.type == "cuda" or a in ("eager", "replaykit network", "replaykit step", CHECKED)]
     arms: dict[str, tuple[Callable, Any, nn.Module]] = {}
     peaks: dict[str, float] = {}
     for name in names:
@@ -126,6 +128,8 @@ def bench_size(
         t = times[name]
         qs = statistics.quantiles(t, n=10) if len(t) > 1 else t * 9
         equal = name != "raw step graph" and not diff_states(states["eager"], states[name])
+        if name == CHECKED:
+            note += f" checks={handle.counts['check']}"
         yield ArmResult(size.name, name, statistics.median(t), qs[0], qs[-1], peaks[name], equal, note, t)
 
 
@@ -153,6 +157,8 @@ def table(results: list[ArmResult]) -> list[dict[str, Any]]:
         raw = by.get((r.size, "raw step graph"))
         if raw is not None:
             row["time_vs_raw_graph"] = r.median_ms / raw.median_ms
+        if r.arm == CHECKED:
+            row["time_vs_unchecked"] = r.median_ms / by[(r.size, "replaykit step")].median_ms
         net = by.get((r.size, "replaykit network"))
         if net is not None and net.peak_mib == net.peak_mib and net.peak_mib > 0:  # nan on a CPU
             row["mem_vs_network"] = r.peak_mib / net.peak_mib
@@ -167,11 +173,16 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         raw = f", {r['time_vs_raw_graph']:.3f}x raw graph time" if "time_vs_raw_graph" in r else ""
         mem = f", {r['mem_vs_network']:.3f}x network-replay memory" if "mem_vs_network" in r else ""
         parts.append(f"{r['size']}: {r['speedup_vs_eager']:.2f}x eager{raw}{mem}")
-    equal = all(r["equals_eager"] for r in rows if r["arm"] in ("replaykit step", "replaykit network"))
-    return {"line": "whole step " + "; ".join(parts) + f"; bitwise equal to eager: {equal}", "step_equal": equal, "rows": rows}
+    checks = "; ".join(f"{r['size']} {r['time_vs_unchecked']:.3f}x" for r in rows if r["arm"] == CHECKED)
+    equal = all(r["equals_eager"] for r in rows if r["arm"] in ("replaykit step", "replaykit network", CHECKED))
+    line = "whole step " + "; ".join(parts) + f"; check_every=100 vs unchecked: {checks}; bitwise equal to eager: {equal}"
+    return {"line": line, "step_equal": equal, "rows": rows}
 
 
-COLUMNS = ("size", "arm", "median_ms", "p10_ms", "p90_ms", "speedup_vs_eager", "time_vs_raw_graph", "peak_mib", "mem_vs_network", "equals_eager", "note")
+COLUMNS = (
+    "size", "arm", "median_ms", "p10_ms", "p90_ms", "speedup_vs_eager", "time_vs_raw_graph", "time_vs_unchecked", "peak_mib",
+    "mem_vs_network", "equals_eager", "note",
+)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
