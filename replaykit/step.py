@@ -69,12 +69,26 @@ from .step_guards import (
 )
 
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
-#: What a recording bakes in and nothing keys: assigning one after construction raises
-#: (``max_norm`` may change: it keys the recordings; ``on_optimizer_step`` runs outside them).
-_FIXED = frozenset({
-    "model", "loss_fn", "optimizer", "scaler", "ema", "accumulate", "precision", "replay", "backend", "warmup",
-    "max_recordings", "check_every", "disabled", "device",
-})
+
+
+class _Setting:
+    """A TrainStep setting a recording bakes in and nothing keys: set at construction, refused after.
+
+    A data descriptor, not ``__setattr__``: the per-call counters' writes stay plain attribute writes.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, step: Any, owner: type | None = None) -> Any:
+        return self if step is None else step.__dict__[self.name]
+
+    def __set__(self, step: Any, value: Any) -> None:
+        if "lifecycle" in step.__dict__:
+            raise ReplayError(
+                f"TrainStep.{self.name} is fixed at construction (its recordings bake it in); build a new TrainStep instead"
+            )
+        step.__dict__[self.name] = value
 _use_count = torch._C._storage_Use_Count
 _PRECISIONS = {"32": None, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 
@@ -96,6 +110,11 @@ class StepRecording:
 
 class TrainStep:
     """A training step (forward, loss, backward, optimizer) replayed from graphs; see the module docstring."""
+
+    # ``max_norm`` may change (it keys the recordings); ``on_optimizer_step`` runs outside them
+    model, loss_fn, optimizer, scaler, ema = _Setting(), _Setting(), _Setting(), _Setting(), _Setting()
+    accumulate, precision, replay, backend, device = _Setting(), _Setting(), _Setting(), _Setting(), _Setting()
+    warmup, max_recordings, check_every, disabled = _Setting(), _Setting(), _Setting(), _Setting()
 
     def __init__(
         self,
@@ -170,6 +189,12 @@ class TrainStep:
         self._storages: list[int] = []
         self._baseline: list[int] = []
         self._hooks_epoch, self._has_hooks = -1, False
+        # the per-call path reads these plain attributes, not the settings' descriptors
+        self._acc, self._warmup_steps, self._check_n, self._replaying = accumulate, warmup, check_every, replay
+        self._opt, self._device_type = optimizer, self.device.type
+        self._keyed_hyper = "host_values" not in self.disabled
+        self._keyed_state = "module_state" not in self.disabled
+        self._copy_out_on = "copy_out" not in self.disabled
         self._check_hooks = "hooks" not in self.disabled
         self._loss_inputs = LossInputs(loss_fn, model) if replay and "loss_inputs" not in self.disabled else None
         self._loss_key: tuple = ()
@@ -181,13 +206,6 @@ class TrainStep:
                 ReplayWarning,
                 stacklevel=2,
             )
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _FIXED and "lifecycle" in self.__dict__:
-            raise ReplayError(
-                f"TrainStep.{name} is fixed at construction (its recordings bake it in); build a new TrainStep instead"
-            )
-        object.__setattr__(self, name, value)
 
     # ----------------------------------------------------------------- read-outs
     @property
@@ -235,11 +253,11 @@ class TrainStep:
 
     # ----------------------------------------------------------------- the call
     def _phase(self) -> str:
-        if self.accumulate == 1:
+        if self._acc == 1:
             return "step"
         if self._micro == 1:
             return "first"
-        return "last" if self._micro == self.accumulate else "accumulate"
+        return "last" if self._micro == self._acc else "accumulate"
 
     def _find_params(self) -> None:
         """The model's and the optimizer's parameters (again after a re-record: a group may have been added)."""
@@ -261,9 +279,9 @@ class TrainStep:
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         self._calls += 1
         self._refresh_trainable()
-        self._micro = self._micro % self.accumulate + 1
+        self._micro = self._micro % self._acc + 1
         phase = self._phase()
-        if not self.replay:
+        if not self._replaying:  # the eager twin
             return self._eager(phase, None, args, kwargs)
         return self._route(phase, args, kwargs)
 
@@ -275,7 +293,7 @@ class TrainStep:
             return self._eager(phase, stopped, args, kwargs)
         if self._refusal is not None:
             return self._eager(phase, self._refusal, args, kwargs)
-        if self._steps < self.warmup:
+        if self._steps < self._warmup_steps:
             return self._eager(phase, "warmup", args, kwargs)
         if not life.owns_thread():
             with life.lock:
@@ -306,10 +324,10 @@ class TrainStep:
                 return self._record(phase, key, callargs, args, kwargs)
         if phase == "first":
             self._copy_out(call)
-            if "copy_out" not in self.disabled and self._live_alias():
+            if self._copy_out_on and self._live_alias():
                 return self._eager(phase, "live_alias", args, kwargs)
         self._replayed += 1
-        if self.check_every and (self._replayed - 1) % self.check_every == 0:
+        if self._check_n and (self._replayed - 1) % self._check_n == 0:
             return self._checked_replay(phase, rec, callargs, args, kwargs)
         for static, x in zip(rec.static_inputs, callargs.tensors, strict=True):
             copy_into(static, x)
@@ -352,17 +370,17 @@ class TrainStep:
     def _key(self, phase: str, state: Any, callargs: Any) -> tuple:
         grads = list(map(GRAD, self._trainable))
         incoming = 0 if grads.count(None) == len(grads) else tuple(0 if g is None else g.data_ptr() for g in grads)
-        if "host_values" in self.disabled:
-            hyper: tuple = ()
-        else:
+        if self._keyed_hyper:
             extra = (None if self.max_norm is None else float(self.max_norm).hex(), scaler_key(self.scaler))
-            hyper = hyper_key(self.optimizer, extra)
-        if "module_state" in self.disabled:
+            hyper: tuple = hyper_key(self._opt, extra)
+        else:
+            hyper = ()
+        if not self._keyed_state:
             state = None
         self._loss_key = self._loss_inputs.key() if self._loss_inputs is not None else ()
         return (
             phase, state, self._rg_key, incoming, hyper, self._loss_key,
-            *signature(callargs, self.device.type, True, aligned_key),
+            *signature(callargs, self._device_type, True, aligned_key),
         )
 
     # ----------------------------------------------------------------- eager (the twin)
@@ -548,7 +566,7 @@ class TrainStep:
     def _hooks(self) -> bool:
         """Hooks run Python a replay skips: the optimizer's and global module hooks are read every
         call; module and parameter hooks only when a watched write happened."""
-        if optimizer_hooks(self.optimizer) or any(GLOBAL_HOOKS):
+        if optimizer_hooks(self._opt) or any(GLOBAL_HOOKS):
             return True
         now = guard_epoch()
         if now != self._hooks_epoch:
