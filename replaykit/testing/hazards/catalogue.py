@@ -10,16 +10,21 @@ from __future__ import annotations
 from . import (
     autocast,
     hook_order,
+    host_state,
     host_values,
     inputs,
     lifecycle,
     parameters,
     side_effects,
+    step_python,
     two_backwards,
 )
 from .pattern import Pattern
 
-MODULES = (two_backwards, host_values, parameters, inputs, side_effects, lifecycle, hook_order, autocast)
+MODULES = (
+    two_backwards, host_values, parameters, inputs, side_effects, lifecycle, hook_order, autocast,
+    step_python, host_state,
+)
 
 HAZARDS: tuple[str, ...] = tuple(m.HAZARD for m in MODULES)
 
