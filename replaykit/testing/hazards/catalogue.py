@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from . import (
     autocast,
+    autograd_modes,
     hook_order,
     host_state,
     host_values,
@@ -23,7 +24,7 @@ from .pattern import Pattern
 
 MODULES = (
     two_backwards, host_values, parameters, inputs, side_effects, lifecycle, hook_order, autocast,
-    step_python, host_state,
+    step_python, host_state, autograd_modes,
 )
 
 HAZARDS: tuple[str, ...] = tuple(m.HAZARD for m in MODULES)
