@@ -71,6 +71,21 @@ def _mixup_loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model(mixed).pow(2).mean()
 
 
+class TwoHeads(nn.Module):
+    """A shared trunk and two task heads (multi-task training)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = MLP(d_out=6)
+        self.heads = nn.ModuleList([nn.Linear(6, 3), nn.Linear(6, 2)])
+
+
+def _random_task_loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Task sampling in loss_fn: one head per step, chosen with Python's random."""
+    task = 0 if random.random() < 0.5 else 1
+    return model.heads[task](model.trunk(x)).pow(2).mean()
+
+
 # --------------------------------------------------------------------------- held containers
 class RecentScaled(nn.Module):
     """Scales its output by the mean of the recent losses the loop appends to a deque it holds."""
@@ -151,6 +166,9 @@ PATTERNS: list[Pattern] = [
             lambda d: NumpyNoise().to(d), _seeded(lambda m, a: step_loop(m, a, steps=6)), guard="host_rng", api="step"),
     Pattern("step_mixup_numpy_lambda", HAZARD, "mixup in loss_fn with lambda from np.random.beta",
             mlp(), _seeded(lambda m, a: step_loop(m, a, loss_fn=_mixup_loss, steps=6)), guard="host_rng", api="step"),
+    Pattern("step_random_task_in_loss", HAZARD, "loss_fn samples the task (head) with random.random()",
+            lambda d: TwoHeads().to(d), _seeded(lambda m, a: step_loop(m, a, loss_fn=_random_task_loss, steps=8)),
+            guard="host_rng", api="step"),
     Pattern("deque_read_in_forward", HAZARD, "forward reads a deque of recent losses the loop appends to",
             lambda d: RecentScaled().to(d), _deque_capture, guard="module_state"),
     Pattern("step_deque_read_in_forward", HAZARD, "forward reads a deque of recent losses, whole step",

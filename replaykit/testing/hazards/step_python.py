@@ -61,6 +61,31 @@ def _global_forward_hook(model: nn.Module, arm: Arm) -> Extras:
     return kept
 
 
+def _hook_added_midway(model: nn.Module, arm: Arm) -> Extras:
+    """A monitoring hook attached after the step recorded (a logger switched on at step 3)."""
+    stats: list[torch.Tensor] = []
+
+    def before(m: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+        if step == 3:
+            m.fc1.register_forward_hook(lambda mod, args, out: stats.append(out.detach().abs().mean()))
+
+    kept = step_loop(model, arm, steps=6, before=before)
+    kept["activation_stats"] = torch.stack(stats)
+    return kept
+
+
+def _global_hook_capture(model: nn.Module, arm: Arm) -> Extras:
+    """The global module forward hook around a captured model's loop."""
+    calls: list[str] = []
+    handle = nn.modules.module.register_module_forward_hook(lambda mod, args, out: calls.append(type(mod).__name__))
+    try:
+        kept = loop(model, arm, steps=4)
+    finally:
+        handle.remove()
+    kept["module_calls"] = torch.tensor(float(len(calls)))
+    return kept
+
+
 def _capture_hook_stats(model: nn.Module, arm: Arm) -> Extras:
     """The forward-hook statistics under ``rk.capture`` (which refuses hooks it cannot replay)."""
     stats: list[torch.Tensor] = []
@@ -277,6 +302,10 @@ PATTERNS: list[Pattern] = [
             mlp(), _backward_hook_grad_norm, guard="hooks", api="step"),
     Pattern("step_global_forward_hook", HAZARD, "a global module forward hook counts calls per module",
             mlp(), _global_forward_hook, guard="hooks", api="step"),
+    Pattern("step_forward_hook_added_midway", HAZARD, "a forward hook attached after the step recorded",
+            mlp(), _hook_added_midway, guard="hooks", api="step"),
+    Pattern("global_forward_hook", HAZARD, "a global module forward hook around a captured model's loop",
+            mlp(), _global_hook_capture),
     Pattern("forward_hook_stats", HAZARD, "a forward hook logs activation statistics under rk.capture",
             mlp(), _capture_hook_stats),  # capture retires on hooks unconditionally: no switch to turn off
     Pattern("step_focal_gamma_schedule", HAZARD, "a focal loss object's gamma annealed every step",
