@@ -107,7 +107,7 @@ def _deque_capture(model: nn.Module, arm: Arm) -> Extras:
         loss = model(arm.randn(4, 6)).pow(2).mean()
         loss.backward()
         opt.step()
-        model.recent.append(float(loss) + 1.0)
+        model.recent.append(loss.item() + 1.0)
         kept[f"loss{i}"] = loss.detach()
     return kept
 
@@ -118,7 +118,7 @@ def _deque_step(model: nn.Module, arm: Arm) -> Extras:
     kept: Extras = {}
     for i in range(6):
         loss = step(arm.randn(4, 6))
-        model.recent.append(float(loss) + 1.0)
+        model.recent.append(loss.item() + 1.0)
         kept[f"loss{i}"] = loss
     return kept
 
