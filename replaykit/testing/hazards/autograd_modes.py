@@ -142,6 +142,18 @@ def _per_sample_clipped(model: nn.Module, arm: Arm) -> Extras:
     return kept
 
 
+def _saliency_logged(model: nn.Module, arm: Arm) -> Extras:
+    """Input saliency with torch.func.grad over the model each step (logged), then a plain step."""
+    kept: Extras = {}
+
+    def call(m: nn.Module, x: torch.Tensor, step: int) -> torch.Tensor:
+        kept[f"saliency{step}"] = grad(lambda inp: m(inp).sum())(x)
+        return m(x)
+
+    kept.update(loop(model, arm, steps=4, call=call))
+    return kept
+
+
 def _vmapped_forward(model: nn.Module, arm: Arm) -> Extras:
     """vmap(model) over a stack of batches (several augmentations at once), then a plain backward."""
     return loop(model, arm, steps=4, shape=(3, 4, 6), call=lambda m, x, s: vmap(m)(x))
@@ -203,6 +215,8 @@ PATTERNS: list[Pattern] = [
             mlp(), _save_on_cpu_step, api="step"),
     Pattern("func_per_sample_grads", HAZARD, "DP-SGD: vmap(grad(functional_call(model))) per-sample gradients",
             mlp(), _per_sample_clipped, guard="param_identity"),  # functional_call: routed as swapped parameters
+    Pattern("func_grad_input_saliency", HAZARD, "torch.func.grad of the model's output w.r.t. its input, logged each step",
+            mlp(), _saliency_logged, guard="autograd_modes"),
     Pattern("func_vmap_forward", HAZARD, "vmap(model) over a stack of batches, then backward",
             mlp(), _vmapped_forward, guard="autograd_modes"),
     Pattern("checkpoint_reentrant_captured_block", HAZARD, "a captured block under checkpoint(use_reentrant=True)",

@@ -172,6 +172,30 @@ def _criterion_module_attribute(model: nn.Module, arm: Arm) -> Extras:
     return step_loop(model, arm, loss_fn=loss_fn, steps=6, before=before)
 
 
+def _class_weighted(update: str) -> Callable[[nn.Module, Arm], Extras]:
+    """``nn.CrossEntropyLoss(weight=w)`` outside the model; after 3 steps its class weights are
+    rebalanced in place (``update="in_place"``: the graph reads the tensor) or replaced by a
+    new tensor (``"replaced"``: an attribute the recording bakes in)."""
+
+    def train(model: nn.Module, arm: Arm) -> Extras:
+        criterion = nn.CrossEntropyLoss(weight=torch.ones(3, device=arm.device))
+
+        def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+            return criterion(m(x), (x[:, 0] > 0).long() + (x[:, 1] > 0).long())
+
+        def before(m: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+            if step == 3:
+                new = torch.tensor([1.0, 2.0, 0.5], device=arm.device)
+                if update == "in_place":
+                    criterion.weight.copy_(new)
+                else:
+                    criterion.weight = new
+
+        return step_loop(model, arm, loss_fn=loss_fn, steps=6, before=before)
+
+    return train
+
+
 class Reweighted:
     """Class weights kept in a numpy array by the loss and rebalanced in place between steps."""
 
@@ -316,6 +340,10 @@ PATTERNS: list[Pattern] = [
             mlp(), _global_loss_weight, guard="loss_inputs", api="step"),
     Pattern("step_criterion_module_attribute", HAZARD, "an nn.SmoothL1Loss outside the model, its beta changed",
             mlp(), _criterion_module_attribute, guard="loss_inputs", api="step"),
+    Pattern("step_class_weights_in_place", HAZARD, "CrossEntropyLoss(weight=w) outside the model, w rebalanced in place",
+            mlp(), _class_weighted("in_place"), api="step"),
+    Pattern("step_class_weights_replaced", HAZARD, "CrossEntropyLoss(weight=w) outside the model, w replaced by a new tensor",
+            mlp(), _class_weighted("replaced"), guard="loss_inputs", api="step"),
     Pattern("step_loss_numpy_weights", HAZARD, "class weights in a numpy array held by the loss, rebalanced in place",
             mlp(), _loss_numpy_weights, guard="loss_inputs", api="step",
             cuda_only="the CPU backends' replay of torch.tensor(array) reads the array's memory again"),
@@ -325,8 +353,8 @@ PATTERNS: list[Pattern] = [
             mlp(), _loss_deque, guard="loss_inputs", api="step"),
     Pattern("step_warmup_optimizer", HAZARD, "a hand-written optimizer with a warm-up counter on self",
             mlp(), _warmup_optimizer, guard="optimizer_trust", api="step"),
-    Pattern("step_accumulate_changed", HAZARD, "step.accumulate = 2 after the step recorded (must raise)",
-            mlp(), _set_on_step("accumulate", lambda: 2), api="step"),
+    Pattern("step_accumulate_changed", HAZARD, "step.accumulate = 4 after the step recorded (must raise)",
+            mlp(), _set_on_step("accumulate", lambda: 4), api="step"),
     Pattern("step_loss_fn_swapped", HAZARD, "step.loss_fn replaced by another loss after recording (must raise)",
             mlp(), _set_on_step("loss_fn", lambda: _smooth_l1_loss), api="step"),
     Pattern("step_max_norm_changed", HAZARD, "step.max_norm tightened after recording (clipping keys the recording)",
