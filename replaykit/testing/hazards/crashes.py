@@ -41,7 +41,9 @@ def _plain_step(model: nn.Module, loss_fn: LossFn, opt: torch.optim.Optimizer) -
     return step
 
 
-def _step_or_plain(arm: Arm, model: nn.Module, loss_fn: LossFn, opt: torch.optim.Optimizer, **kwargs: object):
+def _step_or_plain(
+    arm: Arm, model: nn.Module, loss_fn: LossFn, opt: torch.optim.Optimizer, **kwargs: object
+) -> Callable[..., torch.Tensor]:
     """``rk.TrainStep`` in the replay arm, the plain loop body in the eager arm."""
     if arm.replay:
         return arm.train_step(model, loss_fn, opt, **kwargs)

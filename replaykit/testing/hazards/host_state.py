@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -18,7 +19,7 @@ from torch import nn
 from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, sgd, step_loop
 
 
-def _seeded(train):
+def _seeded(train: Callable[[nn.Module, Arm], Extras]) -> Callable[[nn.Module, Arm], Extras]:
     """The user's seeding of the host RNGs at the start of a run (both arms draw alike)."""
 
     def run(model: nn.Module, arm: Arm) -> Extras:
