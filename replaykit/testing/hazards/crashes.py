@@ -115,11 +115,11 @@ def _cuda_without_gpu(model: nn.Module, arm: Arm) -> Extras:
     """``backend="cuda"`` asked for on a CPU model (no GPU here): must be a clear error, not a torch one."""
     opt = sgd(model)
     if arm.replay:
-        step = rk.TrainStep(model, _mse, opt, backend="cuda")
+        step = rk.TrainStep(model, _mse, opt, backend="cuda")  # where there is a GPU: a plain cuda step
         arm.recorder = step
     else:
-        arm.optimizers.append(opt)
         step = _plain_step(model, _mse, opt)
+    arm.optimizers.append(opt)
     return {f"loss{i}": step(arm.randn(4, 6)) for i in range(4)}
 
 
@@ -130,8 +130,8 @@ def _function_model(model: nn.Module, arm: Arm) -> Extras:
         step = rk.TrainStep(model.forward, lambda f, x: f(x).pow(2).mean(), opt, backend=arm.backend)
         arm.recorder = step
     else:
-        arm.optimizers.append(opt)
         step = _plain_step(model.forward, lambda f, x: f(x).pow(2).mean(), opt)
+    arm.optimizers.append(opt)
     return {f"loss{i}": step(arm.randn(4, 6)) for i in range(4)}
 
 
