@@ -134,6 +134,45 @@ def _closure_loss_weight(model: nn.Module, arm: Arm) -> Extras:
     return kept
 
 
+def _closure_tensor_replaced(model: nn.Module, arm: Arm) -> Extras:
+    """Class centres in a closure cell, recomputed as a NEW tensor after 3 steps (centre loss)."""
+    centres = torch.zeros(3, device=arm.device)
+
+    def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return (m(x) - centres).pow(2).mean()
+
+    opt = sgd(model)
+    step = arm.train_step(model, loss_fn, opt)
+    kept: Extras = {}
+    for i in range(6):
+        if i == 3:
+            with torch.no_grad():
+                centres = model(arm.randn(16, 6)).mean(0)  # a new tensor object, not an in-place update
+        kept[f"loss{i}"] = step(arm.randn(4, 6))
+    return kept
+
+
+class Trainer:
+    """A user's trainer whose bound method is the loss_fn; it reads ``self.alpha``."""
+
+    def __init__(self) -> None:
+        self.alpha = 1.0
+
+    def compute_loss(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        out = model(x)
+        return out.pow(2).mean() + self.alpha * out.abs().mean()
+
+
+def _bound_method_loss(model: nn.Module, arm: Arm) -> Extras:
+    trainer = Trainer()
+
+    def before(m: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+        if step == 3:
+            trainer.alpha = 0.1
+
+    return step_loop(model, arm, loss_fn=trainer.compute_loss, steps=6, before=before)
+
+
 AUX_WEIGHT = 0.5
 """A module-level loss weight the training script sets to 0 after a few steps."""
 
@@ -336,6 +375,10 @@ PATTERNS: list[Pattern] = [
             mlp(), _focal_gamma_schedule, guard="loss_inputs", api="step"),
     Pattern("step_closure_loss_weight", HAZARD, "an auxiliary loss weight in a closure set to 0 after 3 steps",
             mlp(), _closure_loss_weight, guard="loss_inputs", api="step"),
+    Pattern("step_closure_tensor_replaced", HAZARD, "centres in a closure cell replaced by a new tensor after 3 steps",
+            mlp(), _closure_tensor_replaced, guard="loss_inputs", api="step"),
+    Pattern("step_bound_method_loss", HAZARD, "loss_fn is a trainer's bound method reading self.alpha, changed after 3 steps",
+            mlp(), _bound_method_loss, guard="loss_inputs", api="step"),
     Pattern("step_global_loss_weight", HAZARD, "a module-level loss weight set to 0 after 3 steps",
             mlp(), _global_loss_weight, guard="loss_inputs", api="step"),
     Pattern("step_criterion_module_attribute", HAZARD, "an nn.SmoothL1Loss outside the model, its beta changed",
