@@ -65,6 +65,17 @@ def _anomaly_step(model: nn.Module, arm: Arm) -> Extras:
         return kept
 
 
+def _anomaly_throughout(train: Callable[[nn.Module, Arm], Extras]) -> Callable[[nn.Module, Arm], Extras]:
+    """Anomaly detection left on for the whole run (no NaN comes): the control."""
+
+    def run(model: nn.Module, arm: Arm) -> Extras:
+        with _anomaly_restored():
+            torch.autograd.set_detect_anomaly(True)
+            return train(model, arm)
+
+    return run
+
+
 # --------------------------------------------------------------------------- saved-tensor hooks
 def _compress() -> contextlib.AbstractContextManager:
     """Activation compression: saved tensors kept in bfloat16, restored to their dtype for backward."""
@@ -201,6 +212,10 @@ PATTERNS: list[Pattern] = [
             mlp(), _anomaly_capture, guard="autograd_modes"),
     Pattern("step_anomaly_detection_mid_run", HAZARD, "set_detect_anomaly(True) after recording; then a NaN batch",
             mlp(), _anomaly_step, guard="autograd_modes", api="step"),
+    Pattern("anomaly_detection_throughout", HAZARD, "set_detect_anomaly(True) for the whole run, no NaN",
+            mlp(), _anomaly_throughout(lambda m, a: loop(m, a, steps=4))),
+    Pattern("step_anomaly_detection_throughout", HAZARD, "set_detect_anomaly(True) for the whole run, no NaN, whole step",
+            mlp(), _anomaly_throughout(lambda m, a: step_loop(m, a, steps=5)), api="step"),
     Pattern("saved_tensors_compression_midway", HAZARD, "bf16 activation compression (saved_tensors_hooks) from step 2",
             mlp(), lambda m, a: loop(m, a, steps=5, call=_compressed_from(2)), guard="autograd_modes"),
     Pattern("step_saved_tensors_compression_midway", HAZARD, "bf16 activation compression around the step from call 3",
