@@ -209,7 +209,7 @@ HAZARD = "autograd_modes"
 
 PATTERNS: list[Pattern] = [
     Pattern("anomaly_detection_mid_run", HAZARD, "set_detect_anomaly(True) after 3 steps; then a NaN batch (eager raises)",
-            mlp(), _anomaly_capture, guard="autograd_modes"),
+            mlp(), _anomaly_capture),  # no guard: the replay's backward node is checked by anomaly mode too
     Pattern("step_anomaly_detection_mid_run", HAZARD, "set_detect_anomaly(True) after recording; then a NaN batch",
             mlp(), _anomaly_step, guard="autograd_modes", api="step"),
     Pattern("anomaly_detection_throughout", HAZARD, "set_detect_anomaly(True) for the whole run, no NaN",
