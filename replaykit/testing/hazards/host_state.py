@@ -146,6 +146,22 @@ class ArrayGain(ArrayScaled):
         return self.net(x) * float(self.scale[0])
 
 
+class DictConfigured(nn.Module):
+    """Reads ``self.hparams["scale"]`` from a plain dict of hyperparameters it holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+        self.hparams: dict[str, float] = {"scale": 1.0}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * self.hparams["scale"]
+
+
+def _anneal_hparams(model: nn.Module, step: int) -> None:
+    model.hparams["scale"] = 1.0 / (step + 1)  # the same dict, a new value
+
+
 def _halve_scale(model: nn.Module, step: int) -> None:
     if step >= 3:
         model.scale *= 0.5  # in place: the same array object
@@ -181,6 +197,12 @@ PATTERNS: list[Pattern] = [
             lambda d: ArrayScaled().to(d),
             lambda m, a: step_loop(m, a, steps=6, before=lambda m, o, s: _halve_scale(m, s)),
             guard="module_state", api="step", cuda_only=ARRAY_COPY_LIVE),
+    Pattern("hparams_dict_in_forward", HAZARD, "forward reads a dict of hyperparameters the loop anneals in place",
+            lambda d: DictConfigured().to(d), lambda m, a: loop(m, a, steps=5, before=_anneal_hparams), guard="module_state"),
+    Pattern("step_hparams_dict_in_forward", HAZARD, "forward reads a dict of hyperparameters annealed in place, whole step",
+            lambda d: DictConfigured().to(d),
+            lambda m, a: step_loop(m, a, steps=6, before=lambda m, o, s: _anneal_hparams(m, s)),
+            guard="module_state", api="step"),
     Pattern("numpy_array_gain_float", HAZARD, "forward reads float(array[0]) of a numpy array halved in place",
             lambda d: ArrayGain().to(d), lambda m, a: loop(m, a, steps=5, before=_halve_scale), guard="module_state"),
     Pattern("step_numpy_array_gain_float", HAZARD, "forward reads float(array[0]) of a numpy array, whole step",
