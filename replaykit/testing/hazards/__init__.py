@@ -13,6 +13,13 @@ Modules (no module imports one listed after it):
     lifecycle      weights changed between forward and backward, a step in another thread
     hook_order     parameter hooks and optimizers stepping inside backward
     autocast       a parameter used several times under autocast
+    step_python    Python a replay does not run around a whole step: hooks, what loss_fn reads, an optimizer's Python, the step's settings
+    host_state     host RNG draws (numpy, random) and held containers or arrays changed in place
+    autograd_modes anomaly detection, saved-tensor hooks, torch.func, checkpointing, an input written before backward
+    leaving_grads  a loss that reaches trainable parameters outside the model (a GAN's discriminator)
+    crashes        what eager accepts and a replay must run or refuse clearly (checkpoints, LSTM, LBFGS, non-Modules)
+    backend_diffs  what one backend showed and the other did not (gradient sums, Adagrad, interrupts, checkpointed dropout)
+    under_capture  code that computes differently while a graph is being captured
     catalogue      HAZARDS, PATTERNS (realistic), KNOWN_LIMITS (still silent), by_hazard, pattern
     outcome        the outcome kinds, the bitwise comparison, the classification of one run
     report         the table, one verdict per outcome, rows, the summary with the replay coverage

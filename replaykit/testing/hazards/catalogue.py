@@ -9,17 +9,27 @@ from __future__ import annotations
 
 from . import (
     autocast,
+    autograd_modes,
+    backend_diffs,
+    crashes,
     hook_order,
+    host_state,
     host_values,
     inputs,
+    leaving_grads,
     lifecycle,
     parameters,
     side_effects,
+    step_python,
     two_backwards,
+    under_capture,
 )
 from .pattern import Pattern
 
-MODULES = (two_backwards, host_values, parameters, inputs, side_effects, lifecycle, hook_order, autocast)
+MODULES = (
+    two_backwards, host_values, parameters, inputs, side_effects, lifecycle, hook_order, autocast,
+    step_python, host_state, autograd_modes, leaving_grads, crashes, backend_diffs, under_capture,
+)
 
 HAZARDS: tuple[str, ...] = tuple(m.HAZARD for m in MODULES)
 

@@ -1,0 +1,215 @@
+"""Host state a replay does not read again: draws from numpy's or Python's ``random`` in the
+forward or the loss, and containers or arrays the model holds that the training loop changes
+in place (a ``deque`` of recent losses, a numpy array).
+
+Torch's own generator is replayed (its offset advances as eager's does); a host RNG is not
+an aten op, so a recording keeps the draw it made. A held container keeps its identity
+while its contents change, so watching it by identity sees nothing.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, sgd, step_loop
+
+
+def _seeded(train: Callable[[nn.Module, Arm], Extras]) -> Callable[[nn.Module, Arm], Extras]:
+    """The user's seeding of the host RNGs at the start of a run (both arms draw alike)."""
+
+    def run(model: nn.Module, arm: Arm) -> Extras:
+        import numpy as np  # here: numpy is no dependency of replaykit's core
+
+        random.seed(0)
+        np.random.seed(0)
+        return train(model, arm)
+
+    return run
+
+
+# --------------------------------------------------------------------------- host RNG
+class LayerDrop(nn.Module):
+    """Residual blocks skipped at random in training (LayerDrop), decided by Python's ``random``."""
+
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(6, 6) for _ in range(3)])
+        self.head = nn.Linear(6, 3)
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            if self.training and random.random() < self.p:
+                continue
+            x = x + torch.relu(block(x))
+        return self.head(x)
+
+
+class NumpyNoise(nn.Module):
+    """Feature noise whose scale is drawn from numpy's global RNG in forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import numpy as np
+
+        return self.net(x * float(np.random.uniform(0.5, 1.5)))
+
+
+def _mixup_loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Mixup inside loss_fn: lambda from numpy's Beta, the batch mixed with its reverse."""
+    import numpy as np
+
+    lam = float(np.random.beta(0.4, 0.4))
+    mixed = lam * x + (1 - lam) * x.flip(0)
+    return model(mixed).pow(2).mean()
+
+
+class TwoHeads(nn.Module):
+    """A shared trunk and two task heads (multi-task training)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = MLP(d_out=6)
+        self.heads = nn.ModuleList([nn.Linear(6, 3), nn.Linear(6, 2)])
+
+
+def _random_task_loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Task sampling in loss_fn: one head per step, chosen with Python's random."""
+    task = 0 if random.random() < 0.5 else 1
+    return model.heads[task](model.trunk(x)).pow(2).mean()
+
+
+# --------------------------------------------------------------------------- held containers
+class RecentScaled(nn.Module):
+    """Scales its output by the mean of the recent losses the loop appends to a deque it holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+        self.recent: deque[float] = deque([1.0], maxlen=3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) / (sum(self.recent) / len(self.recent))
+
+
+def _deque_capture(model: nn.Module, arm: Arm) -> Extras:
+    opt = sgd(model)
+    kept: Extras = {}
+    for i in range(5):
+        opt.zero_grad(set_to_none=True)
+        loss = model(arm.randn(4, 6)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        model.recent.append(loss.item() + 1.0)
+        kept[f"loss{i}"] = loss.detach()
+    return kept
+
+
+def _deque_step(model: nn.Module, arm: Arm) -> Extras:
+    opt = sgd(model)
+    step = arm.train_step(model, lambda m, x: m(x).pow(2).mean(), opt)
+    kept: Extras = {}
+    for i in range(6):
+        loss = step(arm.randn(4, 6))
+        model.recent.append(loss.item() + 1.0)
+        kept[f"loss{i}"] = loss
+    return kept
+
+
+class ArrayScaled(nn.Module):
+    """Per-output scales kept in a numpy array the loop updates in place (a hand-made schedule)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import numpy as np
+
+        self.net = MLP()
+        self.scale = np.ones(3, dtype=np.float32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.net(x)
+        return out * torch.tensor(self.scale, device=out.device)  # a copy of the array
+
+
+class ArrayGain(ArrayScaled):
+    """Reads one gain of its numpy array as a Python float (a per-stage setting)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * float(self.scale[0])
+
+
+class DictConfigured(nn.Module):
+    """Reads ``self.hparams["scale"]`` from a plain dict of hyperparameters it holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+        self.hparams: dict[str, float] = {"scale": 1.0}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * self.hparams["scale"]
+
+
+def _anneal_hparams(model: nn.Module, step: int) -> None:
+    model.hparams["scale"] = 1.0 / (step + 1)  # the same dict, a new value
+
+
+def _halve_scale(model: nn.Module, step: int) -> None:
+    if step >= 3:
+        model.scale *= 0.5  # in place: the same array object
+
+
+HAZARD = "host_state"
+
+ARRAY_COPY_LIVE = ("the CPU backends' replay of torch.tensor(array) reads the array's memory again (exact without "
+                   "the guard); a CUDA graph's host-to-device copy is the case to measure")
+
+PATTERNS: list[Pattern] = [
+    Pattern("layerdrop_python_random", HAZARD, "LayerDrop decided by random.random() in forward",
+            lambda d: LayerDrop().to(d), _seeded(lambda m, a: loop(m, a, steps=6)), guard="host_rng"),
+    Pattern("step_layerdrop_python_random", HAZARD, "LayerDrop decided by random.random() in forward, whole step",
+            lambda d: LayerDrop().to(d), _seeded(lambda m, a: step_loop(m, a, steps=6)), guard="host_rng", api="step"),
+    Pattern("numpy_noise_in_forward", HAZARD, "a noise scale drawn from np.random in forward",
+            lambda d: NumpyNoise().to(d), _seeded(lambda m, a: loop(m, a, steps=5)), guard="host_rng"),
+    Pattern("step_numpy_noise_in_forward", HAZARD, "a noise scale drawn from np.random in forward, whole step",
+            lambda d: NumpyNoise().to(d), _seeded(lambda m, a: step_loop(m, a, steps=6)), guard="host_rng", api="step"),
+    Pattern("step_mixup_numpy_lambda", HAZARD, "mixup in loss_fn with lambda from np.random.beta",
+            mlp(), _seeded(lambda m, a: step_loop(m, a, loss_fn=_mixup_loss, steps=6)), guard="host_rng", api="step"),
+    Pattern("step_random_task_in_loss", HAZARD, "loss_fn samples the task (head) with random.random()",
+            lambda d: TwoHeads().to(d), _seeded(lambda m, a: step_loop(m, a, loss_fn=_random_task_loss, steps=8)),
+            guard="host_rng", api="step"),
+    Pattern("deque_read_in_forward", HAZARD, "forward reads a deque of recent losses the loop appends to",
+            lambda d: RecentScaled().to(d), _deque_capture, guard="module_state"),
+    Pattern("step_deque_read_in_forward", HAZARD, "forward reads a deque of recent losses, whole step",
+            lambda d: RecentScaled().to(d), _deque_step, guard="module_state", api="step"),
+    Pattern("numpy_array_updated_in_place", HAZARD, "forward reads a numpy array the loop halves in place",
+            lambda d: ArrayScaled().to(d), lambda m, a: loop(m, a, steps=5, before=_halve_scale), guard="module_state",
+            cuda_only=ARRAY_COPY_LIVE),
+    Pattern("step_numpy_array_updated_in_place", HAZARD, "forward reads a numpy array changed in place, whole step",
+            lambda d: ArrayScaled().to(d),
+            lambda m, a: step_loop(m, a, steps=6, before=lambda m, o, s: _halve_scale(m, s)),
+            guard="module_state", api="step", cuda_only=ARRAY_COPY_LIVE),
+    Pattern("hparams_dict_in_forward", HAZARD, "forward reads a dict of hyperparameters the loop anneals in place",
+            lambda d: DictConfigured().to(d), lambda m, a: loop(m, a, steps=5, before=_anneal_hparams), guard="module_state"),
+    Pattern("step_hparams_dict_in_forward", HAZARD, "forward reads a dict of hyperparameters annealed in place, whole step",
+            lambda d: DictConfigured().to(d),
+            lambda m, a: step_loop(m, a, steps=6, before=lambda m, o, s: _anneal_hparams(m, s)),
+            guard="module_state", api="step"),
+    Pattern("numpy_array_gain_float", HAZARD, "forward reads float(array[0]) of a numpy array halved in place",
+            lambda d: ArrayGain().to(d), lambda m, a: loop(m, a, steps=5, before=_halve_scale), guard="module_state"),
+    Pattern("step_numpy_array_gain_float", HAZARD, "forward reads float(array[0]) of a numpy array, whole step",
+            lambda d: ArrayGain().to(d),
+            lambda m, a: step_loop(m, a, steps=6, before=lambda m, o, s: _halve_scale(m, s)),
+            guard="module_state", api="step"),
+]
+
+KNOWN_LIMITS: list[Pattern] = []
+"""Still silent differences (README, Known limits): kept out of ``PATTERNS``."""
