@@ -8,15 +8,16 @@ from typing import NamedTuple
 
 #: ``hold_end``: a pending backward ran or its graph was dropped; ``release``: the recorder was released;
 #: ``refuse``: the probe refused a signature (its calls then run eager); ``check``: a shadow check;
-#: ``rerecord``: recordings dropped for a change they cannot survive (its cause), recorded anew.
+#: ``rerecord``: recordings dropped for a change they cannot survive (its cause), recorded anew;
+#: ``warned``: a difference from eager already made, said with a ReplayWarning (the reason names it).
 KINDS: tuple[str, ...] = (
     "record", "replay", "eager", "backward", "copy_out", "retire", "rerecord", "hold_end", "release", "refuse",
-    "check", "unsafe",
+    "check", "warned", "unsafe",
 )
 #: Kinds whose reasons are tallied: eager forwards, and backwards not replayed from a graph.
 REASONED: tuple[str, ...] = ("eager", "backward")
 #: Kinds whose every event is kept.
-PINNED: frozenset[str] = frozenset({"record", "retire", "rerecord", "unsafe"})
+PINNED: frozenset[str] = frozenset({"record", "retire", "rerecord", "warned", "unsafe"})
 
 
 class Event(NamedTuple):

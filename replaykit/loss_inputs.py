@@ -37,13 +37,16 @@ _CONTAINERS = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent
 
 
 def _module_values(module: nn.Module) -> tuple:
-    """A criterion module's plain settings (every submodule's), the way the model's guard reads them."""
-    return tuple(
+    """A criterion module's plain settings (every submodule's), the way the model's guard reads them, and
+    its parameters and buffers by identity (``CrossEntropyLoss.weight`` replaced by a new tensor)."""
+    values = tuple(
         (n, k, value_key(v))
         for n, m in module.named_modules()
         for k, v in m.__dict__.items()
         if k not in _CONTAINERS and "hooks" not in k and not isinstance(v, (torch.Tensor, nn.Module))
     )
+    tensors = tuple((n, k, id(t)) for n, m in module.named_modules() for k, t in (*m._parameters.items(), *m._buffers.items()))
+    return values + tensors
 
 
 class LossInputs:

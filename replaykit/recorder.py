@@ -353,7 +353,7 @@ class Recorder:
             f"{plan.multi_use[0]} more than once: this step's gradient of it may differ from eager in the last bits "
             "(summation order); the signature runs eagerly from now on"
         )
-        self.journal.add("refuse", call, "reentrant_shared_weight", detail)
+        self.journal.add("warned", call, "reentrant_shared_weight", detail)
         warnings.warn(f"replaykit: {detail}", ReplayWarning, stacklevel=4)
 
     def _eager(self, call: int, reason: str, args: tuple, kwargs: dict) -> Any:

@@ -229,7 +229,7 @@ PATTERNS: list[Pattern] = [
     Pattern("step_save_on_cpu", HAZARD, "torch.autograd.graph.save_on_cpu() around the step",
             mlp(), _save_on_cpu_step, api="step"),
     Pattern("func_per_sample_grads", HAZARD, "DP-SGD: vmap(grad(functional_call(model))) per-sample gradients",
-            mlp(), _per_sample_clipped, guard="param_identity"),  # functional_call: routed as swapped parameters
+            mlp(), _per_sample_clipped, guard="param_identity+autograd_modes"),  # functional_call under vmap: both route it
     Pattern("func_grad_input_saliency", HAZARD, "torch.func.grad of the model's output w.r.t. its input, logged each step",
             mlp(), _saliency_logged, guard="autograd_modes"),
     Pattern("func_vmap_forward", HAZARD, "vmap(model) over a stack of batches, then backward",

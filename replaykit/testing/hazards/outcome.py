@@ -38,6 +38,8 @@ EAGER_ONLY_RAISED = "eager raised, replay did not"
 UNCLEAR_ERROR = "unclear error"
 HANG = "hang"
 CRASHED = "crashed"
+#: the replay differs and replaykit said so when it happened (a ReplayWarning, journal kind ``warned``)
+WARNED_DIFF = "differs, warned"
 #: What breaks the contract; an unsafe arm must show one of these to prove its guard is needed.
 DIVERGENCES = (SILENT_DIFF, EAGER_ONLY_RAISED, UNCLEAR_ERROR)
 FAILURES = (*DIVERGENCES, HANG, CRASHED)
@@ -161,7 +163,8 @@ def classify(eager: ArmResult, replay: ArmResult) -> tuple[str, str, list[str]]:
     diffs = compare_states(eager.state, replay.state)
     if diffs:
         more = f" (+{len(diffs) - 1} more)" if len(diffs) > 1 else ""
-        return SILENT_DIFF, f"{diffs[0]}{more}", [str(d) for d in diffs]
+        kind = WARNED_DIFF if replay.journal.get("warned") else SILENT_DIFF
+        return kind, f"{diffs[0]}{more}", [str(d) for d in diffs]
     journal = replay.journal
     if journal.get("retired") and journal.get("retire_reason") != "released":
         return RETIRED, str(journal.get("retire_reason")), []
