@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from replaykit.workflow import archive
-from replaykit.workflow.archive import MANIFEST_NAME, in_colab
+from replaykit.workflow.bootstrap import MANIFEST_NAME, in_colab
 from replaykit.workflow.folders import slug
 
 __all__ = [

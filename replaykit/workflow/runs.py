@@ -27,7 +27,7 @@ from typing import Any
 
 from replaykit.workflow.fingerprint import FINGERPRINT_FILE, fingerprint, fingerprint_slug, torch_of
 
-from .archive import file_sha256
+from .bootstrap import file_sha256
 from .folders import SUMMARY_FILE, unique_folder
 from .seal import seal
 

@@ -115,7 +115,21 @@ def test_texts() -> None:
     flaky = {"counts": {"passed": 5, "failed": 1}, "counts_per_run": differ, "flaky_ids": ["t::a"]}
     assert text(status="failed", results=flaky) == "r1: 1 failed, 2 passed; r2: 3 passed, 1 flaky"
     parity = {"passed": 94, "failed": ["a", "b"], "scenarios": 96, "line": "94/96 scenarios passed"}
-    assert text(status="failed", reason="exception", results=parity) == "2 failed, 94 passed"
+    assert text(status="failed", reason="exception", results=parity) == "2 failed, 94 passed (scenarios 94/96)"
+    # every part of a notebook's results counts: parity's zoo rows and whole-step scenarios too
+    zoo_only = {"passed": 0, "failed": [], "scenarios": 0, "zoo": {"rows": 3, "failed": []}}
+    assert text(results=zoo_only) == "3 passed (scenarios 0/0, zoo 3/3)"
+    demo = {"passed": 2, "failed": [], "scenarios": 2, "zoo": {"rows": 4, "failed": ["resnet18 32 acc2"]},
+            "whole_step": {"passed": 1, "total": 2}}
+    assert text(status="failed", reason="exception", results=demo) == (
+        "2 failed, 6 passed (scenarios 2/2, zoo 3/4, whole step 1/2)"
+    )
+    hazards = {"runs": 40, "failures": 1, "unsafe_runs": 10, "unsafe_diverged": 9, "line": "..."}
+    assert text(status="failed", reason="exception", results=hazards) == "1 failed, 49 passed (pattern runs 49/50)"
+    rows = [{"arm": "eager"}, {"arm": "replaykit", "equals_eager": True}, {"arm": "replaykit+check", "equals_eager": False}]
+    bench = {"replaykit_equal": False, "rows": rows, "whole_step": {"step_equal": True, "rows": [
+        {"arm": "replaykit step", "equals_eager": True}, {"arm": "raw step graph", "equals_eager": True}]}}
+    assert text(status="failed", reason="exception", results=bench) == "1 failed, 2 passed (sizes 1/2, whole step 1/1)"
     assert text(results={"line": "replaykit 1.9x eager"}) == "replaykit 1.9x eager"
     assert text(status="error", reason="kernel_died", results=None) == "error (kernel_died)"
     assert text(status="error", reason="kernel_died", results={"counts": {"passed": 2}}) == (
