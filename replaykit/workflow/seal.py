@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -109,6 +110,18 @@ RUNS_ENV = "REPLAYKIT_RUNS_DIR"
 """Where a notebook run without the runner writes its run folder (Colab: ``runs/`` here)."""
 
 
+def _finite(value: Any) -> Any:
+    """JSON types with NaN and infinities as strings: a notebook's JSON output has no NaN, so a
+    digest over them would not survive the round trip through the saved notebook."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
 def _canonical(body: dict[str, Any]) -> bytes:
     return json.dumps(_normal(body), sort_keys=True, separators=(",", ":")).encode()
 
@@ -181,7 +194,7 @@ def notebook_seal(notebook: str, results: dict[str, Any], failures: list[str], f
         "executed": [_source_digest(s) for s in executed],
         "sealed_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    body = _normal(body)
+    body = _finite(_normal(body))
     body["result"] = result_text(body)
     return body | {"digest": hashlib.sha256(_canonical(body)).hexdigest()}
 
