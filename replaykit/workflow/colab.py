@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -147,8 +149,10 @@ def run_as_colab(
     content.mkdir()
     nb = nbformat.read(str(notebook), as_version=4)
     edit_parameters(nb, params)
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                 if p and not (Path(p) / "replaykit").is_dir()]  # the kernel sees no replaykit but the tree's
     kernel_env = {
-        "PYTHONPATH": str(stand_in(base / "colab-stand-in")),
+        "PYTHONPATH": os.pathsep.join([str(stand_in(base / "colab-stand-in")), *inherited]),
         "COLAB_RELEASE_TAG": "replaykit-simulated",
         DOWNLOADS_ENV: str(downloads),
         "MPLBACKEND": "Agg",
@@ -193,17 +197,38 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+DRIVER = ["nbclient>=0.7", "nbformat>=5", "ipykernel>=6", "jupyter_client>=7"]
+"""What runs the notebooks (Colab has it); a host without it gets it from the archive's wheelhouse."""
+
+
+def ensure_driver(archive: Path, python: str) -> None:
+    """Install nbclient and a kernel into this interpreter (and ``python``, the kernel's) when they
+    are missing, from the archive's wheelhouse when it carries one (an offline GPU host)."""
+    from . import bootstrap
+
+    missing = [r for r in DRIVER if bootstrap.installed(r.split(">")[0]) is None]
+    kernel_ok = subprocess.run([python, "-c", "import ipykernel"], capture_output=True).returncode == 0
+    if not missing and kernel_ok:
+        return
+    with tempfile.TemporaryDirectory(prefix="replaykit-driver-") as tmp:
+        root = bootstrap.unpack(archive, Path(tmp))
+        bootstrap.ensure(missing, root)
+        if not kernel_ok and os.path.realpath(python) != os.path.realpath(sys.executable):
+            raise RuntimeError(f"{python} has no ipykernel: install it there (the kernel's interpreter)")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the notebooks, print each one's end and the evidence; exit 0 only when every notebook
     passed and no seal was edited."""
-    from .evidence import collect
-    from .fingerprint import notebook_path
-
     args = build_parser().parse_args(argv)
     archive = args.archive.resolve()
     if not archive.is_file():
         print(f"error: no archive {archive}", file=sys.stderr)
         return 2
+    ensure_driver(archive, args.python)
+    from .evidence import collect
+    from .fingerprint import notebook_path
+
     overrides = [_parameter(pair) for pair in args.parameter]
     runs = []
     for name in args.notebook or NOTEBOOKS:

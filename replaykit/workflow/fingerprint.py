@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -50,7 +51,8 @@ def default_tree() -> Path:
     if root is None:
         raise NeedsSourceTree(
             f"needs a source tree: replaykit is installed ({Path(__file__).resolve().parents[1]}), "
-            "not a checkout; pass --tree (a checkout, a folder or an archive from `replaykit-workflow pack`)"
+            "not a checkout; give a tree (a checkout, a folder or an archive from `replaykit-workflow pack`): "
+            "`-p tree PATH` to `replaykit-workflow run` (the notebook's parameter), `--tree PATH` to `verify`"
         )
     return root
 
@@ -100,6 +102,9 @@ def _git_info(tree: Path) -> dict[str, Any]:
         info["error"] = "git rev-parse HEAD failed" if git else "git not found"
         return info
     info["commit"] = head.strip()
+    remote = _run([git, "config", "--get", "remote.origin.url"], cwd=tree)
+    if remote:  # a clone of a git URL (a notebook's tree): where the commit came from
+        info["remote"] = re.sub(r"//[^/@]+@", "//", remote.strip())  # no credentials in the evidence
     status = _run([git, "status", "--porcelain"], cwd=tree)
     if status is not None:
         changed = [
