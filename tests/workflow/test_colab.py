@@ -88,6 +88,21 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return base, runtime_for_this_session(base, tmp_path_factory.mktemp("colab") / "runtime")
 
 
+def test_the_parameters_cell_is_edited_as_a_user_edits_it() -> None:
+    from replaykit.workflow.colab import edit_parameters
+
+    nb = nbformat.read(ROOT / "notebooks" / "parity.ipynb", as_version=4)
+    edit_parameters(nb, {"tasks": ["pose"], "tree": "upload", "with_unsafe": False})
+    (cell,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    lines = cell.source.splitlines()
+    assert "tasks: list = ['pose']  # any of: detection, pose, oriented, segmentation" in lines
+    assert any(line.startswith("tree: str = 'upload'  # ") for line in lines)
+    assert any(line.startswith("with_unsafe: bool = False  # ") for line in lines)
+    assert not [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]  # nothing injected
+    with pytest.raises(KeyError, match="declares no task"):
+        edit_parameters(nb, {"task": ["pose"]})
+
+
 def test_the_runtime_has_only_what_colab_preinstalls(runtime: tuple[Path, Path]) -> None:
     _, python = runtime
     code = ("import importlib.util as u, torch; print(torch.__version__, "
