@@ -228,7 +228,7 @@ def load_run(folder: Path, *, label: str | None = None, env: str | None = None,
 
 
 def tree_text(tree: dict[str, Any], label: str | None = None, intended: dict[str, Any] | None = None) -> str:
-    """``bb3c0b8 (WP-206)``: short commit, ``-dirty`` when it was, the label when it says more."""
+    """``bb3c0b8 (candidate)``: short commit, ``-dirty`` when it was, the label when it says more."""
     intended = intended or {}
     commit = tree.get("commit") or intended.get("commit")
     dirty = tree.get("dirty") if tree.get("commit") else intended.get("dirty")

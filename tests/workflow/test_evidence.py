@@ -171,6 +171,21 @@ def test_failures_links_and_unrun_cells(tmp_path: Path) -> None:
     assert "Warnings" not in md
 
 
+def test_a_collection_error_shows_its_exception(tmp_path: Path) -> None:
+    """pytest's junit message for any collection error is "collection failure": the row says which."""
+    junit = JUNIT.replace(
+        '<testcase classname="tests.test_x" name="test_ok" time="0.1"/>',
+        '<testcase classname="" name="tests.lightning.test_y"><error message="collection failure">'
+        "ImportError while importing test module.\nE   ModuleNotFoundError: No module named 'lightning'</error></testcase>")
+    results = {"counts": {"passed": 0, "failed": 1, "error": 1}, "runs": [{"junit": "junit_r1.xml"}],
+               "failing_ids": ["tests/test_x.py::TestA::test_b[1]", "tests/lightning/test_y.py"]}
+    run = fake_run(tmp_path / "runs", "r", results=results, status="failed", reason="exception")
+    (run / "pytest").mkdir()
+    (run / "pytest" / "junit_r1.xml").write_text(junit)
+    md = collect(folders=[run]).markdown()
+    assert "  - `tests/lightning/test_y.py` failed: ModuleNotFoundError: No module named 'lightning'" in md
+
+
 def test_a_run_that_saved_no_notebook_is_not_an_edit(tmp_path: Path) -> None:
     run = fake_run(tmp_path, "dead", status="error", reason="runner_error", results={})
     summary = json.loads((run / "summary.json").read_text())
