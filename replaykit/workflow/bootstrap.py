@@ -443,12 +443,13 @@ def bootstrap(tree: str | Path = "", notebook: str | None = None, *, on_path: bo
     ``tree`` is ``""`` and replaykit is importable already).
 
     ``notebook`` (``"parity"``, ``"verify"`` ...) names the extras to ensure (``NOTEBOOK_EXTRAS``),
-    read from the tree's pyproject.toml. ``on_path`` False: the tree is only the one under test
-    (the verify notebook keeps running the replaykit it has). ``install`` None: install what is
+    read from the tree's pyproject.toml. ``on_path`` False: the tree is only the one under test (the
+    verify notebook keeps running the replaykit it has, and needs that one's extras: the tree is not
+    read here, it may be any project). ``install`` None: install what is
     missing when a tree was given (Colab, an offline host with the archive's wheelhouse), and
     only check, naming the fix, when ``tree`` is ``""`` (your own environment).
     """
-    root = resolve(str(tree)) if on_path or str(tree) else None
+    root = resolve(str(tree)) if on_path else None
     if root is not None and on_path:
         sys.path.insert(0, str(root))
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))

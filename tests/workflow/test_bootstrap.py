@@ -49,7 +49,7 @@ def test_ensure_installs_nothing_present(capsys: pytest.CaptureFixture[str]) -> 
     assert "nothing to install: pytest, pandas present" in capsys.readouterr().out
 
 
-def test_what_cannot_be_installed_is_one_line_naming_the_fix(tmp_path: Path) -> None:
+def test_what_cannot_be_installed_is_one_line_naming_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Offline (a wheelhouse without it): pip fails, and the error says the command that works."""
     (tmp_path / "pyproject.toml").write_text(PYPROJECT)
     (tmp_path / "wheelhouse").mkdir()
@@ -59,9 +59,12 @@ def test_what_cannot_be_installed_is_one_line_naming_the_fix(tmp_path: Path) -> 
     message = str(info.value)
     assert "\n" not in message and message.startswith("pip could not install no-such-dist-for-replaykit>=1")
     assert message.endswith(f"fix: %pip install --no-index --find-links {tmp_path / 'wheelhouse'} 'no-such-dist-for-replaykit>=1'")
-    # in one's own environment (tree ""), nothing is installed: the notebook names what it lacks
+    # not installing (one's own environment), the notebook names what it lacks
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", "")
     with pytest.raises(RuntimeError, match=r"^the hazards notebook needs no-such-dist-for-replaykit>=1; fix: %pip install"):
-        bootstrap.bootstrap(tmp_path, "hazards", on_path=False, install=False)
+        bootstrap.bootstrap(tmp_path, "hazards", install=False)
+    assert sys.path[0] == str(tmp_path.resolve())
 
 
 def _git(cwd: Path, *args: str) -> str:
