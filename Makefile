@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 ZOO_SPEC ?= torchvision==0.28.0 timm==1.0.31
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo demo-core gpu lint bench clean nbcheck nbstrip
+.PHONY: venv test demo demo-core colab-sim gpu lint bench clean nbcheck nbstrip
 
 venv: $(STAMP)
 
@@ -33,6 +33,10 @@ test: $(STAMP)
 # The main job: the parity notebook on the device present, saved under runs/ with its summary.
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
+
+# The four notebooks as Colab's Run all runs them, in a cached venv of what Colab preinstalls (part of `make test`).
+colab-sim: $(STAMP)
+	$(BIN)/python -m pytest -q tests/workflow/test_colab.py
 
 # Replay vs eager with plain PyTorch (no notebook): a parity table and a journal.
 demo-core: $(STAMP)

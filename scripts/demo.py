@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""`make demo`: run notebooks/parity.ipynb on the device present, then print where it was saved and its table.
+"""`make demo`: run notebooks/parity.ipynb on the device present, then print where it was saved, its tables
+(the Lightning scenarios, the model zoo) and its Result (every part counted).
 
     python scripts/demo.py [--runs-dir runs] [-y '{"tasks": ["detection"]}']
 """
@@ -16,9 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from replaykit import tables  # noqa: E402
+from replaykit.workflow.evidence import result_text  # noqa: E402
 from replaykit.workflow.runs import run_notebook, summary_line  # noqa: E402
 
 COLUMNS = ["scenario", "arm", "expected", "equal", "ok", "recordings", "replays", "eager_reasons", "native_step_ms", "arm_step_ms"]
+ZOO_COLUMNS = ["model", "precision", "accumulation", "verdict", "records", "replays", "eager", "replay_vs_eager"]
 
 
 def _number(text: str) -> object:
@@ -36,13 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     result = run_notebook(ROOT / "notebooks" / "parity.ipynb", json.loads(args.yaml), runs_dir=args.runs_dir, cwd=ROOT)
     print(f"\nsaved: {result.run_dir}")
-    table = result.run_dir / "parity.csv"
-    if table.exists():
-        with table.open() as f:
-            rows = [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
-        print(tables.text(rows, COLUMNS))
+    for name, columns in (("matrix.csv", COLUMNS), ("zoo.csv", ZOO_COLUMNS)):  # what the notebook writes
+        table = result.run_dir / name
+        if table.exists():
+            with table.open() as f:
+                rows = [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
+            print(tables.text(rows, [c for c in columns if rows and c in rows[0]]))
     print(summary_line(result.summary))
     print((result.summary.get("results") or {}).get("line", ""))
+    print(f"result: {result_text(result.summary)}")
     return 0 if result.ok else 1
 
 

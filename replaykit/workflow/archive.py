@@ -5,15 +5,12 @@
     manifest = verify_archive(result.path)            # ValueError on any corruption
     root = unpack(result.path, Path("/content"))      # verifies first, then extracts
     root = open_tree("any.tar.gz", Path("work"))      # a folder or any archive, manifest checked
-    bootstrap(tree)                                   # a notebook's first cell: replaykit importable
 
 The archive is a ``.tar.gz`` whose members all sit under ``replaykit-<short>[-dirty]/``;
 that folder holds ``replaykit-manifest.json`` (commit, tree hash, diff, per-file sha256,
-optional wheelhouse). Standard library only, so a bootstrap can load this file by path.
-
-One module on purpose (not split though long): a notebook's bootstrap and ``scripts/pack.py``
-load this single file by path before replaykit (and torch) can be imported, so everything
-they need (manifest and tree checks, pack, verify, unpack, the ``pack`` command) is here.
+optional wheelhouse). Reading an archive (``verify_archive``, ``unpack``) and a notebook's
+bootstrap live in ``bootstrap.py``, re-exported here. Standard library only, so
+``scripts/pack.py`` can load this file by path, without torch (it loads ``bootstrap.py`` beside it).
 """
 
 from __future__ import annotations
@@ -36,19 +33,31 @@ import sys
 import tarfile
 import tempfile
 import zlib
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-MANIFEST_NAME = "replaykit-manifest.json"
-"""At the root of a packed tree: commit, dirty, sha256 and per-file sha256 (the fingerprint reads it)."""
+if __package__:
+    from . import bootstrap as _boot
+else:  # loaded by path (scripts/pack.py): its sibling is loaded by path too
+    _spec = importlib.util.spec_from_file_location("replaykit_bootstrap", Path(__file__).with_name("bootstrap.py"))
+    assert _spec is not None and _spec.loader is not None
+    _boot = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(_spec))
+    _spec.loader.exec_module(_boot)
 
-ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
-
-FORMAT = 1
-PREFIX = "replaykit"
-WHEELHOUSE_DIR = "wheelhouse"
+ARCHIVE_SUFFIXES = _boot.ARCHIVE_SUFFIXES
+FORMAT = _boot.FORMAT
+MANIFEST_NAME = _boot.MANIFEST_NAME
+PREFIX = _boot.PREFIX
+WHEELHOUSE_DIR = _boot.WHEELHOUSE_DIR
+bootstrap = _boot.bootstrap
+file_sha256 = _boot.file_sha256
+in_colab = _boot.in_colab
+top_name = _boot.top_name
+tree_sha256 = _boot.tree_sha256
+unpack = _boot.unpack
+verify_archive = _boot.verify_archive
+_stem = _boot.stem
 
 EXCLUDED_PARTS = frozenset({".git", ".venv", "__pycache__", ".whl", ".wheelhouse"})
 """Path components never packed, at any depth."""
@@ -57,10 +66,11 @@ EXCLUDED_TOP = frozenset({"runs", "dist", WHEELHOUSE_DIR, MANIFEST_NAME})
 
 NOTEBOOK_REQUIREMENTS = [
     "papermill>=2.6", "nbformat", "nbclient", "ipykernel", "jupyter_client",
-    "nbval", "junitparser", "tqdm", "ipywidgets", "pandas", "numpy", "pyyaml",
+    "nbval", "junitparser", "pytest", "tqdm", "ipywidgets", "matplotlib", "pandas", "numpy", "pyyaml",
 ]
-"""What the verify notebook and the workflow need on a host that has only torch and lightning
-(the CUDA-sized training stack a wheelhouse leaves out); tests/workflow/test_recipes.py proves it."""
+"""What the notebooks and the workflow need on a host that has only torch and lightning (the
+CUDA-sized training stack a wheelhouse leaves out): the bootstrap installs a notebook's missing
+share from it; tests/workflow/test_recipes.py proves it."""
 
 MANYLINUX_X86_64 = (
     "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
@@ -70,7 +80,6 @@ MANYLINUX_X86_64 = (
 HUGE = ("torch", "triton", "nvidia-*")
 """Projects dropped from a wheelhouse: the GPU host has them, and they weigh gigabytes."""
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _CHUNK = 1 << 20
 
 
@@ -79,23 +88,6 @@ _CHUNK = 1 << 20
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    """The hex sha256 of a file's bytes, read in 1 MiB blocks (manifests, run summaries, evidence)."""
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as fh:
-        for block in iter(lambda: fh.read(_CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def tree_sha256(files: dict[str, str]) -> str:
-    """Content hash of a tree: sha256 over the sorted ``path\\0sha256\\n`` lines."""
-    h = hashlib.sha256()
-    for path in sorted(files):
-        h.update(f"{path}\0{files[path]}\n".encode())
-    return h.hexdigest()
 
 
 def _git_blob_id(data: bytes, algo: str) -> str:
@@ -424,11 +416,6 @@ class PackResult:
         return sorted(wh["files"]) if wh else []
 
 
-def top_name(manifest: dict[str, Any]) -> str:
-    """``replaykit-<short>[-dirty]``: the archive's top folder."""
-    return f"{PREFIX}-{manifest['short']}" + ("-dirty" if manifest["dirty"] else "")
-
-
 def _add(
     tar: tarfile.TarFile, name: str, data: bytes, mtime: int, executable: bool = False
 ) -> None:
@@ -444,7 +431,7 @@ def pack(
     """Pack ``repo`` at ``rev`` (None: the working tree, dirty included) into an archive.
 
     ``out`` is a directory (the archive is named after its top folder, plus the content
-    hash when dirty) or a path ending in ``.tar.gz``. ``.git``, ``.venv``, ``__pycache__``,
+    hash when dirty and ``-wheelhouse-py<X.Y>`` with wheels) or a path ending in ``.tar.gz``. ``.git``, ``.venv``, ``__pycache__``,
     ``.whl``, top-level ``runs/``, ``dist/``, ``wheelhouse/`` and the output folder are
     never packed. In the working tree, only tracked and untracked-not-ignored files count.
     """
@@ -471,7 +458,10 @@ def pack(
         "wheelhouse": None,
     }
     top = top_name(manifest)
-    name = f"{top}-{manifest['sha256'][:8]}.tar.gz" if snap.dirty else f"{top}.tar.gz"
+    name = f"{top}-{manifest['sha256'][:8]}" if snap.dirty else top
+    if wheelhouse is not None:  # never overwrites the plain archive of the same tree
+        name += f"-wheelhouse-py{wheelhouse.python}"
+    name += ".tar.gz"
     path = out if out.name.endswith(".tar.gz") else out / name
     path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -505,183 +495,6 @@ def pack(
         finally:
             partial.unlink(missing_ok=True)
     return PackResult(path=path, manifest=manifest, size=path.stat().st_size)
-
-
-# --------------------------------------------------------------------------- verify / unpack
-
-
-def _member_parts(name: str) -> list[str]:
-    """Components of a member name; refuses absolute paths, ``..``, ``.`` and empty parts."""
-    clean = name[:-1] if name.endswith("/") else name
-    parts = clean.split("/")
-    if (
-        not clean
-        or clean.startswith("/")
-        or "\\" in clean
-        or "\0" in clean
-        or re.match(r"^[A-Za-z]:", clean)
-        or any(p in ("", ".", "..") for p in parts)
-    ):
-        raise ValueError(f"unsafe member path {name!r}: absolute, '..' or malformed")
-    return parts
-
-
-def _iter_members(path: Path) -> Iterable[tuple[str, list[str], tarfile.TarInfo, Any]]:
-    """(name, parts, info, file object or None) for every member, checked for safety."""
-    with tarfile.open(path, "r|gz") as tar:
-        for info in tar:
-            parts = _member_parts(info.name)
-            if info.isdir():
-                yield info.name, parts, info, None
-            elif info.isfile():
-                yield info.name, parts, info, tar.extractfile(info)
-            else:
-                kind = "link" if info.issym() or info.islnk() else "special file"
-                raise ValueError(f"{info.name!r} is a {kind}; only files and folders are accepted")
-
-
-def _check_stream(path: Path) -> None:
-    """Read the whole gzip stream: a truncated or bit-flipped archive fails its CRC/length."""
-    with gzip.open(path, "rb") as gz:
-        while gz.read(_CHUNK):
-            pass
-
-
-def _expected(manifest: dict[str, Any]) -> dict[str, str]:
-    """Relative path -> sha256 of every file the archive must hold (besides the manifest)."""
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        fmt = manifest.get("format") if isinstance(manifest, dict) else None
-        raise ValueError(f"unsupported manifest format {fmt!r} (expected {FORMAT})")
-    for key in ("commit", "short", "dirty", "files", "sha256"):
-        if key not in manifest:
-            raise ValueError(f"manifest lacks {key!r}")
-    files = manifest["files"]
-    if not isinstance(files, dict) or not all(
-        isinstance(v, str) and _HEX64.match(v) for v in files.values()
-    ):
-        raise ValueError("manifest 'files' is not a {path: sha256} mapping")
-    if tree_sha256(files) != manifest["sha256"]:
-        raise ValueError("manifest 'sha256' does not match its 'files' list")
-    expected = dict(files)
-    wh = manifest.get("wheelhouse")
-    if wh:
-        for whl, digest in wh["files"].items():
-            expected[f"{wh['dir']}/{whl}"] = digest
-    dirs = set()
-    for rel in expected:
-        parts = _member_parts(rel)
-        dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))
-    if clash := sorted(dirs & expected.keys()):
-        raise ValueError(f"manifest lists {clash[0]!r} both as a file and as a folder")
-    return expected
-
-
-def verify_archive(path: Path) -> dict[str, Any]:
-    """Check ``path`` completely and return its manifest; ValueError names any problem.
-
-    Refuses a corrupted or truncated gzip/tar, unsafe members (absolute, ``..``, links,
-    devices), several top folders, a missing or inconsistent manifest, and any file that
-    is missing, extra, or whose sha256 differs from the manifest. Nothing is written.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such archive")
-    seen: dict[str, str] = {}
-    tops: set[str] = set()
-    manifest_bytes: bytes | None = None
-    try:
-        _check_stream(path)
-        for name, parts, _info, fobj in _iter_members(path):
-            tops.add(parts[0])
-            if len(tops) > 1:
-                raise ValueError(f"members under several top folders: {sorted(tops)}")
-            if fobj is None:
-                continue
-            rel = "/".join(parts[1:])
-            if not rel:
-                raise ValueError(f"{name!r}: a file where the top folder should be")
-            if rel in seen or (rel == MANIFEST_NAME and manifest_bytes is not None):
-                raise ValueError(f"{name!r} appears twice")
-            if rel == MANIFEST_NAME:
-                manifest_bytes = fobj.read()
-                continue
-            h = hashlib.sha256()
-            while chunk := fobj.read(_CHUNK):
-                h.update(chunk)
-            seen[rel] = h.hexdigest()
-    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
-        raise ValueError(f"{path.name}: corrupted or truncated archive ({exc})") from exc
-    if manifest_bytes is None:
-        raise ValueError(f"{path.name}: no {MANIFEST_NAME} under the top folder")
-    try:
-        manifest = json.loads(manifest_bytes)
-    except ValueError as exc:
-        raise ValueError(f"{path.name}: {MANIFEST_NAME} is not valid JSON ({exc})") from exc
-    expected = _expected(manifest)
-    top = next(iter(tops))
-    if top != top_name(manifest):
-        raise ValueError(f"top folder {top!r} does not match the manifest ({top_name(manifest)!r})")
-    missing = sorted(set(expected) - set(seen))
-    extra = sorted(set(seen) - set(expected))
-    bad = sorted(p for p in expected.keys() & seen.keys() if expected[p] != seen[p])
-    problems = [
-        f"{label}: {', '.join(items[:10])}"
-        + (f" (+{len(items) - 10} more)" if len(items) > 10 else "")
-        for label, items in (
-            ("sha256 mismatch", bad),
-            ("missing from the archive", missing),
-            ("not in the manifest", extra),
-        )
-        if items
-    ]
-    if problems:
-        raise ValueError(f"{path.name}: " + "; ".join(problems))
-    return manifest
-
-
-def unpack(path: Path, dest: Path, *, replace: bool = False) -> Path:
-    """Verify ``path``, then extract it under ``dest``; returns the tree root ``dest/<top>``.
-
-    Extraction goes to a hidden folder beside the target and is renamed into place, so a
-    failure leaves nothing half-written. An existing target is an error unless ``replace``.
-    """
-    manifest = verify_archive(path)
-    expected = _expected(manifest)
-    top = top_name(manifest)
-    dest = Path(dest).resolve()
-    final = dest / top
-    if final.exists() and not replace:
-        raise FileExistsError(f"{final} exists (pass replace=True to overwrite it)")
-    dest.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{top}.", dir=dest))
-    try:
-        staged = work / top
-        staged.mkdir()
-        for _name, parts, info, fobj in _iter_members(Path(path)):
-            rel = "/".join(parts[1:])
-            if fobj is None or not rel:
-                continue
-            target = staged.joinpath(*parts[1:])
-            target.parent.mkdir(parents=True, exist_ok=True)
-            h = hashlib.sha256()
-            with open(target, "xb") as f:
-                while chunk := fobj.read(_CHUNK):
-                    h.update(chunk)
-                    f.write(chunk)
-            same = (
-                json.loads(target.read_bytes()) == manifest
-                if rel == MANIFEST_NAME
-                else expected.get(rel) == h.hexdigest()
-            )
-            if not same:
-                raise ValueError(f"{rel}: changed between verification and extraction")
-            target.chmod(0o755 if info.mode & 0o100 else 0o644)
-        if final.exists():
-            shutil.rmtree(final)
-        staged.rename(final)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return final
 
 
 # --------------------------------------------------------------------------- trees: a folder or any archive
@@ -743,11 +556,6 @@ def _check_member(member: tarfile.TarInfo) -> None:
         raise ValueError(f"refusing archive member {name!r}: not a file, folder or link")
 
 
-def _stem(name: str) -> str:
-    """An archive's name without ``.tar.gz``/``.tgz``/``.tar``."""
-    return name.removesuffix(".gz").removesuffix(".tgz").removesuffix(".tar")
-
-
 def extract_tree(archive: Path, workdir: Path) -> Path:
     """Extract ``archive`` into a new folder under ``workdir`` and return the tree's root.
 
@@ -763,7 +571,7 @@ def extract_tree(archive: Path, workdir: Path) -> Path:
         with archive.open("rb") as fh:
             gzipped = fh.read(2) == b"\x1f\x8b"
         if gzipped:  # a plain .tar is left to tarfile
-            _check_stream(archive)
+            _boot.check_stream(archive)
         with tarfile.open(archive, "r:*") as tar:
             members = tar.getmembers()
             if not members:
@@ -805,53 +613,6 @@ def open_tree(tree: str | Path, workdir: Path) -> Path:
     return root
 
 
-# --------------------------------------------------------------------------- a notebook's bootstrap
-
-
-def in_colab() -> bool:
-    """True inside a Google Colab runtime."""
-    return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
-
-
-def bootstrap(tree: str | Path = "") -> Path | None:
-    """Make ``replaykit`` importable for a notebook; returns the folder put first on ``sys.path``.
-
-    ``tree`` ``""``: nothing when replaykit is importable (None), else the checkout above the
-    working directory. A folder: itself. An archive made by :func:`pack`: verified completely
-    (every file against its manifest: an edited, truncated or corrupted archive raises
-    RuntimeError and nothing runs from it), then unpacked beside itself into a folder named
-    after it. In Colab the tree is also pip-installed (not editable: an editable install does
-    not import in a running kernel). Fetching (upload, Drive, git clone) is the cell's job.
-    """
-    if not str(tree):
-        if importlib.util.find_spec("replaykit") is not None:
-            return None
-        here = Path.cwd()
-        root = next((p for p in (here, *here.parents) if (p / "replaykit" / "__init__.py").is_file()), None)
-        if root is None:
-            raise RuntimeError(
-                "replaykit is not importable: set tree= to a git URL, an archive made by "
-                "scripts/pack.py or a folder (in Colab: tree='upload' asks for the archive)"
-            )
-    else:
-        path = Path(tree).expanduser().resolve()
-        if path.is_dir():
-            root = path
-        elif path.is_file() and path.name.endswith(ARCHIVE_SUFFIXES):
-            try:
-                root = unpack(path, path.with_name(_stem(path.name)), replace=True)
-            except ValueError as exc:
-                raise RuntimeError(
-                    f"{path.name} does not match its manifest or is damaged ({exc}); pack it and upload it again"
-                ) from None
-        else:
-            raise FileNotFoundError(f"tree {str(tree)!r}: not a folder or an archive made by scripts/pack.py")
-        if in_colab():
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q", str(root)], check=True)
-    sys.path.insert(0, str(root))
-    return root
-
-
 # --------------------------------------------------------------------------- the `pack` command
 
 
@@ -879,7 +640,7 @@ PACK_USAGE = """Pack a tree (or a revision) into one verified archive for a GPU 
     replaykit-workflow pack                                  # working tree, dirty included -> dist/
     replaykit-workflow pack --rev HEAD~2 --out /tmp/packs    # a commit, as git archive would
     replaykit-workflow pack --wheelhouse --python 3.12       # plus wheels for an offline host
-    replaykit-workflow pack --verify dist/replaykit-abc1234.tar.gz
+    replaykit-workflow pack --verify dist/replaykit-<commit>.tar.gz    # <commit>: the short commit it printed
 
 (``python scripts/pack.py ...`` is the same command, without importing torch.)
 Exit code: 0 ok, 1 a bad archive (--verify) or a failed pack.

@@ -279,7 +279,7 @@ executed notebook is checked against the sha256 in its summary.json. Exit code: 
 
 def evidence_parser() -> argparse.ArgumentParser:
     ap = _parser("evidence", EVIDENCE_DOC)
-    ap.add_argument("folders", nargs="*", type=Path, help="run folders (summary.json + notebook)")
+    ap.add_argument("folders", nargs="*", type=Path, help="run folders, downloaded .ipynb files, folders of them")
     ap.add_argument("--runs", action="append", type=Path, default=[],
                     help="a folder of runs, batch folders included (default: runs/ when nothing is given)")
     ap.add_argument("--batch", action="append", type=Path, default=[],

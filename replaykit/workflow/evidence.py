@@ -6,7 +6,8 @@
     ev.edited                 # runs whose executed notebook changed after the run
 
 A run folder is one ``replaykit.runs.run_notebook`` run (``summary.json`` + the executed
-notebook). A batch or bisect folder holds ``index.json`` (``replaykit.batch``) and its runs;
+notebook). A bare ``.ipynb`` (downloaded from Colab, a Drive folder of them) is read by the seal its
+last cell left in it (``seal.finish``). A batch or bisect folder holds ``index.json`` (``replaykit.batch``) and its runs;
 reading through it adds each run's tree label, and cells that never ran (an environment that
 could not be built) appear as errors. Folders without a notebook summary are skipped.
 """
@@ -23,10 +24,13 @@ from typing import Any
 
 from replaykit import tables
 
-from .archive import file_sha256
+from .bootstrap import file_sha256
 from .folders import INDEX_FILE, SUMMARY_FILE
 
-__all__ = ["EXECUTED", "Evidence", "RunEvidence", "collect", "counts_text", "load_run", "result_text", "runtime_text"]
+__all__ = [
+    "EXECUTED", "Evidence", "RunEvidence", "collect", "counts_text", "load_notebook", "load_run", "parts",
+    "result_text", "runtime_text",
+]
 
 COLUMNS = ("Tree", "Runtime", "Result")
 ORDER = ("failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "error")
@@ -52,9 +56,12 @@ class RunEvidence:
     cell: dict[str, Any] | None = None  # the batch index record, when read through one
     integrity: str = OK
     problems: list[str] = field(default_factory=list)
+    bare: Path | None = None  # a downloaded notebook read by its own seal (no run folder)
 
     @property
     def notebook(self) -> Path | None:
+        if self.bare is not None:
+            return self.bare
         if self.folder is None or not self.summary:
             return None
         return self.folder / self.summary.get("output", "")
@@ -84,6 +91,8 @@ class RunEvidence:
         cell = self.cell or {}
         if cell.get("status") and cell["status"] != self.summary.get("status"):  # e.g. wrong interpreter
             text += f" ({cell['status']}: {cell.get('reason')})"
+        if self.bare is not None and self.integrity == UNSEALED:
+            return f"{text} **{UNSEALED}**"
         return f"{text} **{self.integrity}**" if self.integrity in (EDITED, MISSING) else text
 
     def failures(self) -> list[dict[str, str]]:
@@ -144,6 +153,56 @@ def _check_seal(run: RunEvidence, path: Path) -> None:
         run.problems += problems
 
 
+def load_notebook(path: Path) -> RunEvidence:
+    """A downloaded executed notebook (File > Download, a Drive folder), judged by its own seal.
+
+    Sealed: the verdict is the seal's, checked against its digest and the notebook's cells.
+    Not sealed (it stopped before its last cell, or predates seals): it is listed with the cell
+    that failed, and never as a pass.
+    """
+    from .seal import check_notebook
+
+    path = Path(path)
+    try:
+        sealed, problems, nb = check_notebook(path)
+    except ValueError as exc:
+        run = RunEvidence(folder=path.parent, summary=None, integrity=EDITED, bare=path)
+        run.problems.append(str(exc))
+        return run
+    if sealed is None:
+        summary = _unsealed_summary(path, nb)
+        run = RunEvidence(folder=path.parent, summary=summary, integrity=UNSEALED, bare=path)
+        run.problems.append(f"{path}: no seal (the notebook did not reach its last cell): never read as a pass")
+        return run
+    summary = {
+        "notebook": sealed.get("notebook") or path.name, "output": path.name,
+        "status": sealed.get("status"), "reason": sealed.get("reason"), "results": sealed.get("results"),
+        "counts": sealed.get("counts"), "fingerprint": sealed.get("fingerprint") or {},
+        "parameters": sealed.get("parameters"), "failures": sealed.get("failures") or [],
+        "failed_cell": None, "errors": [],
+    }
+    run = RunEvidence(folder=path.parent, summary=summary, bare=path)
+    if problems:
+        run.integrity = EDITED
+        run.problems += problems
+    return run
+
+
+def _unsealed_summary(path: Path, nb: Any) -> dict[str, Any]:
+    """What an unsealed notebook shows: the first failing cell, else that it has no verdict."""
+    from .seal import cells_failed
+
+    failed = None
+    for index, cell in enumerate(nb.cells):
+        err = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
+        if cell.cell_type == "code" and err is not None:
+            failed = {"index": index, "ename": err.get("ename"), "evalue": err.get("evalue")}
+            break
+    status, reason = ("failed", "exception") if cells_failed(nb) else ("error", "not sealed")
+    return {"notebook": path.name, "output": path.name, "status": status, "reason": reason,
+            "results": None, "counts": None, "fingerprint": {}, "failed_cell": failed, "errors": []}
+
+
 def load_run(folder: Path, *, label: str | None = None, env: str | None = None,
              cell: dict[str, Any] | None = None) -> RunEvidence | None:
     """The run in ``folder`` with its integrity checked, or None when it holds no notebook summary."""
@@ -169,7 +228,7 @@ def load_run(folder: Path, *, label: str | None = None, env: str | None = None,
 
 
 def tree_text(tree: dict[str, Any], label: str | None = None, intended: dict[str, Any] | None = None) -> str:
-    """``bb3c0b8 (WP-206)``: short commit, ``-dirty`` when it was, the label when it says more."""
+    """``bb3c0b8 (candidate)``: short commit, ``-dirty`` when it was, the label when it says more."""
     intended = intended or {}
     commit = tree.get("commit") or intended.get("commit")
     dirty = tree.get("dirty") if tree.get("commit") else intended.get("dirty")
@@ -205,14 +264,63 @@ def counts_text(counts: dict[str, Any]) -> str:
     return ", ".join(words)
 
 
+def _n(value: Any) -> int:
+    """A count given as a number or as the list of what it counts."""
+    return len(value) if isinstance(value, list) else int(value or 0)
+
+
+def _equal_rows(rows: Any) -> tuple[int, int]:
+    """(bitwise equal, not equal) over a benchmark's replaykit rows (arms named ``replaykit…``)."""
+    mine = [r for r in rows if isinstance(r, dict) and str(r.get("arm", "")).startswith("replaykit")
+            and r.get("equals_eager") is not None] if isinstance(rows, list) else []
+    equal = sum(bool(r["equals_eager"]) for r in mine)
+    return equal, len(mine) - equal
+
+
+def parts(results: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """(part, passed, failed) for each part a notebook's results hold.
+
+    parity: its Lightning ``scenarios``, ``zoo`` rows and ``whole step`` scenarios; hazards: its
+    pattern runs (the unsafe arms included); benchmark: its replaykit rows bitwise equal to eager
+    (sizes, zoo, whole step). The verify notebook has pytest's ``counts`` instead.
+    """
+    out: list[tuple[str, int, int]] = []
+    if isinstance(results.get("scenarios"), int) and isinstance(results.get("passed"), int):
+        out.append(("scenarios", results["passed"], _n(results.get("failed"))))
+    if isinstance(results.get("runs"), int) and "failures" in results:  # hazards
+        runs = results["runs"] + int(results.get("unsafe_runs") or 0)
+        out.append(("pattern runs", runs - _n(results["failures"]), _n(results["failures"])))
+    if "replaykit_equal" in results:  # benchmark
+        out.append(("sizes", *_equal_rows(results.get("rows"))))
+    zoo = results.get("zoo")
+    if isinstance(zoo, dict) and isinstance(zoo.get("rows"), int):
+        out.append(("zoo", zoo["rows"] - _n(zoo.get("failed")), _n(zoo.get("failed"))))
+    elif isinstance(zoo, dict):
+        out.append(("zoo", *_equal_rows(zoo.get("rows"))))
+    step = results.get("whole_step")
+    if isinstance(step, dict) and isinstance(step.get("total"), int):
+        out.append(("whole step", int(step.get("passed") or 0), step["total"] - int(step.get("passed") or 0)))
+    elif isinstance(step, dict):
+        out.append(("whole step", *_equal_rows(step.get("rows"))))
+    return out
+
+
 def _counts(results: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any] | None:
     counts = results.get("counts") or summary.get("counts")
     if isinstance(counts, dict):
         return counts
-    passed, failed = results.get("passed"), results.get("failed")  # the parity notebook
-    if isinstance(passed, int) and isinstance(failed, (int, list)):
-        return {"failed": failed if isinstance(failed, int) else len(failed), "passed": passed}
+    found = parts(results)
+    if found:
+        return {"failed": sum(f for _, _, f in found), "passed": sum(p for _, p, _ in found)}
     return None
+
+
+def _parts_text(results: dict[str, Any]) -> str:
+    """`` (scenarios 4/4, zoo 2/2, whole step 4/4)``: passed of total per part, when there are parts."""
+    found = parts(results)
+    if not found or isinstance(results.get("counts"), dict):
+        return ""
+    return " (" + ", ".join(f"{name} {p}/{p + f}" for name, p, f in found) + ")"
 
 
 def result_text(summary: dict[str, Any]) -> str:
@@ -228,7 +336,7 @@ def result_text(summary: dict[str, Any]) -> str:
         else:
             text = "; ".join(f"{k}: {t}" for k, t in texts.items())
     elif counts is not None:
-        text = counts_text(counts)
+        text = counts_text(counts) + _parts_text(results)
     else:
         text = str(results.get("line") or "")
     if results.get("flaky_ids"):
@@ -294,6 +402,9 @@ def failures(run: RunEvidence) -> list[dict[str, str]]:
     failed = results.get("failed")
     if isinstance(failed, list) and failed:
         return [{"id": str(name), "status": "failed", "message": ""} for name in failed]
+    sealed = summary.get("failures")
+    if isinstance(sealed, list) and sealed:  # a notebook's own seal lists what failed
+        return [{"id": str(item)[:120], "status": "failed", "message": ""} for item in sealed]
     cell = summary.get("failed_cell")
     if summary.get("status") != "passed" and cell:
         why = f"{cell.get('ename') or ''}: {cell.get('evalue') or ''}".strip(": ")
@@ -334,6 +445,7 @@ def _from_index(path: Path) -> list[RunEvidence]:
 def _scan(runs_dir: Path) -> tuple[list[RunEvidence], list[Path]]:
     """Runs directly under ``runs_dir`` and inside its batch folders (through their index)."""
     found, skipped = [], []
+    found += [load_notebook(p) for p in sorted(Path(runs_dir).glob("*.ipynb"))]  # downloads, a Drive folder
     for child in sorted(p for p in Path(runs_dir).iterdir() if p.is_dir()):
         if (child / INDEX_FILE).is_file():
             found += _from_index(child / INDEX_FILE)
@@ -412,7 +524,8 @@ def _link(run: RunEvidence, base: Path, prefix: str = "") -> str:
         return ""
     rel = Path(os.path.relpath(path.resolve(), base.resolve())).as_posix()
     flag = f" **{run.integrity}**" if run.integrity in (EDITED, MISSING) else ""
-    return f"{prefix}[{path.parent.name}/{path.name}]({rel}){flag}"
+    name = path.name if run.bare is not None else f"{path.parent.name}/{path.name}"
+    return f"{prefix}[{name}]({rel}){flag}"
 
 
 def collect(runs: Iterable[Path] = (), batches: Iterable[Path] = (), folders: Iterable[Path] = ()) -> Evidence:
@@ -434,14 +547,21 @@ def collect(runs: Iterable[Path] = (), batches: Iterable[Path] = (), folders: It
         found += more
         skipped += skip
     for folder in folders:
-        run = load_run(Path(folder))
+        folder = Path(folder)
+        if folder.suffix == ".ipynb" and folder.is_file():
+            found.append(load_notebook(folder))
+            continue
+        run = load_run(folder)
+        if run is None and folder.is_dir() and any(folder.glob("*.ipynb")):
+            found += [load_notebook(p) for p in sorted(folder.glob("*.ipynb"))]
+            continue
         if run is None:
-            raise ValueError(f"{folder}: no notebook run (summary.json) there")
+            raise ValueError(f"{folder}: no notebook run (summary.json) and no executed notebook (.ipynb) there")
         found.append(run)
     unique: list[RunEvidence] = []
     seen: set[Path] = set()
     for run in found:
-        key = run.folder.resolve() if run.folder is not None else None
+        key = (run.bare or run.folder).resolve() if run.folder is not None else None
         if key is not None and key in seen:
             continue
         if key is not None:

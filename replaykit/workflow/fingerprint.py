@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from replaykit.workflow import archive
-from replaykit.workflow.archive import MANIFEST_NAME, in_colab
+from replaykit.workflow.bootstrap import MANIFEST_NAME, in_colab
 from replaykit.workflow.errors import WorkflowError
 from replaykit.workflow.folders import slug
 from replaykit.workflow.git import GitError, git_text
@@ -52,7 +53,8 @@ def default_tree() -> Path:
     if root is None:
         raise NeedsSourceTree(
             f"needs a source tree: replaykit is installed ({Path(__file__).resolve().parents[1]}), "
-            "not a checkout; pass --tree (a checkout, a folder or an archive from `replaykit-workflow pack`)"
+            "not a checkout; give a tree (a checkout, a folder or an archive from `replaykit-workflow pack`): "
+            "`-p tree PATH` to `replaykit-workflow run` (the notebook's parameter), `--tree PATH` to `verify`"
         )
     return root
 
@@ -101,6 +103,12 @@ def _git_info(tree: Path) -> dict[str, Any]:
     except GitError as exc:
         info["error"] = str(exc)
         return info
+    try:
+        remote = git_text(tree, "config", "--get", "remote.origin.url", timeout=5).strip()
+    except GitError:
+        remote = ""
+    if remote:  # a clone of a git URL (a notebook's tree): where the commit came from
+        info["remote"] = re.sub(r"//[^/@]+@", "//", remote)  # no credentials in the evidence
     try:
         status = git_text(tree, "status", "--porcelain", timeout=5)
     except GitError:

@@ -19,6 +19,7 @@ import datetime as _dt
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from typing import Any
 
 from replaykit.workflow.fingerprint import FINGERPRINT_FILE, fingerprint, fingerprint_slug, torch_of
 
-from .archive import file_sha256
+from .bootstrap import file_sha256
 from .folders import SUMMARY_FILE, unique_folder
 from .seal import seal
 
@@ -169,13 +170,15 @@ def cli_parameters(
 
     params: dict[str, Any] = {}
     for item in yamls or []:
+        if not Path(item).is_file() and re.fullmatch(r"[\w.~/-]+\.(ya?ml|json)", item.strip()):
+            raise ValueError(f"-y {item!r}: no such file")  # not read as YAML text naming a file
         text = Path(item).read_text() if Path(item).is_file() else item
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise ValueError(f"-y {_clip(item, 60)!r}: not valid YAML/JSON ({_yaml_problem(exc)})") from None
         if not isinstance(loaded, dict):
-            raise ValueError(f"-y {item!r}: expected a mapping, got {type(loaded).__name__}")
+            raise ValueError(f"-y {item!r}: not a file, and not a YAML/JSON mapping (got {type(loaded).__name__})")
         params |= loaded
     params |= {name: cli_value(value) for name, value in pairs or []}
     params |= {name: value for name, value in raw or []}
@@ -412,7 +415,8 @@ def run_notebook(
             note = f"replaykit runner: cell timed out after {cell_timeout} s; kernel interrupted\n"
             cell.outputs.append(nbformat.v4.new_output("stream", name="stderr", text=note))
 
-    engine_kwargs: dict[str, Any] = {"on_cell_error": on_cell_error}
+    # The kernel's log at ERROR: its "running over TCP without encryption" warning is not printed on every run.
+    engine_kwargs: dict[str, Any] = {"on_cell_error": on_cell_error, "extra_arguments": ["--IPKernelApp.log_level=ERROR"]}
     if cell_timeout:
         # Interrupt instead of raising: papermill then marks the cell failed and later cells
         # pending. error_on_timeout ends the wait even when the kernel ignores the interrupt.

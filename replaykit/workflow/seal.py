@@ -1,22 +1,36 @@
-"""Bind a run's ``summary.json`` and its executed notebook so that neither can be edited alone.
+"""Bind a run's verdict to its executed notebook, so that neither can be edited unnoticed.
 
-The runner writes the run's verdict (status, reason, the failing cell, counts, results) and a
-sha256 of the whole summary into the notebook's metadata (``metadata.replaykit``), then records
-the sealed notebook's sha256 in the summary. Evidence then checks both ways: an edited notebook
-no longer matches ``summary.sha256``, an edited summary no longer matches the digest in the
-notebook, and the Result column is read from the notebook's own copy of the verdict.
+Two seals, one concept:
+
+* **the runner's** (papermill, ``runs.run_notebook``): the verdict and a sha256 of the whole
+  ``summary.json`` go into the notebook's metadata (``metadata.replaykit``), then the sealed
+  notebook's sha256 into the summary. Evidence checks both ways.
+* **the notebook's own** (``finish``, its last cell; what a notebook run by hand or in Colab
+  leaves): an output of type ``SEAL_MIME`` holding the verdict, counts, parameters, fingerprint,
+  the sha256 of every cell the kernel executed, and a digest over all of it, beside a visible
+  summary. A downloaded ``.ipynb`` is evidence on its own: ``check_notebook`` refuses an edited
+  seal, a cell whose source changed after it ran, and a pass beside a failed cell. (A digest is
+  not a signature: it shows an edit, not who may make one; outputs other than the seal are not
+  hashed, because the kernel never sees them.)
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import hashlib
 import json
+import math
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
-from .archive import file_sha256
+from .bootstrap import file_sha256, in_colab
 
-__all__ = ["KEY", "VERDICT_KEYS", "cells_failed", "check", "read", "seal", "summary_digest"]
+__all__ = [
+    "KEY", "SEAL_MIME", "VERDICT_KEYS", "cells_failed", "check", "check_notebook", "finish",
+    "notebook_seal", "read", "run_folder", "seal", "summary_digest",
+]
 
 KEY = "replaykit"
 VERDICT_KEYS = ("status", "reason", "failed_cell", "errors", "counts", "results")
@@ -85,3 +99,178 @@ def check(notebook: Path, summary: dict[str, Any]) -> tuple[dict[str, Any] | Non
     if status == "passed" and cells_failed(nb):
         problems.append(f"{notebook}: a cell failed, but the run is recorded as passed")
     return (verdict if isinstance(verdict, dict) else None), problems
+
+
+# --- the notebook's own seal: its last cell --------------------------------------------------
+
+SEAL_MIME = "application/vnd.replaykit.seal+json"
+"""The output type of the seal the last cell displays (kept in the saved notebook)."""
+SEAL_FILE = "seal.json"
+RUNS_ENV = "REPLAYKIT_RUNS_DIR"
+"""Where a notebook run without the runner writes its run folder (Colab: ``runs/`` here)."""
+
+
+def _finite(value: Any) -> Any:
+    """JSON types with NaN and infinities as strings: a notebook's JSON output has no NaN, so a
+    digest over them would not survive the round trip through the saved notebook."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _canonical(body: dict[str, Any]) -> bytes:
+    return json.dumps(_normal(body), sort_keys=True, separators=(",", ":")).encode()
+
+
+def _source_digest(source: str) -> str:
+    """sha256 of a cell's source, trailing blanks ignored (front ends differ there)."""
+    text = "\n".join(line.rstrip() for line in source.strip().splitlines())
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _executed(shell: Any) -> list[str]:
+    """The sources the kernel executed, in order (``In[1]`` ...), this cell included."""
+    return list(shell.history_manager.input_hist_raw[1:]) if shell is not None else []
+
+
+def parameters_of(sources: list[str]) -> dict[str, Any]:
+    """The values of the parameters cell (and a runner's injected one after it), as written: the
+    executed cells whose source starts with ``# Parameters``; later assignments win."""
+    import ast
+
+    params: dict[str, Any] = {}
+    for source in sources:
+        if not source.lstrip().startswith("# Parameters"):
+            continue
+        for node in ast.parse(source).body:
+            target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
+            if isinstance(target, ast.Name) and node.value is not None:
+                try:
+                    params[target.id] = ast.literal_eval(node.value)
+                except ValueError:
+                    params[target.id] = ast.unparse(node.value)
+    return params
+
+
+def run_folder(run_dir: str | None, fp: dict[str, Any]) -> str:
+    """Where this run's files go: the runner's ``run_dir``; else, in Colab (or with
+    ``REPLAYKIT_RUNS_DIR`` set), a new ``runs/<UTC>_<device>_torch<ver>_<tree>`` folder; else ``""``
+    (a notebook opened by hand: its seal is in the notebook)."""
+    if run_dir:
+        return str(run_dir)
+    parent = os.environ.get(RUNS_ENV) or (str(Path.cwd() / "runs") if in_colab() else "")
+    if not parent:
+        return ""
+    from .fingerprint import FINGERPRINT_FILE, fingerprint_slug
+    from .folders import unique_folder
+
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    folder = unique_folder(Path(parent), f"{stamp}_{fingerprint_slug(fp)}")
+    (folder / FINGERPRINT_FILE).write_text(json.dumps(fp, indent=1, default=str) + "\n")
+    return str(folder)
+
+
+def notebook_seal(notebook: str, results: dict[str, Any], failures: list[str], fp: dict[str, Any],
+                  *, ok: bool | None = None, reason: str | None = None, shell: Any = None) -> dict[str, Any]:
+    """The seal's body and digest: verdict, counts, parameters, fingerprint, executed cells."""
+    from .evidence import result_text
+
+    executed = _executed(shell)
+    passed = (not failures) if ok is None else ok
+    body = {
+        "schema": 1,
+        "notebook": notebook,
+        "status": "passed" if passed else "failed",
+        "reason": None if passed else (reason or "exception"),
+        "failures": list(failures),
+        "results": results,
+        "counts": results.get("counts") if isinstance(results, dict) else None,
+        "parameters": parameters_of(executed),
+        "fingerprint": fp,
+        "executed": [_source_digest(s) for s in executed],
+        "sealed_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    body = _finite(_normal(body))
+    body["result"] = result_text(body)
+    return body | {"digest": hashlib.sha256(_canonical(body)).hexdigest()}
+
+
+def _markdown(sealed: dict[str, Any]) -> str:
+    from .evidence import runtime_text, tree_text
+
+    fp = sealed.get("fingerprint") or {}
+    lines = [
+        f"**replaykit verdict: {sealed['status']}** — {sealed['result']}",
+        "",
+        f"`{sealed['notebook']}` · tree {tree_text(fp.get('tree') or {})} · {runtime_text(fp)} · "
+        f"{len(sealed['executed'])} cells executed · sealed {sealed['sealed_utc']} · digest `{sealed['digest'][:16]}`",
+    ]
+    lines += [f"- failed: {f}" for f in sealed["failures"][:20]]
+    return "\n".join(lines)
+
+
+def finish(notebook: str, results: dict[str, Any], failures: list[str], fp: dict[str, Any],
+           out_dir: str = "", *, ok: bool | None = None, reason: str | None = None) -> dict[str, Any]:
+    """A notebook's last cell: seal the verdict into the notebook (an output: File > Download keeps
+    it), save it in ``out_dir`` beside results.json, and in Colab offer that folder as one download.
+    Returns the seal; raising on failures is the cell's job, after this."""
+    from IPython import get_ipython
+    from IPython.display import display
+
+    sealed = notebook_seal(notebook, results, failures, fp, ok=ok, reason=reason, shell=get_ipython())
+    display({SEAL_MIME: sealed, "text/markdown": _markdown(sealed), "text/plain": sealed["result"]}, raw=True)
+    if out_dir:
+        folder = Path(out_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+        (folder / SEAL_FILE).write_text(json.dumps(sealed, indent=1) + "\n")
+        if in_colab():
+            from google.colab import files  # type: ignore[import-not-found]
+
+            zipped = shutil.make_archive(str(folder), "zip", root_dir=folder.parent, base_dir=folder.name)
+            print(f"run folder {folder} -> {Path(zipped).name} (download offered); save this notebook with File > Download")
+            files.download(zipped)
+    return sealed
+
+
+def find_seal(nb: Any) -> tuple[int, dict[str, Any]] | None:
+    """(cell index, seal) of the last seal output in an executed notebook, or None."""
+    found = None
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        for out in cell.get("outputs", []):
+            data = out.get("data", {}) if out.get("output_type") in ("display_data", "execute_result") else {}
+            if SEAL_MIME in data:
+                value = data[SEAL_MIME]
+                found = (index, json.loads(value) if isinstance(value, str) else dict(value))
+    return found
+
+
+def check_notebook(path: Path) -> tuple[dict[str, Any] | None, list[str], Any]:
+    """(the notebook's own seal or None, problems, the notebook). A problem: a seal whose digest
+    does not match (edited), a code cell whose source differs from what the kernel executed, a
+    pass beside a failed cell. ValueError when the file is no notebook."""
+    _, nb = read(path)
+    problems: list[str] = []
+    found = find_seal(nb)
+    if found is None:
+        return None, problems, nb
+    index, sealed = found
+    body = {k: v for k, v in sealed.items() if k != "digest"}
+    if hashlib.sha256(_canonical(body)).hexdigest() != sealed.get("digest"):
+        problems.append(f"{path}: the seal (cell {index}) was EDITED after the run: its digest does not match")
+    executed = sealed.get("executed") or []
+    for i, cell in enumerate(nb.cells):
+        count = cell.get("execution_count") if cell.cell_type == "code" else None
+        if not isinstance(count, int) or count > len(executed):
+            continue  # not run, or run after the seal (the verdict is the seal's either way)
+        if executed[count - 1] != _source_digest(cell.source):
+            problems.append(f"{path}: cell {i} was EDITED after it ran (its source is not what execution {count} ran)")
+    if sealed.get("status") == "passed" and cells_failed(nb):
+        problems.append(f"{path}: a cell failed, but the seal says passed")
+    return sealed, problems, nb

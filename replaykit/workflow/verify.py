@@ -102,7 +102,7 @@ def node_id(classname: str, name: str, tree: Path | None = None) -> str:
 
 def _first_line(result: Any) -> str:
     message = (result.message or "").strip()
-    if message:
+    if message and message != "collection failure":  # pytest's word for any collection error: the text says which
         return message.splitlines()[0].strip()
     lines = (result.text or "").splitlines()
     for line in lines:

@@ -242,7 +242,10 @@ def test_wheelhouse_with_mocked_pip(repo: Path, tmp_path: Path, monkeypatch) -> 
     monkeypatch.setattr(pk, "_run_pip", fake_pip)
     py = f"{sys.version_info[0]}.{sys.version_info[1]}"
     wh = pk.Wheelhouse(["papermill>=2.6", "tqdm"], python=py)
+    plain = pk.pack(repo, tmp_path / "out").path
     res = pk.pack(repo, tmp_path / "out", wheelhouse=wh)
+    assert res.path.name == f"{res.top}-wheelhouse-py{py}.tar.gz" and res.path != plain
+    assert pk.verify_archive(plain)["wheelhouse"] is None  # the plain archive of the same tree is kept
     (cmd,) = calls
     assert cmd[:4] == [sys.executable, "-m", "pip", "download"] and "--no-deps" not in cmd
     assert "--only-binary=:all:" in cmd and cmd[cmd.index("--implementation") + 1] == "cp"

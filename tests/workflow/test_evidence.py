@@ -115,7 +115,21 @@ def test_texts() -> None:
     flaky = {"counts": {"passed": 5, "failed": 1}, "counts_per_run": differ, "flaky_ids": ["t::a"]}
     assert text(status="failed", results=flaky) == "r1: 1 failed, 2 passed; r2: 3 passed, 1 flaky"
     parity = {"passed": 94, "failed": ["a", "b"], "scenarios": 96, "line": "94/96 scenarios passed"}
-    assert text(status="failed", reason="exception", results=parity) == "2 failed, 94 passed"
+    assert text(status="failed", reason="exception", results=parity) == "2 failed, 94 passed (scenarios 94/96)"
+    # every part of a notebook's results counts: parity's zoo rows and whole-step scenarios too
+    zoo_only = {"passed": 0, "failed": [], "scenarios": 0, "zoo": {"rows": 3, "failed": []}}
+    assert text(results=zoo_only) == "3 passed (scenarios 0/0, zoo 3/3)"
+    demo = {"passed": 2, "failed": [], "scenarios": 2, "zoo": {"rows": 4, "failed": ["resnet18 32 acc2"]},
+            "whole_step": {"passed": 1, "total": 2}}
+    assert text(status="failed", reason="exception", results=demo) == (
+        "2 failed, 6 passed (scenarios 2/2, zoo 3/4, whole step 1/2)"
+    )
+    hazards = {"runs": 40, "failures": 1, "unsafe_runs": 10, "unsafe_diverged": 9, "line": "..."}
+    assert text(status="failed", reason="exception", results=hazards) == "1 failed, 49 passed (pattern runs 49/50)"
+    rows = [{"arm": "eager"}, {"arm": "replaykit", "equals_eager": True}, {"arm": "replaykit+check", "equals_eager": False}]
+    bench = {"replaykit_equal": False, "rows": rows, "whole_step": {"step_equal": True, "rows": [
+        {"arm": "replaykit step", "equals_eager": True}, {"arm": "raw step graph", "equals_eager": True}]}}
+    assert text(status="failed", reason="exception", results=bench) == "1 failed, 2 passed (sizes 1/2, whole step 1/1)"
     assert text(results={"line": "replaykit 1.9x eager"}) == "replaykit 1.9x eager"
     assert text(status="error", reason="kernel_died", results=None) == "error (kernel_died)"
     assert text(status="error", reason="kernel_died", results={"counts": {"passed": 2}}) == (
@@ -155,6 +169,21 @@ def test_failures_links_and_unrun_cells(tmp_path: Path) -> None:
     link = "[20261129T0801Z_cuda/verify.ipynb](../runs/batch_y/20261129T0801Z_cuda/verify.ipynb)"
     assert f"- bb3c0b8 (main) · Python 3.11 / torch 2.9.1+cu129: {link}" in md
     assert "Warnings" not in md
+
+
+def test_a_collection_error_shows_its_exception(tmp_path: Path) -> None:
+    """pytest's junit message for any collection error is "collection failure": the row says which."""
+    junit = JUNIT.replace(
+        '<testcase classname="tests.test_x" name="test_ok" time="0.1"/>',
+        '<testcase classname="" name="tests.lightning.test_y"><error message="collection failure">'
+        "ImportError while importing test module.\nE   ModuleNotFoundError: No module named 'lightning'</error></testcase>")
+    results = {"counts": {"passed": 0, "failed": 1, "error": 1}, "runs": [{"junit": "junit_r1.xml"}],
+               "failing_ids": ["tests/test_x.py::TestA::test_b[1]", "tests/lightning/test_y.py"]}
+    run = fake_run(tmp_path / "runs", "r", results=results, status="failed", reason="exception")
+    (run / "pytest").mkdir()
+    (run / "pytest" / "junit_r1.xml").write_text(junit)
+    md = collect(folders=[run]).markdown()
+    assert "  - `tests/lightning/test_y.py` failed: ModuleNotFoundError: No module named 'lightning'" in md
 
 
 def test_a_run_that_saved_no_notebook_is_not_an_edit(tmp_path: Path) -> None:

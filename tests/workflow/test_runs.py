@@ -187,6 +187,16 @@ def test_bad_yaml_is_one_line(tmp_path: Path) -> None:
         cli_parameters(yamls=["{tasks: [detect"])
 
 
+def test_a_missing_yaml_file_is_named_missing(tmp_path: Path) -> None:
+    """A file name is valid YAML (a string): without the check it read as 'expected a mapping'."""
+    with pytest.raises(ValueError, match=r"^-y '.*params.yaml': no such file$"):
+        cli_parameters(yamls=[str(tmp_path / "params.yaml")])
+    (tmp_path / "params.yaml").write_text("tasks: [detection]\n")
+    assert cli_parameters(yamls=[str(tmp_path / "params.yaml")]) == {"tasks": ["detection"]}
+    with pytest.raises(ValueError, match="not a file, and not a YAML/JSON mapping"):
+        cli_parameters(yamls=["params"])
+
+
 def test_summary_line_keeps_both_ends_of_the_error_and_says_where_to_look() -> None:
     evalue = "3 failing test id(s): " + ", ".join(f"tests/t.py::test_{i}" for i in range(40)) + "; run errors: [exit 4]"
     s = {"status": "failed", "notebook": "verify.ipynb", "reason": "exception", "duration_s": 1.0,
