@@ -1,13 +1,12 @@
-"""`replaykit-workflow pack` without importing torch or replaykit: archive.py is loaded by path. See --help."""
+"""`replaykit-workflow pack` from a checkout (the package root imports no torch). See --help."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("replaykit_archive", ROOT / "replaykit" / "workflow" / "archive.py")
-archive = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses look it up
-spec.loader.exec_module(archive)
+sys.path.insert(0, str(ROOT))
+
+from replaykit.workflow import archive  # noqa: E402 - after the checkout is on the path
 
 if __name__ == "__main__":
     sys.exit(archive.main(["--repo", str(ROOT), *sys.argv[1:]], prog="scripts/pack.py"))

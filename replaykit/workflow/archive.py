@@ -9,8 +9,8 @@
 The archive is a ``.tar.gz`` whose members all sit under ``replaykit-<short>[-dirty]/``;
 that folder holds ``replaykit-manifest.json`` (commit, tree hash, diff, per-file sha256,
 optional wheelhouse). Reading an archive (``verify_archive``, ``unpack``) and a notebook's
-bootstrap live in ``bootstrap.py``, re-exported here. Standard library only, so
-``scripts/pack.py`` can load this file by path, without torch (it loads ``bootstrap.py`` beside it).
+bootstrap live in ``bootstrap.py`` (the one part a notebook loads by path), re-exported here.
+No torch: ``import replaykit`` is lazy, so this imports as part of the package.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import datetime as _dt
 import fnmatch
 import gzip
 import hashlib
-import importlib.util
 import io
 import json
 import os
@@ -37,13 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-if __package__:
-    from . import bootstrap as _boot
-else:  # loaded by path (scripts/pack.py): its sibling is loaded by path too
-    _spec = importlib.util.spec_from_file_location("replaykit_bootstrap", Path(__file__).with_name("bootstrap.py"))
-    assert _spec is not None and _spec.loader is not None
-    _boot = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(_spec))
-    _spec.loader.exec_module(_boot)
+from replaykit.workflow import bootstrap as _boot
+from replaykit.workflow.git import git as _git
+from replaykit.workflow.interpreters import InterpreterError
+from replaykit.workflow.interpreters import probe as _ask
 
 ARCHIVE_SUFFIXES = _boot.ARCHIVE_SUFFIXES
 FORMAT = _boot.FORMAT
@@ -95,17 +91,6 @@ def _git_blob_id(data: bytes, algo: str) -> str:
 
 
 # --------------------------------------------------------------------------- git
-
-
-def _git(root: Path, *args: str, input: bytes | None = None, ok: tuple[int, ...] = (0,)) -> bytes:
-    proc = subprocess.run(
-        ["git", "--no-optional-locks", "-c", "core.quotepath=off", *args],
-        cwd=root, input=input, capture_output=True, check=False,
-    )
-    if proc.returncode not in ok:
-        msg = proc.stderr.decode(errors="replace").strip()
-        raise ValueError(f"git {' '.join(args[:3])} failed in {root}: {msg}")
-    return proc.stdout
 
 
 def _excluded(path: str, extra: tuple[str, ...] = ()) -> bool:
@@ -292,13 +277,11 @@ def _wheel_project(name: str) -> str:
 
 def _probe(python: str) -> tuple[str, str, str] | None:
     """(X.Y, sys.platform, machine) of interpreter ``python``, None if it does not run."""
-    code = "import sys,platform;print('%d.%d' % sys.version_info[:2], sys.platform, platform.machine())"
     try:
-        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
+        found = _ask(python, timeout=30)
+    except InterpreterError:
         return None
-    parts = proc.stdout.split()
-    return (parts[0], parts[1], parts[2]) if proc.returncode == 0 and len(parts) == 3 else None
+    return found.minor, found.platform, found.machine
 
 
 def find_interpreter(wh: Wheelhouse) -> str:

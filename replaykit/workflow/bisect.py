@@ -1,6 +1,6 @@
 """Find the commit that broke a test selection; run one selection on several trees side by side.
 
-    result = bisect(Path("."), "3cf592d", "bb3c0b8", markers="cuda")   # runs/bisect_<UTC>_…/
+    result = bisect(Path("."), "<good>", "<bad>", markers="cuda")   # runs/bisect_<UTC>_…/
     print(result.report())            # first bad commit + subject, every tested commit's verdict
     table = arms({"baseline": "main", "candidate": "HEAD", "diagnostic": "../diag"}, markers="cuda")
     print(table.markdown())           # test id × arm

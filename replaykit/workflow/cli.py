@@ -8,7 +8,7 @@
     evidence  the Markdown evidence of notebook runs, each notebook checked against its sha256
     bisect    the first commit that fails a selection; or --arm LABEL=TREE side by side
 
-``scripts/*.py`` are shims over these (``scripts/pack.py`` loads ``archive.py`` by path, no torch).
+``scripts/*.py`` are shims over these (none imports torch: the package root is lazy).
 Every command returns its exit code: 0 ok, 1 a failure it found, 2 bad arguments or input.
 """
 
@@ -70,8 +70,8 @@ def notebook_arg(text: str) -> str:
 
 RUN_DOC = """Run one notebook through papermill into runs/<time>_<device>_torch<ver>_<tree>/.
 
-    replaykit-workflow run notebooks/parity.ipynb -p steps 3 -y '{tasks: [detect]}'
-    replaykit-workflow run verify -p tree dist/replaykit-abc1234.tar.gz   # a bare name: the shipped notebook
+    replaykit-workflow run notebooks/parity.ipynb -y '{tasks: [detection], precisions: ["32"]}'
+    replaykit-workflow run verify -p tree dist/replaykit-<commit>.tar.gz   # a bare name: the shipped notebook
 
 Prints the run folder and a one-line summary. Exit code: 0 passed, 1 failed (a cell
 raised or timed out), 2 error (kernel died, runner error, bad arguments).
@@ -268,7 +268,7 @@ EVIDENCE_DOC = """Print the evidence of notebook runs as Markdown, ready to past
 
     replaykit-workflow evidence                                   # every run under runs/
     replaykit-workflow evidence --batch runs/batch_<UTC>_cuda/index.json --out log-entry.md
-    replaykit-workflow evidence runs/20261129T0801Z_cpu_torch2.13.0_3b8d7c2
+    replaykit-workflow evidence runs/<UTC>_<device>_torch<version>_<commit>
 
 Prints ``| Tree | Runtime | Result |``, the failures per test id, links to the executed
 notebooks (relative to --out's folder, else to the current one) and warnings. Every
@@ -320,7 +320,7 @@ def evidence(argv: list[str] | None = None) -> int:
 
 BISECT_DOC = """Find the first commit that fails a test selection; or run it on several trees side by side.
 
-    replaykit-workflow bisect --good 3cf592d --bad bb3c0b8 -m cuda
+    replaykit-workflow bisect --good <good> --bad <bad> -m cuda
     replaykit-workflow bisect --good v1 --bad HEAD -m "" --id tests/core/test_hold.py -- -x
     replaykit-workflow bisect --arm baseline=main --arm candidate=HEAD --arm diagnostic=../diag -m cuda
 

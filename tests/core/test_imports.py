@@ -58,10 +58,11 @@ def test_a_workflow_module_loads_without_torch(module: str) -> None:
     assert "torch" not in _modules_after(f"import {module}")
 
 
-def test_the_archive_module_loads_by_path_without_torch() -> None:
+def test_the_bootstrap_module_loads_by_path_without_torch() -> None:
+    """A notebook's first cell loads bootstrap.py by path, before replaykit is importable."""
     code = (
         "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('rk_archive', {str(PACKAGE / 'workflow' / 'archive.py')!r})\n"
+        f"spec = importlib.util.spec_from_file_location('rk_bootstrap', {str(PACKAGE / 'workflow' / 'bootstrap.py')!r})\n"
         "module = importlib.util.module_from_spec(spec); sys.modules[spec.name] = module\n"
         "spec.loader.exec_module(module)"
     )
