@@ -36,16 +36,16 @@ _SKIPPED = (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler, torch.T
 _CONTAINERS = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
 
 
-def _module_values(module: nn.Module) -> tuple:
-    """A criterion module's plain settings (every submodule's), the way the model's guard reads them, and
-    its parameters and buffers by identity (``CrossEntropyLoss.weight`` replaced by a new tensor)."""
+def _module_values(mods: list[tuple[str, nn.Module]]) -> tuple:
+    """A criterion module's plain settings (``mods``: its submodules but the model's, which its own
+    guard reads), and its parameters and buffers by identity (``CrossEntropyLoss.weight`` replaced)."""
     values = tuple(
         (n, k, value_key(v))
-        for n, m in module.named_modules()
+        for n, m in mods
         for k, v in m.__dict__.items()
         if k not in _CONTAINERS and "hooks" not in k and not isinstance(v, (torch.Tensor, nn.Module))
     )
-    tensors = tuple((n, k, id(t)) for n, m in module.named_modules() for k, t in (*m._parameters.items(), *m._buffers.items()))
+    tensors = tuple((n, k, id(t)) for n, m in mods for k, t in (*m._parameters.items(), *m._buffers.items()))
     return values + tensors
 
 
@@ -54,6 +54,8 @@ class LossInputs:
 
     def __init__(self, loss_fn: Callable[..., Any], model: nn.Module) -> None:
         self._model_ids = {id(m) for m in model.modules()}
+        self._trees: dict[int, list[tuple[str, nn.Module]]] = {}
+        self._keep: list[nn.Module] = []
         self._seen: set[int] = set()
         self._sources: list[tuple[str, Callable[[], Any]]] = []
         self.unwatched: list[str] = []
@@ -76,13 +78,22 @@ class LossInputs:
                 return name
         return None
 
+    def _submodules(self, module: nn.Module) -> list[tuple[str, nn.Module]]:
+        """A criterion's submodules outside the model, listed once per criterion (a per-call walk of a
+        tree that holds the model would cost what the model's guard saves)."""
+        mods = self._trees.get(id(module))
+        if mods is None:
+            mods = self._trees[id(module)] = [(n, m) for n, m in module.named_modules() if id(m) not in self._model_ids]
+            self._keep.append(module)  # the id stays its own
+        return mods
+
     # ----------------------------------------------------------------- finding the sources
     def _add(self, name: str, get: Callable[[], Any]) -> None:
         self._sources.append((name, lambda: self._value(get())))
 
     def _value(self, value: Any) -> Any:
         if isinstance(value, nn.Module):
-            return ("model", id(value)) if id(value) in self._model_ids else ("module", id(value), _module_values(value))
+            return ("model", id(value)) if id(value) in self._model_ids else ("module", id(value), _module_values(self._submodules(value)))
         if isinstance(value, _SKIPPED) or type(value).__module__.startswith("torch."):
             return ("id", id(value))
         return value_key(value)

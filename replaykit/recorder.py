@@ -642,6 +642,7 @@ class Recorder:
         )
 
     def _on_hold_end(self, call: int, reason: str) -> None:
+        self._pending_plan = None
         self.journal.tick("hold_end", call, reason)
         if self._free_after_backward and reason == "dropped":
             self._free_recordings()
@@ -671,6 +672,7 @@ class Recorder:
         self._recordings.clear()
         self.backend.free()
         self._free_after_backward = False
+        self._pending_plan = None
 
     def retire(self, reason: str = "retired by the user") -> None:
         """Switch to eager for good: graphs and static memory are freed; training goes on eagerly."""

@@ -257,6 +257,8 @@ class CudaRecording(Recording):
         self.static_grads = []
         self._grad_bases = []
         self.static_inputs = []
+        self._targets = []  # stand-ins alias the parameters' memory: a module moved off the GPU must not stay pinned
+        self._hooks = _SavedHooks()
 
 
 def end_failed_capture(device: torch.device) -> None:

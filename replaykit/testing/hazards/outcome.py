@@ -133,12 +133,14 @@ class Outcome:
 
     @property
     def diverged(self) -> bool:
-        """The contract broke: a silent difference, a swallowed eager error or an unclear error.
+        """The contract broke: a silent difference, a swallowed eager error, an unclear error, a hang
+        or a crash.
 
         For an unsafe arm that is the proof its guard is needed (a data-dependent shape
-        without its guard fails loudly on the emulated backend, silently on CUDA).
+        without its guard fails loudly on the emulated backend, silently on CUDA; a captured
+        block inside checkpoint's recompute hangs a CUDA capture).
         """
-        return self.kind in DIVERGENCES
+        return self.kind in FAILURES
 
     def line(self) -> str:
         return f"{self.kind}: {self.detail}" if self.detail else self.kind

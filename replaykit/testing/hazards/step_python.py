@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .host_state import ARRAY_COPY_LIVE
 from .pattern import Arm, Extras, Pattern, loop, mlp, sgd, step_loop
 
 
@@ -389,7 +390,7 @@ PATTERNS: list[Pattern] = [
             mlp(), _class_weighted("replaced"), guard="loss_inputs", api="step"),
     Pattern("step_loss_numpy_weights", HAZARD, "class weights in a numpy array held by the loss, rebalanced in place",
             mlp(), _loss_numpy_weights, guard="loss_inputs", api="step",
-            cuda_only="the CPU backends' replay of torch.tensor(array) reads the array's memory again"),
+            unsafe_never=ARRAY_COPY_LIVE),
     Pattern("step_loss_numpy_gain_float", HAZARD, "the loss reads float(array[0]) of a numpy array it holds, changed in place",
             mlp(), _loss_numpy_gain, guard="loss_inputs", api="step"),
     Pattern("step_loss_deque", HAZARD, "the loss divides by the mean of a deque of recent losses the loop appends to",
