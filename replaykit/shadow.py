@@ -52,7 +52,7 @@ class Shadow:
         inputs: Sequence[torch.Tensor],
         params: Sequence[torch.Tensor],
     ) -> None:
-        snapshot = StateSnapshot(module)
+        snapshot = StateSnapshot(module, parameters=False)  # the eager run differentiates stand-ins
         stand_ins: dict[int, torch.Tensor] = {}  # one per distinct tensor: `q is k` stays true, as in eager
         self.inputs = [stand_ins.setdefault(id(x), x.detach().requires_grad_(x.requires_grad)) for x in inputs]
         self.leaves = [p.detach().requires_grad_(True) for p in params]

@@ -24,14 +24,17 @@ class StateSnapshot:
     plain attributes and held containers.
 
     ``tensors=False`` keeps only the attributes and containers: after a CUDA capture that
-    raised, only the body's Python ran (a capture executes no kernels).
+    raised, only the body's Python ran (a capture executes no kernels). ``parameters=False``
+    leaves parameters and ``.grad`` out: a run on stand-ins of the parameters (the shadow
+    check) changes neither, and copying them would double the parameters' memory at the peak.
     """
 
-    def __init__(self, module: nn.Module, tensors: bool = True) -> None:
-        held = [*module.parameters(), *module.buffers(), *tensor_attributes(module)] if tensors else []
+    def __init__(self, module: nn.Module, tensors: bool = True, parameters: bool = True) -> None:
+        params = list(module.parameters()) if tensors else []
+        held = [*(params if parameters else []), *module.buffers(), *tensor_attributes(module)] if tensors else []
         self._values = [(t, t.detach().clone()) for t in held]
-        self._grads = [(p, p.grad, None if p.grad is None else p.grad.detach().clone()) for p in module.parameters()] if tensors else []
-        self._rng = rng_states(held) if tensors else None
+        self._grads = [(p, p.grad, None if p.grad is None else p.grad.detach().clone()) for p in params] if parameters else []
+        self._rng = rng_states(held + params) if tensors else None
         self._host_rng = host_rng_state() if tensors else None
         self._attributes = [(m, _plain_attributes(m)) for m in module.modules()]
         self._contents = [(v, _contents(v)) for m in module.modules() for v in _plain_attributes(m).values() if _mutable(v)]
