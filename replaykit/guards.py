@@ -214,7 +214,7 @@ def value_key(value: Any) -> Any:
     if _is_numpy_generator(value):
         return ("np-rng", id(value), value_key(value.bit_generator.state))
     if isinstance(value, FunctionType):  # by code and captured values: a new lambda each step may reuse an id
-        cells = tuple(value_key(c.cell_contents) if _filled(c) else None for c in value.__closure__ or ())
+        cells = tuple(value_key(c.cell_contents) if cell_filled(c) else None for c in value.__closure__ or ())
         return ("fn", id(value.__code__), cells, value_key(value.__defaults__), value_key(value.__kwdefaults__))
     if isinstance(value, functools.partial):
         return ("partial", value_key(value.func), value_key(value.args), value_key(value.keywords))
@@ -238,7 +238,8 @@ def _is_numpy_generator(value: Any) -> bool:
     return type(value).__module__.startswith("numpy.random") and hasattr(value, "bit_generator")
 
 
-def _filled(cell: Any) -> bool:
+def cell_filled(cell: Any) -> bool:
+    """Whether a closure cell holds a value (an empty one raises on read)."""
     try:
         cell.cell_contents  # noqa: B018 - an empty cell raises
     except ValueError:

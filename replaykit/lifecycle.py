@@ -261,3 +261,43 @@ class Lifecycle:
         self.watch.close()
         self.guard.close()
         self._watches = []
+
+
+class Lifecycled:
+    """The read-outs both entry points give, from their ``lifecycle``."""
+
+    lifecycle: Lifecycle
+
+    @property
+    def journal(self) -> Journal:
+        return self.lifecycle.journal
+
+    @property
+    def strict(self) -> bool:
+        return self.lifecycle.strict
+
+    @property
+    def retired(self) -> bool:
+        return self.lifecycle.retired
+
+    @property
+    def retire_reason(self) -> str | None:
+        return self.lifecycle.retire_reason
+
+    @property
+    def released(self) -> bool:
+        return self.lifecycle.released
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Events by kind (every kind of :data:`replaykit.journal.KINDS`), exact however long the run."""
+        return self.lifecycle.counts
+
+    @property
+    def eager_reasons(self) -> Counter[str]:
+        """Eager routes by reason, exact however long the run."""
+        return self.lifecycle.eager_reasons
+
+    def summary(self) -> str:
+        """One line of counts, eager reasons and state."""
+        return self.lifecycle.summary()

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .guards import value_key
+from .guards import cell_filled, value_key
 
 _DEPTH = 3  # functions reached through functions: helpers of helpers, not the whole program
 #: guarded by the step itself, or by identity (a tensor's memory is what a graph reads)
@@ -124,8 +124,8 @@ class LossInputs:
     def _function(self, fn: FunctionType, name: str, depth: int) -> None:
         code = fn.__code__
         for var, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
-            self._add(f"{name}'s closure variable {var!r}", lambda cell=cell: cell.cell_contents if _filled(cell) else None)
-            if _filled(cell):
+            self._add(f"{name}'s closure variable {var!r}", lambda cell=cell: cell.cell_contents if cell_filled(cell) else None)
+            if cell_filled(cell):
                 self._follow(cell.cell_contents, f"{var}", depth)
         if fn.__defaults__ or fn.__kwdefaults__:
             self._add(f"{name}'s defaults", lambda: (fn.__defaults__, fn.__kwdefaults__))
@@ -150,11 +150,3 @@ def _names(code: Any) -> set[str]:
         if hasattr(const, "co_names"):
             names |= _names(const)
     return names
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 - an empty cell raises
-    except ValueError:
-        return False
-    return True

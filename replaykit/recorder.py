@@ -26,9 +26,8 @@ from .copy_out import StaticAliases
 from .errors import ReplayError, ReplayWarning, check_count
 from .guards import host_dependence, tree_contains
 from .hold import Hold, PendingBackward
-from .journal import Journal
 from .layout import copy_into, same_layout
-from .lifecycle import Lifecycle
+from .lifecycle import Lifecycle, Lifecycled
 from .probe import probe
 from .protections import disabled_protections
 from .shadow import Shadow
@@ -166,7 +165,7 @@ def _nothing() -> None:
     return None
 
 
-class Recorder:
+class Recorder(Lifecycled):
     """Records a module's forward+backward per input signature and replays them.
 
     Made by :func:`replaykit.capture`; see its docstring for the routes and the
@@ -225,40 +224,7 @@ class Recorder:
         module.forward = _RoutedForward(self, module)
         setattr(module, _RECORDER_ATTR, self)
 
-    # ----------------------------------------------------------------- read-outs
-    @property
-    def journal(self) -> Journal:
-        return self.lifecycle.journal
-
-    @property
-    def strict(self) -> bool:
-        return self.lifecycle.strict
-
-    @property
-    def retired(self) -> bool:
-        return self.lifecycle.retired
-
-    @property
-    def retire_reason(self) -> str | None:
-        return self.lifecycle.retire_reason
-
-    @property
-    def released(self) -> bool:
-        return self.lifecycle.released
-
-    @property
-    def counts(self) -> dict[str, int]:
-        """Events by kind, exact however long the run."""
-        return self.lifecycle.counts
-
-    @property
-    def eager_reasons(self) -> Counter[str]:
-        """Eager routes by reason, exact however long the run."""
-        return self.lifecycle.eager_reasons
-
-    def summary(self) -> str:
-        """One line of counts, eager reasons and state."""
-        return self.lifecycle.summary()
+    # ----------------------------------------------------------------- read-outs (journal, counts, ... : Lifecycled)
 
     @property
     def backward_reasons(self) -> Counter[str]:

@@ -34,7 +34,6 @@ import operator
 import sys
 import warnings
 import weakref
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -46,9 +45,8 @@ from .ema import EMA
 from .errors import ReplayError, ReplayWarning, check_count
 from .guards import epoch as guard_epoch
 from .guards import gradient_hooks, host_dependence
-from .journal import Journal
 from .layout import aligned_copy, aligned_key, copy_into
-from .lifecycle import Lifecycle
+from .lifecycle import Lifecycle, Lifecycled
 from .loss_inputs import LossInputs
 from .probe import foreign_leaves
 from .protections import disabled_protections
@@ -108,7 +106,7 @@ class StepRecording:
         self.keep = keep  # what the key names by id (incoming gradients, tensor hyperparameters): kept alive
 
 
-class TrainStep:
+class TrainStep(Lifecycled):
     """A training step (forward, loss, backward, optimizer) replayed from graphs; see the module docstring."""
 
     # ``max_norm`` may change (it keys the recordings); ``on_optimizer_step`` runs outside them
@@ -207,43 +205,11 @@ class TrainStep:
                 stacklevel=2,
             )
 
-    # ----------------------------------------------------------------- read-outs
-    @property
-    def journal(self) -> Journal:
-        return self.lifecycle.journal
-
-    @property
-    def strict(self) -> bool:
-        return self.lifecycle.strict
-
-    @property
-    def retired(self) -> bool:
-        return self.lifecycle.retired
-
-    @property
-    def retire_reason(self) -> str | None:
-        return self.lifecycle.retire_reason
-
-    @property
-    def released(self) -> bool:
-        return self.lifecycle.released
-
-    @property
-    def counts(self) -> dict[str, int]:
-        """Events by kind (:data:`replaykit.journal.KINDS`), exact however long the run."""
-        return self.lifecycle.counts
-
-    @property
-    def eager_reasons(self) -> Counter[str]:
-        return self.lifecycle.eager_reasons
-
+    # ----------------------------------------------------------------- read-outs (journal, counts, ... : Lifecycled)
     @property
     def recordings(self) -> int:
+        """How many recordings are held now."""
         return len(self._recordings)
-
-    def summary(self) -> str:
-        """One line of counts, eager reasons and state."""
-        return self.lifecycle.summary()
 
     def __repr__(self) -> str:
         life = self.lifecycle
