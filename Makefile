@@ -25,6 +25,7 @@ $(STAMP): pyproject.toml Makefile
 
 test: $(STAMP)
 	$(BIN)/ruff check replaykit tests scripts
+	$(BIN)/ruff format --check replaykit tests scripts
 	$(BIN)/python -m replaykit.workflow.nbclean --check notebooks/*.ipynb
 	$(BIN)/python -m pytest -q
 	$(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
@@ -58,6 +59,7 @@ nbstrip: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check replaykit tests scripts
+	$(BIN)/ruff format --check replaykit tests scripts
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

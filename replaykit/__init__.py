@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-if TYPE_CHECKING:  # what type checkers and IDEs see; at run time ``__getattr__`` imports on first use
+if (
+    TYPE_CHECKING
+):  # what type checkers and IDEs see; at run time ``__getattr__`` imports on first use
     from .determinism import enable_determinism
     from .errors import ReplayError, ReplayWarning
     from .journal import Event, Journal
@@ -47,9 +49,17 @@ __all__ = [
 # The package root is lazy so that ``replaykit.workflow`` (no torch) and ``replaykit.tables`` load
 # without the core: a name below is imported from its module the first time it is asked for.
 _HOMES = {
-    "EMA": "step", "PROTECTIONS": "protections", "Event": "journal", "Journal": "journal",
-    "Recorder": "recorder", "ReplayError": "errors", "ReplayWarning": "errors", "TrainStep": "step",
-    "capture": "recorder", "enable_determinism": "determinism", "recorder_of": "recorder",
+    "EMA": "step",
+    "PROTECTIONS": "protections",
+    "Event": "journal",
+    "Journal": "journal",
+    "Recorder": "recorder",
+    "ReplayError": "errors",
+    "ReplayWarning": "errors",
+    "TrainStep": "step",
+    "capture": "recorder",
+    "enable_determinism": "determinism",
+    "recorder_of": "recorder",
 }
 
 

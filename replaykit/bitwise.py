@@ -86,7 +86,9 @@ def diff(name: str, a: torch.Tensor | None, b: torch.Tensor | None) -> TensorDif
         return None
     ad, bd = a.detach().cpu(), b.detach().cpu()
     if ad.is_floating_point() or ad.is_complex():
-        delta = (ad.double() - bd.double()).abs() if not ad.is_complex() else (ad - bd).abs().double()
+        delta = (
+            (ad.double() - bd.double()).abs() if not ad.is_complex() else (ad - bd).abs().double()
+        )
         max_abs = float(torch.nan_to_num(delta, nan=math.inf).max())
     else:
         max_abs = float((ad.long() - bd.long()).abs().max())

@@ -42,8 +42,16 @@ class StaticAliases:
     """
 
     __slots__ = (
-        "_grad_baseline", "_grad_cdatas", "_grads", "_grads_out", "_out_baseline", "_out_cdatas", "_outputs",
-        "_outputs_out", "_refs", "dirty",
+        "_grad_baseline",
+        "_grad_cdatas",
+        "_grads",
+        "_grads_out",
+        "_out_baseline",
+        "_out_cdatas",
+        "_outputs",
+        "_outputs_out",
+        "_refs",
+        "dirty",
     )
 
     def __init__(
@@ -54,13 +62,17 @@ class StaticAliases:
         """``outputs``: static outputs to guard; ``grads``: (parameter, static gradient buffer) pairs."""
         self._outputs = list(outputs)
         self._out_cdatas = [_cdata(t) for t in self._outputs]
-        self._out_baseline = list(map(_use_count, self._out_cdatas))  # measured before anything is handed out
+        self._out_baseline = list(
+            map(_use_count, self._out_cdatas)
+        )  # measured before anything is handed out
         self._grads: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._grad_cdatas: list[int] = []
         self._grad_baseline: list[int] = []
         self.add_grads(grads)
         self._refs: list[weakref.ref[torch.Tensor]] = []
-        self._outputs_out = self._grads_out = False  # handed out since their use counts were last at baseline
+        self._outputs_out = self._grads_out = (
+            False  # handed out since their use counts were last at baseline
+        )
         self.dirty = False
 
     def add_grads(self, grads: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -95,7 +107,11 @@ class StaticAliases:
             return 0, True
         cdatas = {*self._out_cdatas, *self._grad_cdatas}
         live = [t for ref in self._refs if (t := ref()) is not None and _cdata(t) in cdatas]
-        live += [g for param, buf in self._grads if (g := param.grad) is not None and g.data_ptr() == buf.data_ptr()]
+        live += [
+            g
+            for param, buf in self._grads
+            if (g := param.grad) is not None and g.data_ptr() == buf.data_ptr()
+        ]
         if live:
             with torch.no_grad():
                 fresh = [torch.empty_like(t) for t in live]

@@ -30,7 +30,9 @@ class EMA:
         self.params = [p.detach().clone() for p in self.source]
         self._weights: dict[tuple, torch.Tensor] = {}
         for p in self.params:
-            self._weights.setdefault((p.dtype, p.device), torch.zeros((), dtype=p.dtype, device=p.device))
+            self._weights.setdefault(
+                (p.dtype, p.device), torch.zeros((), dtype=p.dtype, device=p.device)
+            )
         self.weights = [self._weights[(p.dtype, p.device)] for p in self.params]
         self.set_decay(decay)
 

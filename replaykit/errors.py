@@ -14,4 +14,6 @@ class ReplayWarning(UserWarning):
 def check_count(name: str, value: object, least: int, note: str = "") -> None:
     """Refuse an argument that is not an int >= ``least`` (a bool is no count), naming it."""
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ReplayError(f"{name} must be an int >= {least}{' ' + note if note else ''}, got {value!r}")
+        raise ReplayError(
+            f"{name} must be an int >= {least}{' ' + note if note else ''}, got {value!r}"
+        )

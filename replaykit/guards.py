@@ -41,7 +41,9 @@ from torch import nn
 #: Dict-valued module attributes that are containers, not values the forward reads.
 _CONTAINERS = ("_parameters", "_buffers", "_modules")
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
-_SKIP = frozenset({"forward", "_replaykit_recorder", "_compiled_call_impl", "_non_persistent_buffers_set"})
+_SKIP = frozenset(
+    {"forward", "_replaykit_recorder", "_compiled_call_impl", "_non_persistent_buffers_set"}
+)
 
 _epoch = itertools.count(1)
 _state = {"epoch": 0}  # bumped (from the counter) on every watched write
@@ -186,7 +188,18 @@ class listen_for_writes:
 
 
 # ----------------------------------------------------------------------------- value keys
-_PLAIN = (type(None), bool, int, str, bytes, torch.dtype, torch.device, torch.layout, torch.memory_format, Enum)
+_PLAIN = (
+    type(None),
+    bool,
+    int,
+    str,
+    bytes,
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+    Enum,
+)
 
 
 def value_key(value: Any) -> Any:
@@ -213,12 +226,24 @@ def value_key(value: Any) -> Any:
         return ("ndarray", value.dtype.str, value.shape, value.tobytes())
     if _is_numpy_generator(value):
         return ("np-rng", id(value), value_key(value.bit_generator.state))
-    if isinstance(value, FunctionType):  # by code and captured values: a new lambda each step may reuse an id
-        cells = tuple(value_key(c.cell_contents) if cell_filled(c) else None for c in value.__closure__ or ())
-        return ("fn", id(value.__code__), cells, value_key(value.__defaults__), value_key(value.__kwdefaults__))
+    if isinstance(
+        value, FunctionType
+    ):  # by code and captured values: a new lambda each step may reuse an id
+        cells = tuple(
+            value_key(c.cell_contents) if cell_filled(c) else None for c in value.__closure__ or ()
+        )
+        return (
+            "fn",
+            id(value.__code__),
+            cells,
+            value_key(value.__defaults__),
+            value_key(value.__kwdefaults__),
+        )
     if isinstance(value, functools.partial):
         return ("partial", value_key(value.func), value_key(value.args), value_key(value.keywords))
-    if isinstance(value, (torch.Tensor, nn.Module, BuiltinFunctionType, MethodType, type, ModuleType)):
+    if isinstance(
+        value, (torch.Tensor, nn.Module, BuiltinFunctionType, MethodType, type, ModuleType)
+    ):
         return ("id", id(value))
     attrs = getattr(value, "__dict__", None)
     if attrs is not None:
@@ -231,7 +256,9 @@ def value_key(value: Any) -> Any:
 
 def is_ndarray(value: Any) -> bool:
     """A numpy array (numpy is not imported for this: a type check by module name)."""
-    return type(value).__module__ == "numpy" and hasattr(value, "tobytes") and hasattr(value, "shape")
+    return (
+        type(value).__module__ == "numpy" and hasattr(value, "tobytes") and hasattr(value, "shape")
+    )
 
 
 def _is_numpy_generator(value: Any) -> bool:
@@ -248,16 +275,30 @@ def cell_filled(cell: Any) -> bool:
 
 
 def _slots(value: Any) -> tuple[str, ...]:
-    return tuple(k for c in type(value).__mro__ for k in getattr(c, "__slots__", ()) if k not in ("__weakref__", "__dict__"))
+    return tuple(
+        k
+        for c in type(value).__mro__
+        for k in getattr(c, "__slots__", ())
+        if k not in ("__weakref__", "__dict__")
+    )
 
 
 def _needs_polling(value: Any) -> bool:
     """Values that can change without a module ``__setattr__``: mutable containers, plain-data objects."""
-    if isinstance(value, (list, dict, set, deque)) or is_ndarray(value) or _is_numpy_generator(value):
+    if (
+        isinstance(value, (list, dict, set, deque))
+        or is_ndarray(value)
+        or _is_numpy_generator(value)
+    ):
         return True
-    if isinstance(value, (torch.Tensor, nn.Module, FunctionType, BuiltinFunctionType, MethodType, type, ModuleType)):
+    if isinstance(
+        value,
+        (torch.Tensor, nn.Module, FunctionType, BuiltinFunctionType, MethodType, type, ModuleType),
+    ):
         return False
-    return (hasattr(value, "__dict__") or bool(_slots(value))) and not isinstance(value, (Enum, *_PLAIN, float, complex, tuple))
+    return (hasattr(value, "__dict__") or bool(_slots(value))) and not isinstance(
+        value, (Enum, *_PLAIN, float, complex, tuple)
+    )
 
 
 def held_values(module: nn.Module) -> list[tuple[str, Any, Any]]:
@@ -269,7 +310,12 @@ def held_values(module: nn.Module) -> list[tuple[str, Any, Any]]:
     out = []
     for n, m in module.named_modules():
         for name, value in m.__dict__.items():
-            if name not in _SKIP and name not in _CONTAINERS and "hooks" not in name and _polls(m, name, value):
+            if (
+                name not in _SKIP
+                and name not in _CONTAINERS
+                and "hooks" not in name
+                and _polls(m, name, value)
+            ):
                 out.append((f"{n or type(m).__name__}.{name}", value, value_key(value)))
     return out
 
@@ -292,7 +338,13 @@ def hidden_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
     found: dict[int, tuple[str, nn.Module]] = {}
     for n, m in module.named_modules():
         for name, value in m.__dict__.items():
-            items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+            items = (
+                value.values()
+                if isinstance(value, dict)
+                else value
+                if isinstance(value, (list, tuple))
+                else ()
+            )
             for i, v in enumerate(items):
                 if isinstance(v, nn.Module) and id(v) not in tree:
                     for sub_name, sub in v.named_modules():
@@ -306,7 +358,9 @@ class Verdict:
 
     __slots__ = ("eager", "key", "retire")
 
-    def __init__(self, key: Any = None, eager: str | None = None, retire: str | None = None) -> None:
+    def __init__(
+        self, key: Any = None, eager: str | None = None, retire: str | None = None
+    ) -> None:
         self.key = key
         self.eager = eager
         self.retire = retire
@@ -351,7 +405,9 @@ class ModuleGuard:
         self._seen = -1
         self._verdict = Verdict()
         self._polled: list[tuple[Any, Any]] = []
-        self._interned: dict[tuple, int] = {}  # state tuple -> small int: hashing the tuple per call would cost
+        self._interned: dict[
+            tuple, int
+        ] = {}  # state tuple -> small int: hashing the tuple per call would cost
 
     def verdict(self) -> Verdict:
         """The current state key (or why to route eager / retire): one comparison when nothing was written."""
@@ -393,7 +449,10 @@ class ModuleGuard:
             return None, "module hooks changed"
         hooked = gradient_hooks(t for t in self._params.values() if t is not None)
         if hooked > 1:
-            return None, f"gradient hooks on {hooked} parameters would run in another order than eager"
+            return (
+                None,
+                f"gradient hooks on {hooked} parameters would run in another order than eager",
+            )
         for n, m in mods:
             for k, t in m._parameters.items():
                 if self._params.get((n, k), t) is not t and isinstance(t, nn.Parameter):
@@ -403,7 +462,9 @@ class ModuleGuard:
                     return None, f"buffer {_dotted(n, k)!r} replaced (storage changed)"
         if len(self._buffers) != sum(len(m._buffers) for _, m in mods):
             return None, "a buffer was removed"
-        swapped = any(self._params.get((n, k)) is not t for n, m in mods for k, t in m._parameters.items())
+        swapped = any(
+            self._params.get((n, k)) is not t for n, m in mods for k, t in m._parameters.items()
+        )
         if swapped or len(self._params) != sum(len(m._parameters) for _, m in mods):
             return "parameters_swapped", None  # torch.func.functional_call: until they are put back
         return None, None
@@ -441,7 +502,6 @@ def tree_contains(root: nn.Module, module: nn.Module) -> bool:
     return any(m is module for m in root.modules())
 
 
-
 def host_dependence(module: nn.Module) -> str | None:
     """Why a graph would freeze a host-side value of this module, or None.
 
@@ -449,6 +509,10 @@ def host_dependence(module: nn.Module) -> str | None:
     host at every call; a graph would replay the first call's factor for ever.
     """
     for name, m in module.named_modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.momentum is None and m.track_running_stats:
+        if (
+            isinstance(m, nn.modules.batchnorm._BatchNorm)
+            and m.momentum is None
+            and m.track_running_stats
+        ):
             return f"BatchNorm {name or type(m).__name__} with momentum=None reads a host-side counter every call"
     return None

@@ -11,8 +11,19 @@ from typing import NamedTuple
 #: ``rerecord``: recordings dropped for a change they cannot survive (its cause), recorded anew;
 #: ``warned``: a difference from eager already made, said with a ReplayWarning (the reason names it).
 KINDS: tuple[str, ...] = (
-    "record", "replay", "eager", "backward", "copy_out", "retire", "rerecord", "hold_end", "release", "refuse",
-    "check", "warned", "unsafe",
+    "record",
+    "replay",
+    "eager",
+    "backward",
+    "copy_out",
+    "retire",
+    "rerecord",
+    "hold_end",
+    "release",
+    "refuse",
+    "check",
+    "warned",
+    "unsafe",
 )
 #: Kinds whose reasons are tallied: eager forwards, and backwards not replayed from a graph.
 REASONED: tuple[str, ...] = ("eager", "backward")
@@ -47,7 +58,9 @@ class Journal(Sequence[Event]):
         self._pinned: list[Event] = []
         self._tail: deque[Event] = deque(maxlen=tail)
         self._seen: set[tuple[str, str | None]] = set()
-        self._tails: set[tuple[str, str | None]] = set()  # (kind, reason) whose next events only join the tail
+        self._tails: set[tuple[str, str | None]] = (
+            set()
+        )  # (kind, reason) whose next events only join the tail
         self._counts: dict[str, int] = {}  # a plain dict: a Counter's ``+=`` costs twice as much
         self.reasons: dict[str, Counter[str]] = {k: Counter() for k in REASONED}
         self.total = 0
@@ -65,7 +78,9 @@ class Journal(Sequence[Event]):
     def backward_reasons(self) -> Counter[str]:
         return self.reasons["backward"]
 
-    def add(self, kind: str, call: int, reason: str | None = None, detail: str | None = None) -> Event:
+    def add(
+        self, kind: str, call: int, reason: str | None = None, detail: str | None = None
+    ) -> Event:
         event: Event = _new_event(Event, (self.total, kind, call, reason, detail))
         self.total += 1
         self._counts[kind] = self._counts.get(kind, 0) + 1

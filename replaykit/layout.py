@@ -43,7 +43,13 @@ def extent(t: torch.Tensor) -> int:
     """Elements from ``t``'s first to its last real element, inclusive (0 for an empty tensor)."""
     if not t.numel():
         return 0
-    return sum((n - 1) * st for n, st in zip(compact_size(t.shape, t.stride()), t.stride(), strict=True)) + 1
+    return (
+        sum(
+            (n - 1) * st
+            for n, st in zip(compact_size(t.shape, t.stride()), t.stride(), strict=True)
+        )
+        + 1
+    )
 
 
 def alignment(t: torch.Tensor) -> int:
@@ -58,7 +64,9 @@ def aligned_key(t: torch.Tensor) -> tuple:
 
 def copy_into(static: torch.Tensor, x: torch.Tensor) -> None:
     """``static.copy_(x)`` without an autograd version bump; a broadcast layout copies its real elements."""
-    if 0 in static.stride():  # same strides as x (they are part of the signature) unless input_layout is off
+    if (
+        0 in static.stride()
+    ):  # same strides as x (they are part of the signature) unless input_layout is off
         size = compact_size(static.shape, static.stride())
         static = static.as_strided(size, static.stride(), static.storage_offset())
         x = x.detach().as_strided(size, x.stride(), x.storage_offset())
@@ -68,7 +76,9 @@ def copy_into(static: torch.Tensor, x: torch.Tensor) -> None:
 def same_layout(t: torch.Tensor) -> torch.Tensor:
     """A private copy of ``t`` with its sizes, strides and storage offset (broadcast dimensions kept)."""
     t = t.detach()
-    storage = torch.empty(t.storage_offset() + extent(t) if t.numel() else 0, dtype=t.dtype, device=t.device)
+    storage = torch.empty(
+        t.storage_offset() + extent(t) if t.numel() else 0, dtype=t.dtype, device=t.device
+    )
     static = storage.as_strided(t.shape, t.stride(), t.storage_offset())
     copy_into(static, t)
     return static
@@ -88,6 +98,8 @@ def aligned_copy(t: torch.Tensor) -> torch.Tensor:
     offset = ((want - storage.data_ptr()) % align) // item
     static = storage.as_strided(t.shape, t.stride(), offset)
     if alignment(static) != want:  # an address not a multiple of the element size
-        raise ReplayError(f"an input at address {t.data_ptr():#x} is not aligned to its element size")
+        raise ReplayError(
+            f"an input at address {t.data_ptr():#x} is not aligned to its element size"
+        )
     copy_into(static, t)
     return static

@@ -117,8 +117,18 @@ class Lifecycle:
         """One line: the counts that happened and the eager reasons, most frequent first."""
         counts = ", ".join(f"{k} {v}" for k, v in self.counts.items() if v and k != "unsafe")
         reasons = "; ".join(f"{r} x{n}" for r, n in self.eager_reasons.most_common())
-        state = f"retired: {self.retire_reason}" if self.retired else "released" if self.released else "live"
-        return f"{self.name}: {counts or 'no calls'}" + (f" | eager: {reasons}" if reasons else "") + f" | {state}"
+        state = (
+            f"retired: {self.retire_reason}"
+            if self.retired
+            else "released"
+            if self.released
+            else "live"
+        )
+        return (
+            f"{self.name}: {counts or 'no calls'}"
+            + (f" | eager: {reasons}" if reasons else "")
+            + f" | {state}"
+        )
 
     # ----------------------------------------------------------------- the routes
     def stopped(self) -> str | None:
@@ -160,7 +170,11 @@ class Lifecycle:
     def eager(self, call: int, reason: str) -> None:
         """Journal an eager route; under ``strict`` anything but a warm-up raises instead."""
         if self.strict and reason != "warmup":
-            why = f"{self.name} is retired ({self.retire_reason})" if reason == "retired" else f"call {call} would run eagerly: {reason}"
+            why = (
+                f"{self.name} is retired ({self.retire_reason})"
+                if reason == "retired"
+                else f"call {call} would run eagerly: {reason}"
+            )
             raise ReplayError(f"replaykit: {why}")
         self.journal.add("eager", call, reason)
         if not self._warned_share and call >= _WARN_AFTER:
@@ -234,7 +248,9 @@ class Lifecycle:
         self.journal.add("rerecord", call, cause)
         self._drop()
 
-    def retire(self, reason: str, call: int, cause: BaseException | None = None, user: bool = False) -> None:
+    def retire(
+        self, reason: str, call: int, cause: BaseException | None = None, user: bool = False
+    ) -> None:
         """Permanent eager: graphs freed, one warning (``strict``: raise instead, unless the user asked)."""
         if self.retired:
             return
@@ -243,7 +259,9 @@ class Lifecycle:
         self.retired = True
         self.retire_reason = reason
         self.journal.add("retire", call, reason)
-        warnings.warn(f"replaykit: {self.name} retired to eager: {reason}", ReplayWarning, stacklevel=5)
+        warnings.warn(
+            f"replaykit: {self.name} retired to eager: {reason}", ReplayWarning, stacklevel=5
+        )
         self._close()
         self._drop()
 

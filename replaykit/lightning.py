@@ -31,7 +31,9 @@ def resolve(root: nn.Module, path: str) -> nn.Module:
     module: Any = root
     for part in path.split("."):
         if not hasattr(module, part):
-            raise ReplayError(f"{type(root).__name__} has no attribute path {path!r} (stopped at {part!r})")
+            raise ReplayError(
+                f"{type(root).__name__} has no attribute path {path!r} (stopped at {part!r})"
+            )
         module = getattr(module, part)
     if not isinstance(module, nn.Module):
         raise ReplayError(f"{path!r} is a {type(module).__name__}, not an nn.Module")
@@ -47,8 +49,14 @@ def unsupported(trainer: L.Trainer) -> str | None:
     """Why replay must not run under this trainer's configuration, or None."""
     strategy = type(trainer.strategy).__name__
     if strategy not in SUPPORTED_STRATEGIES:
-        return f"strategy {strategy} is not supported (supported: {', '.join(SUPPORTED_STRATEGIES)})"
-    if "bf16" in str(trainer.precision) and trainer.strategy.root_device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return (
+            f"strategy {strategy} is not supported (supported: {', '.join(SUPPORTED_STRATEGIES)})"
+        )
+    if (
+        "bf16" in str(trainer.precision)
+        and trainer.strategy.root_device.type == "cuda"
+        and not torch.cuda.is_bf16_supported()
+    ):
         return "bf16-mixed: this GPU has no bf16 support"
     return None
 
@@ -58,7 +66,9 @@ class ReplayCallback(L.Callback):
 
     def __init__(self, *paths: str, backend: str = "auto", **capture_kwargs: Any) -> None:
         if not paths:
-            raise ReplayError("ReplayCallback needs at least one attribute path, e.g. ReplayCallback('net')")
+            raise ReplayError(
+                "ReplayCallback needs at least one attribute path, e.g. ReplayCallback('net')"
+            )
         if len(set(paths)) != len(paths):
             raise ReplayError(f"duplicate paths in {paths}")
         self.paths = paths
@@ -73,7 +83,9 @@ class ReplayCallback(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._release()
         modules = {path: resolve(pl_module, path) for path in self.paths}
-        self.recorders = {path: capture(module, **self.capture_kwargs) for path, module in modules.items()}
+        self.recorders = {
+            path: capture(module, **self.capture_kwargs) for path, module in modules.items()
+        }
         self.fits += 1
         reason = unsupported(trainer)
         if reason is not None:  # the same on every rank: no rank replays while another runs eager
@@ -99,7 +111,9 @@ class ReplayCallback(L.Callback):
         }
 
 
-def whole_step(pl_module: L.LightningModule, net: nn.Module, loss_fn: Any, **step_kwargs: Any) -> Any:
+def whole_step(
+    pl_module: L.LightningModule, net: nn.Module, loss_fn: Any, **step_kwargs: Any
+) -> Any:
     """A :class:`~replaykit.step.TrainStep` for a LightningModule in manual optimization.
 
     Lightning's automatic optimization runs ``training_step`` (with ``self.log``'s host-side
@@ -125,7 +139,9 @@ def whole_step(pl_module: L.LightningModule, net: nn.Module, loss_fn: Any, **ste
     from .step import TrainStep
 
     if pl_module.automatic_optimization:
-        raise ReplayError("whole_step needs manual optimization: set self.automatic_optimization = False")
+        raise ReplayError(
+            "whole_step needs manual optimization: set self.automatic_optimization = False"
+        )
     lopt = pl_module.optimizers()
     if isinstance(lopt, list):
         raise ReplayError("whole_step takes one optimizer; this module configures several")

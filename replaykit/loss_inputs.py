@@ -32,7 +32,13 @@ from .guards import cell_filled, value_key
 
 _DEPTH = 3  # functions reached through functions: helpers of helpers, not the whole program
 #: guarded by the step itself, or by identity (a tensor's memory is what a graph reads)
-_SKIPPED = (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler, torch.Tensor, ModuleType, type)
+_SKIPPED = (
+    torch.optim.Optimizer,
+    torch.optim.lr_scheduler.LRScheduler,
+    torch.Tensor,
+    ModuleType,
+    type,
+)
 _CONTAINERS = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
 
 
@@ -43,9 +49,13 @@ def _module_values(mods: list[tuple[str, nn.Module]]) -> tuple:
         (n, k, value_key(v))
         for n, m in mods
         for k, v in m.__dict__.items()
-        if k not in _CONTAINERS and "hooks" not in k and not isinstance(v, (torch.Tensor, nn.Module))
+        if k not in _CONTAINERS
+        and "hooks" not in k
+        and not isinstance(v, (torch.Tensor, nn.Module))
     )
-    tensors = tuple((n, k, id(t)) for n, m in mods for k, t in (*m._parameters.items(), *m._buffers.items()))
+    tensors = tuple(
+        (n, k, id(t)) for n, m in mods for k, t in (*m._parameters.items(), *m._buffers.items())
+    )
     return values + tensors
 
 
@@ -60,7 +70,9 @@ class LossInputs:
         self._sources: list[tuple[str, Callable[[], Any]]] = []
         self.unwatched: list[str] = []
         self._walk(loss_fn, "loss_fn", 0)
-        for name, read in list(self._sources):  # a value that cannot be keyed is named, not guessed at
+        for name, read in list(
+            self._sources
+        ):  # a value that cannot be keyed is named, not guessed at
             try:
                 read()
             except (RecursionError, TypeError, ValueError) as exc:
@@ -83,7 +95,9 @@ class LossInputs:
         tree that holds the model would cost what the model's guard saves)."""
         mods = self._trees.get(id(module))
         if mods is None:
-            mods = self._trees[id(module)] = [(n, m) for n, m in module.named_modules() if id(m) not in self._model_ids]
+            mods = self._trees[id(module)] = [
+                (n, m) for n, m in module.named_modules() if id(m) not in self._model_ids
+            ]
             self._keep.append(module)  # the id stays its own
         return mods
 
@@ -93,7 +107,11 @@ class LossInputs:
 
     def _value(self, value: Any) -> Any:
         if isinstance(value, nn.Module):
-            return ("model", id(value)) if id(value) in self._model_ids else ("module", id(value), _module_values(self._submodules(value)))
+            return (
+                ("model", id(value))
+                if id(value) in self._model_ids
+                else ("module", id(value), _module_values(self._submodules(value)))
+            )
         if isinstance(value, _SKIPPED) or type(value).__module__.startswith("torch."):
             return ("id", id(value))
         return value_key(value)
@@ -116,7 +134,9 @@ class LossInputs:
                 self._walk(type(fn).forward, f"{type(fn).__name__}.forward", depth + 1)
         elif isinstance(fn, BuiltinFunctionType) or not hasattr(fn, "__dict__"):
             if depth == 0:
-                self.unwatched.append(f"{name} ({type(fn).__name__}: its Python cannot be inspected)")
+                self.unwatched.append(
+                    f"{name} ({type(fn).__name__}: its Python cannot be inspected)"
+                )
         elif callable(fn) and not isinstance(fn, type):
             self._add(name, lambda: fn)
             self._walk(type(fn).__call__, f"{type(fn).__name__}.__call__", depth + 1)
@@ -124,7 +144,10 @@ class LossInputs:
     def _function(self, fn: FunctionType, name: str, depth: int) -> None:
         code = fn.__code__
         for var, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
-            self._add(f"{name}'s closure variable {var!r}", lambda cell=cell: cell.cell_contents if cell_filled(cell) else None)
+            self._add(
+                f"{name}'s closure variable {var!r}",
+                lambda cell=cell: cell.cell_contents if cell_filled(cell) else None,
+            )
             if cell_filled(cell):
                 self._follow(cell.cell_contents, f"{var}", depth)
         if fn.__defaults__ or fn.__kwdefaults__:

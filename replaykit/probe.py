@@ -55,13 +55,18 @@ class Refusal:
 
 
 _DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
-_INDEX = (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default)
+_INDEX = (
+    torch.ops.aten.index.Tensor,
+    torch.ops.aten.index_put.default,
+    torch.ops.aten.index_put_.default,
+)
 _TO_COPY = torch.ops.aten._to_copy.default
 
 
 def _boolean_mask(func: Any, args: tuple) -> bool:
     return func in _INDEX and any(
-        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in (args[1] if len(args) > 1 else ())
+        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+        for i in (args[1] if len(args) > 1 else ())
     )
 
 
@@ -78,9 +83,13 @@ class _Inspector(TorchDispatchMode):
         self._states: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
         self._leaves = {id(t): i for i, t in enumerate(leaves)}
         self._keep = list(leaves)  # the ids above stay theirs while the probe runs
-        self.casts: dict[int, int] = {}  # leaf index -> dtype casts of that leaf (autocast's, when on)
+        self.casts: dict[
+            int, int
+        ] = {}  # leaf index -> dtype casts of that leaf (autocast's, when on)
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         gen = kwargs.get("generator")
         if gen is not None:
@@ -88,9 +97,16 @@ class _Inspector(TorchDispatchMode):
             self._states.setdefault(id(gen), (gen, gen.get_state()))
         # aten.index is tagged dynamic_output_shape for its boolean masks; integer indices (a
         # gather, e.g. Swin's relative position bias) have a shape known on the host
-        if _boolean_mask(func, args) or (func not in _INDEX and any(tag in func.tags for tag in _DATA_DEPENDENT)):
+        if _boolean_mask(func, args) or (
+            func not in _INDEX and any(tag in func.tags for tag in _DATA_DEPENDENT)
+        ):
             self.data_dependent.append(str(func))
-        if func is _TO_COPY and args and id(args[0]) in self._leaves and kwargs.get("dtype") not in (None, args[0].dtype):
+        if (
+            func is _TO_COPY
+            and args
+            and id(args[0]) in self._leaves
+            and kwargs.get("dtype") not in (None, args[0].dtype)
+        ):
             i = self._leaves[id(args[0])]
             self.casts[i] = self.casts.get(i, 0) + 1
         return func(*args, **kwargs)
@@ -102,7 +118,9 @@ class _Inspector(TorchDispatchMode):
 
 
 def _uses(
-    outputs: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor], known: Sequence[torch.Tensor] = ()
+    outputs: Sequence[torch.Tensor],
+    leaves: Sequence[torch.Tensor],
+    known: Sequence[torch.Tensor] = (),
 ) -> tuple[list[int], int]:
     """How many graph edges reach each leaf's AccumulateGrad node from ``outputs``, and how many
     other leaves requiring grad the graph reaches (neither ``leaves`` nor ``known``)."""
@@ -152,7 +170,9 @@ class _SavedParameters:
         i = self._index.get(t.untyped_storage().data_ptr()) if t.device.type != "meta" else None
         if i is not None:
             self.saved.add(i)
-        return t.detach()  # an output saved as itself would hold its own graph: a cycle gc cannot see
+        return (
+            t.detach()
+        )  # an output saved as itself would hold its own graph: a cycle gc cannot see
 
     @staticmethod
     def unpack(t: torch.Tensor) -> torch.Tensor:
@@ -177,7 +197,10 @@ def probe(
     The caller snapshots and restores module state and RNG around this call.
     """
     if gradient_hooks(params) > 1:
-        return Refusal("module", f"gradient hooks on {gradient_hooks(params)} parameters would run in another order than eager")
+        return Refusal(
+            "module",
+            f"gradient hooks on {gradient_hooks(params)} parameters would run in another order than eager",
+        )
     leaves = [p.detach().requires_grad_(True) for p in params]
     effects = SideEffects(module, static_inputs, host_rng)
     inspector = _Inspector(leaves)
@@ -185,7 +208,9 @@ def probe(
     # the backends record with autocast's cast cache off: so does the probe, to count the casts a recording makes
     device = next((t.device.type for t in (*static_inputs, *params)), "cpu")
     autocast, dtype = autocast_key(device)
-    shared_casts = autocast and torch.is_autocast_cache_enabled()  # eager casts a parameter once per region
+    shared_casts = (
+        autocast and torch.is_autocast_cache_enabled()
+    )  # eager casts a parameter once per region
     with (
         effects,
         torch.autocast(device, dtype=dtype, enabled=autocast, cache_enabled=False),
@@ -201,7 +226,10 @@ def probe(
     if effect is not None:
         return Refusal("module", effect)
     if inspector.generators:
-        return Refusal("module", f"{inspector.generators[0]} draws from a private torch.Generator, which a graph would freeze")
+        return Refusal(
+            "module",
+            f"{inspector.generators[0]} draws from a private torch.Generator, which a graph would freeze",
+        )
     if inspector.data_dependent:
         return Refusal(
             "module",
@@ -212,13 +240,18 @@ def probe(
     storages = {x.untyped_storage().data_ptr() for x in static_inputs}
     aliased = [i for i, o in enumerate(tensors) if o.untyped_storage().data_ptr() in storages]
     if aliased:  # eager hands back a view of the caller's tensor, a replay a static copy
-        return Refusal("signature", "output_aliases_input", f"output {aliased[0]} is (a view of) an input")
+        return Refusal(
+            "signature", "output_aliases_input", f"output {aliased[0]} is (a view of) an input"
+        )
     recast = {i: n for i, n in inspector.casts.items() if n > 1} if shared_casts else {}
     if recast:  # eager: one cast per region, its uses' gradients summed in low precision before the cast back
         i, n = next(iter(recast.items()))
-        pname = {id(p): name for name, p in module.named_parameters()}.get(id(params[i]), f"parameter {i}")
+        pname = {id(p): name for name, p in module.named_parameters()}.get(
+            id(params[i]), f"parameter {i}"
+        )
         return Refusal(
-            "signature", "autocast_shared_weight",
+            "signature",
+            "autocast_shared_weight",
             f"{pname} is used {n} times under autocast ({dtype}): eager casts it once (autocast's cache) and sums "
             "its uses' gradients in that dtype, a recording casts per use and sums them in float32",
         )
@@ -226,9 +259,11 @@ def probe(
     wanting = [x for x in static_inputs if x.requires_grad]
     if not diff:
         return None
-    uses, foreign = _uses(diff, [*wanting, *leaves], [])  # before the backward, which frees the graph as it goes
+    uses, foreign = _uses(
+        diff, [*wanting, *leaves], []
+    )  # before the backward, which frees the graph as it goes
     if multi_use is not None:
-        multi_use[:] = [i for i, n in enumerate(uses[len(wanting):]) if n > 1]
+        multi_use[:] = [i for i, n in enumerate(uses[len(wanting) :]) if n > 1]
     uses = uses[: len(wanting)]
     if foreign:
         return Refusal(
@@ -236,14 +271,23 @@ def probe(
             f"forward reads {foreign} tensor(s) requiring grad that are not parameters of the module "
             "(a tensor attribute, a module kept in a dict): a recording would give them no gradient",
         )
-    grads = torch.autograd.grad(diff, wanting + leaves, [torch.zeros_like(o) for o in diff], allow_unused=True)
+    grads = torch.autograd.grad(
+        diff, wanting + leaves, [torch.zeros_like(o) for o in diff], allow_unused=True
+    )
     layouts = [g.layout for g in grads if g is not None]
     del grads, outs, tensors, diff
     sparse = [lay for lay in layouts if lay != torch.strided]
     if sparse:
-        return Refusal("module", f"a {sparse[0]} gradient (e.g. nn.Embedding(sparse=True)) cannot live in a static buffer")
+        return Refusal(
+            "module",
+            f"a {sparse[0]} gradient (e.g. nn.Embedding(sparse=True)) cannot live in a static buffer",
+        )
     reused = [i for i, n in enumerate(uses) if n > 1]
     if reused:
         n = uses[reused[0]]
-        return Refusal("signature", "input_reused", f"input {reused[0]} requires grad and is read {n} times; its gradient sum order could differ from eager")
+        return Refusal(
+            "signature",
+            "input_reused",
+            f"input {reused[0]} requires grad and is read {n} times; its gradient sum order could differ from eager",
+        )
     return None

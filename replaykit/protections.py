@@ -26,29 +26,115 @@ REGISTRY: dict[str, Protection] = {
     p.name: p
     for p in (
         # static buffers and the pending backward
-        Protection("copy_out", "both", "live gradients are not copied out before a replay: accumulation reads overwritten buffers"),
-        Protection("hold", "capture", "forwards replay while a backward is pending: it reads the later forward's activations"),
-        Protection("live_outputs", "capture", "outputs the caller still holds are overwritten by the next replay"),
-        Protection("none_pattern", "capture", "parameters behind unread outputs get zero gradients where eager leaves None"),
+        Protection(
+            "copy_out",
+            "both",
+            "live gradients are not copied out before a replay: accumulation reads overwritten buffers",
+        ),
+        Protection(
+            "hold",
+            "capture",
+            "forwards replay while a backward is pending: it reads the later forward's activations",
+        ),
+        Protection(
+            "live_outputs",
+            "capture",
+            "outputs the caller still holds are overwritten by the next replay",
+        ),
+        Protection(
+            "none_pattern",
+            "capture",
+            "parameters behind unread outputs get zero gradients where eager leaves None",
+        ),
         # guards
-        Protection("module_state", "both", "submodules' training flags and attributes are not guarded: a changed value replays the old one"),
-        Protection("param_identity", "both", "parameters swapped (functional_call) or registered anew (parametrize) replay the recorded ones"),
-        Protection("argument_values", "capture", "non-tensor arguments are keyed by ==: -0.0 replays 0.0, objects are frozen"),
-        Protection("input_aliasing", "capture", "the same tensor passed twice replays a recording made for distinct tensors"),
-        Protection("input_layout", "capture", "static inputs are contiguous copies: strided or expanded inputs change reduction order"),
-        Protection("record_probe", "capture", "side effects, in-place input writes, private generators and sparse gradients are not looked for"),
-        Protection("repeat_backward", "capture", "a second backward through one replayed call rewrites the first one's gradient buffers; create_graph gets no graph"),
-        Protection("inplace_weights", "capture", "parameters changed in place between a replayed forward and its backward go unnoticed"),
-        Protection("verify_recording", "both", "a new recording is trusted unchecked: code that computes differently under capture (a library branching on it) replays that"),
-        Protection("autograd_modes", "both", "calls under anomaly mode, saved-tensor hooks, torch.func transforms or inside a backward (checkpoint's recompute) replay as if none were on"),
-        Protection("host_rng", "both", "a recorded call that drew from Python's or numpy's RNG replays the first draw for ever"),
-        Protection("input_versions", "capture", "an input changed in place between a replayed forward and its backward goes unnoticed (eager raises)"),
-        Protection("hooks", "step", "module, gradient and optimizer hooks run at the recording call only"),
-        Protection("loss_inputs", "step", "what loss_fn reads besides tensors (closure cells, globals, a criterion's attributes) is frozen at recording"),
-        Protection("optimizer_trust", "step", "an optimizer whose step() is not known to be capture-safe replays without its Python"),
-        Protection("foreign_grads", "step", "parameters outside the model that loss_fn reaches keep the gradient of the recording call"),
-        Protection("state_identity", "step", "optimizer, scaler and EMA state tensors replaced (load_state_dict, add_param_group) replay the old ones"),
-        Protection("host_values", "step", "the optimizer's, scaler's and clip's host values (a float lr) are not keyed: a changed one replays the old"),
+        Protection(
+            "module_state",
+            "both",
+            "submodules' training flags and attributes are not guarded: a changed value replays the old one",
+        ),
+        Protection(
+            "param_identity",
+            "both",
+            "parameters swapped (functional_call) or registered anew (parametrize) replay the recorded ones",
+        ),
+        Protection(
+            "argument_values",
+            "capture",
+            "non-tensor arguments are keyed by ==: -0.0 replays 0.0, objects are frozen",
+        ),
+        Protection(
+            "input_aliasing",
+            "capture",
+            "the same tensor passed twice replays a recording made for distinct tensors",
+        ),
+        Protection(
+            "input_layout",
+            "capture",
+            "static inputs are contiguous copies: strided or expanded inputs change reduction order",
+        ),
+        Protection(
+            "record_probe",
+            "capture",
+            "side effects, in-place input writes, private generators and sparse gradients are not looked for",
+        ),
+        Protection(
+            "repeat_backward",
+            "capture",
+            "a second backward through one replayed call rewrites the first one's gradient buffers; create_graph gets no graph",
+        ),
+        Protection(
+            "inplace_weights",
+            "capture",
+            "parameters changed in place between a replayed forward and its backward go unnoticed",
+        ),
+        Protection(
+            "verify_recording",
+            "both",
+            "a new recording is trusted unchecked: code that computes differently under capture (a library branching on it) replays that",
+        ),
+        Protection(
+            "autograd_modes",
+            "both",
+            "calls under anomaly mode, saved-tensor hooks, torch.func transforms or inside a backward (checkpoint's recompute) replay as if none were on",
+        ),
+        Protection(
+            "host_rng",
+            "both",
+            "a recorded call that drew from Python's or numpy's RNG replays the first draw for ever",
+        ),
+        Protection(
+            "input_versions",
+            "capture",
+            "an input changed in place between a replayed forward and its backward goes unnoticed (eager raises)",
+        ),
+        Protection(
+            "hooks", "step", "module, gradient and optimizer hooks run at the recording call only"
+        ),
+        Protection(
+            "loss_inputs",
+            "step",
+            "what loss_fn reads besides tensors (closure cells, globals, a criterion's attributes) is frozen at recording",
+        ),
+        Protection(
+            "optimizer_trust",
+            "step",
+            "an optimizer whose step() is not known to be capture-safe replays without its Python",
+        ),
+        Protection(
+            "foreign_grads",
+            "step",
+            "parameters outside the model that loss_fn reaches keep the gradient of the recording call",
+        ),
+        Protection(
+            "state_identity",
+            "step",
+            "optimizer, scaler and EMA state tensors replaced (load_state_dict, add_param_group) replay the old ones",
+        ),
+        Protection(
+            "host_values",
+            "step",
+            "the optimizer's, scaler's and clip's host values (a float lr) are not keyed: a changed one replays the old",
+        ),
     )
 }
 
@@ -67,7 +153,9 @@ def negative_control(*names: str) -> tuple[str, ...]:
     return (*names, "verify_recording") if "verify_recording" not in names else names
 
 
-def disabled_protections(names: Iterable[str] | str, scope: str, stacklevel: int = 3) -> frozenset[str]:
+def disabled_protections(
+    names: Iterable[str] | str, scope: str, stacklevel: int = 3
+) -> frozenset[str]:
     """Validate ``unsafe_disable`` for an entry point and warn once per protection switched off."""
     if isinstance(names, str):
         names = (names,)
@@ -75,7 +163,9 @@ def disabled_protections(names: Iterable[str] | str, scope: str, stacklevel: int
     allowed = in_scope(scope)
     unknown = sorted(chosen - set(allowed))
     if unknown:
-        raise ReplayError(f"unknown unsafe_disable name(s) {unknown} for {scope}; choose from {list(allowed)}")
+        raise ReplayError(
+            f"unknown unsafe_disable name(s) {unknown} for {scope}; choose from {list(allowed)}"
+        )
     for name in sorted(chosen):
         warnings.warn(
             f"replaykit: protection {name!r} is disabled ({REGISTRY[name].without}); results may differ from eager",

@@ -46,15 +46,21 @@ class _Replay(torch.autograd.Function):
     def forward(ctx: Any, step: _Step, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.set_materialize_grads(False)
         ctx.step = step
-        return step.recorder._forward_replay(ctx, step, tensors)  # the inputs come first, then the parameters
+        return step.recorder._forward_replay(
+            ctx, step, tensors
+        )  # the inputs come first, then the parameters
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         step: _Step = ctx.step
-        if not torch.is_grad_enabled():  # autograd runs a backward without create_graph in no-grad mode
+        if (
+            not torch.is_grad_enabled()
+        ):  # autograd runs a backward without create_graph in no-grad mode
             return (None, *step.recorder._backward_replay(step, grads))
         if "repeat_backward" not in step.recorder.disabled:
-            step.recorder._refuse_double_backward(step)  # create_graph=True: replayed gradients carry no graph
+            step.recorder._refuse_double_backward(
+                step
+            )  # create_graph=True: replayed gradients carry no graph
         with torch.no_grad():
             return (None, *step.recorder._backward_replay(step, grads))
 
@@ -65,7 +71,9 @@ _functorch_active = torch._C._are_functorch_transforms_active
 _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 
 
-def _apply(step: _Step, inputs: list[torch.Tensor], params: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+def _apply(
+    step: _Step, inputs: list[torch.Tensor], params: list[torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
     """``_Replay.apply(step, *inputs, *params)`` without ``Function.apply``'s generator over every argument.
 
     Outside functorch transforms, ``Function.apply`` unwraps dead functorch wrappers among
@@ -83,19 +91,36 @@ class _Plan:
     """One recording and what replaying it needs, gathered when it is recorded: a call looks nothing up by key."""
 
     __slots__ = (
-        "aliases", "all_differentiable", "copies", "key", "multi_use", "recording", "saved", "saved_inputs", "verified",
+        "aliases",
+        "all_differentiable",
+        "copies",
+        "key",
+        "multi_use",
+        "recording",
+        "saved",
+        "saved_inputs",
+        "verified",
     )
 
     def __init__(
-        self, key: tuple, recording: Recording, saved: list[torch.Tensor], saved_inputs: list[int], guard_outputs: bool
+        self,
+        key: tuple,
+        recording: Recording,
+        saved: list[torch.Tensor],
+        saved_inputs: list[int],
+        guard_outputs: bool,
     ) -> None:
-        self.multi_use: list[str] = []  # parameters read more than once per call (their gradient is a sum inside it)
+        self.multi_use: list[
+            str
+        ] = []  # parameters read more than once per call (their gradient is a sum inside it)
         self.key = key
         self.recording = recording
         self.verified = False  # until a replay of it matched eager (forward and backward)
         self.saved = saved  # the parameters its backward reads: their versions are checked
         self.saved_inputs = saved_inputs  # the inputs (positions) it reads: likewise
-        self.all_differentiable = recording.differentiable == tuple(range(len(recording.static_outputs)))
+        self.all_differentiable = recording.differentiable == tuple(
+            range(len(recording.static_outputs))
+        )
         # one write per distinct static input (aliased arguments share one), at its first position:
         # (position, its .data to copy into without a version bump, or None for a broadcast layout, the static)
         self.copies: list[tuple[int, torch.Tensor | None, torch.Tensor]] = []
@@ -116,7 +141,16 @@ class _Step:
     """What one replayed call's autograd node needs to know."""
 
     __slots__ = (
-        "backwards", "call", "exact", "generation", "inputs", "pending", "plan", "recorder", "recording", "shadow",
+        "backwards",
+        "call",
+        "exact",
+        "generation",
+        "inputs",
+        "pending",
+        "plan",
+        "recorder",
+        "recording",
+        "shadow",
         "versions",
     )
 
@@ -128,10 +162,14 @@ class _Step:
         self.generation = 0
         self.pending: PendingBackward | None = None
         self.backwards = 0  # backwards run through this call so far
-        self.exact = False  # whether the first one left the activations untouched (eager through the graph)
+        self.exact = (
+            False  # whether the first one left the activations untouched (eager through the graph)
+        )
         self.shadow: Shadow | None = None
         self.versions: list[int] | None = None  # parameters' versions at the forward
-        self.inputs: list[tuple[torch.Tensor, int]] | None = None  # the saved inputs and their versions
+        self.inputs: list[tuple[torch.Tensor, int]] | None = (
+            None  # the saved inputs and their versions
+        )
 
 
 class _RoutedForward:
@@ -193,9 +231,15 @@ class Recorder(Lifecycled):
         self.disabled = disabled
         self.check_every = check_every
         self.multi_backward = multi_backward
-        me = weakref.ref(self)  # neither the hold nor the lifecycle may keep their recorder alive (no cycle)
+        me = weakref.ref(
+            self
+        )  # neither the hold nor the lifecycle may keep their recorder alive (no cycle)
         self.lifecycle = Lifecycle(
-            f"{self.module_name} recorder", module, strict=strict, disabled=disabled, max_rerecords=max_rerecords,
+            f"{self.module_name} recorder",
+            module,
+            strict=strict,
+            disabled=disabled,
+            max_rerecords=max_rerecords,
             drop=lambda: (r := me()) is not None and r._drop_recordings(),
         )
         self._device_kind = _device_kind(module, backend)
@@ -217,7 +261,9 @@ class Recorder(Lifecycled):
         self._key_state = "module_state" not in disabled  # flags, not a frozenset lookup per call
         self._exact_arguments = "argument_values" not in disabled
         self._free_after_backward = False
-        self._pending_plan: _Plan | None = None  # the plan of the replayed call whose backward is pending
+        self._pending_plan: _Plan | None = (
+            None  # the plan of the replayed call whose backward is pending
+        )
         self._paused = 0
         self._own_forward = "forward" in module.__dict__
         self._forward = module.forward
@@ -245,7 +291,9 @@ class Recorder(Lifecycled):
         return (_nothing, ())
 
     def __repr__(self) -> str:
-        state = f"retired: {self.retire_reason}" if self.retired else f"{self.recordings} recordings"
+        state = (
+            f"retired: {self.retire_reason}" if self.retired else f"{self.recordings} recordings"
+        )
         return f"<Recorder {self.module_name} backend={self.backend.name} {state} {self.counts}>"
 
     @contextmanager
@@ -283,7 +331,10 @@ class Recorder(Lifecycled):
             return self._eager(call, eager, args, kwargs)
         try:
             callargs = split_call(args, kwargs)
-            key = (state if self._key_state else None, *signature(callargs, self._device_kind, self._exact_arguments))
+            key = (
+                state if self._key_state else None,
+                *signature(callargs, self._device_kind, self._exact_arguments),
+            )
         except UnhashableArgument as exc:
             return self._eager(call, exc.reason, args, kwargs)
         refused = self._refused.get(key)
@@ -327,7 +378,11 @@ class Recorder(Lifecycled):
         return self._forward(*args, **kwargs)
 
     def _run_forward(
-        self, callargs: CallArgs, originals: list[torch.Tensor], *tensors: torch.Tensor, params: list[torch.Tensor] | None = None
+        self,
+        callargs: CallArgs,
+        originals: list[torch.Tensor],
+        *tensors: torch.Tensor,
+        params: list[torch.Tensor] | None = None,
     ) -> Any:
         """The module's own forward on ``tensors``; with ``params``, those stand in for ``originals``."""
         args, kwargs = callargs.rebuild(tensors)
@@ -344,7 +399,9 @@ class Recorder(Lifecycled):
             self._retire("module hooks inside the module would not run under replay", call)
             return None
         frozen = host_dependence(self.module)
-        if frozen is not None:  # refused on both backends: the emulated one mirrors what a graph can do
+        if (
+            frozen is not None
+        ):  # refused on both backends: the emulated one mirrors what a graph can do
             self._retire(frozen, call)
             return None
         snapshot = StateSnapshot(self.module)
@@ -352,12 +409,25 @@ class Recorder(Lifecycled):
         named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
         fn = partial(self._run_forward, callargs, params)
-        saved = list(range(len(params)))  # the parameters the backward reads (all, unless the probe says)
+        saved = list(
+            range(len(params))
+        )  # the parameters the backward reads (all, unless the probe says)
         saved_inputs: list[int] = []  # the inputs it reads (none known without the probe)
         multi_use: list[int] = []  # the parameters it reads more than once
         try:
-            refusal = None if "record_probe" in self.disabled else probe(
-                self.module, fn, static_inputs, params, saved, "host_rng" not in self.disabled, saved_inputs, multi_use
+            refusal = (
+                None
+                if "record_probe" in self.disabled
+                else probe(
+                    self.module,
+                    fn,
+                    static_inputs,
+                    params,
+                    saved,
+                    "host_rng" not in self.disabled,
+                    saved_inputs,
+                    multi_use,
+                )
             )
             if refusal is None:
                 recording = self.backend.record(fn, static_inputs, params, self.warmup)
@@ -365,7 +435,9 @@ class Recorder(Lifecycled):
             snapshot.restore()
             self._retire(f"capture failed: {type(exc).__name__}: {exc}", call, cause=exc)
             return None
-        except BaseException:  # KeyboardInterrupt: leave nothing of the warm-up behind, record again later
+        except (
+            BaseException
+        ):  # KeyboardInterrupt: leave nothing of the warm-up behind, record again later
             snapshot.restore()
             raise
         snapshot.restore()
@@ -378,7 +450,11 @@ class Recorder(Lifecycled):
             return None
         self._recordings[key] = recording
         plan = self._plans[key] = _Plan(
-            key, recording, [params[i] for i in saved], saved_inputs if self._check_inputs else [], self._guard_outputs
+            key,
+            recording,
+            [params[i] for i in saved],
+            saved_inputs if self._check_inputs else [],
+            self._guard_outputs,
         )
         twice = set(multi_use)
         plan.multi_use = [n for i, (n, _) in enumerate(named) if i in twice]
@@ -415,7 +491,9 @@ class Recorder(Lifecycled):
         recording = plan.recording
         params = recording.params
         grads = recording.static_grads[len(recording.static_grads) - len(params) :]
-        plan.aliases.add_grads([(p, g) for p, g in zip(params, grads, strict=True) if g is not None])
+        plan.aliases.add_grads(
+            [(p, g) for p, g in zip(params, grads, strict=True) if g is not None]
+        )
 
     def _replay(self, call: int, plan: _Plan, callargs: CallArgs, args: tuple, kwargs: dict) -> Any:
         recording = plan.recording
@@ -423,7 +501,12 @@ class Recorder(Lifecycled):
         self._replayed_calls += 1
         verifying = self._verify and not plan.verified
         if verifying or (self.check_every and (self._replayed_calls - 1) % self.check_every == 0):
-            step.shadow = Shadow(self.module, partial(self._run_forward, callargs, recording.params), callargs.tensors, recording.params)
+            step.shadow = Shadow(
+                self.module,
+                partial(self._run_forward, callargs, recording.params),
+                callargs.tensors,
+                recording.params,
+            )
         outputs = _apply(step, callargs.tensors, recording.params)
         shadow = step.shadow
         if shadow is not None:
@@ -450,7 +533,9 @@ class Recorder(Lifecycled):
             self.journal.add("copy_out", call, None, f"{copied} tensors")
         return clean
 
-    def _forward_replay(self, ctx: Any, step: _Step, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    def _forward_replay(
+        self, ctx: Any, step: _Step, tensors: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor, ...]:
         plan, recording = step.plan, step.recording
         for i, data, static in plan.copies:  # like a graph's own writes: no autograd version bump
             if data is not None:
@@ -458,7 +543,9 @@ class Recorder(Lifecycled):
             else:
                 copy_into(static, tensors[i])
         recording.replay_forward()
-        if self._check_versions:  # what eager's saved-tensor check covers: the parameters the backward reads
+        if (
+            self._check_versions
+        ):  # what eager's saved-tensor check covers: the parameters the backward reads
             step.versions = list(map(_VERSION, plan.saved))
         if plan.saved_inputs:  # and the caller's inputs it reads
             step.inputs = [(tensors[i], tensors[i]._version) for i in plan.saved_inputs]
@@ -473,7 +560,9 @@ class Recorder(Lifecycled):
             ctx.mark_non_differentiable(*[outputs[i] for i in recording.frozen_outputs])
         return outputs
 
-    def _backward_replay(self, step: _Step, grads: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor | None]:
+    def _backward_replay(
+        self, step: _Step, grads: tuple[torch.Tensor | None, ...]
+    ) -> list[torch.Tensor | None]:
         """One backward through a replayed call: replayed from the graph, or exact through the recorded graph."""
         plan, recording = step.plan, step.recording
         self._end_hold(step)
@@ -490,14 +579,20 @@ class Recorder(Lifecycled):
                 f"operation: an input of {self.module_name} changed between replayed call {step.call} and its "
                 "backward (eager raises here too)"
             )
-        wanted = grads if plan.all_differentiable and self._exact_none else self._incoming(recording, grads)
+        wanted = (
+            grads
+            if plan.all_differentiable and self._exact_none
+            else self._incoming(recording, grads)
+        )
         step.backwards += 1
         if step.backwards > 1 and "repeat_backward" not in self.disabled:
             result, how = recording.exact_backward(wanted), "repeat"
         elif self.multi_backward:
             result, how = recording.exact_backward(wanted), "multi_backward"
         else:
-            if recording.prepare_backward(wanted):  # a backward graph was captured: its buffers join copy-out
+            if recording.prepare_backward(
+                wanted
+            ):  # a backward graph was captured: its buffers join copy-out
                 self._guard_new_grads(plan)
             result, how = recording.backward(wanted)
         step.exact = step.exact or how is not None
@@ -536,7 +631,9 @@ class Recorder(Lifecycled):
                 "exactly through the recorded graph) or run that forward eagerly (with recorder.paused(): ...)"
             )
 
-    def _incoming(self, recording: Recording, grads: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor | None]:
+    def _incoming(
+        self, recording: Recording, grads: tuple[torch.Tensor | None, ...]
+    ) -> list[torch.Tensor | None]:
         wanted = [grads[i] for i in recording.differentiable]
         if self._exact_none:
             return wanted
@@ -547,13 +644,17 @@ class Recorder(Lifecycled):
         ]
 
     @staticmethod
-    def _leave_inputs(recording: Recording, result: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    def _leave_inputs(
+        recording: Recording, result: list[torch.Tensor | None]
+    ) -> list[torch.Tensor | None]:
         """Input gradients leave as copies: their holders (x.grad of a new x each call) are unreachable."""
         needs = recording.inputs_requiring_grad
         if not any(needs):  # the usual case: no input gradient at all
             return [None] * len(needs) + list(result)
         it = iter(result)
-        return [(None if (g := next(it)) is None else g.clone()) if req else None for req in needs] + list(it)
+        return [
+            (None if (g := next(it)) is None else g.clone()) if req else None for req in needs
+        ] + list(it)
 
     def _check_backward(
         self, step: _Step, wanted: list[torch.Tensor | None], result: list[torch.Tensor | None]
@@ -567,7 +668,9 @@ class Recorder(Lifecycled):
         needs = recording.inputs_requiring_grad
         ref = iter(reference)
         full = [next(ref) if req else None for req in needs] + list(ref)
-        names = [f"input {i} grad" for i in range(len(needs))] + [f"grad {n}" for n in self._param_names(recording)]
+        names = [f"input {i} grad" for i in range(len(needs))] + [
+            f"grad {n}" for n in self._param_names(recording)
+        ]
         difference = shadow.check_backward(names, full, result)
         self.journal.add("check", step.call, "backward", difference)
         if difference is None:
@@ -584,7 +687,9 @@ class Recorder(Lifecycled):
             return
         key = plan.key
         self._refused[key] = "diverged"
-        self.journal.add("refuse", call, "diverged", f"the recording differs from eager: {difference}")
+        self.journal.add(
+            "refuse", call, "diverged", f"the recording differs from eager: {difference}"
+        )
         aliases = self._aliases.pop(key, None)
         if aliases is not None:
             aliases.copy_out()
@@ -595,7 +700,9 @@ class Recorder(Lifecycled):
             recording.free()
 
     def _param_names(self, recording: Recording) -> list[str]:
-        names = {id(p): n for n, p in self.module.named_parameters()} if self.module is not None else {}
+        names = (
+            {id(p): n for n, p in self.module.named_parameters()} if self.module is not None else {}
+        )
         return [names.get(id(p), "?") for p in recording.params]
 
     def _refuse_double_backward(self, step: _Step) -> None:
@@ -667,7 +774,9 @@ class Recorder(Lifecycled):
 
 
 @contextmanager
-def stand_ins(module: nn.Module, originals: list[torch.Tensor], leaves: list[torch.Tensor]) -> Iterator[None]:
+def stand_ins(
+    module: nn.Module, originals: list[torch.Tensor], leaves: list[torch.Tensor]
+) -> Iterator[None]:
     """Put ``leaves`` where ``originals`` sit in the tree's ``_parameters`` dicts, and back.
 
     Each dict is visited once (``modules()`` yields a shared submodule once), so a module
@@ -677,7 +786,12 @@ def stand_ins(module: nn.Module, originals: list[torch.Tensor], leaves: list[tor
     the swap is not a change of the module the guards should see.
     """
     swap = {id(p): leaf for p, leaf in zip(originals, leaves, strict=True)}
-    entries = [(m._parameters, k, v) for m in module.modules() for k, v in m._parameters.items() if id(v) in swap]
+    entries = [
+        (m._parameters, k, v)
+        for m in module.modules()
+        for k, v in m._parameters.items()
+        if id(v) in swap
+    ]
     for d, k, v in entries:
         dict.__setitem__(d, k, swap[id(v)])
     try:
@@ -764,7 +878,15 @@ def capture(
     disabled = disabled_protections(unsafe_disable, "capture")
     chosen = resolve_backend(backend, module)
     recorder = Recorder(
-        module, chosen, warmup, max_recordings, bool(strict), disabled, check_every, bool(multi_backward), max_rerecords
+        module,
+        chosen,
+        warmup,
+        max_recordings,
+        bool(strict),
+        disabled,
+        check_every,
+        bool(multi_backward),
+        max_rerecords,
     )
     _live[id(recorder)] = weakref.ref(recorder)
     weakref.finalize(recorder, _live.pop, id(recorder), None)
@@ -779,10 +901,17 @@ def _refuse_nesting(module: nn.Module) -> None:
     """A captured module's forward runs inside the other's recording: two recorders would share one call."""
     for m in module.modules():
         if m is not module and recorder_of(m) is not None:
-            raise ReplayError(f"{type(m).__name__} inside {type(module).__name__} is captured already; release it first")
+            raise ReplayError(
+                f"{type(m).__name__} inside {type(module).__name__} is captured already; release it first"
+            )
     for ref in list(_live.values()):
         other = ref()
-        if other is not None and other.module is not None and not other.released and tree_contains(other.module, module):
+        if (
+            other is not None
+            and other.module is not None
+            and not other.released
+            and tree_contains(other.module, module)
+        ):
             raise ReplayError(
                 f"{type(module).__name__} is inside {other.module_name}, which is captured; release that recorder first"
             )

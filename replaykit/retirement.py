@@ -76,8 +76,14 @@ class ModuleWatch:
             return "parameter or buffer storage changed"
         if self._frozen and any(map(_requires_grad, self._frozen)):
             return "requires_grad of a parameter changed (a frozen parameter now requires grad)"
-        if any(GLOBAL_HOOKS) if self._globals == 0 else sum(map(len, GLOBAL_HOOKS)) != self._globals:
-            return "module hooks changed (global)"  # from none (the usual baseline): any hook at all
+        if (
+            any(GLOBAL_HOOKS)
+            if self._globals == 0
+            else sum(map(len, GLOBAL_HOOKS)) != self._globals
+        ):
+            return (
+                "module hooks changed (global)"  # from none (the usual baseline): any hook at all
+            )
         return None
 
     def close(self) -> None:

@@ -23,7 +23,9 @@ from .bitwise import diff
 from .snapshot import StateSnapshot, rng_states, tensor_attributes
 
 
-def first_difference(pairs: Iterable[tuple[str, torch.Tensor | None, torch.Tensor | None]]) -> str | None:
+def first_difference(
+    pairs: Iterable[tuple[str, torch.Tensor | None, torch.Tensor | None]],
+) -> str | None:
     """``"<name>: max abs A, U ulp (k of n elements)"`` for the first pair that differs bitwise."""
     for name, reference, got in pairs:
         row = diff(name, reference, got)
@@ -53,8 +55,12 @@ class Shadow:
         params: Sequence[torch.Tensor],
     ) -> None:
         snapshot = StateSnapshot(module, parameters=False)  # the eager run differentiates stand-ins
-        stand_ins: dict[int, torch.Tensor] = {}  # one per distinct tensor: `q is k` stays true, as in eager
-        self.inputs = [stand_ins.setdefault(id(x), x.detach().requires_grad_(x.requires_grad)) for x in inputs]
+        stand_ins: dict[
+            int, torch.Tensor
+        ] = {}  # one per distinct tensor: `q is k` stays true, as in eager
+        self.inputs = [
+            stand_ins.setdefault(id(x), x.detach().requires_grad_(x.requires_grad)) for x in inputs
+        ]
         self.leaves = [p.detach().requires_grad_(True) for p in params]
         try:
             self.outputs, _ = tree_flatten(run(*self.inputs, params=self.leaves))
@@ -65,20 +71,36 @@ class Shadow:
 
     def check_forward(self, module: nn.Module, outputs: Sequence[torch.Tensor]) -> str | None:
         """The first difference between the replayed forward and eager, or None."""
-        pairs = [(f"output {i}", r.detach(), o) for i, (r, o) in enumerate(zip(self.outputs, outputs, strict=True))]
+        pairs = [
+            (f"output {i}", r.detach(), o)
+            for i, (r, o) in enumerate(zip(self.outputs, outputs, strict=True))
+        ]
         now = dict(_state(module))
         pairs += [(n, t, now.get(n)) for n, t in self.after]
         return first_difference(pairs)
 
-    def reference_grads(self, differentiable: Sequence[int], grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    def reference_grads(
+        self, differentiable: Sequence[int], grads: Sequence[torch.Tensor | None]
+    ) -> list[torch.Tensor | None]:
         """Eager's gradients for the inputs requiring grad, then the parameters."""
         targets = [x for x in self.inputs if x.requires_grad] + self.leaves
-        pairs = [(self.outputs[i], g) for i, g in zip(differentiable, grads, strict=True) if g is not None]
+        pairs = [
+            (self.outputs[i], g)
+            for i, g in zip(differentiable, grads, strict=True)
+            if g is not None
+        ]
         if not pairs:
             return [None] * len(targets)
-        return list(torch.autograd.grad([o for o, _ in pairs], targets, [g for _, g in pairs], allow_unused=True))
+        return list(
+            torch.autograd.grad(
+                [o for o, _ in pairs], targets, [g for _, g in pairs], allow_unused=True
+            )
+        )
 
     def check_backward(
-        self, names: Sequence[str], reference: Sequence[torch.Tensor | None], result: Sequence[torch.Tensor | None]
+        self,
+        names: Sequence[str],
+        reference: Sequence[torch.Tensor | None],
+        result: Sequence[torch.Tensor | None],
     ) -> str | None:
         return first_difference(zip(names, reference, result, strict=True))

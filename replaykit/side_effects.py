@@ -28,7 +28,9 @@ from .snapshot import host_rng_state
 class SideEffects:
     """Watches one run of recorded code (``with SideEffects(model, inputs) as effects: ...``)."""
 
-    def __init__(self, module: nn.Module, inputs: Sequence[torch.Tensor], host_rng: bool = True) -> None:
+    def __init__(
+        self, module: nn.Module, inputs: Sequence[torch.Tensor], host_rng: bool = True
+    ) -> None:
         self._module = module
         self._rng = host_rng_state() if host_rng else None
         self._inputs = list(inputs)
@@ -46,12 +48,18 @@ class SideEffects:
 
     def written_inputs(self) -> list[int]:
         """Indices of the inputs written in place during the run."""
-        return [i for i, (x, v) in enumerate(zip(self._inputs, self._versions, strict=True)) if x._version != v]
+        return [
+            i
+            for i, (x, v) in enumerate(zip(self._inputs, self._versions, strict=True))
+            if x._version != v
+        ]
 
     def reason(self, who: str) -> str | None:
         """Why replays of the run would differ from eager (``who`` names the code: "forward", "the step"), or None."""
         names = {id(m): n or type(m).__name__ for n, m in self._module.named_modules()}
-        written = sorted({f"{names.get(id(m), type(m).__name__)}.{attr}" for m, attr in self.writes})
+        written = sorted(
+            {f"{names.get(id(m), type(m).__name__)}.{attr}" for m, attr in self.writes}
+        )
         if written:
             return f"{who} assigns {', '.join(written)}; a replay would not repeat the assignment"
         mutated = self.written_inputs()

@@ -30,7 +30,11 @@ class CallArgs:
     __slots__ = ("leaves", "spec", "tensor_slots", "tensors")
 
     def __init__(
-        self, tensors: list[torch.Tensor], leaves: list[Any], spec: TreeSpec | None, tensor_slots: tuple[int, ...]
+        self,
+        tensors: list[torch.Tensor],
+        leaves: list[Any],
+        spec: TreeSpec | None,
+        tensor_slots: tuple[int, ...],
     ) -> None:
         self.tensors = tensors
         self.leaves = leaves
@@ -56,12 +60,30 @@ class UnhashableArgument(TypeError):
         self.reason = reason
 
 
-_VALUES = (type(None), bool, int, str, bytes, torch.dtype, torch.device, torch.layout, torch.memory_format, Enum)
+_VALUES = (
+    type(None),
+    bool,
+    int,
+    str,
+    bytes,
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+    Enum,
+)
 _BY_IDENTITY = (FunctionType, BuiltinFunctionType, type)
 
 
 def _tensor_key(t: torch.Tensor) -> tuple:
-    return (t.shape, t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad)  # a Size is a tuple
+    return (
+        t.shape,
+        t.stride(),
+        t.storage_offset(),
+        t.dtype,
+        t.device,
+        t.requires_grad,
+    )  # a Size is a tuple
 
 
 def _leaf_key(x: Any) -> tuple:
@@ -98,7 +120,9 @@ def autocast_key(device_type: str) -> tuple[bool, torch.dtype | None]:
     return False, None
 
 
-_is_tensor = torch.Tensor.__instancecheck__  # isinstance(x, torch.Tensor) as one callable, for map()
+_is_tensor = (
+    torch.Tensor.__instancecheck__
+)  # isinstance(x, torch.Tensor) as one callable, for map()
 
 
 def split_call(args: tuple, kwargs: dict) -> CallArgs:
@@ -111,7 +135,9 @@ def split_call(args: tuple, kwargs: dict) -> CallArgs:
     return CallArgs([leaves[i] for i in slots], leaves, spec, slots)
 
 
-def signature(call: CallArgs, device_type: str, exact_arguments: bool = True, tensor_key: Any = None) -> tuple:
+def signature(
+    call: CallArgs, device_type: str, exact_arguments: bool = True, tensor_key: Any = None
+) -> tuple:
     """The hashable key under which a recording of this call is kept.
 
     ``exact_arguments=False`` (unsafe, diagnosis only) keys non-tensor arguments by ``==``

@@ -31,13 +31,26 @@ class StateSnapshot:
 
     def __init__(self, module: nn.Module, tensors: bool = True, parameters: bool = True) -> None:
         params = list(module.parameters()) if tensors else []
-        held = [*(params if parameters else []), *module.buffers(), *tensor_attributes(module)] if tensors else []
+        held = (
+            [*(params if parameters else []), *module.buffers(), *tensor_attributes(module)]
+            if tensors
+            else []
+        )
         self._values = [(t, t.detach().clone()) for t in held]
-        self._grads = [(p, p.grad, None if p.grad is None else p.grad.detach().clone()) for p in params] if parameters else []
+        self._grads = (
+            [(p, p.grad, None if p.grad is None else p.grad.detach().clone()) for p in params]
+            if parameters
+            else []
+        )
         self._rng = rng_states(held + params) if tensors else None
         self._host_rng = host_rng_state() if tensors else None
         self._attributes = [(m, _plain_attributes(m)) for m in module.modules()]
-        self._contents = [(v, _contents(v)) for m in module.modules() for v in _plain_attributes(m).values() if _mutable(v)]
+        self._contents = [
+            (v, _contents(v))
+            for m in module.modules()
+            for v in _plain_attributes(m).values()
+            if _mutable(v)
+        ]
 
     def restore(self) -> None:
         """Put every value back in place (same tensor objects, no autograd version bump)."""
@@ -77,8 +90,14 @@ def _plain_attributes(module: nn.Module) -> dict:
 
 
 def _mutable(value: object) -> bool:
-    return isinstance(value, (list, dict, set, deque)) or is_ndarray(value) or (
-        hasattr(value, "__dict__") and not isinstance(value, (nn.Module, torch.Tensor, type)) and not callable(value)
+    return (
+        isinstance(value, (list, dict, set, deque))
+        or is_ndarray(value)
+        or (
+            hasattr(value, "__dict__")
+            and not isinstance(value, (nn.Module, torch.Tensor, type))
+            and not callable(value)
+        )
     )
 
 
@@ -115,7 +134,9 @@ def tensor_attributes(module: nn.Module) -> list[torch.Tensor]:
     return [v for m in module.modules() for v in m.__dict__.values() if isinstance(v, torch.Tensor)]
 
 
-def rng_states(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, dict[torch.device, torch.Tensor]]:
+def rng_states(
+    tensors: list[torch.Tensor],
+) -> tuple[torch.Tensor, dict[torch.device, torch.Tensor]]:
     """The CPU generator's state and each CUDA device's (of the devices ``tensors`` live on)."""
     devices = {t.device for t in tensors if t.device.type == "cuda"}
     return torch.get_rng_state(), {d: torch.cuda.get_rng_state(d) for d in devices}
@@ -135,4 +156,6 @@ def set_host_rng_state(state: tuple) -> None:
     if len(state) > 1:
         np = sys.modules["numpy"]
         name, key, pos, has_gauss, gauss = state[1:]
-        np.random.set_state((name, np.frombuffer(key, dtype=np.uint32).copy(), pos, has_gauss, gauss))
+        np.random.set_state(
+            (name, np.frombuffer(key, dtype=np.uint32).copy(), pos, has_gauss, gauss)
+        )

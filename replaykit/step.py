@@ -87,6 +87,8 @@ class _Setting:
                 f"TrainStep.{self.name} is fixed at construction (its recordings bake it in); build a new TrainStep instead"
             )
         step.__dict__[self.name] = value
+
+
 _use_count = torch._C._storage_Use_Count
 _PRECISIONS = {"32": None, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 
@@ -98,11 +100,20 @@ class StepRecording:
 
     __slots__ = ("grads_out", "keep", "loss", "region", "static_inputs")
 
-    def __init__(self, region: Region, static_inputs: list[torch.Tensor], loss: torch.Tensor, grads_out: list, keep: list) -> None:
+    def __init__(
+        self,
+        region: Region,
+        static_inputs: list[torch.Tensor],
+        loss: torch.Tensor,
+        grads_out: list,
+        keep: list,
+    ) -> None:
         self.region = region
         self.static_inputs = static_inputs
         self.loss = loss
-        self.grads_out = grads_out  # per parameter: the static gradient storage after this phase, or None
+        self.grads_out = (
+            grads_out  # per parameter: the static gradient storage after this phase, or None
+        )
         self.keep = keep  # what the key names by id (incoming gradients, tensor hyperparameters): kept alive
 
 
@@ -110,8 +121,20 @@ class TrainStep(Lifecycled):
     """A training step (forward, loss, backward, optimizer) replayed from graphs; see the module docstring."""
 
     # ``max_norm`` may change (it keys the recordings); ``on_optimizer_step`` runs outside them
-    model, loss_fn, optimizer, scaler, ema = _Setting(), _Setting(), _Setting(), _Setting(), _Setting()
-    accumulate, precision, replay, backend, device = _Setting(), _Setting(), _Setting(), _Setting(), _Setting()
+    model, loss_fn, optimizer, scaler, ema = (
+        _Setting(),
+        _Setting(),
+        _Setting(),
+        _Setting(),
+        _Setting(),
+    )
+    accumulate, precision, replay, backend, device = (
+        _Setting(),
+        _Setting(),
+        _Setting(),
+        _Setting(),
+        _Setting(),
+    )
     warmup, max_recordings, check_every, disabled = _Setting(), _Setting(), _Setting(), _Setting()
 
     def __init__(
@@ -137,16 +160,22 @@ class TrainStep(Lifecycled):
         on_optimizer_step: Callable[[], None] | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
-            raise ReplayError(f"TrainStep takes an nn.Module as its model, not {type(model).__name__}")
+            raise ReplayError(
+                f"TrainStep takes an nn.Module as its model, not {type(model).__name__}"
+            )
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise ReplayError(f"TrainStep takes a torch.optim.Optimizer, not {type(optimizer).__name__}")
+            raise ReplayError(
+                f"TrainStep takes a torch.optim.Optimizer, not {type(optimizer).__name__}"
+            )
         if isinstance(optimizer, torch.optim.LBFGS):
             raise ReplayError(
                 "TrainStep steps the optimizer without a closure; LBFGS re-evaluates one (and reads the loss on the "
                 "host): train LBFGS with its own closure loop"
             )
         if not callable(loss_fn):
-            raise ReplayError(f"loss_fn must be callable as loss_fn(model, *batch), not {type(loss_fn).__name__}")
+            raise ReplayError(
+                f"loss_fn must be callable as loss_fn(model, *batch), not {type(loss_fn).__name__}"
+            )
         check_count("accumulate", accumulate, 1)
         check_count("warmup", warmup, 0)
         check_count("max_recordings", max_recordings, 1)
@@ -155,20 +184,28 @@ class TrainStep(Lifecycled):
         if precision not in _PRECISIONS:
             raise ReplayError(f"precision {precision!r}: choose from {list(_PRECISIONS)}")
         if recorder_of(model) is not None:
-            raise ReplayError("the model is captured by rk.capture already: a whole step records it itself")
+            raise ReplayError(
+                "the model is captured by rk.capture already: a whole step records it itself"
+            )
         self.disabled = disabled_protections(unsafe_disable, "step")
         self._trust = bool(trust_optimizer) or "optimizer_trust" in self.disabled
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.scaler, self.max_norm, self.ema = scaler, max_norm, ema
         self.accumulate, self.precision, self.replay = accumulate, precision, replay
         self.warmup, self.max_recordings, self.check_every = warmup, max_recordings, check_every
-        self.on_optimizer_step = on_optimizer_step  # Python run after every optimizer step (a replay runs none)
+        self.on_optimizer_step = (
+            on_optimizer_step  # Python run after every optimizer step (a replay runs none)
+        )
         self.device = module_device(model) or torch.device("cpu")
         self.backend: Backend | None = resolve_backend(backend, model) if replay else None
         me = weakref.ref(self)
         self.lifecycle = Lifecycle(
-            f"TrainStep({type(model).__name__})", model, strict=strict, disabled=self.disabled,
-            max_rerecords=max_rerecords, drop=lambda: (s := me()) is not None and s._drop_recordings(),
+            f"TrainStep({type(model).__name__})",
+            model,
+            strict=strict,
+            disabled=self.disabled,
+            max_rerecords=max_rerecords,
+            drop=lambda: (s := me()) is not None and s._drop_recordings(),
         )
         self.lifecycle.add_watch(OptimizerWatch(optimizer, scaler, ema), "state_identity")
         self._rg_keys: dict[tuple[bool, ...], int] = {}
@@ -182,19 +219,28 @@ class TrainStep(Lifecycled):
         self._recordings: dict[tuple, StepRecording] = {}
         self._refused: dict[tuple, str] = {}  # signatures whose recording differed from eager
         self._replayed = 0  # calls that replayed (the shadow check samples them)
-        self._handed: list[torch.Tensor] = []  # gradient aliases handed out since the last first phase
+        self._handed: list[
+            torch.Tensor
+        ] = []  # gradient aliases handed out since the last first phase
         # static gradient storages handed out: their use count with no holder but the recordings
         self._storages: list[int] = []
         self._baseline: list[int] = []
         self._hooks_epoch, self._has_hooks = -1, False
         # the per-call path reads these plain attributes, not the settings' descriptors
-        self._acc, self._warmup_steps, self._check_n, self._replaying = accumulate, warmup, check_every, replay
+        self._acc, self._warmup_steps, self._check_n, self._replaying = (
+            accumulate,
+            warmup,
+            check_every,
+            replay,
+        )
         self._opt, self._device_type = optimizer, self.device.type
         self._keyed_hyper = "host_values" not in self.disabled
         self._keyed_state = "module_state" not in self.disabled
         self._copy_out_on = "copy_out" not in self.disabled
         self._check_hooks = "hooks" not in self.disabled
-        self._loss_inputs = LossInputs(loss_fn, model) if replay and "loss_inputs" not in self.disabled else None
+        self._loss_inputs = (
+            LossInputs(loss_fn, model) if replay and "loss_inputs" not in self.disabled else None
+        )
         self._loss_key: tuple = ()
         self._walking, self._foreign = False, 0
         if self._loss_inputs is not None and self._loss_inputs.unwatched:
@@ -213,7 +259,9 @@ class TrainStep(Lifecycled):
 
     def __repr__(self) -> str:
         life = self.lifecycle
-        state = f"retired: {life.retire_reason}" if life.retired else f"{self.recordings} recordings"
+        state = (
+            f"retired: {life.retire_reason}" if life.retired else f"{self.recordings} recordings"
+        )
         mode = self.backend.name if self.backend is not None else "eager twin"
         return f"<TrainStep {type(self.model).__name__} {mode} {state} {self.counts}>"
 
@@ -227,7 +275,12 @@ class TrainStep(Lifecycled):
 
     def _find_params(self) -> None:
         """The model's and the optimizer's parameters (again after a re-record: a group may have been added)."""
-        self.params = unique([*self.model.parameters(), *(p for g in self.optimizer.param_groups for p in g["params"])])
+        self.params = unique(
+            [
+                *self.model.parameters(),
+                *(p for g in self.optimizer.param_groups for p in g["params"]),
+            ]
+        )
         self._refusal = optimizer_refusal(self.optimizer, self.scaler, self.device, self._trust)
         self._rg = ()
         self._refresh_trainable()
@@ -277,7 +330,9 @@ class TrainStep(Lifecycled):
             key = self._key(phase, state, callargs)
         except UnhashableArgument as exc:
             return self._eager(phase, exc.reason, args, kwargs)
-        if any(map(_REQUIRES_GRAD, callargs.tensors)):  # eager's backward gives it a .grad; a static copy none
+        if any(
+            map(_REQUIRES_GRAD, callargs.tensors)
+        ):  # eager's backward gives it a .grad; a static copy none
             return self._eager(phase, "input_requires_grad", args, kwargs)
         rec = self._recordings.get(key)
         if rec is None:
@@ -301,7 +356,9 @@ class TrainStep(Lifecycled):
         self.journal.tick("replay", call, phase)
         return self._after(phase, rec)
 
-    def _checked_replay(self, phase: str, rec: StepRecording, callargs: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+    def _checked_replay(
+        self, phase: str, rec: StepRecording, callargs: Any, args: tuple, kwargs: dict
+    ) -> torch.Tensor:
         """The shadow check (``check_every``): replay, then the twin's body from the same state; a
         difference retires the step and the state is eager's."""
         call = self._calls
@@ -320,7 +377,9 @@ class TrainStep(Lifecycled):
         return loss
 
     def _snapshot(self, tensors: bool) -> StepSnapshot:
-        return StepSnapshot(self.model, self.optimizer, self.scaler, self.ema, self._trainable, tensors)
+        return StepSnapshot(
+            self.model, self.optimizer, self.scaler, self.ema, self._trainable, tensors
+        )
 
     def _against_eager(
         self, snapshot: StepSnapshot, loss: torch.Tensor, phase: str, args: tuple, kwargs: dict
@@ -335,9 +394,16 @@ class TrainStep(Lifecycled):
 
     def _key(self, phase: str, state: Any, callargs: Any) -> tuple:
         grads = list(map(GRAD, self._trainable))
-        incoming = 0 if grads.count(None) == len(grads) else tuple(0 if g is None else g.data_ptr() for g in grads)
+        incoming = (
+            0
+            if grads.count(None) == len(grads)
+            else tuple(0 if g is None else g.data_ptr() for g in grads)
+        )
         if self._keyed_hyper:
-            extra = (None if self.max_norm is None else float(self.max_norm).hex(), scaler_key(self.scaler))
+            extra = (
+                None if self.max_norm is None else float(self.max_norm).hex(),
+                scaler_key(self.scaler),
+            )
             hyper: tuple = hyper_key(self._opt, extra)
         else:
             hyper = ()
@@ -345,7 +411,12 @@ class TrainStep(Lifecycled):
             state = None
         self._loss_key = self._loss_inputs.key() if self._loss_inputs is not None else ()
         return (
-            phase, state, self._rg_key, incoming, hyper, self._loss_key,
+            phase,
+            state,
+            self._rg_key,
+            incoming,
+            hyper,
+            self._loss_key,
             *signature(callargs, self._device_type, True, aligned_key),
         )
 
@@ -353,10 +424,16 @@ class TrainStep(Lifecycled):
     def _body(self, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:
         """One micro-batch, and the optimizer step after the last: the twin's code and the recorded code."""
         dtype = _PRECISIONS[self.precision]
-        ctx = torch.autocast(self.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        ctx = (
+            torch.autocast(self.device.type, dtype=dtype)
+            if dtype is not None
+            else contextlib.nullcontext()
+        )
         with ctx:
             loss = self.loss_fn(self.model, *args, **kwargs)
-        if self._walking:  # the recording call: does the loss reach parameters we do not hand gradients to?
+        if (
+            self._walking
+        ):  # the recording call: does the loss reach parameters we do not hand gradients to?
             self._foreign = foreign_leaves([loss], self.params)
         scaled = loss / self.accumulate if self.accumulate > 1 else loss
         if self.scaler is not None:
@@ -367,7 +444,9 @@ class TrainStep(Lifecycled):
                 if self.scaler is not None:
                     self.scaler.unscale_(self.optimizer)
                 params = [p for p in self._trainable if p.grad is not None]
-                torch.nn.utils.clip_grad_norm_(params, self.max_norm, foreach=True, error_if_nonfinite=False)
+                torch.nn.utils.clip_grad_norm_(
+                    params, self.max_norm, foreach=True, error_if_nonfinite=False
+                )
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
@@ -396,9 +475,13 @@ class TrainStep(Lifecycled):
             self.on_optimizer_step()
 
     # ----------------------------------------------------------------- record and replay
-    def _record(self, phase: str, key: tuple, callargs: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+    def _record(
+        self, phase: str, key: tuple, callargs: Any, args: tuple, kwargs: dict
+    ) -> torch.Tensor:
         call = self._calls
-        before = list(map(_use_count, self._storages))  # a recording adds holders of its own (private aliases)
+        before = list(
+            map(_use_count, self._storages)
+        )  # a recording adds holders of its own (private aliases)
         frozen = host_dependence(self.model) or host_state(self.optimizer, self.device)
         if frozen is not None:
             return self._retire_eager(frozen, phase, args, kwargs)
@@ -407,7 +490,10 @@ class TrainStep(Lifecycled):
         # one static copy per distinct tensor: step(x, x) keeps `a is b` (nn.MultiheadAttention's
         # self-attention path) inside the recording, as the key's aliasing pattern says
         copies: dict[int, torch.Tensor] = {}
-        static = [copies[id(t)] if id(t) in copies else copies.setdefault(id(t), aligned_copy(t)) for t in callargs.tensors]
+        static = [
+            copies[id(t)] if id(t) in copies else copies.setdefault(id(t), aligned_copy(t))
+            for t in callargs.tensors
+        ]
         incoming = list(map(GRAD, self._trainable))
         # the recording reads private aliases of the incoming gradients: a handed-out alias
         # given storage of its own later (copy-out) must not move what the recording reads
@@ -436,7 +522,9 @@ class TrainStep(Lifecycled):
                 p.grad = g
             self._micro -= 1  # the micro-batch starts again from its beginning
             self._calls -= 1
-            if not isinstance(exc, Exception):  # KeyboardInterrupt: nothing of this call happened; record later
+            if not isinstance(
+                exc, Exception
+            ):  # KeyboardInterrupt: nothing of this call happened; record later
                 raise
             self._retire(f"capture failed: {type(exc).__name__}: {exc}", call)
             return self(*args, **kwargs)
@@ -470,7 +558,9 @@ class TrainStep(Lifecycled):
             if found is not None:  # eager's work stands; this signature runs eagerly from now on
                 region.free()
                 self._refused[key] = "diverged"
-                self.journal.add("refuse", call, "diverged", f"the recording differs from eager: {found}")
+                self.journal.add(
+                    "refuse", call, "diverged", f"the recording differs from eager: {found}"
+                )
                 if phase in ("step", "last"):
                     self._stepped()
                 return eager
@@ -522,7 +612,9 @@ class TrainStep(Lifecycled):
         handed, self._handed = self._handed, []
         if "copy_out" in self.disabled:
             return
-        held = [a for a in handed if sys.getrefcount(a) > 3]  # the list, the loop variable, getrefcount's argument
+        held = [
+            a for a in handed if sys.getrefcount(a) > 3
+        ]  # the list, the loop variable, getrefcount's argument
         if held:
             with torch.no_grad():
                 for a in held:
@@ -580,5 +672,3 @@ def _side_stream(device: torch.device) -> Any:
     stream = _streams[device]
     stream.wait_stream(torch.cuda.current_stream(device))
     return stream
-
-

@@ -51,7 +51,12 @@ class StepSnapshot:
     """
 
     def __init__(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, ema: Any, grads_of: Sequence[torch.Tensor],
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scaler: Any,
+        ema: Any,
+        grads_of: Sequence[torch.Tensor],
         tensors: bool,
     ) -> None:
         self._model = StateSnapshot(model, tensors=tensors)
@@ -60,7 +65,15 @@ class StepSnapshot:
         self._values = [(t, t.detach().clone()) for t in state]
         # .grad of parameters outside the model (an optimizer's extra group)
         inside = {id(p) for p in model.parameters()}
-        self._grads = [(p, p.grad, None if p.grad is None else p.grad.detach().clone()) for p in grads_of if id(p) not in inside] if tensors else []
+        self._grads = (
+            [
+                (p, p.grad, None if p.grad is None else p.grad.detach().clone())
+                for p in grads_of
+                if id(p) not in inside
+            ]
+            if tensors
+            else []
+        )
         self._scaler, self._scaler_state = scaler, scaler_state(scaler)
 
     def restore(self) -> None:
@@ -76,8 +89,13 @@ class StepSnapshot:
 
 
 def end_state(
-    model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, ema: Any, params: Sequence[torch.Tensor],
-    loss: torch.Tensor, clone: bool,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: Any,
+    ema: Any,
+    params: Sequence[torch.Tensor],
+    loss: torch.Tensor,
+    clone: bool,
 ) -> list[tuple[str, torch.Tensor | None]]:
     """Everything a step leaves, named: the loss, parameters and their gradients, buffers, the
     optimizer's, scaler's and EMA's state tensors (``clone``: copies, to outlive the next run)."""
@@ -88,13 +106,18 @@ def end_state(
         out += [(f"parameter {name}", p), (f"grad {name}", p.grad)]
     out += [(f"buffer {n}", b) for n, b in model.named_buffers()]
     extra = ema.tensors() if ema is not None else ()
-    out += [(f"optimizer/scaler/EMA state {i}", t) for i, t in enumerate(unique(state_tensors(optimizer, scaler, extra)))]
+    out += [
+        (f"optimizer/scaler/EMA state {i}", t)
+        for i, t in enumerate(unique(state_tensors(optimizer, scaler, extra)))
+    ]
     if clone:
         out = [(n, None if t is None else t.detach().clone()) for n, t in out]
     return out
 
 
-def difference(replayed: list[tuple[str, torch.Tensor | None]], eager: list[tuple[str, torch.Tensor | None]]) -> str | None:
+def difference(
+    replayed: list[tuple[str, torch.Tensor | None]], eager: list[tuple[str, torch.Tensor | None]]
+) -> str | None:
     """The first tensor where the recorded work's end state differs bitwise from eager's, or None."""
     if [n for n, _ in replayed] != [n for n, _ in eager]:
         return "the step's state changed shape (a tensor appeared or went away)"

@@ -39,22 +39,36 @@ def host_value(value: Any) -> Any:
 def hyper_key(optimizer: torch.optim.Optimizer, extra: tuple = ()) -> tuple:
     """Every host value the optimizer's step reads, group by group, plus ``extra``."""
     return (
-        *(tuple(host_value(v) for k, v in g.items() if k != "params") for g in optimizer.param_groups),
+        *(
+            tuple(host_value(v) for k, v in g.items() if k != "params")
+            for g in optimizer.param_groups
+        ),
         *extra,
     )
 
 
 def tensors_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """Tensor hyperparameters (a tensor ``lr``): a recording keeps them alive so their ids stay theirs."""
-    return [v for g in optimizer.param_groups for k, v in g.items() if k != "params" and isinstance(v, torch.Tensor)]
+    return [
+        v
+        for g in optimizer.param_groups
+        for k, v in g.items()
+        if k != "params" and isinstance(v, torch.Tensor)
+    ]
 
 
-def state_tensors(optimizer: torch.optim.Optimizer, scaler: Any = None, extra: Sequence[torch.Tensor] = ()) -> list[torch.Tensor]:
+def state_tensors(
+    optimizer: torch.optim.Optimizer, scaler: Any = None, extra: Sequence[torch.Tensor] = ()
+) -> list[torch.Tensor]:
     """The tensors a recorded step reads and writes by address, besides the model's."""
     out = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
     out += tensors_of(optimizer)
     if scaler is not None:
-        out += [t for t in (getattr(scaler, "_scale", None), getattr(scaler, "_growth_tracker", None)) if t is not None]
+        out += [
+            t
+            for t in (getattr(scaler, "_scale", None), getattr(scaler, "_growth_tracker", None))
+            if t is not None
+        ]
     return out + list(extra)
 
 
@@ -118,7 +132,9 @@ class OptimizerWatch:
     """Notices state tensors replaced or new state (``load_state_dict``, ``add_param_group``,
     ``opt.state[p][k] = ...``), and EMA tensors re-assigned (``ema.version`` moved)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, scaler: Any = None, ema: Any = None) -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, scaler: Any = None, ema: Any = None
+    ) -> None:
         self._optimizer, self._scaler, self._ema = optimizer, scaler, ema
         self._flag = [False]
         optimizer.register_state_dict_post_hook(plain_state_dict)
@@ -143,10 +159,15 @@ class OptimizerWatch:
         """Why recordings read stale state now, or None."""
         opt = self._optimizer
         if opt.state is not self._state or len(opt.param_groups) != self._groups:
-            return "optimizer state or parameter groups replaced (load_state_dict / add_param_group)"
+            return (
+                "optimizer state or parameter groups replaced (load_state_dict / add_param_group)"
+            )
         if self._flag[0] or list(map(id, self._state.values())) != self._dicts:
             return "an optimizer state entry was assigned another tensor (opt.state[p][k] = ...)"
-        if list(map(_PTR, self._tensors)) != self._ptrs or [len(s) for s in self._state.values()] != self._counts:
+        if (
+            list(map(_PTR, self._tensors)) != self._ptrs
+            or [len(s) for s in self._state.values()] != self._counts
+        ):
             return "an optimizer, scaler or EMA state tensor was replaced"
         if self._ema is not None and self._ema.version != self._ema_version:
             return "EMA tensors re-assigned (ema.params / source / weights)"
@@ -171,11 +192,17 @@ def known_step(optimizer: torch.optim.Optimizer) -> bool:
     cls = type(optimizer)
     if cls.__module__.startswith(("lightning.", "lightning_fabric.", "pytorch_lightning.")):
         inner = getattr(optimizer, "optimizer", None)
-        return isinstance(inner, torch.optim.Optimizer) and inner is not optimizer and known_step(inner)
+        return (
+            isinstance(inner, torch.optim.Optimizer)
+            and inner is not optimizer
+            and known_step(inner)
+        )
     return getattr(cls.step, "__module__", "").startswith("torch.optim.")
 
 
-def optimizer_refusal(optimizer: torch.optim.Optimizer, scaler: Any, device: torch.device, trust: bool = False) -> str | None:
+def optimizer_refusal(
+    optimizer: torch.optim.Optimizer, scaler: Any, device: torch.device, trust: bool = False
+) -> str | None:
     """Why this optimizer/scaler pair can never replay as a graph, or None (checked at construction
     and at each re-record). ``trust``: the user declares a foreign ``step`` capture-safe."""
     name = type(optimizer).__name__
@@ -185,7 +212,11 @@ def optimizer_refusal(optimizer: torch.optim.Optimizer, scaler: Any, device: tor
             "on self) would not move under a replay. Pass trust_optimizer=True if its step only launches kernels"
         )
     groups = optimizer.param_groups
-    if scaler is not None and getattr(scaler, "is_enabled", lambda: True)() and not getattr(optimizer, "_step_supports_amp_scaling", False):
+    if (
+        scaler is not None
+        and getattr(scaler, "is_enabled", lambda: True)()
+        and not getattr(optimizer, "_step_supports_amp_scaling", False)
+    ):
         return (
             f"GradScaler.step with a non-fused {name} reads found_inf on the host (.item()) to skip the step; "
             "use fused=True so the skip stays on the device"
@@ -195,7 +226,11 @@ def optimizer_refusal(optimizer: torch.optim.Optimizer, scaler: Any, device: tor
         if isinstance(lr, torch.Tensor) and not (g.get("fused") or g.get("capturable")):
             return f"{name} with a tensor lr reads it on the host unless fused=True (or capturable=True where offered)"
     for g in groups:
-        if "capturable" in g and not g["capturable"] and (device.type == "cuda" or not g.get("fused")):
+        if (
+            "capturable" in g
+            and not g["capturable"]
+            and (device.type == "cuda" or not g.get("fused"))
+        ):
             # its step counter is read on the host (.item()); on CUDA, step() also refuses a capture
             # without capturable=True, fused or not
             return f"{name} reads its step counter on the host unless capturable=True (with fused=True for speed)"
@@ -223,7 +258,9 @@ def host_state(optimizer: torch.optim.Optimizer, device: torch.device) -> str | 
 def plain_state_dict(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
     """A state-dict post hook: watched per-parameter state dicts leave as plain dicts, so a
     checkpoint loads with ``torch.load(weights_only=True)``."""
-    state_dict["state"] = {k: dict(v) if isinstance(v, _WatchedState) else v for k, v in state_dict["state"].items()}
+    state_dict["state"] = {
+        k: dict(v) if isinstance(v, _WatchedState) else v for k, v in state_dict["state"].items()
+    }
     return state_dict
 
 
@@ -234,7 +271,12 @@ def scaler_key(scaler: Any) -> Any:
     """The GradScaler's host settings a recorded ``update`` bakes in (a disabled scaler has none)."""
     if scaler is None or not scaler.is_enabled():
         return None if scaler is None else False
-    return (True, float(scaler._growth_factor).hex(), float(scaler._backoff_factor).hex(), scaler._growth_interval)
+    return (
+        True,
+        float(scaler._growth_factor).hex(),
+        float(scaler._backoff_factor).hex(),
+        scaler._growth_interval,
+    )
 
 
 def scaler_state(scaler: Any) -> Any:

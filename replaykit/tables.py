@@ -17,7 +17,10 @@ def _cell(value: Any) -> str:
 def markdown(rows: Sequence[dict[str, Any]], cols: Sequence[str]) -> str:
     """A Markdown table of ``cols`` (missing values left blank)."""
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_cell(row.get(c)).replace("|", "\\|") for c in cols) + " |" for row in rows]
+    lines += [
+        "| " + " | ".join(_cell(row.get(c)).replace("|", "\\|") for c in cols) + " |"
+        for row in rows
+    ]
     return "\n".join(lines)
 
 

@@ -3,7 +3,9 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's replaykit, installed or not
+sys.path.insert(
+    0, str(Path(__file__).resolve().parent.parent)
+)  # this tree's replaykit, installed or not
 from replaykit.workflow.cli import main
 
 if __name__ == "__main__":

@@ -20,8 +20,28 @@ from replaykit import tables  # noqa: E402
 from replaykit.workflow.evidence import result_text  # noqa: E402
 from replaykit.workflow.runs import run_notebook, summary_line  # noqa: E402
 
-COLUMNS = ["scenario", "arm", "expected", "equal", "ok", "recordings", "replays", "eager_reasons", "native_step_ms", "arm_step_ms"]
-ZOO_COLUMNS = ["model", "precision", "accumulation", "verdict", "records", "replays", "eager", "replay_vs_eager"]
+COLUMNS = [
+    "scenario",
+    "arm",
+    "expected",
+    "equal",
+    "ok",
+    "recordings",
+    "replays",
+    "eager_reasons",
+    "native_step_ms",
+    "arm_step_ms",
+]
+ZOO_COLUMNS = [
+    "model",
+    "precision",
+    "accumulation",
+    "verdict",
+    "records",
+    "replays",
+    "eager",
+    "replay_vs_eager",
+]
 
 
 def _number(text: str) -> object:
@@ -33,13 +53,22 @@ def _number(text: str) -> object:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--runs-dir", type=Path, default=ROOT / "runs")
-    ap.add_argument("-y", "--yaml", default="{}", help="parameters as JSON/YAML, e.g. '{\"device\": \"cuda\"}'")
+    ap.add_argument(
+        "-y", "--yaml", default="{}", help='parameters as JSON/YAML, e.g. \'{"device": "cuda"}\''
+    )
     args = ap.parse_args(argv)
-    result = run_notebook(ROOT / "notebooks" / "parity.ipynb", json.loads(args.yaml), runs_dir=args.runs_dir, cwd=ROOT)
+    result = run_notebook(
+        ROOT / "notebooks" / "parity.ipynb", json.loads(args.yaml), runs_dir=args.runs_dir, cwd=ROOT
+    )
     print(f"\nsaved: {result.run_dir}")
-    for name, columns in (("matrix.csv", COLUMNS), ("zoo.csv", ZOO_COLUMNS)):  # what the notebook writes
+    for name, columns in (
+        ("matrix.csv", COLUMNS),
+        ("zoo.csv", ZOO_COLUMNS),
+    ):  # what the notebook writes
         table = result.run_dir / name
         if table.exists():
             with table.open() as f:

@@ -24,15 +24,25 @@ from replaykit.workflow.fingerprint import fingerprint
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--quick", action="store_true", help="one scenario per task (a CPU smoke run)")
-    ap.add_argument("--no-unsafe", action="store_true", help="skip the arms that switch a protection off")
+    ap.add_argument(
+        "--no-unsafe", action="store_true", help="skip the arms that switch a protection off"
+    )
     args = ap.parse_args(argv)
     quiet_replay_warnings()
     if args.quick:
-        scenarios = matrix.matrix(accumulations=[2], layouts=["contiguous"], precisions=["32"], partial_layouts=[], device=args.device)
+        scenarios = matrix.matrix(
+            accumulations=[2],
+            layouts=["contiguous"],
+            precisions=["32"],
+            partial_layouts=[],
+            device=args.device,
+        )
     else:
         scenarios = matrix.matrix(device=args.device)
     results = list(matrix.run_matrix(scenarios, with_unsafe=not args.no_unsafe))
@@ -44,7 +54,20 @@ def main(argv: list[str] | None = None) -> int:
         f"{passed}/{len(results)} scenarios passed; replay arm: {int(replay['equal'].sum())}/{len(replay)} bitwise equal; "
         f"unsafe arms: {int((~unsafe['equal']).sum())}/{len(unsafe)} diverged as expected"
     )
-    cols = ["scenario", "arm", "expected", "equal", "ok", "tensors_differing", "recordings", "replays", "eager_reasons", "native_step_ms", "arm_step_ms", "error"]
+    cols = [
+        "scenario",
+        "arm",
+        "expected",
+        "equal",
+        "ok",
+        "tensors_differing",
+        "recordings",
+        "replays",
+        "eager_reasons",
+        "native_step_ms",
+        "arm_step_ms",
+        "error",
+    ]
     records = df.to_dict("records")
     print(tables.text(records, cols))
     print(line)
@@ -52,7 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         df.to_csv(args.out / "parity.csv", index=False)
         (args.out / "parity.md").write_text(tables.markdown(records, cols) + f"\n\n{line}\n")
-        (args.out / "parity.json").write_text(json.dumps({"summary": line, "fingerprint": fingerprint(), "rows": df.to_dict("records")}, default=str, indent=1))
+        (args.out / "parity.json").write_text(
+            json.dumps(
+                {"summary": line, "fingerprint": fingerprint(), "rows": df.to_dict("records")},
+                default=str,
+                indent=1,
+            )
+        )
         print(f"wrote {args.out}/parity.csv, parity.md, parity.json")
     return 0 if passed == len(results) else 1
 

@@ -28,6 +28,8 @@ class WithKwargs(nn.Module):
         super().__init__()
         self.lin = nn.Linear(5, 5)
 
-    def forward(self, x: torch.Tensor, *, bias: torch.Tensor, scale: float = 1.0, options: object = None) -> dict:
+    def forward(
+        self, x: torch.Tensor, *, bias: torch.Tensor, scale: float = 1.0, options: object = None
+    ) -> dict:
         y = self.lin(x) * scale + bias
         return {"y": y, "pair": (y.sum(1), torch.sigmoid(y))}

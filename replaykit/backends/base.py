@@ -23,7 +23,9 @@ def flatten_outputs(outputs: Any) -> tuple[list[torch.Tensor], TreeSpec]:
     flat, spec = tree_flatten(outputs)
     bad = sorted({type(x).__name__ for x in flat if not isinstance(x, torch.Tensor)})
     if bad:
-        raise ReplayError(f"forward returned non-tensor leaves ({', '.join(bad)}); only tensors can replay")
+        raise ReplayError(
+            f"forward returned non-tensor leaves ({', '.join(bad)}); only tensors can replay"
+        )
     return flat, spec
 
 
@@ -66,7 +68,9 @@ class Recording(ABC):
         """Recompute static outputs and activations from the static inputs."""
 
     @abstractmethod
-    def backward(self, grads: Sequence[torch.Tensor | None]) -> tuple[list[torch.Tensor | None], str | None]:
+    def backward(
+        self, grads: Sequence[torch.Tensor | None]
+    ) -> tuple[list[torch.Tensor | None], str | None]:
         """Gradients for every target from one gradient (or None) per differentiable output.
 
         Returns ``(gradients, how)``. ``how`` is None for a replay: the gradients alias
@@ -165,7 +169,9 @@ def output_builder(spec: TreeSpec) -> Callable[[Sequence[torch.Tensor]], Any]:
     return lambda outs: tree_unflatten(list(outs), spec)
 
 
-def grad_targets(static_inputs: list[torch.Tensor], params: list[torch.Tensor]) -> list[torch.Tensor]:
+def grad_targets(
+    static_inputs: list[torch.Tensor], params: list[torch.Tensor]
+) -> list[torch.Tensor]:
     """The tensors a backward computes gradients for, in the order backends return them."""
     return [x for x in static_inputs if x.requires_grad] + list(params)
 

@@ -63,7 +63,15 @@ class _Saved:
     def __init__(self, t: torch.Tensor) -> None:
         self.tensor: torch.Tensor | None = t.detach()
         s = t.untyped_storage()
-        self.meta = (s.data_ptr(), s.nbytes(), t.device, t.dtype, t.size(), t.stride(), t.storage_offset())
+        self.meta = (
+            s.data_ptr(),
+            s.nbytes(),
+            t.device,
+            t.dtype,
+            t.size(),
+            t.stride(),
+            t.storage_offset(),
+        )
 
     def get(self, release: bool) -> torch.Tensor:
         t = self.tensor
@@ -146,7 +154,9 @@ class CudaRecording(Recording):
             for _ in range(warmup):
                 outs = forward()
                 self.differentiable = differentiable_indices(outs)
-                backward(outs, [torch.zeros_like(outs[i]) for i in self.differentiable], retain=False)
+                backward(
+                    outs, [torch.zeros_like(outs[i]) for i in self.differentiable], retain=False
+                )
                 del outs
         current.wait_stream(side)
         torch.cuda.synchronize(device)
@@ -177,10 +187,18 @@ class CudaRecording(Recording):
         self._fwd.replay()
         self.generation += 1
 
-    def backward(self, grads: Sequence[torch.Tensor | None]) -> tuple[list[torch.Tensor | None], str | None]:
+    def backward(
+        self, grads: Sequence[torch.Tensor | None]
+    ) -> tuple[list[torch.Tensor | None], str | None]:
         if self._bwd is not None and _layout(grads) == self._bwd_layout:
-            srcs = [g if not broadcast else compact(g) for g, broadcast in zip(grads, self._broadcast, strict=True) if g is not None]
-            torch._foreach_copy_(self._grad_bases, srcs)  # one launch (same dtype) where mgc copies per output
+            srcs = [
+                g if not broadcast else compact(g)
+                for g, broadcast in zip(grads, self._broadcast, strict=True)
+                if g is not None
+            ]
+            torch._foreach_copy_(
+                self._grad_bases, srcs
+            )  # one launch (same dtype) where mgc copies per output
             self._bwd.replay()
             return [None if g is None else g.detach() for g in self.static_grads], None
         how = "partial" if any(g is None for g in grads) else "layout"
@@ -204,9 +222,13 @@ class CudaRecording(Recording):
             if g is None:
                 bases.append(None)
                 continue
-            base = torch.empty_strided(compact_size(g.size(), g.stride()), g.stride(), dtype=g.dtype, device=g.device)
+            base = torch.empty_strided(
+                compact_size(g.size(), g.stride()), g.stride(), dtype=g.dtype, device=g.device
+            )
             bases.append(base)
-            views.append(base.as_strided(g.size(), g.stride()))  # the incoming layout, broadcasts included
+            views.append(
+                base.as_strided(g.size(), g.stride())
+            )  # the incoming layout, broadcasts included
         read = [i for i, g in zip(self.differentiable, grads, strict=True) if g is not None]
         graph = torch.cuda.CUDAGraph()
         self._hooks.release = True
@@ -217,7 +239,11 @@ class CudaRecording(Recording):
                 torch.autocast("cuda", enabled=False),
             ):
                 static = torch.autograd.grad(
-                    [self.static_outputs[i] for i in read], self._targets, views, retain_graph=True, allow_unused=True
+                    [self.static_outputs[i] for i in read],
+                    self._targets,
+                    views,
+                    retain_graph=True,
+                    allow_unused=True,
                 )
         except Exception as exc:  # the eager path stays exact; the journal says why
             self.capture_error = f"{type(exc).__name__}: {exc}"
@@ -272,7 +298,9 @@ def end_failed_capture(device: torch.device) -> None:
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "the CUDA graph is empty"
-        with contextlib.suppress(RuntimeError):  # an error of the failed capture: the reset below still runs
+        with contextlib.suppress(
+            RuntimeError
+        ):  # an error of the failed capture: the reset below still runs
             torch.cuda.synchronize(device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.device(device), torch.cuda.graph(graph):
@@ -298,7 +326,11 @@ class CudaBackend(Backend):
         self.pool = torch.cuda.graph_pool_handle()
 
     def record(
-        self, fn: ForwardFn, static_inputs: list[torch.Tensor], params: list[torch.Tensor], warmup: int
+        self,
+        fn: ForwardFn,
+        static_inputs: list[torch.Tensor],
+        params: list[torch.Tensor],
+        warmup: int,
     ) -> Recording:
         for t in static_inputs:
             if t.device != self.device:
@@ -325,7 +357,10 @@ class CudaRegion(Region):
 
     def capture(self, body: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.device(self.device), torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+        with (
+            torch.cuda.device(self.device),
+            torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"),
+        ):
             outs = body()
         self.graph = graph
         graph.replay()  # a capture executes nothing: this is the recording call's step

@@ -59,7 +59,11 @@ class EmulatedRecording(Recording):
     """A recording whose forward 'graph' is a tape of aten calls and whose backward is its autograd graph."""
 
     def __init__(
-        self, fn: ForwardFn, static_inputs: list[torch.Tensor], params: list[torch.Tensor], warmup: int
+        self,
+        fn: ForwardFn,
+        static_inputs: list[torch.Tensor],
+        params: list[torch.Tensor],
+        warmup: int,
     ) -> None:
         self.static_inputs = static_inputs
         self.params = params
@@ -72,7 +76,10 @@ class EmulatedRecording(Recording):
 
         def forward() -> list[torch.Tensor]:
             # the cast cache off: a cast cached by warm-up would reach the tape as a frozen constant
-            with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled, cache_enabled=False):
+            with (
+                torch.enable_grad(),
+                torch.autocast(device, dtype=dtype, enabled=enabled, cache_enabled=False),
+            ):
                 outs, self.out_spec = flatten_outputs(fn(*static_inputs, params=leaves))
             return outs
 
@@ -80,14 +87,18 @@ class EmulatedRecording(Recording):
             outs = forward()
             diff = differentiable_indices(outs)
             if diff and self._targets:
-                _check_dense(self._grad([outs[i] for i in diff], _zero_grads(outs, diff), False), names)
+                _check_dense(
+                    self._grad([outs[i] for i in diff], _zero_grads(outs, diff), False), names
+                )
             del outs
 
         tape, outs = record(forward, [*static_inputs, *leaves])
         self.differentiable = differentiable_indices(outs)
         self.static_outputs = outs
         grads: Sequence[torch.Tensor | None] = [None] * len(self._targets)
-        if self.differentiable and self._targets:  # through the recorded graph: checks it can be differentiated
+        if (
+            self.differentiable and self._targets
+        ):  # through the recorded graph: checks it can be differentiated
             grads = self._grad(
                 [outs[i] for i in self.differentiable], _zero_grads(outs, self.differentiable), True
             )
@@ -103,14 +114,18 @@ class EmulatedRecording(Recording):
     ) -> Sequence[torch.Tensor | None]:
         if not roots or not self._targets:
             return [None] * len(self._targets)
-        return torch.autograd.grad(list(roots), self._targets, list(grads), retain_graph=retain, allow_unused=True)
+        return torch.autograd.grad(
+            list(roots), self._targets, list(grads), retain_graph=retain, allow_unused=True
+        )
 
     def replay_forward(self) -> None:
         assert self._tape is not None, "replay of a freed recording"
         self._tape.replay()  # rewrites static_outputs in place: they are the recorded outputs
         self.generation += 1
 
-    def backward(self, grads: Sequence[torch.Tensor | None]) -> tuple[list[torch.Tensor | None], str | None]:
+    def backward(
+        self, grads: Sequence[torch.Tensor | None]
+    ) -> tuple[list[torch.Tensor | None], str | None]:
         if any(g is None for g in grads):
             return self._partial(grads), "partial"
         return self._replay_backward(grads), None  # type: ignore[arg-type]
@@ -123,13 +138,17 @@ class EmulatedRecording(Recording):
                 if static is None or g is None:
                     out.append(None)
                 else:
-                    static.data.copy_(g)  # in place and, like a graph replay, without a version bump
+                    static.data.copy_(
+                        g
+                    )  # in place and, like a graph replay, without a version bump
                     out.append(static.detach())
         return out
 
     def _partial(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         pairs = [(i, g) for i, g in zip(self.differentiable, grads, strict=True) if g is not None]
-        return list(self._grad([self.static_outputs[i] for i, _ in pairs], [g for _, g in pairs], True))
+        return list(
+            self._grad([self.static_outputs[i] for i, _ in pairs], [g for _, g in pairs], True)
+        )
 
     def exact_backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         return self._partial(grads)
@@ -149,7 +168,11 @@ class EmulatedBackend(Backend):
     name = "emulated"
 
     def record(
-        self, fn: ForwardFn, static_inputs: list[torch.Tensor], params: list[torch.Tensor], warmup: int
+        self,
+        fn: ForwardFn,
+        static_inputs: list[torch.Tensor],
+        params: list[torch.Tensor],
+        warmup: int,
     ) -> Recording:
         return EmulatedRecording(fn, static_inputs, params, warmup)
 

@@ -48,7 +48,12 @@ from torch.utils._pytree import tree_leaves
 from ..errors import ReplayError
 
 _aten = torch.ops.aten
-_MASKED_INDEX = {_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.default, _aten._index_put_impl_.default}
+_MASKED_INDEX = {
+    _aten.index.Tensor,
+    _aten.index_put.default,
+    _aten.index_put_.default,
+    _aten._index_put_impl_.default,
+}
 _DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
 
 
@@ -80,7 +85,18 @@ def _resolve(a: Any, table: list) -> Any:
 class _Op:
     """One taped aten call and where its results go."""
 
-    __slots__ = ("args", "dyn_args", "dyn_kwargs", "frees", "func", "grad", "kwargs", "out", "outs", "statics")
+    __slots__ = (
+        "args",
+        "dyn_args",
+        "dyn_kwargs",
+        "frees",
+        "func",
+        "grad",
+        "kwargs",
+        "out",
+        "outs",
+        "statics",
+    )
 
     def __init__(self, func: Any, args: tuple, kwargs: dict) -> None:
         self.func = func
@@ -100,7 +116,10 @@ def untapeable(func: Any, args: tuple, kwargs: dict) -> str | None:
     name = str(func)
     if func in _MASKED_INDEX:
         indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
-        if any(isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8) for t in indices or ()):
+        if any(
+            isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8)
+            for t in indices or ()
+        ):
             return f"{name} with a boolean mask has a data-dependent output shape (the host must read device data)"
         return None
     if func is _aten._local_scalar_dense.default:
@@ -127,7 +146,9 @@ def _is_default(g: torch.Generator) -> bool:
     if g.device.type == "cpu":
         default = torch.default_generator
     elif g.device.type == "cuda":
-        default = torch.cuda.default_generators[g.device.index if g.device.index is not None else torch.cuda.current_device()]
+        default = torch.cuda.default_generators[
+            g.device.index if g.device.index is not None else torch.cuda.current_device()
+        ]
     else:
         return False
     saved, seed = default.get_state(), default.initial_seed()
@@ -145,7 +166,9 @@ _HOST_READS = {torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__array__}
 class _HostReads(TorchFunctionMode):
     """Refuses reads of tensor data that bypass the dispatcher (on a CPU they would be frozen silently)."""
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         if func in _HOST_READS:
             raise ReplayError(
                 f"Tensor.{func.__name__}() reads a tensor's values on the host; a graph would freeze the value read at capture"
@@ -160,7 +183,9 @@ class _TapeMode(TorchDispatchMode):
         super().__init__()
         self.tape = tape
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         why = untapeable(func, args, kwargs)
         if why is not None:
@@ -213,14 +238,20 @@ class Tape:
             return None
         assert self._by_id is not None
         i = self._by_id.get(id(t))
-        if i is None:  # a new result (or an in-place op on a constant: its later reads go through this slot)
+        if (
+            i is None
+        ):  # a new result (or an in-place op on a constant: its later reads go through this slot)
             i = len(self._table)
             self._table.append(t)
             self._by_id[id(t)] = i
         return i
 
     def _append(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
-        op = _Op(func, tuple(self._encode(a) for a in args), {k: self._encode(v) for k, v in kwargs.items()})
+        op = _Op(
+            func,
+            tuple(self._encode(a) for a in args),
+            {k: self._encode(v) for k, v in kwargs.items()},
+        )
         if isinstance(out, torch.Tensor):
             op.out = self._slot_for(out)
         elif out is not None:
@@ -240,7 +271,9 @@ class Tape:
             return packed
         t = self._table[packed]
         if t is None:
-            raise ReplayError("replaykit: a backward read activations no forward replay has produced")
+            raise ReplayError(
+                "replaykit: a backward read activations no forward replay has produced"
+            )
         return t
 
     def seal(self, outputs: Sequence[torch.Tensor]) -> None:
@@ -253,7 +286,10 @@ class Tape:
         table, self._table = self._table, []
         self._by_id = None
         del outputs  # the caller holds them: they are static like anything else still alive
-        refs = [(StorageWeakRef(t.untyped_storage()), weakref.ref(t), _geometry(t)) for t in table[n_fixed:]]
+        refs = [
+            (StorageWeakRef(t.untyped_storage()), weakref.ref(t), _geometry(t))
+            for t in table[n_fixed:]
+        ]
         kinds = {t.device.type for t in table}
         self._device_types = tuple(sorted(kinds | {"cpu"}))
         del table
@@ -286,7 +322,9 @@ class Tape:
             if op.out is not None:
                 op.statics = statics[op.out - n_fixed] if op.out >= n_fixed else None
             elif op.outs is not None:
-                st = tuple(None if s is None or s < n_fixed else statics[s - n_fixed] for s in op.outs)
+                st = tuple(
+                    None if s is None or s < n_fixed else statics[s - n_fixed] for s in op.outs
+                )
                 op.statics = st if any(x is not None for x in st) else None
         self._statics = [t for t in statics if t is not None]
         self._versions = tuple(t._version for t in self._statics)
@@ -302,7 +340,11 @@ class Tape:
         table: list[Any] = [None] * self._n
         table[: len(self._fixed)] = self._fixed
         # below autograd (a replay builds no graph), each op in the grad mode it was recorded in
-        with torch._C._AutoDispatchBelowAutograd(), torch.enable_grad(), _no_autocast(self._device_types):
+        with (
+            torch._C._AutoDispatchBelowAutograd(),
+            torch.enable_grad(),
+            _no_autocast(self._device_types),
+        ):
             mode = True
             for op in self._ops:
                 if op.grad is not mode:
@@ -386,7 +428,11 @@ class _no_autocast:
         self.ctxs: list = []
 
     def __enter__(self) -> None:
-        self.ctxs = [torch.autocast(d, enabled=False) for d in self.device_types if torch.is_autocast_enabled(d)]
+        self.ctxs = [
+            torch.autocast(d, enabled=False)
+            for d in self.device_types
+            if torch.is_autocast_enabled(d)
+        ]
         for c in self.ctxs:
             c.__enter__()
 
@@ -484,7 +530,9 @@ class _Taping:
                 self.hooks.__exit__(*exc)
 
 
-def record(forward: Callable[[], list[torch.Tensor]], fixed: Sequence[torch.Tensor]) -> tuple[Tape, list[torch.Tensor]]:
+def record(
+    forward: Callable[[], list[torch.Tensor]], fixed: Sequence[torch.Tensor]
+) -> tuple[Tape, list[torch.Tensor]]:
     """Record ``forward`` (unsealed: the caller seals it once it needs no scratch value)."""
     tape = Tape(fixed)
     with tape.recording():

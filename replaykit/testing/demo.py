@@ -68,11 +68,24 @@ def rows(device: str, steps: int) -> tuple[list[dict], str]:
     return table, journal
 
 
-COLUMNS = ("scenario", "arm", "expected", "equal", "ok", "tensors_differing", "record", "replay", "eager", "eager_reasons")
+COLUMNS = (
+    "scenario",
+    "arm",
+    "expected",
+    "equal",
+    "ok",
+    "tensors_differing",
+    "record",
+    "replay",
+    "eager",
+    "eager_reasons",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args(argv)

@@ -15,10 +15,24 @@ from .parity.scenario import ScenarioResult, steady_steps
 ZERO_FLOOR = 1e-12  # where a bitwise-equal tensor is drawn on a log axis
 
 RESULT_COLUMNS = [
-    "scenario", "arm", "expected", "equal", "ok", "tensors_differing", "max_abs_diff", "none_pattern_diffs", "error",
+    "scenario",
+    "arm",
+    "expected",
+    "equal",
+    "ok",
+    "tensors_differing",
+    "max_abs_diff",
+    "none_pattern_diffs",
+    "error",
 ]
 JOURNAL_COLUMNS = [
-    "scenario", "recordings", "replays", "eager", "eager_reasons", "backward_reasons", "retired",
+    "scenario",
+    "recordings",
+    "replays",
+    "eager",
+    "eager_reasons",
+    "backward_reasons",
+    "retired",
 ]
 
 
@@ -79,7 +93,9 @@ def _parameter_of(key: str) -> str | None:
     return None
 
 
-def _left_out(fig: Any, plot: str, groups: Sequence[tuple[str, Sequence[str]]], shown: int = 3) -> str:
+def _left_out(
+    fig: Any, plot: str, groups: Sequence[tuple[str, Sequence[str]]], shown: int = 3
+) -> str:
     """Print what ``plot`` does not show, and say it under the figure; lay the figure out.
 
     A plot that drops scenarios without a word reads as "all is well" for the ones it dropped.
@@ -117,7 +133,9 @@ def plot_diffs(results: Sequence[ScenarioResult], max_panels: int = 6) -> Any:
 
     differing = [r for r in results if any(not r.equal(a) for a in r.arms if a != "native")]
     panels = differing[:max_panels] or list(results[:1])
-    drawn = {id(r) for r in panels} | {id(r) for r in differing}  # results hold tensors: compare by identity
+    drawn = {id(r) for r in panels} | {
+        id(r) for r in differing
+    }  # results hold tensors: compare by identity
     equal = [r.scenario.name for r in results if id(r) not in drawn]
     beyond = [r.scenario.name for r in differing[max_panels:]]
     other_tensors = []
@@ -127,17 +145,35 @@ def plot_diffs(results: Sequence[ScenarioResult], max_panels: int = 6) -> Any:
             k = sum(_parameter_of(d.name) not in params for d in ds)
             if k:
                 other_tensors.append(f"{r.scenario.name} [{arm}]: {k}")
-    fig, axes = plt.subplots(max(1, len(panels)), 1, figsize=(11, 2.8 * max(1, len(panels))), squeeze=False)
+    fig, axes = plt.subplots(
+        max(1, len(panels)), 1, figsize=(11, 2.8 * max(1, len(panels))), squeeze=False
+    )
     for ax, r in zip(axes[:, 0], panels, strict=False):
         for k, arm in enumerate(a for a in r.arms if a != "native"):
             diffs = per_parameter_diffs(r, arm)
             xs = list(range(len(diffs)))
-            ys = [v if 0 < v < math.inf else (1e6 if v == math.inf else ZERO_FLOOR) for v in diffs.values()]
+            ys = [
+                v if 0 < v < math.inf else (1e6 if v == math.inf else ZERO_FLOOR)
+                for v in diffs.values()
+            ]
             equal_at = [v == 0 for v in diffs.values()]
-            ax.scatter([x for x, e in zip(xs, equal_at, strict=True) if not e], [y for y, e in zip(ys, equal_at, strict=True) if not e],
-                       label=f"{arm}: differs", marker="o", s=18, color=f"C{k}")
-            ax.scatter([x for x, e in zip(xs, equal_at, strict=True) if e], [ZERO_FLOOR] * sum(equal_at),
-                       label=f"{arm}: bitwise equal", marker="_", s=60, color=f"C{k}", alpha=0.6)
+            ax.scatter(
+                [x for x, e in zip(xs, equal_at, strict=True) if not e],
+                [y for y, e in zip(ys, equal_at, strict=True) if not e],
+                label=f"{arm}: differs",
+                marker="o",
+                s=18,
+                color=f"C{k}",
+            )
+            ax.scatter(
+                [x for x, e in zip(xs, equal_at, strict=True) if e],
+                [ZERO_FLOOR] * sum(equal_at),
+                label=f"{arm}: bitwise equal",
+                marker="_",
+                s=60,
+                color=f"C{k}",
+                alpha=0.6,
+            )
         ax.set_yscale("log")
         ax.set_ylim(ZERO_FLOOR / 3, 1e7)
         ax.axhline(ZERO_FLOOR * 3, color="grey", lw=0.5, ls=":")
@@ -145,12 +181,21 @@ def plot_diffs(results: Sequence[ScenarioResult], max_panels: int = 6) -> Any:
         ax.set_ylabel("max |diff| vs native")
         ax.set_xticks([])
         ax.legend(fontsize=7, loc="upper right", ncol=2)
-    axes[-1, 0].set_xlabel("parameters of net (value and every step's gradient); inf = None-pattern mismatch, drawn at 1e6")
-    _left_out(fig, "the gradient-diff plot", [
-        ("scenarios where every arm is bitwise equal", equal),
-        (f"differing scenarios beyond the first {max_panels}", beyond),
-        ("drawn arms with differing tensors that are not a parameter or its gradient (buffers, optimizer, scaler, metrics: see the ULP heatmap), tensors per arm", other_tensors),
-    ])
+    axes[-1, 0].set_xlabel(
+        "parameters of net (value and every step's gradient); inf = None-pattern mismatch, drawn at 1e6"
+    )
+    _left_out(
+        fig,
+        "the gradient-diff plot",
+        [
+            ("scenarios where every arm is bitwise equal", equal),
+            (f"differing scenarios beyond the first {max_panels}", beyond),
+            (
+                "drawn arms with differing tensors that are not a parameter or its gradient (buffers, optimizer, scaler, metrics: see the ULP heatmap), tensors per arm",
+                other_tensors,
+            ),
+        ],
+    )
     return fig
 
 
@@ -195,7 +240,9 @@ def step_ratios(
             continue
         per_step = np.asarray(a[:n]) / np.maximum(np.asarray(b[:n]), 1e-9)
         low, high = np.percentile(per_step, [10, 90])
-        out.append(StepRatio(name, statistics.median(a) / statistics.median(b), float(low), float(high), n))
+        out.append(
+            StepRatio(name, statistics.median(a) / statistics.median(b), float(low), float(high), n)
+        )
     out.sort(key=lambda s: s.ratio)
     left_out = [
         (f"scenarios without a {arm} arm", no_arm),
@@ -254,15 +301,23 @@ class UlpCell:
             return "error"
         if not self.max_ulp:
             return "≠" if self.unmeasured else "0"
-        text = str(self.max_ulp) if self.max_ulp < 1000 else f"{self.max_ulp:.0e}".replace("e+0", "e").replace("e+", "e")
+        text = (
+            str(self.max_ulp)
+            if self.max_ulp < 1000
+            else f"{self.max_ulp:.0e}".replace("e+0", "e").replace("e+", "e")
+        )
         return text + ("*" if self.unmeasured else "")
 
 
-def ulp_cells(results: Sequence[ScenarioResult]) -> tuple[list[str], list[str], dict[tuple[str, str], UlpCell]]:
+def ulp_cells(
+    results: Sequence[ScenarioResult],
+) -> tuple[list[str], list[str], dict[tuple[str, str], UlpCell]]:
     """Rows (every scenario, in order), columns (non-native arms, replay first) and the cells
     present; a (scenario, arm) missing from the cells was not run (the protection is not exercised)."""
     scenarios = [r.scenario.name for r in results]
-    arms = sorted({a for r in results for a in r.arms if a != "native"}, key=lambda a: (a != "replay", a))
+    arms = sorted(
+        {a for r in results for a in r.arms if a != "native"}, key=lambda a: (a != "replay", a)
+    )
     cells = {}
     for r in results:
         for arm in r.arms:
@@ -279,7 +334,12 @@ def ulp_cells(results: Sequence[ScenarioResult]) -> tuple[list[str], list[str], 
     return scenarios, arms, cells
 
 
-EQUAL_COLOUR, UNMEASURED_COLOUR, ERROR_COLOUR, NOT_RUN_COLOUR = "#e8f5e9", "#9e9e9e", "#212121", "#f5f5f5"
+EQUAL_COLOUR, UNMEASURED_COLOUR, ERROR_COLOUR, NOT_RUN_COLOUR = (
+    "#e8f5e9",
+    "#9e9e9e",
+    "#212121",
+    "#f5f5f5",
+)
 
 
 def plot_ulp_heatmap(results: Sequence[ScenarioResult]) -> Any:
@@ -319,7 +379,15 @@ def plot_ulp_heatmap(results: Sequence[ScenarioResult]) -> Any:
                 colour = to_rgba(UNMEASURED_COLOUR if cell.unmeasured else EQUAL_COLOUR)
             rgba[i, j] = colour
             dark = cell.error or (cell.max_ulp and norm(cell.max_ulp) < 0.6)
-            ax.text(j, i, cell.label, ha="center", va="center", fontsize=6, color="white" if dark else "black")
+            ax.text(
+                j,
+                i,
+                cell.label,
+                ha="center",
+                va="center",
+                fontsize=6,
+                color="white" if dark else "black",
+            )
             if not cell.ok:
                 ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", lw=2))
     ax.imshow(rgba, aspect="auto", interpolation="nearest")
@@ -330,16 +398,33 @@ def plot_ulp_heatmap(results: Sequence[ScenarioResult]) -> Any:
     ax.set_yticks(np.arange(-0.5, n), minor=True)
     ax.grid(which="minor", color="white", lw=0.5)
     ax.tick_params(which="minor", length=0)
-    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=cax, label="max ULP distance vs native (log)")
+    fig.colorbar(
+        ScalarMappable(norm=norm, cmap=cmap), cax=cax, label="max ULP distance vs native (log)"
+    )
     ax.legend(
         handles=[
             Patch(facecolor=EQUAL_COLOUR, edgecolor="grey", label="0: bitwise equal"),
-            Patch(facecolor=UNMEASURED_COLOUR, label="≠ / *: differs where ULPs do not measure (None pattern, dtype, shape, missing, integers, ±0)"),
+            Patch(
+                facecolor=UNMEASURED_COLOUR,
+                label="≠ / *: differs where ULPs do not measure (None pattern, dtype, shape, missing, integers, ±0)",
+            ),
             Patch(facecolor=ERROR_COLOUR, label="error: an arm raised"),
-            Patch(facecolor=NOT_RUN_COLOUR, edgecolor="grey", label="–: not run (protection not exercised)"),
-            Patch(facecolor="none", edgecolor="red", lw=2, label="failed: replay differs, or an unsafe arm did not diverge"),
+            Patch(
+                facecolor=NOT_RUN_COLOUR,
+                edgecolor="grey",
+                label="–: not run (protection not exercised)",
+            ),
+            Patch(
+                facecolor="none",
+                edgecolor="red",
+                lw=2,
+                label="failed: replay differs, or an unsafe arm did not diverge",
+            ),
         ],
-        loc="upper left", bbox_to_anchor=(0, -0.01), fontsize=6, frameon=False,
+        loc="upper left",
+        bbox_to_anchor=(0, -0.01),
+        fontsize=6,
+        frameon=False,
     )
     _left_out(fig, "the ULP heatmap", [])
     return fig
@@ -365,7 +450,9 @@ def plot_bench(rows: Sequence[dict[str, Any]]):
         if any(0 < p.get_height() < math.inf for p in ax.patches):
             ax.set_yscale("log")
     if not any(0 < r["peak_mib"] < math.inf for r in rows):
-        ax_m.text(0.5, 0.5, "no CUDA memory statistics on a CPU", ha="center", transform=ax_m.transAxes)
+        ax_m.text(
+            0.5, 0.5, "no CUDA memory statistics on a CPU", ha="center", transform=ax_m.transAxes
+        )
     ax_t.legend(fontsize=8)
     fig.tight_layout()
     return fig

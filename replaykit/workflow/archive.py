@@ -61,16 +61,31 @@ EXCLUDED_TOP = frozenset({"runs", "dist", WHEELHOUSE_DIR, MANIFEST_NAME})
 """Top-level names never packed (run evidence, archives, names the archive reserves)."""
 
 NOTEBOOK_REQUIREMENTS = [
-    "papermill>=2.6", "nbformat", "nbclient", "ipykernel", "jupyter_client",
-    "nbval", "junitparser", "pytest", "tqdm", "ipywidgets", "matplotlib", "pandas", "numpy", "pyyaml",
+    "papermill>=2.6",
+    "nbformat",
+    "nbclient",
+    "ipykernel",
+    "jupyter_client",
+    "nbval",
+    "junitparser",
+    "pytest",
+    "tqdm",
+    "ipywidgets",
+    "matplotlib",
+    "pandas",
+    "numpy",
+    "pyyaml",
 ]
 """What the notebooks and the workflow need on a host that has only torch and lightning (the
 CUDA-sized training stack a wheelhouse leaves out): the bootstrap installs a notebook's missing
 share from it; tests/workflow/test_recipes.py proves it."""
 
 MANYLINUX_X86_64 = (
-    "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
-    "manylinux2014_x86_64", "manylinux1_x86_64",
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
 )
 
 HUGE = ("torch", "triton", "nvidia-*")
@@ -184,7 +199,12 @@ def _snapshot_rev(root: Path, rev: str, extra: tuple[str, ...]) -> _Snapshot:
     return _Snapshot(
         files=dict(zip(paths, blobs, strict=True)),
         executable={p for p in paths if entries[p].mode == "100755"},
-        commit=commit, short=short, dirty=False, tree_hash=tree, diff="", mtime=mtime,
+        commit=commit,
+        short=short,
+        dirty=False,
+        tree_hash=tree,
+        diff="",
+        mtime=mtime,
     )
 
 
@@ -210,7 +230,8 @@ def _snapshot_worktree(root: Path, extra: tuple[str, ...]) -> _Snapshot:
     head = _ls_tree(root, commit, extra)
     algo = "sha256" if len(commit) == 64 else "sha1"
     changed = [
-        p for p, e in head.items()
+        p
+        for p, e in head.items()
         if p not in files
         or e.oid != _git_blob_id(files[p], algo)
         or (e.mode == "100755") != (p in executable)
@@ -221,8 +242,15 @@ def _snapshot_worktree(root: Path, extra: tuple[str, ...]) -> _Snapshot:
     if changed:
         specs = [f":(top,literal){p}" for p in sorted(changed)]
         diff = _git(
-            root, "diff", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "HEAD",
-            "--", *specs,
+            root,
+            "diff",
+            "--binary",
+            "--no-color",
+            "--no-ext-diff",
+            "--no-textconv",
+            "HEAD",
+            "--",
+            *specs,
         ).decode("utf-8", "replace")
     diff += _diff_new(root, new)
     mtime = _now_ts() if dirty else int(_git(root, "show", "-s", "--format=%ct", commit).decode())
@@ -322,8 +350,15 @@ def _run_pip(cmd: list[str]) -> None:
 
 def pip_download_command(wh: Wheelhouse, dest: Path, python: str = sys.executable) -> list[str]:
     cmd = [
-        python, "-m", "pip", "download", "--only-binary=:all:",
-        "--python-version", wh.python, "--implementation", "cp",
+        python,
+        "-m",
+        "pip",
+        "download",
+        "--only-binary=:all:",
+        "--python-version",
+        wh.python,
+        "--implementation",
+        "cp",
     ]
     for plat in wh.platforms:
         cmd += ["--platform", plat]
@@ -486,7 +521,11 @@ def pack(
 def _unsafe(name: str) -> bool:
     """True for an absolute path (POSIX or drive letter) or one that climbs out with ``..``."""
     clean = name.replace("\\", "/")
-    return clean.startswith("/") or re.match(r"^[A-Za-z]:", clean) is not None or ".." in clean.split("/")
+    return (
+        clean.startswith("/")
+        or re.match(r"^[A-Za-z]:", clean) is not None
+        or ".." in clean.split("/")
+    )
 
 
 def check_manifest(tree: Path) -> dict[str, Any] | None:
@@ -534,7 +573,9 @@ def _check_member(member: tarfile.TarInfo) -> None:
         base = posixpath.dirname(name) if member.issym() else ""
         target = posixpath.normpath(posixpath.join(base, member.linkname))
         if member.linkname.startswith("/") or _unsafe(target):
-            raise ValueError(f"refusing archive link {name!r} -> {member.linkname!r}: leaves the tree")
+            raise ValueError(
+                f"refusing archive link {name!r} -> {member.linkname!r}: leaves the tree"
+            )
     elif not (member.isfile() or member.isdir()):
         raise ValueError(f"refusing archive member {name!r}: not a file, folder or link")
 
@@ -637,12 +678,21 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     )
     ap.add_argument("--rev", help="commit to pack (default: the working tree, dirty included)")
     ap.add_argument("--out", type=Path, default=Path("dist"), help="output folder or .tar.gz")
-    ap.add_argument("--repo", type=Path, default=Path("."), help="repository (default: the one here)")
+    ap.add_argument(
+        "--repo", type=Path, default=Path("."), help="repository (default: the one here)"
+    )
     ap.add_argument("--wheelhouse", action="store_true", help="add wheels for an offline host")
     ap.add_argument("--python", default="3.12", help="wheelhouse target Python (default 3.12)")
-    ap.add_argument("--requirement", "-r", action="append", metavar="R",
-                    help="wheelhouse requirement (repeatable; default: the notebook set)")
-    ap.add_argument("--interpreter", help="Python of the target version that runs pip (default: found)")
+    ap.add_argument(
+        "--requirement",
+        "-r",
+        action="append",
+        metavar="R",
+        help="wheelhouse requirement (repeatable; default: the notebook set)",
+    )
+    ap.add_argument(
+        "--interpreter", help="Python of the target version that runs pip (default: found)"
+    )
     ap.add_argument("--no-deps", action="store_true", help="wheelhouse without dependencies")
     ap.add_argument("--verify", type=Path, metavar="ARCHIVE", help="check an archive and exit")
     return ap
@@ -663,7 +713,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     wheelhouse = None
     if args.wheelhouse or args.requirement:
         reqs = args.requirement or list(NOTEBOOK_REQUIREMENTS)
-        wheelhouse = Wheelhouse(reqs, python=args.python, no_deps=args.no_deps, interpreter=args.interpreter)
+        wheelhouse = Wheelhouse(
+            reqs, python=args.python, no_deps=args.no_deps, interpreter=args.interpreter
+        )
     try:
         result = pack(args.repo, args.out, rev=args.rev, wheelhouse=wheelhouse)
     except (ValueError, RuntimeError, OSError) as exc:

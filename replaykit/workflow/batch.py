@@ -47,9 +47,23 @@ from replaykit.workflow.trees import DEFAULT_TREE, PreparedTree, TreeSpec, prepa
 __all__ = ["ENV_FAILED", "BatchResult", "BatchSpec", "load_spec", "run_batch"]
 # Kept importable from here (they lived in this module before it was split by concern):
 __all__ += [
-    "WRONG_INTERPRETER", "EnvBuildError", "Environment", "PreparedTree", "TreeSpec", "build_venv",
-    "declares", "error_cell", "index_rows", "interpreter_problem", "kernel_name", "new_folder",
-    "prepare_tree", "register_kernel", "run_cell", "same_interpreter", "write_index",
+    "WRONG_INTERPRETER",
+    "EnvBuildError",
+    "Environment",
+    "PreparedTree",
+    "TreeSpec",
+    "build_venv",
+    "declares",
+    "error_cell",
+    "index_rows",
+    "interpreter_problem",
+    "kernel_name",
+    "new_folder",
+    "prepare_tree",
+    "register_kernel",
+    "run_cell",
+    "same_interpreter",
+    "write_index",
 ]
 
 ENV_FAILED = "env build failed"
@@ -95,7 +109,9 @@ class BatchSpec:
         _unique("environment", [e.name for e in self.environments])
         _unique("tree", [t.display for t in self.trees])
         if unknown := sorted(set(self.notebook_parameters) - set(self.notebooks)):
-            raise ValueError(f"notebook_parameters for notebooks not in the batch: {', '.join(unknown)}")
+            raise ValueError(
+                f"notebook_parameters for notebooks not in the batch: {', '.join(unknown)}"
+            )
         for nb, sets in list(self.notebook_parameters.items()):
             sets = [sets] if isinstance(sets, dict) else list(sets or [{}])
             self._check_sets(sets, f"{nb}: parameters")
@@ -119,17 +135,30 @@ class BatchSpec:
     def from_dict(cls, data: dict[str, Any]) -> BatchSpec:
         if not isinstance(data, dict):
             raise ValueError(f"a batch spec is a mapping, got {type(data).__name__}")
-        known = {"name", "environments", "trees", "notebooks", "parameters", "repo",
-                 "cell_timeout", "venvs_dir", "notebook_parameters"}
+        known = {
+            "name",
+            "environments",
+            "trees",
+            "notebooks",
+            "parameters",
+            "repo",
+            "cell_timeout",
+            "venvs_dir",
+            "notebook_parameters",
+        }
         if unknown := sorted(set(data) - known):
-            raise ValueError(f"unknown batch spec keys: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+            raise ValueError(
+                f"unknown batch spec keys: {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+            )
         envs = [_env_from(e, i) for i, e in enumerate(_list(data, "environments"))]
         trees = [_tree_from(t, i) for i, t in enumerate(_list(data, "trees"))]
         notebooks, own = [], dict(data.get("notebook_parameters") or {})
         for i, item in enumerate(_list(data, "notebooks")):
             if isinstance(item, dict):  # {"path": ..., "parameters": [...]}
                 if set(item) - {"path", "parameters"} or "path" not in item:
-                    raise ValueError(f"notebooks[{i}]: a mapping takes path and parameters, got {sorted(item)}")
+                    raise ValueError(
+                        f"notebooks[{i}]: a mapping takes path and parameters, got {sorted(item)}"
+                    )
                 own[str(item["path"])] = item.get("parameters", [{}])
                 item = item["path"]
             notebooks.append(str(item))
@@ -137,9 +166,15 @@ class BatchSpec:
         if isinstance(params, dict):
             params = [params]
         return cls(
-            environments=envs, notebooks=notebooks, trees=trees, parameters=list(params),
-            name=str(data.get("name", "batch")), repo=str(data.get("repo", ".")),
-            cell_timeout=data.get("cell_timeout"), venvs_dir=data.get("venvs_dir"), notebook_parameters=own,
+            environments=envs,
+            notebooks=notebooks,
+            trees=trees,
+            parameters=list(params),
+            name=str(data.get("name", "batch")),
+            repo=str(data.get("repo", ".")),
+            cell_timeout=data.get("cell_timeout"),
+            venvs_dir=data.get("venvs_dir"),
+            notebook_parameters=own,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -161,7 +196,9 @@ def _list(data: dict[str, Any], key: str) -> list[Any]:
 
 def _env_from(item: Any, i: int) -> Environment:
     if not isinstance(item, dict):
-        raise ValueError(f"environments[{i}] must be a mapping with name and python or requirements")
+        raise ValueError(
+            f"environments[{i}] must be a mapping with name and python or requirements"
+        )
     try:
         return Environment(**item)
     except TypeError as exc:
@@ -261,13 +298,22 @@ def run_batch(spec: BatchSpec, runs_dir: Path = Path("runs"), progress: bool = T
         kernels = work / "kernels"
         started = _utc()
         doc: dict[str, Any] = {
-            "kind": "batch", "name": spec.name, "started_utc": started.isoformat(timespec="seconds"),
-            "spec": spec.to_dict(), "environments": [], "trees": [t.record() for t in trees], "cells": [],
+            "kind": "batch",
+            "name": spec.name,
+            "started_utc": started.isoformat(timespec="seconds"),
+            "spec": spec.to_dict(),
+            "environments": [],
+            "trees": [t.record() for t in trees],
+            "cells": [],
         }
         title = f"Batch {spec.name} ({started.strftime('%Y-%m-%d %H:%M UTC')})"
         per_env = len(trees) * sum(len(sets) for _, sets in notebooks)
-        bar = tqdm(total=len(spec.environments) * per_env, desc=f"batch {spec.name}", unit="run",
-                   disable=not progress)
+        bar = tqdm(
+            total=len(spec.environments) * per_env,
+            desc=f"batch {spec.name}",
+            unit="run",
+            disable=not progress,
+        )
         with bar, jupyter_path(kernels / "share" / "jupyter"):
             for env in spec.environments:
                 bar.set_postfix_str(f"{env.name}: {'building' if env.built else 'registering'}")
@@ -277,28 +323,53 @@ def run_batch(spec: BatchSpec, runs_dir: Path = Path("runs"), progress: bool = T
                     for nb, sets in notebooks:
                         for params in sets:
                             bar.set_postfix_str(f"{env.name} | {tree.label} | {nb.name}")
-                            cell_base = {"env": env.name, "python": python, "kernel": kernel,
-                                         "tree": tree.record(), "notebook": str(nb),
-                                         "parameters": dict(params)}
+                            cell_base = {
+                                "env": env.name,
+                                "python": python,
+                                "kernel": kernel,
+                                "tree": tree.record(),
+                                "notebook": str(nb),
+                                "parameters": dict(params),
+                            }
                             if kernel is None:
                                 cell = error_cell(cell_base, ENV_FAILED, env_rec["error"])
                             else:
-                                cell = run_cell(nb, params, tree, folder=folder, kernel=kernel,
-                                                python=python, env=env.name,
-                                                cell_timeout=spec.cell_timeout)
+                                cell = run_cell(
+                                    nb,
+                                    params,
+                                    tree,
+                                    folder=folder,
+                                    kernel=kernel,
+                                    python=python,
+                                    env=env.name,
+                                    cell_timeout=spec.cell_timeout,
+                                )
                             doc["cells"].append(cell)
                             write_index(folder, doc, title)
                             bar.update()
         doc["ended_utc"] = _utc().isoformat(timespec="seconds")
         index = write_index(folder, doc, title)
-    return BatchResult(folder=folder, index=index, cells=doc["cells"],
-                       environments=doc["environments"], trees=doc["trees"])
+    return BatchResult(
+        folder=folder,
+        index=index,
+        cells=doc["cells"],
+        environments=doc["environments"],
+        trees=doc["trees"],
+    )
 
 
-def _prepare_env(env: Environment, venvs_dir: Path, kernels: Path) -> tuple[dict[str, Any], str | None, str | None]:
+def _prepare_env(
+    env: Environment, venvs_dir: Path, kernels: Path
+) -> tuple[dict[str, Any], str | None, str | None]:
     """(record, interpreter, kernel name); interpreter and kernel are None when it failed."""
-    record: dict[str, Any] = {"name": env.name, "built": env.built, "python": None, "version": None,
-                              "kernel": None, "error": None}
+    record: dict[str, Any] = {
+        "name": env.name,
+        "built": env.built,
+        "python": None,
+        "version": None,
+        "kernel": None,
+        "error": None,
+    }
     t0 = time.monotonic()
     try:
         python = build_venv(env, venvs_dir) if env.built else str(env.python)

@@ -39,13 +39,24 @@ from replaykit.workflow.runs import kernel_executable
 from replaykit.workflow.trees import PreparedTree, TreeSpec, prepare_tree
 
 __all__ = [
-    "ArmsResult", "BisectResult", "Commit", "EndpointError", "arms", "bisect", "commits_between", "search",
+    "ArmsResult",
+    "BisectResult",
+    "Commit",
+    "EndpointError",
+    "arms",
+    "bisect",
+    "commits_between",
+    "search",
     "verdict",
 ]
 
 VERIFY_NOTEBOOK = notebook_path("verify.ipynb")
 GOOD, BAD, SKIP = "good", "bad", "skip"
-SHORT_VERDICTS = {"stable pass": "passed", "stable fail": "failed", "fails only with others": "fails with others"}
+SHORT_VERDICTS = {
+    "stable pass": "passed",
+    "stable fail": "failed",
+    "fails only with others": "fails with others",
+}
 
 
 class EndpointError(WorkflowError, ValueError):
@@ -87,7 +98,9 @@ def commits_between(repo: Path, good: str, bad: str) -> list[Commit]:
     try:
         git(repo, "merge-base", "--is-ancestor", g, b)
     except GitError:
-        raise ValueError(f"good {good} ({g[:7]}) is not an ancestor of bad {bad} ({b[:7]})") from None
+        raise ValueError(
+            f"good {good} ({g[:7]}) is not an ancestor of bad {bad} ({b[:7]})"
+        ) from None
     shas = git_text(repo, "rev-list", "--first-parent", "--reverse", f"{g}..{b}").split()
     if not shas:
         raise ValueError(f"no commits between good {good} and bad {bad}")
@@ -165,8 +178,15 @@ class _Runner:
 
     def run(self, tree: PreparedTree) -> tuple[dict[str, Any], dict[str, Any] | None]:
         python = kernel_executable(self.kernel) if self.kernel else None
-        cell = run_cell(self.notebook, self.params, tree, folder=self.folder, kernel=self.kernel,
-                        python=python, env=self.kernel or "current")
+        cell = run_cell(
+            self.notebook,
+            self.params,
+            tree,
+            folder=self.folder,
+            kernel=self.kernel,
+            python=python,
+            env=self.kernel or "current",
+        )
         summary = None
         if cell.get("run_dir"):
             path = self.folder / cell["run_dir"] / "summary.json"
@@ -178,13 +198,24 @@ class _Runner:
         write_index(self.folder, self.doc, self.title)
 
 
-def _parameters(markers: str | None, ids: list[str] | None, repeats: int, isolate_failures: bool,
-                extra_args: list[str] | None, run_timeout: float) -> dict[str, Any]:
+def _parameters(
+    markers: str | None,
+    ids: list[str] | None,
+    repeats: int,
+    isolate_failures: bool,
+    extra_args: list[str] | None,
+    run_timeout: float,
+) -> dict[str, Any]:
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    return {"markers": markers or "", "ids": list(ids or []), "repeats": repeats,
-            "isolate_failures": isolate_failures, "extra_args": list(extra_args or []),
-            "run_timeout": run_timeout}
+    return {
+        "markers": markers or "",
+        "ids": list(ids or []),
+        "repeats": repeats,
+        "isolate_failures": isolate_failures,
+        "extra_args": list(extra_args or []),
+        "run_timeout": run_timeout,
+    }
 
 
 def _check(notebook: Path, kernel: str | None) -> None:
@@ -240,12 +271,27 @@ class BisectResult:
         """Markdown: the conclusion and a row per tested commit (``good`` first), in history order."""
         order = {c.sha: i for i, c in enumerate(self.commits)}
         order |= {s.commit.sha: -1 for s in self.steps if s.commit.sha not in order}  # the good end
-        rows = [{"commit": s.commit.short, "subject": s.commit.subject, "verdict": s.verdict,
-                 "why": s.why, "run": s.run_dir or ""}
-                for s in sorted(self.steps, key=lambda s: order[s.commit.sha])]
+        rows = [
+            {
+                "commit": s.commit.short,
+                "subject": s.commit.subject,
+                "verdict": s.verdict,
+                "why": s.why,
+                "run": s.run_dir or "",
+            }
+            for s in sorted(self.steps, key=lambda s: order[s.commit.sha])
+        ]
         head = f"Bisect {self.good}..{self.bad}: {len(self.commits)} commits, {len(self.steps)} tested."
-        return "\n".join([head, "", self.conclusion(), "",
-                          tables.markdown(rows, ("commit", "subject", "verdict", "why", "run")), ""])
+        return "\n".join(
+            [
+                head,
+                "",
+                self.conclusion(),
+                "",
+                tables.markdown(rows, ("commit", "subject", "verdict", "why", "run")),
+                "",
+            ]
+        )
 
 
 def bisect(
@@ -280,21 +326,34 @@ def bisect(
     good_sha = _commit(repo, good)
     good_commit = Commit(good_sha, git_text(repo, "log", "-1", "--format=%s", good_sha).strip())
     folder = new_folder(Path(runs_dir), "bisect", f"{good_sha[:7]}..{commits[-1].short}")
-    doc: dict[str, Any] = {"kind": "bisect", "repo": str(repo.resolve()), "good": good, "bad": bad,
-                           "parameters": params, "commits": [asdict(c) for c in commits], "cells": []}
+    doc: dict[str, Any] = {
+        "kind": "bisect",
+        "repo": str(repo.resolve()),
+        "good": good,
+        "bad": bad,
+        "parameters": params,
+        "commits": [asdict(c) for c in commits],
+        "cells": [],
+    }
     runner = _Runner(folder, params, kernel, Path(notebook), doc, f"Bisect {good}..{bad}")
     steps: list[Step] = []
     expected = 2 + math.ceil(math.log2(len(commits)))  # both endpoints, then the search
-    with tempfile.TemporaryDirectory(prefix="replaykit-bisect-") as tmp, \
-            tqdm(total=expected, desc="bisect", unit="commit", disable=not progress) as bar:
+    with (
+        tempfile.TemporaryDirectory(prefix="replaykit-bisect-") as tmp,
+        tqdm(total=expected, desc="bisect", unit="commit", disable=not progress) as bar,
+    ):
 
         def run(c: Commit) -> str:
             bar.set_postfix_str(c.short)
             try:
                 tree = prepare_tree(TreeSpec(label=c.short, rev=c.sha), repo, Path(tmp) / c.short)
             except ValueError as exc:  # e.g. a symlink pack refuses: untestable, not fatal
-                record = {"env": "current", "tree": {"label": c.short, "commit": c.sha, "short": c.short},
-                          "notebook": str(notebook), "parameters": params}
+                record = {
+                    "env": "current",
+                    "tree": {"label": c.short, "commit": c.sha, "short": c.short},
+                    "notebook": str(notebook),
+                    "parameters": params,
+                }
                 cell, summary = error_cell(record, "cannot pack", str(exc)), None
             else:
                 cell, summary = runner.run(tree)
@@ -307,12 +366,22 @@ def bisect(
 
         refused = _endpoints(run, good_commit, commits[-1])
         found = [] if refused else search(len(commits), lambda i: run(commits[i]))
-    result = BisectResult(good=good, bad=bad, commits=commits, steps=steps,
-                          candidates=[commits[i] for i in found], folder=folder, index=folder / "index.json",
-                          refused=refused)
-    doc["result"] = {"candidates": [c.sha for c in result.candidates],
-                     "first_bad": result.first_bad.sha if result.first_bad else None,
-                     "refused": refused, "conclusion": result.conclusion()}
+    result = BisectResult(
+        good=good,
+        bad=bad,
+        commits=commits,
+        steps=steps,
+        candidates=[commits[i] for i in found],
+        folder=folder,
+        index=folder / "index.json",
+        refused=refused,
+    )
+    doc["result"] = {
+        "candidates": [c.sha for c in result.candidates],
+        "first_bad": result.first_bad.sha if result.first_bad else None,
+        "refused": refused,
+        "conclusion": result.conclusion(),
+    }
     write_index(folder, doc, f"Bisect {good}..{bad}")
     (folder / "bisect.md").write_text(result.report())
     if refused:
@@ -322,8 +391,10 @@ def bisect(
 
 def _endpoints(run: Callable[[Commit], str], good: Commit, bad: Commit) -> str | None:
     """Run ``good`` then ``bad``; why they cannot bracket a search, or None when they do."""
-    hint = {SKIP: "untestable here: its run erred or ran no test (is the selection one this device "
-                  "runs? on a CPU, -m 'not cuda')"}
+    hint = {
+        SKIP: "untestable here: its run erred or ran no test (is the selection one this device "
+        "runs? on a CPU, -m 'not cuda')"
+    }
     outcome = run(good)
     if outcome != GOOD:
         what = hint.get(outcome, "it fails the selection; choose an older --good")
@@ -357,8 +428,16 @@ class ArmsResult:
             results = (summary or {}).get("results")
             verdicts.append(results.get("verdicts", {}) if isinstance(results, dict) else {})
         ids = list(dict.fromkeys(i for v in verdicts for i in v))
-        rows = [{"test": i, **{lab: SHORT_VERDICTS.get(v.get(i, "-"), v.get(i, "-"))
-                               for lab, v in zip(self.labels, verdicts, strict=True)}} for i in ids]
+        rows = [
+            {
+                "test": i,
+                **{
+                    lab: SHORT_VERDICTS.get(v.get(i, "-"), v.get(i, "-"))
+                    for lab, v in zip(self.labels, verdicts, strict=True)
+                },
+            }
+            for i in ids
+        ]
         result = {"test": "result"}
         for lab, cell, summary in zip(self.labels, self.cells, self.summaries, strict=True):
             result[lab] = result_text(summary) if summary else cell["summary"]
@@ -403,8 +482,12 @@ def arms(
     with tempfile.TemporaryDirectory(prefix="replaykit-arms-") as tmp:
         prepared = [prepare_tree(_tree_spec(lab, trees[lab]), repo, Path(tmp)) for lab in labels]
         folder = new_folder(Path(runs_dir), "arms", "-".join(labels))
-        doc: dict[str, Any] = {"kind": "arms", "parameters": params,
-                               "trees": [t.record() for t in prepared], "cells": []}
+        doc: dict[str, Any] = {
+            "kind": "arms",
+            "parameters": params,
+            "trees": [t.record() for t in prepared],
+            "cells": [],
+        }
         runner = _Runner(folder, params, kernel, Path(notebook), doc, f"Arms: {', '.join(labels)}")
         cells, summaries = [], []
         for tree in tqdm(prepared, desc="arms", unit="arm", disable=not progress):
@@ -412,7 +495,13 @@ def arms(
             runner.record(cell)
             cells.append(cell)
             summaries.append(summary)
-    result = ArmsResult(labels=labels, cells=cells, summaries=summaries, folder=folder,
-                        index=folder / "index.json", trees=doc["trees"])
+    result = ArmsResult(
+        labels=labels,
+        cells=cells,
+        summaries=summaries,
+        folder=folder,
+        index=folder / "index.json",
+        trees=doc["trees"],
+    )
     (folder / "arms.md").write_text(result.markdown() + "\n")
     return result

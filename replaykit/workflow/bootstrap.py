@@ -298,14 +298,19 @@ def requirements(root: Path, extras: Iterable[str]) -> list[str]:
     torch and its CUDA stack left out."""
     try:
         import tomllib
-    except ImportError:  # Python 3.10: read the flat lists of [project.optional-dependencies] by hand
+    except (
+        ImportError
+    ):  # Python 3.10: read the flat lists of [project.optional-dependencies] by hand
         tomllib = None
     text = (Path(root) / "pyproject.toml").read_text()
     if tomllib is not None:
         table = tomllib.loads(text)["project"]["optional-dependencies"]
     else:
         block = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
-        table = {k: re.findall(r'"([^"]+)"', v) for k, v in re.findall(r"^(\w[\w-]*)\s*=\s*\[(.*?)\]", block, re.M | re.S)}
+        table = {
+            k: re.findall(r'"([^"]+)"', v)
+            for k, v in re.findall(r"^(\w[\w-]*)\s*=\s*\[(.*?)\]", block, re.M | re.S)
+        }
     out: list[str] = []
     todo, seen = list(extras), set()
     while todo:
@@ -348,7 +353,16 @@ def _wheelhouse(root: Path | None) -> Path | None:
 
 def pip_command(reqs: list[str], wheelhouse: Path | None, constraints: Path) -> list[str]:
     """pip install into this interpreter: from the wheelhouse only when there is one; torch pinned."""
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c", str(constraints)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+        "-c",
+        str(constraints),
+    ]
     if wheelhouse is not None:
         cmd += ["--no-index", "--find-links", str(wheelhouse)]
     return [*cmd, *reqs]
@@ -357,7 +371,12 @@ def pip_command(reqs: list[str], wheelhouse: Path | None, constraints: Path) -> 
 def fix_line(reqs: list[str], wheelhouse: Path | None) -> str:
     """What to type in a cell to install ``reqs`` by hand (then Run all again)."""
     where = f" --no-index --find-links {wheelhouse}" if wheelhouse is not None else ""
-    return "%pip install" + where + " " + " ".join(f"'{r}'" if re.search(r"[<>=!\[ ]", r) else r for r in reqs)
+    return (
+        "%pip install"
+        + where
+        + " "
+        + " ".join(f"'{r}'" if re.search(r"[<>=!\[ ]", r) else r for r in reqs)
+    )
 
 
 def ensure(reqs: list[str], root: Path | None = None) -> list[str]:
@@ -374,7 +393,9 @@ def ensure(reqs: list[str], root: Path | None = None) -> list[str]:
         )
     missing = [r for r in reqs if installed(_requirement_name(r)) is None]
     if not missing:
-        say(f"nothing to install: {', '.join(_requirement_name(r) for r in reqs) or 'no packages'} present (torch {torch_version})")
+        say(
+            f"nothing to install: {', '.join(_requirement_name(r) for r in reqs) or 'no packages'} present (torch {torch_version})"
+        )
         return []
     wheelhouse = _wheelhouse(root)
     source = f"the wheelhouse {wheelhouse}" if wheelhouse is not None else "the package index"
@@ -384,20 +405,31 @@ def ensure(reqs: list[str], root: Path | None = None) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="replaykit-pip-") as tmp:
         constraints = Path(tmp) / "constraints.txt"
         constraints.write_text(f"torch=={torch_version}\n")
-        proc = subprocess.run(pip_command(missing, wheelhouse, constraints), capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            pip_command(missing, wheelhouse, constraints),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     took = time.monotonic() - started
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()
-        raise RuntimeError(f"pip could not install {', '.join(missing)} ({tail[-1] if tail else proc.returncode}); fix: {fix_line(missing, wheelhouse)}")
+        raise RuntimeError(
+            f"pip could not install {', '.join(missing)} ({tail[-1] if tail else proc.returncode}); fix: {fix_line(missing, wheelhouse)}"
+        )
     importlib.invalidate_caches()
     after = _distributions()
     new = sorted(f"{n} {v}" for n, v in after.items() if before.get(n) != v)
     say(f"installed in {took:.1f} s: {', '.join(new) or '(nothing new)'}")
     still = [r for r in missing if installed(_requirement_name(r)) is None]
     if still:
-        raise RuntimeError(f"still missing after the bootstrap: {', '.join(still)}; fix: {fix_line(still, wheelhouse)}")
+        raise RuntimeError(
+            f"still missing after the bootstrap: {', '.join(still)}; fix: {fix_line(still, wheelhouse)}"
+        )
     if installed("torch") != torch_version:
-        raise RuntimeError(f"torch changed from {torch_version} to {installed('torch')}: restart the runtime")
+        raise RuntimeError(
+            f"torch changed from {torch_version} to {installed('torch')}: restart the runtime"
+        )
     return new
 
 
@@ -405,7 +437,9 @@ def ensure(reqs: list[str], root: Path | None = None) -> list[str]:
 
 
 def _checkout_above(here: Path) -> Path | None:
-    return next((p for p in (here, *here.parents) if (p / "replaykit" / "__init__.py").is_file()), None)
+    return next(
+        (p for p in (here, *here.parents) if (p / "replaykit" / "__init__.py").is_file()), None
+    )
 
 
 def resolve(tree: str) -> Path | None:
@@ -434,11 +468,18 @@ def resolve(tree: str) -> Path | None:
             ) from None
         say(f"{path.name} verified against its manifest, unpacked into {root}")
         return root
-    raise FileNotFoundError(f"tree {tree!r}: not a folder, a git URL or an archive made by scripts/pack.py")
+    raise FileNotFoundError(
+        f"tree {tree!r}: not a folder, a git URL or an archive made by scripts/pack.py"
+    )
 
 
-def bootstrap(tree: str | Path = "", notebook: str | None = None, *, on_path: bool = True,
-              install: bool | None = None) -> Path | None:
+def bootstrap(
+    tree: str | Path = "",
+    notebook: str | None = None,
+    *,
+    on_path: bool = True,
+    install: bool | None = None,
+) -> Path | None:
     """Make ``replaykit`` and what ``notebook`` needs importable; returns the tree's root (None when
     ``tree`` is ``""`` and replaykit is importable already).
 
@@ -452,7 +493,9 @@ def bootstrap(tree: str | Path = "", notebook: str | None = None, *, on_path: bo
     root = resolve(str(tree)) if on_path else None
     if root is not None and on_path:
         sys.path.insert(0, str(root))
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(root), os.environ.get("PYTHONPATH")])
+        )
         importlib.invalidate_caches()
     if notebook is None:
         return root
@@ -463,7 +506,9 @@ def bootstrap(tree: str | Path = "", notebook: str | None = None, *, on_path: bo
     else:
         missing = [r for r in reqs if installed(_requirement_name(r)) is None]
         if missing:
-            raise RuntimeError(f"the {notebook} notebook needs {', '.join(missing)}; fix: {fix_line(missing, None)}")
+            raise RuntimeError(
+                f"the {notebook} notebook needs {', '.join(missing)}; fix: {fix_line(missing, None)}"
+            )
     return root
 
 

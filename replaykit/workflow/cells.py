@@ -50,9 +50,16 @@ def interpreter_problem(summary: dict[str, Any], python: str) -> str | None:
 def error_cell(base: dict[str, Any], reason: str, detail: str) -> dict[str, Any]:
     """An index record for a cell that did not run (or ran and must not count): status error."""
     first = detail.strip().splitlines()[0][:300] if detail.strip() else ""
-    return base | {"status": "error", "reason": reason, "summary": f"error: {reason}: {first}".rstrip(": "),
-                   "detail": detail[-3000:], "run_dir": None, "sha256": None, "counts": None,
-                   "duration_s": 0.0}
+    return base | {
+        "status": "error",
+        "reason": reason,
+        "summary": f"error: {reason}: {first}".rstrip(": "),
+        "detail": detail[-3000:],
+        "run_dir": None,
+        "sha256": None,
+        "counts": None,
+        "duration_s": 0.0,
+    }
 
 
 def run_cell(
@@ -71,8 +78,14 @@ def run_cell(
 
     ``kernel`` None: this interpreter (``ensure_kernel``), checked against ``sys.executable``.
     """
-    base = {"env": env, "python": python, "kernel": kernel, "tree": tree.record(),
-            "notebook": str(notebook), "parameters": dict(parameters)}
+    base = {
+        "env": env,
+        "python": python,
+        "kernel": kernel,
+        "tree": tree.record(),
+        "notebook": str(notebook),
+        "parameters": dict(parameters),
+    }
     params = dict(parameters)
     cwd = None
     try:
@@ -84,20 +97,36 @@ def run_cell(
         if kernel is None:
             kernel, python = ensure_kernel(), sys.executable
             base |= {"kernel": kernel, "python": python}
-        result = run_notebook(notebook, params, runs_dir=folder, kernel_name=kernel,
-                              cell_timeout=cell_timeout, progress=False, tree=tree.path, cwd=cwd)
+        result = run_notebook(
+            notebook,
+            params,
+            runs_dir=folder,
+            kernel_name=kernel,
+            cell_timeout=cell_timeout,
+            progress=False,
+            tree=tree.path,
+            cwd=cwd,
+        )
     except KeyboardInterrupt:
         raise
     except Exception as exc:
         return error_cell(base, "exception", f"{type(exc).__name__}: {exc}")
     s = result.summary
     record = base | {
-        "status": s["status"], "reason": s.get("reason"), "summary": summary_line(s),
-        "run_dir": os.path.relpath(result.run_dir, folder), "sha256": s.get("sha256"),
-        "counts": s.get("counts"), "duration_s": s.get("duration_s"),
+        "status": s["status"],
+        "reason": s.get("reason"),
+        "summary": summary_line(s),
+        "run_dir": os.path.relpath(result.run_dir, folder),
+        "sha256": s.get("sha256"),
+        "counts": s.get("counts"),
+        "duration_s": s.get("duration_s"),
     }
     problem = interpreter_problem(s, python) if python else None
     if problem:
-        record |= {"status": "error", "reason": WRONG_INTERPRETER,
-                   "summary": f"error: {WRONG_INTERPRETER}: {problem}", "detail": problem}
+        record |= {
+            "status": "error",
+            "reason": WRONG_INTERPRETER,
+            "summary": f"error: {WRONG_INTERPRETER}: {problem}",
+            "detail": problem,
+        }
     return record

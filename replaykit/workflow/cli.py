@@ -34,19 +34,44 @@ def _parser(command: str, doc: str | None) -> argparse.ArgumentParser:
 
 def _parameter_options(ap: argparse.ArgumentParser) -> None:
     """-p/-r/-y, read by ``runs.cli_parameters``."""
-    ap.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"),
-                    help="parameter, converted like papermill -p (int, float, True/False/None, str)")
-    ap.add_argument("-r", "--raw", nargs=2, action="append", metavar=("NAME", "VALUE"),
-                    help="parameter kept as a string")
-    ap.add_argument("-y", "--yaml", action="append", metavar="YAML_OR_JSON",
-                    help="parameters as YAML/JSON text or a file holding it (lists, dicts)")
+    ap.add_argument(
+        "-p",
+        "--parameter",
+        nargs=2,
+        action="append",
+        metavar=("NAME", "VALUE"),
+        help="parameter, converted like papermill -p (int, float, True/False/None, str)",
+    )
+    ap.add_argument(
+        "-r",
+        "--raw",
+        nargs=2,
+        action="append",
+        metavar=("NAME", "VALUE"),
+        help="parameter kept as a string",
+    )
+    ap.add_argument(
+        "-y",
+        "--yaml",
+        action="append",
+        metavar="YAML_OR_JSON",
+        help="parameters as YAML/JSON text or a file holding it (lists, dicts)",
+    )
 
 
 def _selection_options(ap: argparse.ArgumentParser) -> None:
     """-m/--id/--repeats and pytest's own arguments after ``--``: what verify and bisect select."""
-    ap.add_argument("-m", "--markers", default="cuda", help="pytest -m expression; '' for none (default: cuda)")
-    ap.add_argument("--id", action="append", dest="ids", default=[], metavar="NODE_ID",
-                    help="a test id to select (repeatable)")
+    ap.add_argument(
+        "-m", "--markers", default="cuda", help="pytest -m expression; '' for none (default: cuda)"
+    )
+    ap.add_argument(
+        "--id",
+        action="append",
+        dest="ids",
+        default=[],
+        metavar="NODE_ID",
+        help="a test id to select (repeatable)",
+    )
     ap.add_argument("--repeats", type=int, default=1, help="runs of the whole selection (per tree)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("extra", nargs="*", help="more pytest arguments, after --")
@@ -80,7 +105,9 @@ raised or timed out), 2 error (kernel died, runner error, bad arguments).
 
 def run_parser() -> argparse.ArgumentParser:
     ap = _parser("run", RUN_DOC)
-    ap.add_argument("notebook", type=notebook_arg, help="a .ipynb path, or parity / verify / benchmark")
+    ap.add_argument(
+        "notebook", type=notebook_arg, help="a .ipynb path, or parity / verify / benchmark"
+    )
     _parameter_options(ap)
     ap.add_argument("--runs-dir", type=Path, default=Path("runs"))
     ap.add_argument("--kernel", help="kernelspec name (default: register this interpreter)")
@@ -98,8 +125,14 @@ def run(argv: list[str] | None = None) -> int:
     try:
         params = cli_parameters(args.parameter, args.raw, args.yaml)
         result = run_notebook(
-            Path(args.notebook), params, runs_dir=args.runs_dir, kernel_name=args.kernel,
-            cell_timeout=args.cell_timeout, progress=not args.no_progress, tree=args.tree, cwd=args.cwd,
+            Path(args.notebook),
+            params,
+            runs_dir=args.runs_dir,
+            kernel_name=args.kernel,
+            cell_timeout=args.cell_timeout,
+            progress=not args.no_progress,
+            tree=args.tree,
+            cwd=args.cwd,
         )
     except (FileNotFoundError, ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -128,22 +161,50 @@ failed or errored, 2 bad input (spec, notebook, revision).
 
 def batch_parser() -> argparse.ArgumentParser:
     ap = _parser("batch", BATCH_DOC)
-    ap.add_argument("spec", nargs="?", type=Path, help="batch spec (.json, .yaml); or use the options below")
-    ap.add_argument("--env", action="append", default=[], metavar="NAME=PYTHON",
-                    help="an existing interpreter (repeatable)")
-    ap.add_argument("--venv", action="append", default=[], metavar="NAME=REQUIREMENT",
-                    help="a venv to build; repeat NAME for several requirements (NAME= for none)")
+    ap.add_argument(
+        "spec", nargs="?", type=Path, help="batch spec (.json, .yaml); or use the options below"
+    )
+    ap.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=PYTHON",
+        help="an existing interpreter (repeatable)",
+    )
+    ap.add_argument(
+        "--venv",
+        action="append",
+        default=[],
+        metavar="NAME=REQUIREMENT",
+        help="a venv to build; repeat NAME for several requirements (NAME= for none)",
+    )
     ap.add_argument("--base-python", help="interpreter that builds the --venv environments")
-    ap.add_argument("--system-site-packages", action="store_true", help="--venv environments see the base's packages")
-    ap.add_argument("--tree", action="append", default=[], metavar="[LABEL=]REV_OR_PATH",
-                    help="a git revision, folder or packed archive (repeatable)")
-    ap.add_argument("--notebook", action="append", default=[], type=notebook_arg,
-                    help="notebook: a path, or parity / verify / benchmark (repeatable)")
+    ap.add_argument(
+        "--system-site-packages",
+        action="store_true",
+        help="--venv environments see the base's packages",
+    )
+    ap.add_argument(
+        "--tree",
+        action="append",
+        default=[],
+        metavar="[LABEL=]REV_OR_PATH",
+        help="a git revision, folder or packed archive (repeatable)",
+    )
+    ap.add_argument(
+        "--notebook",
+        action="append",
+        default=[],
+        type=notebook_arg,
+        help="notebook: a path, or parity / verify / benchmark (repeatable)",
+    )
     _parameter_options(ap)
     ap.add_argument("--name", default="batch", help="batch name (the folder's suffix)")
     ap.add_argument("--repo", default=".", help="repository the revisions come from")
     ap.add_argument("--cell-timeout", type=int, help="seconds before a cell is interrupted")
-    ap.add_argument("--venvs-dir", help="where built venvs are kept (default ~/.cache/replaykit/venvs)")
+    ap.add_argument(
+        "--venvs-dir", help="where built venvs are kept (default ~/.cache/replaykit/venvs)"
+    )
     ap.add_argument("--runs-dir", type=Path, default=Path("runs"))
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     return ap
@@ -163,18 +224,35 @@ def spec_from_args(args: argparse.Namespace):  # -> batch.BatchSpec
     from replaykit.workflow.runs import cli_parameters
     from replaykit.workflow.trees import TreeSpec
 
-    quick = args.env or args.venv or args.tree or args.notebook or args.parameter or args.raw or args.yaml
+    quick = (
+        args.env
+        or args.venv
+        or args.tree
+        or args.notebook
+        or args.parameter
+        or args.raw
+        or args.yaml
+    )
     if args.spec is not None:
         if quick:
             raise ValueError("give a spec file or --env/--venv/--tree/--notebook/-p, not both")
         return load_spec(args.spec)
-    envs = [Environment(name=n, python=p) for n, p in (_pair(e, "--env", "PYTHON") for e in args.env)]
+    envs = [
+        Environment(name=n, python=p) for n, p in (_pair(e, "--env", "PYTHON") for e in args.env)
+    ]
     venvs: dict[str, list[str]] = {}
     for item in args.venv:
         name, req = _pair(item, "--venv", "REQUIREMENT")
         venvs.setdefault(name, []).extend([req] if req else [])
-    envs += [Environment(name=n, requirements=reqs, base_python=args.base_python,
-                         system_site_packages=args.system_site_packages) for n, reqs in venvs.items()]
+    envs += [
+        Environment(
+            name=n,
+            requirements=reqs,
+            base_python=args.base_python,
+            system_site_packages=args.system_site_packages,
+        )
+        for n, reqs in venvs.items()
+    ]
     if not envs:
         envs = [Environment(name="current", python=sys.executable)]
     return BatchSpec(
@@ -221,10 +299,16 @@ Exit code: 0 when every selected test passed (or skipped) in every repeat, 1 oth
 
 def verify_parser() -> argparse.ArgumentParser:
     ap = _parser("verify", VERIFY_DOC)
-    ap.add_argument("--tree", default="", help="directory or .tar.gz/.tgz/.tar (default: this checkout)")
+    ap.add_argument(
+        "--tree", default="", help="directory or .tar.gz/.tgz/.tar (default: this checkout)"
+    )
     ap.add_argument("--no-isolate", action="store_true", help="do not rerun each failing id alone")
-    ap.add_argument("--out", type=Path, help="folder for junit XML, logs and an extracted archive "
-                    "(default: a new temporary folder)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        help="folder for junit XML, logs and an extracted archive "
+        "(default: a new temporary folder)",
+    )
     ap.add_argument("--timeout", type=float, help="seconds before one pytest run is killed")
     _selection_options(ap)
     return ap
@@ -243,9 +327,15 @@ def verify(argv: list[str] | None = None) -> int:
         return 2
     print(f"tree: {tree}\nout: {out}")
     selection = run_selection(
-        tree, markers=args.markers or None, ids=args.ids, repeats=args.repeats,
-        isolate_failures=not args.no_isolate, extra_args=args.extra, out_dir=out,
-        timeout=args.timeout, progress=not args.no_progress,
+        tree,
+        markers=args.markers or None,
+        ids=args.ids,
+        repeats=args.repeats,
+        isolate_failures=not args.no_isolate,
+        extra_args=args.extra,
+        out_dir=out,
+        timeout=args.timeout,
+        progress=not args.no_progress,
     )
     table = selection.table()
     print(tables.text(table.to_dict("records"), list(table.columns)))
@@ -279,11 +369,26 @@ executed notebook is checked against the sha256 in its summary.json. Exit code: 
 
 def evidence_parser() -> argparse.ArgumentParser:
     ap = _parser("evidence", EVIDENCE_DOC)
-    ap.add_argument("folders", nargs="*", type=Path, help="run folders, downloaded .ipynb files, folders of them")
-    ap.add_argument("--runs", action="append", type=Path, default=[],
-                    help="a folder of runs, batch folders included (default: runs/ when nothing is given)")
-    ap.add_argument("--batch", action="append", type=Path, default=[],
-                    help="a batch (or bisect/arms) index.json or its folder")
+    ap.add_argument(
+        "folders",
+        nargs="*",
+        type=Path,
+        help="run folders, downloaded .ipynb files, folders of them",
+    )
+    ap.add_argument(
+        "--runs",
+        action="append",
+        type=Path,
+        default=[],
+        help="a folder of runs, batch folders included (default: runs/ when nothing is given)",
+    )
+    ap.add_argument(
+        "--batch",
+        action="append",
+        type=Path,
+        default=[],
+        help="a batch (or bisect/arms) index.json or its folder",
+    )
     ap.add_argument("--out", type=Path, help="also write the Markdown to this file")
     return ap
 
@@ -335,9 +440,16 @@ def bisect_parser() -> argparse.ArgumentParser:
     ap = _parser("bisect", BISECT_DOC)
     ap.add_argument("--good", help="a revision where the selection passes")
     ap.add_argument("--bad", help="a later revision where it fails")
-    ap.add_argument("--arm", action="append", default=[], metavar="LABEL=TREE",
-                    help="instead of bisecting: run on this tree (revision, folder or archive); repeatable")
-    ap.add_argument("--timeout", type=float, default=0, help="seconds before one pytest run is killed")
+    ap.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        metavar="LABEL=TREE",
+        help="instead of bisecting: run on this tree (revision, folder or archive); repeatable",
+    )
+    ap.add_argument(
+        "--timeout", type=float, default=0, help="seconds before one pytest run is killed"
+    )
     ap.add_argument("--repo", type=Path, default=Path("."), help="repository (default: here)")
     ap.add_argument("--runs-dir", type=Path, default=Path("runs"))
     ap.add_argument("--kernel", help="kernelspec name (default: this interpreter)")
@@ -361,9 +473,16 @@ def bisect(argv: list[str] | None = None) -> int:
     from replaykit.workflow import bisect as bs
 
     args = bisect_parser().parse_args(argv)
-    common = {"markers": args.markers or None, "ids": args.ids, "runs_dir": args.runs_dir,
-              "kernel": args.kernel, "progress": not args.no_progress, "repeats": args.repeats,
-              "extra_args": args.extra, "run_timeout": args.timeout}
+    common = {
+        "markers": args.markers or None,
+        "ids": args.ids,
+        "runs_dir": args.runs_dir,
+        "kernel": args.kernel,
+        "progress": not args.no_progress,
+        "repeats": args.repeats,
+        "extra_args": args.extra,
+        "run_timeout": args.timeout,
+    }
     try:
         if args.arm:
             if args.good or args.bad:
@@ -391,7 +510,12 @@ def pack(argv: list[str] | None = None) -> int:
 
 
 COMMANDS: dict[str, Callable[[list[str] | None], int]] = {
-    "pack": pack, "run": run, "batch": batch, "verify": verify, "evidence": evidence, "bisect": bisect,
+    "pack": pack,
+    "run": run,
+    "batch": batch,
+    "verify": verify,
+    "evidence": evidence,
+    "bisect": bisect,
 }
 
 

@@ -34,10 +34,19 @@ __all__ = ["NOTEBOOKS", "QUICK", "ColabRun", "edit_parameters", "main", "run_as_
 
 NOTEBOOKS = ("hazards", "parity", "benchmark", "verify")
 QUICK: dict[str, dict[str, Any]] = {
-    "parity": {"tasks": ["detection"], "models": ["transformer_lm"], "accumulations": [2], "device": "cpu"},
+    "parity": {
+        "tasks": ["detection"],
+        "models": ["transformer_lm"],
+        "accumulations": [2],
+        "device": "cpu",
+    },
     "benchmark": {"quick": True, "steps": 6, "rounds": 1, "device": "cpu"},
     "hazards": {"hazards": ["inputs"], "backends": ["emulated"]},
-    "verify": {"markers": "not cuda", "ids": ["tests/core/test_bitwise.py"], "isolate_failures": False},
+    "verify": {
+        "markers": "not cuda",
+        "ids": ["tests/core/test_bitwise.py"],
+        "isolate_failures": False,
+    },
 }
 """CPU-quick parameters per notebook (what the Colab simulation in ``make test`` runs)."""
 
@@ -96,12 +105,20 @@ def edit_parameters(nb: Any, values: dict[str, Any]) -> None:
     lines = cell.source.splitlines()
     todo = dict(values)
     for node in ast.parse(cell.source).body:
-        if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name) or node.target.id not in todo:
+        if (
+            not isinstance(node, ast.AnnAssign)
+            or not isinstance(node.target, ast.Name)
+            or node.target.id not in todo
+        ):
             continue
         line = lines[node.lineno - 1]
         value = node.value
-        assert value is not None and value.end_lineno == node.lineno, f"{node.target.id}: one line per parameter"
-        lines[node.lineno - 1] = line[: value.col_offset] + repr(todo.pop(node.target.id)) + line[value.end_col_offset :]
+        assert value is not None and value.end_lineno == node.lineno, (
+            f"{node.target.id}: one line per parameter"
+        )
+        lines[node.lineno - 1] = (
+            line[: value.col_offset] + repr(todo.pop(node.target.id)) + line[value.end_col_offset :]
+        )
     if todo:
         raise KeyError(f"the parameters cell declares no {', '.join(todo)}")
     cell.source = "\n".join(lines)
@@ -124,14 +141,25 @@ def _kernel_manager(python: str, env: dict[str, str], kernels: Path) -> Any:
     spec = kernels / KERNEL_NAME
     spec.mkdir(parents=True, exist_ok=True)
     argv = [python, "-m", "ipykernel_launcher", "-f", "{connection_file}", *QUIET_KERNEL]
-    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "Colab (simulated)",
-                                                  "language": "python", "env": env}))
-    return KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernels)]))
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {"argv": argv, "display_name": "Colab (simulated)", "language": "python", "env": env}
+        )
+    )
+    return KernelManager(
+        kernel_name=KERNEL_NAME, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernels)])
+    )
 
 
 def run_as_colab(
-    notebook: Path, params: dict[str, Any], downloads: Path, *, python: str = sys.executable,
-    upload: Path | None = None, workdir: Path | None = None, cell_timeout: int | None = None,
+    notebook: Path,
+    params: dict[str, Any],
+    downloads: Path,
+    *,
+    python: str = sys.executable,
+    upload: Path | None = None,
+    workdir: Path | None = None,
+    cell_timeout: int | None = None,
     env: dict[str, str] | None = None,
 ) -> ColabRun:
     """Execute ``notebook`` as Colab would, with its parameters cell edited to ``params``; save it
@@ -149,8 +177,11 @@ def run_as_colab(
     content.mkdir()
     nb = nbformat.read(str(notebook), as_version=4)
     edit_parameters(nb, params)
-    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                 if p and not (Path(p) / "replaykit").is_dir()]  # the kernel sees no replaykit but the tree's
+    inherited = [
+        p
+        for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if p and not (Path(p) / "replaykit").is_dir()
+    ]  # the kernel sees no replaykit but the tree's
     kernel_env = {
         "PYTHONPATH": os.pathsep.join([str(stand_in(base / "colab-stand-in")), *inherited]),
         "COLAB_RELEASE_TAG": "replaykit-simulated",
@@ -160,7 +191,9 @@ def run_as_colab(
         **(env or {}),
     }
     km = _kernel_manager(python, kernel_env, base / "kernels")
-    client = NotebookClient(nb, km=km, timeout=cell_timeout, resources={"metadata": {"path": str(content)}})
+    client = NotebookClient(
+        nb, km=km, timeout=cell_timeout, resources={"metadata": {"path": str(content)}}
+    )
     error, started = None, time.monotonic()
     try:
         client.execute()
@@ -182,17 +215,47 @@ def _parameter(pair: list[str]) -> tuple[str, str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m replaykit.workflow.colab", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("archive", type=Path, help="an archive made by `replaykit-workflow pack` (a wheelhouse one offline)")
-    ap.add_argument("--out", type=Path, required=True, help="where the downloaded notebooks and run folders go")
+    ap = argparse.ArgumentParser(
+        prog="python -m replaykit.workflow.colab",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "archive",
+        type=Path,
+        help="an archive made by `replaykit-workflow pack` (a wheelhouse one offline)",
+    )
+    ap.add_argument(
+        "--out", type=Path, required=True, help="where the downloaded notebooks and run folders go"
+    )
     ap.add_argument("--notebook", action="append", choices=NOTEBOOKS, help="default: all four")
-    ap.add_argument("--upload", default="hazards", help="the notebook that gets its archive through files.upload")
-    ap.add_argument("--quick", action="store_true", help="CPU-quick parameters (QUICK); default: each notebook's own")
-    ap.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("[NOTEBOOK:]NAME", "VALUE"),
-                    help="a parameter (a Python literal), for every notebook or one: -p verify:markers 'not cuda'")
-    ap.add_argument("--python", default=sys.executable, help="the kernel's interpreter (default: this one)")
-    ap.add_argument("--notebooks-dir", type=Path, help="where the .ipynb files are (default: this tree's notebooks/)")
+    ap.add_argument(
+        "--upload",
+        default="hazards",
+        help="the notebook that gets its archive through files.upload",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="CPU-quick parameters (QUICK); default: each notebook's own",
+    )
+    ap.add_argument(
+        "-p",
+        "--parameter",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("[NOTEBOOK:]NAME", "VALUE"),
+        help="a parameter (a Python literal), for every notebook or one: -p verify:markers 'not cuda'",
+    )
+    ap.add_argument(
+        "--python", default=sys.executable, help="the kernel's interpreter (default: this one)"
+    )
+    ap.add_argument(
+        "--notebooks-dir",
+        type=Path,
+        help="where the .ipynb files are (default: this tree's notebooks/)",
+    )
     ap.add_argument("--cell-timeout", type=int, help="seconds before a cell is stopped")
     return ap
 
@@ -207,14 +270,18 @@ def ensure_driver(archive: Path, python: str) -> None:
     from . import bootstrap
 
     missing = [r for r in DRIVER if bootstrap.installed(r.split(">")[0]) is None]
-    kernel_ok = subprocess.run([python, "-c", "import ipykernel"], capture_output=True).returncode == 0
+    kernel_ok = (
+        subprocess.run([python, "-c", "import ipykernel"], capture_output=True).returncode == 0
+    )
     if not missing and kernel_ok:
         return
     with tempfile.TemporaryDirectory(prefix="replaykit-driver-") as tmp:
         root = bootstrap.unpack(archive, Path(tmp))
         bootstrap.ensure(missing, root)
         if not kernel_ok and os.path.realpath(python) != os.path.realpath(sys.executable):
-            raise RuntimeError(f"{python} has no ipykernel: install it there (the kernel's interpreter)")
+            raise RuntimeError(
+                f"{python} has no ipykernel: install it there (the kernel's interpreter)"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,14 +299,33 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [_parameter(pair) for pair in args.parameter]
     runs = []
     for name in args.notebook or NOTEBOOKS:
-        path = (args.notebooks_dir / f"{name}.ipynb") if args.notebooks_dir else notebook_path(f"{name}.ipynb")
-        params = {**(QUICK[name] if args.quick else {}), "tree": "upload" if name == args.upload else str(archive)}
+        path = (
+            (args.notebooks_dir / f"{name}.ipynb")
+            if args.notebooks_dir
+            else notebook_path(f"{name}.ipynb")
+        )
+        params = {
+            **(QUICK[name] if args.quick else {}),
+            "tree": "upload" if name == args.upload else str(archive),
+        }
         params |= {key: value for target, key, value in overrides if target in ("", name)}
-        print(f"{name}: running as Colab does ({', '.join(f'{k}={v!r}' for k, v in params.items())})", flush=True)
-        run = run_as_colab(path, params, args.out, python=args.python, upload=archive if name == args.upload else None,
-                           cell_timeout=args.cell_timeout)
+        print(
+            f"{name}: running as Colab does ({', '.join(f'{k}={v!r}' for k, v in params.items())})",
+            flush=True,
+        )
+        run = run_as_colab(
+            path,
+            params,
+            args.out,
+            python=args.python,
+            upload=archive if name == args.upload else None,
+            cell_timeout=args.cell_timeout,
+        )
         runs.append(run)
-        print(f"{name}: {'passed' if run.ok else 'stopped: ' + str(run.error)} in {run.seconds:.0f} s -> {run.notebook}", flush=True)
+        print(
+            f"{name}: {'passed' if run.ok else 'stopped: ' + str(run.error)} in {run.seconds:.0f} s -> {run.notebook}",
+            flush=True,
+        )
     ev = collect(folders=[r.notebook for r in runs])
     text = ev.markdown(relative_to=args.out)
     (args.out / "evidence.md").write_text(text)

@@ -40,7 +40,9 @@ class Plant:
         target = root / self.path
         text = target.read_text() if target.is_file() else ""
         if text.count(self.old) != 1:
-            raise ValueError(f"cannot plant: {self.path} holds {self.old!r} {text.count(self.old)} times, not once")
+            raise ValueError(
+                f"cannot plant: {self.path} holds {self.old!r} {text.count(self.old)} times, not once"
+            )
         target.write_text(text.replace(self.old, self.new))
 
 
@@ -71,8 +73,16 @@ class Planted:
         return self.commits[-1]
 
 
-def plant_history(source: Path, good: str, bad: str, dest: Path, *, plant: Plant = DEFAULT_PLANT,
-                  at: int | None = None, branch: str = "drill") -> Planted:
+def plant_history(
+    source: Path,
+    good: str,
+    bad: str,
+    dest: Path,
+    *,
+    plant: Plant = DEFAULT_PLANT,
+    at: int | None = None,
+    branch: str = "drill",
+) -> Planted:
     """Clone ``source`` into ``dest`` and copy ``good`` and the first-parent commits after it up to
     ``bad`` onto ``branch`` there, ``plant`` applied from the ``at``-th commit after ``good`` on
     (1-based; default the middle). Raises ValueError when the range is too short or the plant
@@ -103,23 +113,45 @@ def plant_history(source: Path, good: str, bad: str, dest: Path, *, plant: Plant
         parents = ["-p", copies[-1]] if copies else []
         copies.append(git_text(dest, "commit-tree", tree, *parents, "-m", subject))
     git(dest, "checkout", "-q", "-f", "-B", branch, copies[-1])
-    return Planted(repo=Path(dest), branch=branch, commits=copies, originals=originals, planted=copies[at])
+    return Planted(
+        repo=Path(dest), branch=branch, commits=copies, originals=originals, planted=copies[at]
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m replaykit.workflow.drill", description=__doc__.splitlines()[0])
-    ap.add_argument("--range", required=True, metavar="GOOD..BAD", help="first-parent history to copy")
-    ap.add_argument("--repo", type=Path, default=Path("."), help="repository (default: here; never modified)")
-    ap.add_argument("--plant-at", type=int, help="1-based commit after GOOD that gets the bug (default: middle)")
+    ap = argparse.ArgumentParser(
+        prog="python -m replaykit.workflow.drill", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument(
+        "--range", required=True, metavar="GOOD..BAD", help="first-parent history to copy"
+    )
+    ap.add_argument(
+        "--repo", type=Path, default=Path("."), help="repository (default: here; never modified)"
+    )
+    ap.add_argument(
+        "--plant-at", type=int, help="1-based commit after GOOD that gets the bug (default: middle)"
+    )
     ap.add_argument("--file", default=DEFAULT_PLANT.path, help="file to plant the bug in")
     ap.add_argument("--old", default=DEFAULT_PLANT.old, help="text replaced (must occur once)")
     ap.add_argument("--new", default=DEFAULT_PLANT.new, help="replacement")
-    ap.add_argument("-m", "--markers", default="cuda", help="pytest -m expression for bisect (default: cuda)")
-    ap.add_argument("--id", action="append", dest="ids", default=[], metavar="NODE_ID",
-                    help="test ids or folders to select (repeatable; default: the whole suite)")
+    ap.add_argument(
+        "-m", "--markers", default="cuda", help="pytest -m expression for bisect (default: cuda)"
+    )
+    ap.add_argument(
+        "--id",
+        action="append",
+        dest="ids",
+        default=[],
+        metavar="NODE_ID",
+        help="test ids or folders to select (repeatable; default: the whole suite)",
+    )
     ap.add_argument("--runs-dir", type=Path, default=Path("runs"))
-    ap.add_argument("--timeout", type=float, default=0, help="seconds before one pytest run is killed")
-    ap.add_argument("--dry-run", action="store_true", help="build the planted history, print it, run nothing")
+    ap.add_argument(
+        "--timeout", type=float, default=0, help="seconds before one pytest run is killed"
+    )
+    ap.add_argument(
+        "--dry-run", action="store_true", help="build the planted history, print it, run nothing"
+    )
     ap.add_argument("--no-progress", action="store_true")
     return ap
 
@@ -133,41 +165,68 @@ def main(argv: list[str] | None = None) -> int:
     if not (sep and good and bad):
         print(f"error: --range {args.range!r}: expected GOOD..BAD", file=sys.stderr)
         return 2
-    plant = Plant(args.file, args.old.encode().decode("unicode_escape"), args.new.encode().decode("unicode_escape"))
+    plant = Plant(
+        args.file,
+        args.old.encode().decode("unicode_escape"),
+        args.new.encode().decode("unicode_escape"),
+    )
     with tempfile.TemporaryDirectory(prefix="replaykit-drill-") as tmp:
         try:
-            planted = plant_history(args.repo, good, bad, Path(tmp) / "repo", plant=plant, at=args.plant_at)
+            planted = plant_history(
+                args.repo, good, bad, Path(tmp) / "repo", plant=plant, at=args.plant_at
+            )
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        print(f"copied {len(planted.commits)} commits of {args.range} onto branch {planted.branch!r} in a "
-              f"temporary clone; bug planted in {plant.path} at {planted.planted[:7]}")
+        print(
+            f"copied {len(planted.commits)} commits of {args.range} onto branch {planted.branch!r} in a "
+            f"temporary clone; bug planted in {plant.path} at {planted.planted[:7]}"
+        )
         for copy, original in zip(planted.commits, planted.originals, strict=True):
             mark = "  <- planted" if copy == planted.planted else ""
             print(f"  {copy[:7]} (from {original[:7]}){mark}")
         if args.dry_run:
             return 0
-        record: dict[str, Any] = {"range": args.range, "plant": asdict(plant), "planted": planted.planted,
-                                  "commits": planted.commits, "originals": planted.originals}
+        record: dict[str, Any] = {
+            "range": args.range,
+            "plant": asdict(plant),
+            "planted": planted.planted,
+            "commits": planted.commits,
+            "originals": planted.originals,
+        }
         try:
-            result = bisect(planted.repo, planted.good, planted.bad, markers=args.markers or None, ids=args.ids,
-                            runs_dir=args.runs_dir.resolve(), progress=not args.no_progress,
-                            run_timeout=args.timeout)
+            result = bisect(
+                planted.repo,
+                planted.good,
+                planted.bad,
+                markers=args.markers or None,
+                ids=args.ids,
+                runs_dir=args.runs_dir.resolve(),
+                progress=not args.no_progress,
+                run_timeout=args.timeout,
+            )
         except ValueError as exc:  # an endpoint did not hold: the drill failed
             folder = getattr(exc, "folder", None)
             if folder is not None:
-                (Path(folder) / "drill.json").write_text(json.dumps(record | {"named": None, "error": str(exc)}, indent=1))
+                (Path(folder) / "drill.json").write_text(
+                    json.dumps(record | {"named": None, "error": str(exc)}, indent=1)
+                )
             print(f"DRILL FAILED: {exc}", file=sys.stderr)
             return 1
     named = result.first_bad.sha if result.first_bad else None
-    (result.folder / "drill.json").write_text(json.dumps(record | {"named": named, "ok": named == planted.planted}, indent=1))
+    (result.folder / "drill.json").write_text(
+        json.dumps(record | {"named": named, "ok": named == planted.planted}, indent=1)
+    )
     print(result.folder)
     print(result.report(), end="")
     if named == planted.planted:
         print(f"DRILL PASSED: bisect named the planted commit {planted.planted[:7]}")
         return 0
-    print(f"DRILL FAILED: bisect named {named[:7] if named else 'no single commit'}, "
-          f"the bug was planted at {planted.planted[:7]}", file=sys.stderr)
+    print(
+        f"DRILL FAILED: bisect named {named[:7] if named else 'no single commit'}, "
+        f"the bug was planted at {planted.planted[:7]}",
+        file=sys.stderr,
+    )
     return 1
 
 

@@ -58,7 +58,9 @@ class Environment:
         if not self.name or not isinstance(self.name, str):
             raise ValueError("an environment needs a non-empty name")
         if (self.python is None) == (self.requirements is None):
-            raise ValueError(f"environment {self.name!r}: give exactly one of python or requirements")
+            raise ValueError(
+                f"environment {self.name!r}: give exactly one of python or requirements"
+            )
         for key in ("requirements", "site_dirs", "pip_args"):
             value = getattr(self, key)
             if isinstance(value, str):
@@ -86,7 +88,9 @@ def default_venvs_dir() -> Path:
 
 def _site_packages(python: str) -> str:
     code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    proc = subprocess.run(
+        [python, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     return proc.stdout.strip()
 
 
@@ -113,9 +117,13 @@ def build_venv(env: Environment, venvs_dir: Path, timeout: float = 3600) -> str:
         base = probe(env.base_python or sys.executable).executable
     except InterpreterError as exc:
         raise EnvBuildError(str(exc)) from exc
-    key = {"base": base, "requirements": list(env.requirements or ()),
-           "system_site_packages": env.system_site_packages, "site_dirs": list(env.site_dirs),
-           "pip_args": list(env.pip_args)}
+    key = {
+        "base": base,
+        "requirements": list(env.requirements or ()),
+        "system_site_packages": env.system_site_packages,
+        "site_dirs": list(env.site_dirs),
+        "pip_args": list(env.pip_args),
+    }
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     dest = Path(venvs_dir).resolve() / f"{slug(env.name)}-{digest}"
     stamp = dest / ENV_STAMP
@@ -127,16 +135,35 @@ def build_venv(env: Environment, venvs_dir: Path, timeout: float = 3600) -> str:
     dest.parent.mkdir(parents=True, exist_ok=True)
     log = dest.parent / f"{dest.name}.log"
     log.write_text("")
-    venv_cmd = [base, "-m", "venv", *(["--system-site-packages"] if env.system_site_packages else []), str(dest)]
+    venv_cmd = [
+        base,
+        "-m",
+        "venv",
+        *(["--system-site-packages"] if env.system_site_packages else []),
+        str(dest),
+    ]
     _run_logged(venv_cmd, log, f"python -m venv for {env.name!r}", timeout)
-    python = next((str(p) for p in (dest / "bin" / "python", dest / "Scripts" / "python.exe") if p.exists()), None)
+    python = next(
+        (str(p) for p in (dest / "bin" / "python", dest / "Scripts" / "python.exe") if p.exists()),
+        None,
+    )
     if python is None:
         raise EnvBuildError(f"venv {dest} has no interpreter")
     if env.site_dirs:
         lines = [f"import site; site.addsitedir({os.path.abspath(d)!r})" for d in env.site_dirs]
-        (Path(_site_packages(python)) / "_replaykit_site_dirs.pth").write_text("\n".join(lines) + "\n")
-    pip = [python, "-m", "pip", "install", "--disable-pip-version-check", *env.pip_args,
-           *(env.requirements or ()), "ipykernel"]
+        (Path(_site_packages(python)) / "_replaykit_site_dirs.pth").write_text(
+            "\n".join(lines) + "\n"
+        )
+    pip = [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        *env.pip_args,
+        *(env.requirements or ()),
+        "ipykernel",
+    ]
     _run_logged(pip, log, f"pip install for {env.name!r}", timeout)
     built = _dt.datetime.now(_dt.timezone.utc).isoformat()
     stamp.write_text(json.dumps({"key": key, "python": python, "built_utc": built}, indent=1))

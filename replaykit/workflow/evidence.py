@@ -28,8 +28,16 @@ from .bootstrap import file_sha256
 from .folders import INDEX_FILE, SUMMARY_FILE
 
 __all__ = [
-    "EXECUTED", "Evidence", "RunEvidence", "collect", "counts_text", "load_notebook", "load_run", "parts",
-    "result_text", "runtime_text",
+    "EXECUTED",
+    "Evidence",
+    "RunEvidence",
+    "collect",
+    "counts_text",
+    "load_notebook",
+    "load_run",
+    "parts",
+    "result_text",
+    "runtime_text",
 ]
 
 COLUMNS = ("Tree", "Runtime", "Result")
@@ -76,7 +84,9 @@ class RunEvidence:
         return results if isinstance(results, dict) else {}
 
     def tree(self) -> str:
-        return tree_text(self.fingerprint.get("tree") or {}, self.label, (self.cell or {}).get("tree"))
+        return tree_text(
+            self.fingerprint.get("tree") or {}, self.label, (self.cell or {}).get("tree")
+        )
 
     def runtime(self) -> str:
         if self.summary is None:
@@ -89,7 +99,9 @@ class RunEvidence:
             return f"{cell.get('status', 'error')}: {cell.get('reason') or ''}".rstrip(": ")
         text = result_text(self.summary)
         cell = self.cell or {}
-        if cell.get("status") and cell["status"] != self.summary.get("status"):  # e.g. wrong interpreter
+        if cell.get("status") and cell["status"] != self.summary.get(
+            "status"
+        ):  # e.g. wrong interpreter
             text += f" ({cell['status']}: {cell.get('reason')})"
         if self.bare is not None and self.integrity == UNSEALED:
             return f"{text} **{UNSEALED}**"
@@ -111,7 +123,9 @@ def check_integrity(run: RunEvidence) -> None:
     indexed = (run.cell or {}).get("sha256")
     if not recorded:  # papermill never saved it (e.g. the kernel did not start)
         run.integrity = UNHASHED
-        run.problems.append(f"{run.folder}: summary.json records no sha256: the run saved no notebook")
+        run.problems.append(
+            f"{run.folder}: summary.json records no sha256: the run saved no notebook"
+        )
         return
     if path is None or not path.is_file():
         run.integrity = MISSING
@@ -145,7 +159,9 @@ def _check_seal(run: RunEvidence, path: Path) -> None:
         return
     if verdict is None:
         run.integrity = UNSEALED
-        run.problems.append(f"{path}: no seal (a run from before seals): summary.json is read unchecked")
+        run.problems.append(
+            f"{path}: no seal (a run from before seals): summary.json is read unchecked"
+        )
     if verdict is not None:
         run.summary = run.summary | verdict
     if problems:
@@ -172,14 +188,22 @@ def load_notebook(path: Path) -> RunEvidence:
     if sealed is None:
         summary = _unsealed_summary(path, nb)
         run = RunEvidence(folder=path.parent, summary=summary, integrity=UNSEALED, bare=path)
-        run.problems.append(f"{path}: no seal (the notebook did not reach its last cell): never read as a pass")
+        run.problems.append(
+            f"{path}: no seal (the notebook did not reach its last cell): never read as a pass"
+        )
         return run
     summary = {
-        "notebook": sealed.get("notebook") or path.name, "output": path.name,
-        "status": sealed.get("status"), "reason": sealed.get("reason"), "results": sealed.get("results"),
-        "counts": sealed.get("counts"), "fingerprint": sealed.get("fingerprint") or {},
-        "parameters": sealed.get("parameters"), "failures": sealed.get("failures") or [],
-        "failed_cell": None, "errors": [],
+        "notebook": sealed.get("notebook") or path.name,
+        "output": path.name,
+        "status": sealed.get("status"),
+        "reason": sealed.get("reason"),
+        "results": sealed.get("results"),
+        "counts": sealed.get("counts"),
+        "fingerprint": sealed.get("fingerprint") or {},
+        "parameters": sealed.get("parameters"),
+        "failures": sealed.get("failures") or [],
+        "failed_cell": None,
+        "errors": [],
     }
     run = RunEvidence(folder=path.parent, summary=summary, bare=path)
     if problems:
@@ -199,12 +223,26 @@ def _unsealed_summary(path: Path, nb: Any) -> dict[str, Any]:
             failed = {"index": index, "ename": err.get("ename"), "evalue": err.get("evalue")}
             break
     status, reason = ("failed", "exception") if cells_failed(nb) else ("error", "not sealed")
-    return {"notebook": path.name, "output": path.name, "status": status, "reason": reason,
-            "results": None, "counts": None, "fingerprint": {}, "failed_cell": failed, "errors": []}
+    return {
+        "notebook": path.name,
+        "output": path.name,
+        "status": status,
+        "reason": reason,
+        "results": None,
+        "counts": None,
+        "fingerprint": {},
+        "failed_cell": failed,
+        "errors": [],
+    }
 
 
-def load_run(folder: Path, *, label: str | None = None, env: str | None = None,
-             cell: dict[str, Any] | None = None) -> RunEvidence | None:
+def load_run(
+    folder: Path,
+    *,
+    label: str | None = None,
+    env: str | None = None,
+    cell: dict[str, Any] | None = None,
+) -> RunEvidence | None:
     """The run in ``folder`` with its integrity checked, or None when it holds no notebook summary."""
     folder = Path(folder)
     try:
@@ -220,14 +258,18 @@ def load_run(folder: Path, *, label: str | None = None, env: str | None = None,
     if cell and cell.get("status") and cell["status"] != summary["status"]:
         run.problems.append(f"{folder}: the batch recorded {cell.get('summary') or cell['status']}")
     if commit and intended and commit != intended:
-        run.problems.append(f"{folder}: the notebook saw commit {commit[:7]}, the batch meant {intended[:7]}")
+        run.problems.append(
+            f"{folder}: the notebook saw commit {commit[:7]}, the batch meant {intended[:7]}"
+        )
     return run
 
 
 # --- texts -------------------------------------------------------------------
 
 
-def tree_text(tree: dict[str, Any], label: str | None = None, intended: dict[str, Any] | None = None) -> str:
+def tree_text(
+    tree: dict[str, Any], label: str | None = None, intended: dict[str, Any] | None = None
+) -> str:
     """``bb3c0b8 (candidate)``: short commit, ``-dirty`` when it was, the label when it says more."""
     intended = intended or {}
     commit = tree.get("commit") or intended.get("commit")
@@ -247,7 +289,9 @@ def runtime_text(fp: dict[str, Any]) -> str:
     """``Python 3.11 / torch 2.9.1+cu129``, plus `` / <GPU>`` when the run had one."""
     version = str(fp.get("python") or "?")
     parts = [f"Python {'.'.join(version.split('.')[:2])}", f"torch {fp.get('torch') or 'none'}"]
-    gpu = fp.get("gpu") or (fp.get("device") if fp.get("device") not in (None, "cpu", "unknown") else None)
+    gpu = fp.get("gpu") or (
+        fp.get("device") if fp.get("device") not in (None, "cpu", "unknown") else None
+    )
     if gpu:
         parts.append(str(gpu))
     return " / ".join(parts)
@@ -255,7 +299,9 @@ def runtime_text(fp: dict[str, Any]) -> str:
 
 def counts_text(counts: dict[str, Any]) -> str:
     """``18 failed, 9 passed`` in pytest's order; zeros left out; ``2 errors``; ``no tests ran (71 skipped)``."""
-    items = [(k, v) for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool) and v]
+    items = [
+        (k, v) for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool) and v
+    ]
     rank = {k: i for i, k in enumerate(ORDER)}
     items.sort(key=lambda kv: rank.get(kv[0], len(ORDER)))
     words = [f"{v} {k + 's' if k == 'error' and v > 1 else k}" for k, v in items]
@@ -271,8 +317,17 @@ def _n(value: Any) -> int:
 
 def _equal_rows(rows: Any) -> tuple[int, int]:
     """(bitwise equal, not equal) over a benchmark's replaykit rows (arms named ``replaykit…``)."""
-    mine = [r for r in rows if isinstance(r, dict) and str(r.get("arm", "")).startswith("replaykit")
-            and r.get("equals_eager") is not None] if isinstance(rows, list) else []
+    mine = (
+        [
+            r
+            for r in rows
+            if isinstance(r, dict)
+            and str(r.get("arm", "")).startswith("replaykit")
+            and r.get("equals_eager") is not None
+        ]
+        if isinstance(rows, list)
+        else []
+    )
     equal = sum(bool(r["equals_eager"]) for r in mine)
     return equal, len(mine) - equal
 
@@ -299,7 +354,13 @@ def parts(results: dict[str, Any]) -> list[tuple[str, int, int]]:
         out.append(("zoo", *_equal_rows(zoo.get("rows"))))
     step = results.get("whole_step")
     if isinstance(step, dict) and isinstance(step.get("total"), int):
-        out.append(("whole step", int(step.get("passed") or 0), step["total"] - int(step.get("passed") or 0)))
+        out.append(
+            (
+                "whole step",
+                int(step.get("passed") or 0),
+                step["total"] - int(step.get("passed") or 0),
+            )
+        )
     elif isinstance(step, dict):
         out.append(("whole step", *_equal_rows(step.get("rows"))))
     return out
@@ -326,7 +387,9 @@ def _parts_text(results: dict[str, Any]) -> str:
 def result_text(summary: dict[str, Any]) -> str:
     """The Result column: counts (per repeat when they differ), flaky ids, and how the run ended."""
     results = summary.get("results") if isinstance(summary.get("results"), dict) else {}
-    per_run = results.get("counts_per_run") if isinstance(results.get("counts_per_run"), dict) else {}
+    per_run = (
+        results.get("counts_per_run") if isinstance(results.get("counts_per_run"), dict) else {}
+    )
     repeats = {k: v for k, v in per_run.items() if re.fullmatch(r"r\d+", k) and isinstance(v, dict)}
     counts = _counts(results, summary)
     if len(repeats) > 1:
@@ -395,10 +458,15 @@ def failures(run: RunEvidence) -> list[dict[str, str]]:
     if isinstance(ids, list) and ids:
         messages = _junit_messages(run)
         verdicts = results.get("verdicts") or {}
-        return [{"id": i, "status": verdicts.get(i, "failed"), "message": messages.get(_key(i), "")} for i in ids]
+        return [
+            {"id": i, "status": verdicts.get(i, "failed"), "message": messages.get(_key(i), "")}
+            for i in ids
+        ]
     run_errors = results.get("run_errors")
     if isinstance(run_errors, list) and run_errors:
-        return [{"id": "pytest", "status": "run error", "message": str(e)[:300]} for e in run_errors]
+        return [
+            {"id": "pytest", "status": "run error", "message": str(e)[:300]} for e in run_errors
+        ]
     failed = results.get("failed")
     if isinstance(failed, list) and failed:
         return [{"id": str(name), "status": "failed", "message": ""} for name in failed]
@@ -408,11 +476,21 @@ def failures(run: RunEvidence) -> list[dict[str, str]]:
     cell = summary.get("failed_cell")
     if summary.get("status") != "passed" and cell:
         why = f"{cell.get('ename') or ''}: {cell.get('evalue') or ''}".strip(": ")
-        return [{"id": f"cell {cell.get('index')}", "status": summary.get("reason") or summary["status"],
-                 "message": why.splitlines()[0][:300] if why else ""}]
+        return [
+            {
+                "id": f"cell {cell.get('index')}",
+                "status": summary.get("reason") or summary["status"],
+                "message": why.splitlines()[0][:300] if why else "",
+            }
+        ]
     if summary.get("status") == "error" and summary.get("errors"):
-        return [{"id": "run", "status": summary.get("reason") or "error",
-                 "message": str(summary["errors"][0]).splitlines()[0][:300]}]
+        return [
+            {
+                "id": "run",
+                "status": summary.get("reason") or "error",
+                "message": str(summary["errors"][0]).splitlines()[0][:300],
+            }
+        ]
     return []
 
 
@@ -431,13 +509,25 @@ def _from_index(path: Path) -> list[RunEvidence]:
         label = (cell.get("tree") or {}).get("label")
         label = None if label == "default" else label
         if cell.get("run_dir"):
-            run = load_run(path.parent / cell["run_dir"], label=label, env=cell.get("env"), cell=cell)
+            run = load_run(
+                path.parent / cell["run_dir"], label=label, env=cell.get("env"), cell=cell
+            )
             if run is None:
-                run = RunEvidence(folder=path.parent / cell["run_dir"], summary=None, label=label,
-                                  env=cell.get("env"), cell=cell, integrity=MISSING)
-                run.problems.append(f"{run.folder}: listed in {path.name} but holds no summary.json")
+                run = RunEvidence(
+                    folder=path.parent / cell["run_dir"],
+                    summary=None,
+                    label=label,
+                    env=cell.get("env"),
+                    cell=cell,
+                    integrity=MISSING,
+                )
+                run.problems.append(
+                    f"{run.folder}: listed in {path.name} but holds no summary.json"
+                )
         else:
-            run = RunEvidence(folder=None, summary=None, label=label, env=cell.get("env"), cell=cell)
+            run = RunEvidence(
+                folder=None, summary=None, label=label, env=cell.get("env"), cell=cell
+            )
         out.append(run)
     return out
 
@@ -445,7 +535,9 @@ def _from_index(path: Path) -> list[RunEvidence]:
 def _scan(runs_dir: Path) -> tuple[list[RunEvidence], list[Path]]:
     """Runs directly under ``runs_dir`` and inside its batch folders (through their index)."""
     found, skipped = [], []
-    found += [load_notebook(p) for p in sorted(Path(runs_dir).glob("*.ipynb"))]  # downloads, a Drive folder
+    found += [
+        load_notebook(p) for p in sorted(Path(runs_dir).glob("*.ipynb"))
+    ]  # downloads, a Drive folder
     for child in sorted(p for p in Path(runs_dir).iterdir() if p.is_dir()):
         if (child / INDEX_FILE).is_file():
             found += _from_index(child / INDEX_FILE)
@@ -476,14 +568,23 @@ class Evidence:
         """One row per run: Tree, Runtime, Result (and Notebook, Environment when runs mix them)."""
         rows = []
         for r in self.runs:
-            rows.append({"Tree": r.tree(), "Runtime": r.runtime(), "Result": r.result(),
-                         "Notebook": (r.summary or {}).get("notebook") or (r.cell or {}).get("notebook", ""),
-                         "Environment": _environment(r)})
+            rows.append(
+                {
+                    "Tree": r.tree(),
+                    "Runtime": r.runtime(),
+                    "Result": r.result(),
+                    "Notebook": (r.summary or {}).get("notebook")
+                    or (r.cell or {}).get("notebook", ""),
+                    "Environment": _environment(r),
+                }
+            )
         return rows
 
     def columns(self) -> tuple[str, ...]:
         rows = self.rows()
-        extra = [c for c in ("Notebook", "Environment") if len({row[c] for row in rows if row[c]}) > 1]
+        extra = [
+            c for c in ("Notebook", "Environment") if len({row[c] for row in rows if row[c]}) > 1
+        ]
         return ("Tree", *extra, "Runtime", "Result")
 
     def table(self) -> str:
@@ -504,8 +605,11 @@ class Evidence:
                 for row in rows:
                     message = f": {row['message']}" if row["message"] else ""
                     out.append(f"  - `{row['id']}` {row['status']}{message}")
-        links = [f"- {r.tree()} · {r.runtime()}: {_link(r, base)}"
-                 for r in self.runs if r.notebook and r.integrity != UNHASHED]
+        links = [
+            f"- {r.tree()} · {r.runtime()}: {_link(r, base)}"
+            for r in self.runs
+            if r.notebook and r.integrity != UNHASHED
+        ]
         if links:
             out += ["", "Executed notebooks:", "", *links]
         if self.warnings:
@@ -528,7 +632,9 @@ def _link(run: RunEvidence, base: Path, prefix: str = "") -> str:
     return f"{prefix}[{name}]({rel}){flag}"
 
 
-def collect(runs: Iterable[Path] = (), batches: Iterable[Path] = (), folders: Iterable[Path] = ()) -> Evidence:
+def collect(
+    runs: Iterable[Path] = (), batches: Iterable[Path] = (), folders: Iterable[Path] = ()
+) -> Evidence:
     """Runs from runs dirs (scanned, batch folders through their index), batch index files and
     explicit run folders; each run once (first seen wins). ValueError for an unusable argument."""
     found: list[RunEvidence] = []
@@ -556,7 +662,9 @@ def collect(runs: Iterable[Path] = (), batches: Iterable[Path] = (), folders: It
             found += [load_notebook(p) for p in sorted(folder.glob("*.ipynb"))]
             continue
         if run is None:
-            raise ValueError(f"{folder}: no notebook run (summary.json) and no executed notebook (.ipynb) there")
+            raise ValueError(
+                f"{folder}: no notebook run (summary.json) and no executed notebook (.ipynb) there"
+            )
         found.append(run)
     unique: list[RunEvidence] = []
     seen: set[Path] = set()

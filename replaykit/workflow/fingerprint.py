@@ -26,8 +26,17 @@ from replaykit.workflow.folders import slug
 from replaykit.workflow.git import GitError, git_text
 
 __all__ = [
-    "FINGERPRINT_FILE", "MANIFEST_NAME", "NeedsSourceTree", "default_tree", "fingerprint",
-    "fingerprint_slug", "in_colab", "notebook_path", "record_fingerprint", "source_tree", "tree_info",
+    "FINGERPRINT_FILE",
+    "MANIFEST_NAME",
+    "NeedsSourceTree",
+    "default_tree",
+    "fingerprint",
+    "fingerprint_slug",
+    "in_colab",
+    "notebook_path",
+    "record_fingerprint",
+    "source_tree",
+    "tree_info",
 ]
 
 FINGERPRINT_FILE = "fingerprint.json"
@@ -44,7 +53,11 @@ class NeedsSourceTree(WorkflowError, ValueError):
 def source_tree() -> Path | None:
     """The source checkout that holds this replaykit package; None when it is installed (a wheel)."""
     root = Path(__file__).resolve().parents[2]
-    return root if (root / "pyproject.toml").is_file() and (root / "replaykit" / "__init__.py").is_file() else None
+    return (
+        root
+        if (root / "pyproject.toml").is_file() and (root / "replaykit" / "__init__.py").is_file()
+        else None
+    )
 
 
 def default_tree() -> Path:
@@ -62,10 +75,14 @@ def default_tree() -> Path:
 def notebook_path(name: str) -> Path:
     """``notebooks/<name>`` of the source tree, else the copy a wheel ships in ``replaykit/workflow/notebooks/``."""
     root = source_tree()
-    for folder in ([root / "notebooks"] if root else []) + [Path(__file__).resolve().parent / "notebooks"]:
+    for folder in ([root / "notebooks"] if root else []) + [
+        Path(__file__).resolve().parent / "notebooks"
+    ]:
         if (folder / name).is_file():
             return folder / name
-    raise FileNotFoundError(f"no notebook {name!r} in this checkout's notebooks/ or in the installed replaykit")
+    raise FileNotFoundError(
+        f"no notebook {name!r} in this checkout's notebooks/ or in the installed replaykit"
+    )
 
 
 def _run(cmd: list[str], cwd: Path | None = None, timeout: float = 5.0) -> str | None:
@@ -128,7 +145,12 @@ def tree_info(tree: str | Path | None = None) -> dict[str, Any]:
     to that checkout.
     """
     if tree is None and source_tree() is None:  # an installed wheel: no commit to record
-        return {"path": str(Path(__file__).resolve().parents[1]), "source": "installed", "commit": None, "dirty": None}
+        return {
+            "path": str(Path(__file__).resolve().parents[1]),
+            "source": "installed",
+            "commit": None,
+            "dirty": None,
+        }
     path = Path(tree) if tree is not None else default_tree()
     path = path.resolve()
     base = {"path": str(path)}
@@ -136,12 +158,17 @@ def tree_info(tree: str | Path | None = None) -> dict[str, Any]:
         return base | _git_info(path)
     if (path / MANIFEST_NAME).is_file():
         return base | _manifest_info(path / MANIFEST_NAME)
-    if path.is_file() and tarfile.is_tarfile(path):  # a packed tree: its verified manifest says what it is
+    if path.is_file() and tarfile.is_tarfile(
+        path
+    ):  # a packed tree: its verified manifest says what it is
         try:
             manifest = archive.verify_archive(path)
         except (OSError, ValueError) as exc:
             return base | {"source": "archive", "commit": None, "dirty": None, "error": str(exc)}
-        return base | {"source": "archive", **{k: manifest.get(k) for k in ("commit", "dirty", "sha256")}}
+        return base | {
+            "source": "archive",
+            **{k: manifest.get(k) for k in ("commit", "dirty", "sha256")},
+        }
     return base | {"source": None, "commit": None, "dirty": None}
 
 
@@ -175,7 +202,11 @@ def _torch_info() -> dict[str, Any]:
 
 def _driver() -> str | None:
     smi = shutil.which("nvidia-smi")
-    out = _run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], timeout=3) if smi else None
+    out = (
+        _run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], timeout=3)
+        if smi
+        else None
+    )
     lines = out.strip().splitlines() if out else []
     return lines[0].strip() if lines else None
 

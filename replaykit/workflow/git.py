@@ -28,7 +28,9 @@ def git(
     """stdout of ``git ARGS`` run in ``repo``; GitError when its exit code is not in ``ok``."""
     cmd = ["git", "--no-optional-locks", "-c", "core.quotepath=off", *args]
     try:
-        proc = subprocess.run(cmd, cwd=repo, input=input, capture_output=True, check=False, timeout=timeout)
+        proc = subprocess.run(
+            cmd, cwd=repo, input=input, capture_output=True, check=False, timeout=timeout
+        )
     except FileNotFoundError as exc:
         missing = "git not found" if Path(repo).is_dir() else f"no folder {repo}"
         raise GitError(f"cannot run git {' '.join(args[:3])}: {missing}") from exc

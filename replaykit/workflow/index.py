@@ -43,9 +43,17 @@ def index_rows(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if c.get("reason") and status != "passed":
             status += f" ({c['reason']})"
         params = json.dumps(c["parameters"], sort_keys=True) if c["parameters"] else ""
-        rows.append({"env": c["env"], "tree": _tree_text(c["tree"]), "notebook": Path(c["notebook"]).name,
-                     "parameters": params, "status": status, "summary": c["summary"],
-                     "run_dir": c.get("run_dir") or ""})
+        rows.append(
+            {
+                "env": c["env"],
+                "tree": _tree_text(c["tree"]),
+                "notebook": Path(c["notebook"]).name,
+                "parameters": params,
+                "status": status,
+                "summary": c["summary"],
+                "run_dir": c.get("run_dir") or "",
+            }
+        )
     return rows
 
 
@@ -61,7 +69,13 @@ def write_index(folder: Path, doc: dict[str, Any], title: str) -> Path:
     tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     tmp.replace(path)
     tally = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no cells yet"
-    md = [f"# {title}", "", f"{len(cells)} cells: {tally}", "",
-          tables.markdown(index_rows(cells), INDEX_COLUMNS), ""]
+    md = [
+        f"# {title}",
+        "",
+        f"{len(cells)} cells: {tally}",
+        "",
+        tables.markdown(index_rows(cells), INDEX_COLUMNS),
+        "",
+    ]
     (Path(folder) / INDEX_MD).write_text("\n".join(md))
     return path

@@ -49,12 +49,24 @@ def register_kernel(python: str, name: str, prefix: Path) -> str:
     on ``JUPYTER_PATH`` to use it. Raises EnvBuildError when ipykernel is missing or the
     name resolves to another interpreter.
     """
-    cmd = [python, "-m", "ipykernel", "install", "--prefix", str(prefix), "--name", name,
-           "--display-name", f"{name} ({python})"]
+    cmd = [
+        python,
+        "-m",
+        "ipykernel",
+        "install",
+        "--prefix",
+        str(prefix),
+        "--name",
+        name,
+        "--display-name",
+        f"{name} ({python})",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         tail = (proc.stdout + proc.stderr).strip()[-800:]
-        raise EnvBuildError(f"cannot register a kernel for {python} (is ipykernel installed?): {tail}")
+        raise EnvBuildError(
+            f"cannot register a kernel for {python} (is ipykernel installed?): {tail}"
+        )
     with jupyter_path(prefix / "share" / "jupyter"):
         found = kernel_executable(name)
     if not same_interpreter(found, python):

@@ -44,14 +44,21 @@ def pre_save_hook(model: dict[str, Any], **_: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m replaykit.workflow.nbclean", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m replaykit.workflow.nbclean", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("notebooks", nargs="+", type=Path)
-    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 when a notebook has outputs")
+    ap.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 when a notebook has outputs"
+    )
     args = ap.parse_args(argv)
     found = [p for p in args.notebooks if dirty(p)]
     if args.check:
         for path in found:
-            print(f"{path}: carries outputs; run `make nbstrip` (or save it from Jupyter here)", file=sys.stderr)
+            print(
+                f"{path}: carries outputs; run `make nbstrip` (or save it from Jupyter here)",
+                file=sys.stderr,
+            )
         return 1 if found else 0
     for path in found:
         import nbformat

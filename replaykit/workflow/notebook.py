@@ -13,14 +13,25 @@ from typing import Any
 
 from replaykit.workflow.errors import WorkflowError
 
-PACKAGES = ("torch", "lightning", "pandas", "matplotlib", "papermill", "nbformat", "ipywidgets", "junitparser")
+PACKAGES = (
+    "torch",
+    "lightning",
+    "pandas",
+    "matplotlib",
+    "papermill",
+    "nbformat",
+    "ipywidgets",
+    "junitparser",
+)
 
 
 class EnvironmentProblem(WorkflowError, RuntimeError):
     """What a notebook needs and this runtime lacks, said plainly."""
 
 
-def check_environment(device: str = "auto", need: tuple[str, ...] = ("torch", "lightning", "pandas", "matplotlib")) -> str:
+def check_environment(
+    device: str = "auto", need: tuple[str, ...] = ("torch", "lightning", "pandas", "matplotlib")
+) -> str:
     """Resolve ``device`` ("auto", "cpu", "cuda") and fail clearly on anything missing.
 
     Returns the device to use. ``"cuda"`` without a visible GPU raises, with the
@@ -91,9 +102,19 @@ def form(choices: dict[str, tuple[list[Any], list[Any]]], interactive: bool) -> 
         return holder
     for name, (options, default) in choices.items():
         holder.widgets[name] = w.SelectMultiple(
-            options=options, value=tuple(v for v in default if v in options), description=name, rows=min(4, len(options))
+            options=options,
+            value=tuple(v for v in default if v in options),
+            description=name,
+            rows=min(4, len(options)),
         )
-    display(w.VBox([w.HTML("<b>Choose, then run the cells below (Run after).</b>"), *holder.widgets.values()]))
+    display(
+        w.VBox(
+            [
+                w.HTML("<b>Choose, then run the cells below (Run after).</b>"),
+                *holder.widgets.values(),
+            ]
+        )
+    )
     return holder
 
 

@@ -108,7 +108,14 @@ def write_results(run_dir: str | Path | None, results: dict[str, Any]) -> None:
 # --- parameters from a command line -----------------------------------------
 
 
-_TYPES: dict[str, tuple[type, ...]] = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,), "list": (list,), "dict": (dict,)}
+_TYPES: dict[str, tuple[type, ...]] = {
+    "bool": (bool,),
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "list": (list,),
+    "dict": (dict,),
+}
 
 
 def declared_parameters(notebook: Path) -> dict[str, str]:
@@ -117,7 +124,11 @@ def declared_parameters(notebook: Path) -> dict[str, str]:
     import nbformat
     from papermill.translators import PythonTranslator
 
-    cells = [c for c in nbformat.read(str(notebook), as_version=4).cells if "parameters" in c.metadata.get("tags", [])]
+    cells = [
+        c
+        for c in nbformat.read(str(notebook), as_version=4).cells
+        if "parameters" in c.metadata.get("tags", [])
+    ]
     return {p.name: p.inferred_type_name for cell in cells for p in PythonTranslator.inspect(cell)}
 
 
@@ -141,7 +152,9 @@ def check_parameters(notebook: Path, params: dict[str, Any]) -> None:
         if allowed is None or value is None:
             continue
         if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-            raise TypeError(f"parameter {name!r} of {Path(notebook).name} is declared {kind}; got {value!r} ({type(value).__name__})")
+            raise TypeError(
+                f"parameter {name!r} of {Path(notebook).name} is declared {kind}; got {value!r} ({type(value).__name__})"
+            )
 
 
 check_parameter_types = check_parameters  # the former name
@@ -176,9 +189,13 @@ def cli_parameters(
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ValueError(f"-y {_clip(item, 60)!r}: not valid YAML/JSON ({_yaml_problem(exc)})") from None
+            raise ValueError(
+                f"-y {_clip(item, 60)!r}: not valid YAML/JSON ({_yaml_problem(exc)})"
+            ) from None
         if not isinstance(loaded, dict):
-            raise ValueError(f"-y {item!r}: not a file, and not a YAML/JSON mapping (got {type(loaded).__name__})")
+            raise ValueError(
+                f"-y {item!r}: not a file, and not a YAML/JSON mapping (got {type(loaded).__name__})"
+            )
         params |= loaded
     params |= {name: cli_value(value) for name, value in pairs or []}
     params |= {name: value for name, value in raw or []}
@@ -189,7 +206,11 @@ def _yaml_problem(exc: Exception) -> str:
     """``expected ',' or '}' at line 1, column 12``: what went wrong and where, on one line."""
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     mark = getattr(exc, "problem_mark", None)
-    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
+    return (
+        f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+        if mark is not None
+        else problem
+    )
 
 
 def _clip(text: str, limit: int) -> str:
@@ -199,7 +220,7 @@ def _clip(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     half = (limit - 3) // 2
-    return f"{text[:half]} … {text[-(limit - 3 - half):]}"
+    return f"{text[:half]} … {text[-(limit - 3 - half) :]}"
 
 
 # --- running ----------------------------------------------------------------
@@ -403,7 +424,11 @@ def run_notebook(
 
     runner_fp = fingerprint(tree)
     started = _utcnow()
-    run_dir = _make_run_dir(Path(runs_dir), started.strftime("%Y%m%dT%H%M%SZ"), fingerprint_slug(folder_fingerprint(runner_fp, kernel)))
+    run_dir = _make_run_dir(
+        Path(runs_dir),
+        started.strftime("%Y%m%dT%H%M%SZ"),
+        fingerprint_slug(folder_fingerprint(runner_fp, kernel)),
+    )
     out_path = run_dir / f"{notebook.stem}.ipynb"
     params["run_dir"] = str(run_dir.resolve())
 
@@ -416,7 +441,10 @@ def run_notebook(
             cell.outputs.append(nbformat.v4.new_output("stream", name="stderr", text=note))
 
     # The kernel's log at ERROR: its "running over TCP without encryption" warning is not printed on every run.
-    engine_kwargs: dict[str, Any] = {"on_cell_error": on_cell_error, "extra_arguments": ["--IPKernelApp.log_level=ERROR"]}
+    engine_kwargs: dict[str, Any] = {
+        "on_cell_error": on_cell_error,
+        "extra_arguments": ["--IPKernelApp.log_level=ERROR"],
+    }
     if cell_timeout:
         # Interrupt instead of raising: papermill then marks the cell failed and later cells
         # pending. error_on_timeout ends the wait even when the kernel ignores the interrupt.
@@ -455,7 +483,11 @@ def run_notebook(
     if nb is not None and exc is not None and not _is_cell_error(exc):
         _repair(nb, exc)
         nbformat.write(nb, out_path)
-    if nb is not None and status == "passed" and any(r["status"] == "failed" for r in _cell_table(nb, False)):
+    if (
+        nb is not None
+        and status == "passed"
+        and any(r["status"] == "failed" for r in _cell_table(nb, False))
+    ):
         status, reason = "failed", "exception"  # e.g. sys.exit(0) stops the notebook silently
 
     summary = _summarise(

@@ -28,8 +28,18 @@ from typing import Any
 from .bootstrap import file_sha256, in_colab
 
 __all__ = [
-    "KEY", "SEAL_MIME", "VERDICT_KEYS", "cells_failed", "check", "check_notebook", "finish",
-    "notebook_seal", "read", "run_folder", "seal", "summary_digest",
+    "KEY",
+    "SEAL_MIME",
+    "VERDICT_KEYS",
+    "cells_failed",
+    "check",
+    "check_notebook",
+    "finish",
+    "notebook_seal",
+    "read",
+    "run_folder",
+    "seal",
+    "summary_digest",
 ]
 
 KEY = "replaykit"
@@ -45,7 +55,9 @@ def _normal(summary: dict[str, Any]) -> dict[str, Any]:
 def summary_digest(summary: dict[str, Any]) -> str:
     """sha256 of the summary without its ``sha256`` entry (which hashes the sealed notebook)."""
     body = {k: v for k, v in _normal(summary).items() if k != "sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
 
 
 def seal(notebook: Path, summary: dict[str, Any]) -> None:
@@ -55,8 +67,10 @@ def seal(notebook: Path, summary: dict[str, Any]) -> None:
 
     nb = nbformat.read(str(notebook), as_version=4)
     normal = _normal(summary)
-    nb.metadata[KEY] = {"summary_sha256": summary_digest(summary),
-                        "verdict": {k: normal.get(k) for k in VERDICT_KEYS}}
+    nb.metadata[KEY] = {
+        "summary_sha256": summary_digest(summary),
+        "verdict": {k: normal.get(k) for k in VERDICT_KEYS},
+    }
     nbformat.write(nb, str(notebook))
     summary["sha256"] = file_sha256(notebook)
 
@@ -92,7 +106,11 @@ def check(notebook: Path, summary: dict[str, Any]) -> tuple[dict[str, Any] | Non
     problems = []
     verdict = sealed.get("verdict") if sealed else None
     if sealed is not None and sealed.get("summary_sha256") != summary_digest(summary):
-        changed = [k for k in VERDICT_KEYS if isinstance(verdict, dict) and verdict.get(k) != _normal(summary).get(k)]
+        changed = [
+            k
+            for k in VERDICT_KEYS
+            if isinstance(verdict, dict) and verdict.get(k) != _normal(summary).get(k)
+        ]
         what = f" ({', '.join(changed)} differ from the notebook's)" if changed else ""
         problems.append(f"{notebook.parent / 'summary.json'}: EDITED after the run{what}")
     status = (verdict or summary).get("status")
@@ -147,7 +165,11 @@ def parameters_of(sources: list[str]) -> dict[str, Any]:
         if not source.lstrip().startswith("# Parameters"):
             continue
         for node in ast.parse(source).body:
-            target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
+            target = (
+                node.target
+                if isinstance(node, ast.AnnAssign)
+                else (node.targets[0] if isinstance(node, ast.Assign) else None)
+            )
             if isinstance(target, ast.Name) and node.value is not None:
                 try:
                     params[target.id] = ast.literal_eval(node.value)
@@ -174,8 +196,16 @@ def run_folder(run_dir: str | None, fp: dict[str, Any]) -> str:
     return str(folder)
 
 
-def notebook_seal(notebook: str, results: dict[str, Any], failures: list[str], fp: dict[str, Any],
-                  *, ok: bool | None = None, reason: str | None = None, shell: Any = None) -> dict[str, Any]:
+def notebook_seal(
+    notebook: str,
+    results: dict[str, Any],
+    failures: list[str],
+    fp: dict[str, Any],
+    *,
+    ok: bool | None = None,
+    reason: str | None = None,
+    shell: Any = None,
+) -> dict[str, Any]:
     """The seal's body and digest: verdict, counts, parameters, fingerprint, executed cells."""
     from .evidence import result_text
 
@@ -213,16 +243,29 @@ def _markdown(sealed: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def finish(notebook: str, results: dict[str, Any], failures: list[str], fp: dict[str, Any],
-           out_dir: str = "", *, ok: bool | None = None, reason: str | None = None) -> dict[str, Any]:
+def finish(
+    notebook: str,
+    results: dict[str, Any],
+    failures: list[str],
+    fp: dict[str, Any],
+    out_dir: str = "",
+    *,
+    ok: bool | None = None,
+    reason: str | None = None,
+) -> dict[str, Any]:
     """A notebook's last cell: seal the verdict into the notebook (an output: File > Download keeps
     it), save it in ``out_dir`` beside results.json, and in Colab offer that folder as one download.
     Returns the seal; raising on failures is the cell's job, after this."""
     from IPython import get_ipython
     from IPython.display import display
 
-    sealed = notebook_seal(notebook, results, failures, fp, ok=ok, reason=reason, shell=get_ipython())
-    display({SEAL_MIME: sealed, "text/markdown": _markdown(sealed), "text/plain": sealed["result"]}, raw=True)
+    sealed = notebook_seal(
+        notebook, results, failures, fp, ok=ok, reason=reason, shell=get_ipython()
+    )
+    display(
+        {SEAL_MIME: sealed, "text/markdown": _markdown(sealed), "text/plain": sealed["result"]},
+        raw=True,
+    )
     if out_dir:
         folder = Path(out_dir)
         folder.mkdir(parents=True, exist_ok=True)
@@ -231,8 +274,12 @@ def finish(notebook: str, results: dict[str, Any], failures: list[str], fp: dict
         if in_colab():
             from google.colab import files  # type: ignore[import-not-found]
 
-            zipped = shutil.make_archive(str(folder), "zip", root_dir=folder.parent, base_dir=folder.name)
-            print(f"run folder {folder} -> {Path(zipped).name} (download offered); save this notebook with File > Download")
+            zipped = shutil.make_archive(
+                str(folder), "zip", root_dir=folder.parent, base_dir=folder.name
+            )
+            print(
+                f"run folder {folder} -> {Path(zipped).name} (download offered); save this notebook with File > Download"
+            )
             files.download(zipped)
     return sealed
 
@@ -244,7 +291,11 @@ def find_seal(nb: Any) -> tuple[int, dict[str, Any]] | None:
         if cell.cell_type != "code":
             continue
         for out in cell.get("outputs", []):
-            data = out.get("data", {}) if out.get("output_type") in ("display_data", "execute_result") else {}
+            data = (
+                out.get("data", {})
+                if out.get("output_type") in ("display_data", "execute_result")
+                else {}
+            )
             if SEAL_MIME in data:
                 value = data[SEAL_MIME]
                 found = (index, json.loads(value) if isinstance(value, str) else dict(value))
@@ -263,14 +314,18 @@ def check_notebook(path: Path) -> tuple[dict[str, Any] | None, list[str], Any]:
     index, sealed = found
     body = {k: v for k, v in sealed.items() if k != "digest"}
     if hashlib.sha256(_canonical(body)).hexdigest() != sealed.get("digest"):
-        problems.append(f"{path}: the seal (cell {index}) was EDITED after the run: its digest does not match")
+        problems.append(
+            f"{path}: the seal (cell {index}) was EDITED after the run: its digest does not match"
+        )
     executed = sealed.get("executed") or []
     for i, cell in enumerate(nb.cells):
         count = cell.get("execution_count") if cell.cell_type == "code" else None
         if not isinstance(count, int) or count > len(executed):
             continue  # not run, or run after the seal (the verdict is the seal's either way)
         if executed[count - 1] != _source_digest(cell.source):
-            problems.append(f"{path}: cell {i} was EDITED after it ran (its source is not what execution {count} ran)")
+            problems.append(
+                f"{path}: cell {i} was EDITED after it ran (its source is not what execution {count} ran)"
+            )
     if sealed.get("status") == "passed" and cells_failed(nb):
         problems.append(f"{path}: a cell failed, but the seal says passed")
     return sealed, problems, nb

@@ -71,8 +71,13 @@ class PreparedTree:
 
     def record(self) -> dict[str, Any]:
         return {
-            "label": self.label, "source": self.source, "rev": self.rev, "commit": self.commit,
-            "short": self.short, "dirty": self.dirty, "sha256": self.sha256,
+            "label": self.label,
+            "source": self.source,
+            "rev": self.rev,
+            "commit": self.commit,
+            "short": self.short,
+            "dirty": self.dirty,
+            "sha256": self.sha256,
             "path": str(self.path) if self.source == "path" and self.path else None,
         }
 
@@ -82,8 +87,15 @@ DEFAULT_TREE = PreparedTree(label="default", path=None, source="default")
 
 def _from_manifest(label: str, root: Path, source: str, rev: str | None) -> PreparedTree:
     manifest = json.loads((root / archive.MANIFEST_NAME).read_text())
-    return PreparedTree(label=label, path=root, source=source, rev=rev, commit=manifest["commit"],
-                        dirty=manifest["dirty"], sha256=manifest["sha256"])
+    return PreparedTree(
+        label=label,
+        path=root,
+        source=source,
+        rev=rev,
+        commit=manifest["commit"],
+        dirty=manifest["dirty"],
+        sha256=manifest["sha256"],
+    )
 
 
 def prepare_tree(spec: TreeSpec, repo: str | Path, workdir: Path) -> PreparedTree:
@@ -108,5 +120,10 @@ def prepare_tree(spec: TreeSpec, repo: str | Path, workdir: Path) -> PreparedTre
             raise ValueError(f"tree {label!r}: {path} is neither a folder nor a packed .tar.gz")
         return _from_manifest(label, archive.unpack(path, fresh("trees")), "archive", None)
     info = tree_info(path)
-    return PreparedTree(label=label, path=path.resolve(), source="path",
-                        commit=info.get("commit"), dirty=info.get("dirty"))
+    return PreparedTree(
+        label=label,
+        path=path.resolve(),
+        source="path",
+        commit=info.get("commit"),
+        dirty=info.get("dirty"),
+    )

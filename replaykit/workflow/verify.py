@@ -29,8 +29,17 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
-    "NO_TESTS_RAN", "VERDICTS", "CaseResult", "Run", "Selection", "check_manifest", "node_id",
-    "pytest_summary_line", "read_junit", "resolve_tree", "run_selection",
+    "NO_TESTS_RAN",
+    "VERDICTS",
+    "CaseResult",
+    "Run",
+    "Selection",
+    "check_manifest",
+    "node_id",
+    "pytest_summary_line",
+    "read_junit",
+    "resolve_tree",
+    "run_selection",
 ]
 
 STATUSES = ("passed", "failed", "error", "skipped")
@@ -92,7 +101,11 @@ def node_id(classname: str, name: str, tree: Path | None = None) -> str:
     split = None
     if tree is not None:
         split = next(
-            (k for k in range(len(parts), 0, -1) if (tree / ("/".join(parts[:k]) + ".py")).is_file()),
+            (
+                k
+                for k in range(len(parts), 0, -1)
+                if (tree / ("/".join(parts[:k]) + ".py")).is_file()
+            ),
             None,
         )
     if split is None:
@@ -102,7 +115,9 @@ def node_id(classname: str, name: str, tree: Path | None = None) -> str:
 
 def _first_line(result: Any) -> str:
     message = (result.message or "").strip()
-    if message and message != "collection failure":  # pytest's word for any collection error: the text says which
+    if (
+        message and message != "collection failure"
+    ):  # pytest's word for any collection error: the text says which
         return message.splitlines()[0].strip()
     lines = (result.text or "").splitlines()
     for line in lines:
@@ -242,8 +257,13 @@ def _run_pytest(
         fh.write(f"$ cd {shlex.quote(str(tree))} && {shlex.join(cmd)}\n")
         fh.flush()
         proc = subprocess.Popen(
-            cmd, cwd=tree, env=_env(tree), stdin=subprocess.DEVNULL, stdout=fh,
-            stderr=subprocess.STDOUT, start_new_session=hasattr(os, "killpg"),
+            cmd,
+            cwd=tree,
+            env=_env(tree),
+            stdin=subprocess.DEVNULL,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=hasattr(os, "killpg"),
         )
         try:
             returncode: int | None = proc.wait(timeout=timeout)
@@ -263,8 +283,18 @@ def _run_pytest(
     elif error is None:
         error = f"no junit XML (pytest exit {returncode})"
     summary = pytest_summary_line(log.read_text(errors="replace"))
-    return Run(kind=kind, index=index, test_id=test_id, returncode=returncode, summary=summary,
-               junit=junit, log=log, seconds=seconds, cases=cases, error=error)
+    return Run(
+        kind=kind,
+        index=index,
+        test_id=test_id,
+        returncode=returncode,
+        summary=summary,
+        junit=junit,
+        log=log,
+        seconds=seconds,
+        cases=cases,
+        error=error,
+    )
 
 
 def run_selection(
@@ -292,7 +322,16 @@ def run_selection(
 
     tree, out_dir = Path(tree).resolve(), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    base = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--color=no", f"--rootdir={tree}"]
+    base = [
+        python,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--color=no",
+        f"--rootdir={tree}",
+    ]
     select = ["-m", markers] if markers else []
     extra = list(extra_args or [])
     common = {"tree": tree, "out_dir": out_dir, "timeout": timeout}
@@ -300,15 +339,31 @@ def run_selection(
     with tqdm(total=repeats, desc="pytest", unit="run", disable=not progress) as bar:
         for k in range(1, repeats + 1):
             bar.set_postfix_str(f"r{k}")
-            runs.append(_run_pytest(base, [*select, *(ids or []), *extra], kind="repeat",
-                                    index=k, test_id=None, **common))
+            runs.append(
+                _run_pytest(
+                    base,
+                    [*select, *(ids or []), *extra],
+                    kind="repeat",
+                    index=k,
+                    test_id=None,
+                    **common,
+                )
+            )
             bar.update()
         failing = _failing(runs) if isolate_failures else []
         bar.total = repeats + len(failing)
         for n, test_id in enumerate(failing, 1):
             bar.set_postfix_str(f"alone {n}/{len(failing)}")
-            runs.append(_run_pytest(base, [*select, test_id, *extra], kind="alone",
-                                    index=n, test_id=test_id, **common))
+            runs.append(
+                _run_pytest(
+                    base,
+                    [*select, test_id, *extra],
+                    kind="alone",
+                    index=n,
+                    test_id=test_id,
+                    **common,
+                )
+            )
             bar.update()
     return Selection(tree=tree, command=[*base, *select, *(ids or []), *extra], runs=runs)
 
@@ -356,7 +411,9 @@ class Selection:
             if test_id in statuses:
                 return statuses[test_id]
             found = set(statuses.values())  # e.g. a module id that expands to its tests
-            return next((s for s in ("failed", "error", "passed", "skipped") if s in found), "error")
+            return next(
+                (s for s in ("failed", "error", "passed", "skipped") if s in found), "error"
+            )
         return ""
 
     def verdict(self, test_id: str) -> str:
@@ -378,8 +435,12 @@ class Selection:
         labels = [r.label for r in self.repeats]
         per_run = [r.statuses() for r in self.repeats]
         rows = [
-            {"id": i, **{lab: st.get(i, "") for lab, st in zip(labels, per_run, strict=True)},
-             "alone": self.alone_status(i), "stable": self.verdict(i)}
+            {
+                "id": i,
+                **{lab: st.get(i, "") for lab, st in zip(labels, per_run, strict=True)},
+                "alone": self.alone_status(i),
+                "stable": self.verdict(i),
+            }
             for i in self.ids()
         ]
         return pd.DataFrame(rows, columns=["id", *labels, "alone", "stable"])
@@ -389,7 +450,13 @@ class Selection:
         import pandas as pd
 
         rows = [
-            {"id": c.id, "repeat": run.label, "status": c.status, "message": c.message, "time": c.time}
+            {
+                "id": c.id,
+                "repeat": run.label,
+                "status": c.status,
+                "message": c.message,
+                "time": c.time,
+            }
             for run in self.runs
             for c in run.cases
             if c.status in _FAILING
@@ -431,12 +498,17 @@ class Selection:
             if run.error:
                 out.append(f"{where}: {run.error}")
             elif run.returncode not in (0, 1, NO_TESTS_COLLECTED):
-                out.append(f"{where}: pytest exit {run.returncode} ({run.summary or 'see ' + run.log.name})")
+                out.append(
+                    f"{where}: pytest exit {run.returncode} ({run.summary or 'see ' + run.log.name})"
+                )
         return out
 
     def executed(self) -> int:
         """Test ids that ran (passed, failed or errored) in any repeat; skips do not count."""
-        return sum(any(r.statuses().get(i, "skipped") != "skipped" for r in self.repeats) for i in self.ids())
+        return sum(
+            any(r.statuses().get(i, "skipped") != "skipped" for r in self.repeats)
+            for i in self.ids()
+        )
 
     def outcome(self) -> str:
         """``failed``, ``run error``, ``no tests ran`` (nothing executed: a pass nobody earned) or ``passed``."""
@@ -456,8 +528,9 @@ class Selection:
         text = self.outcome()
         if text == NO_TESTS_RAN:
             skipped = len(self.ids())
-            text += (f": {skipped} selected, all skipped" if skipped else ": nothing selected") + \
-                " (on a CPU, a `cuda` selection runs nothing: choose -m 'not cuda')"
+            text += (
+                f": {skipped} selected, all skipped" if skipped else ": nothing selected"
+            ) + " (on a CPU, a `cuda` selection runs nothing: choose -m 'not cuda')"
         return text
 
     def summary_lines(self) -> list[str]:

@@ -12,12 +12,16 @@ from replaykit.testing.parity.trial import Trial, compare
 
 @pytest.mark.parametrize("set_to_none", [True, False])
 @pytest.mark.parametrize("accumulation", [2, 3])
-def test_accumulation_matches_eager(backend: str, device: str, accumulation: int, set_to_none: bool) -> None:
+def test_accumulation_matches_eager(
+    backend: str, device: str, accumulation: int, set_to_none: bool
+) -> None:
     trial = Trial(steps=3, accumulation=accumulation, set_to_none=set_to_none, device=device)
     diffs, _, replay = compare(trial, DetectionNet, backend=backend)
     assert diffs == []
     assert replay.recorder["eager"] == 0
-    if backend == "emulated":  # on CUDA AccumulateGrad may copy instead of adopting (layout contract)
+    if (
+        backend == "emulated"
+    ):  # on CUDA AccumulateGrad may copy instead of adopting (layout contract)
         assert replay.recorder["copy_out"] >= 1
 
 
@@ -37,8 +41,12 @@ def test_a_gradient_kept_by_a_callback_keeps_its_values(backend: str, device: st
     ],
     ids=["accumulate", "zero_in_place", "callback"],
 )
-def test_without_copy_out_accumulation_diverges(backend: str, device: str, trial: Trial, what: str) -> None:
-    diffs, _, _ = compare(trial.with_(device=device), DetectionNet, backend=backend, unsafe_disable=("copy_out",))
+def test_without_copy_out_accumulation_diverges(
+    backend: str, device: str, trial: Trial, what: str
+) -> None:
+    diffs, _, _ = compare(
+        trial.with_(device=device), DetectionNet, backend=backend, unsafe_disable=("copy_out",)
+    )
     assert any(d.name.startswith(what) and d.problem == "values" for d in diffs), diffs
 
 

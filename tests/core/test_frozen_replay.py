@@ -27,14 +27,18 @@ from replaykit.testing.tasks.data import CHANNELS, IMAGE_SIZE
 class Direct:
     """A recording made by the backend itself, as the recorder makes one (state restored after)."""
 
-    def __init__(self, model: nn.Module, *inputs: torch.Tensor, warmup: int = 1, restore: bool = True) -> None:
+    def __init__(
+        self, model: nn.Module, *inputs: torch.Tensor, warmup: int = 1, restore: bool = True
+    ) -> None:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         names = [n for n, _ in named]
 
         def fn(*xs: torch.Tensor, params: list[torch.Tensor] | None = None):
             if params is None:
                 return model(*xs)
-            with _reparametrize_module(model, dict(zip(names, params, strict=True)), tie_weights=True):
+            with _reparametrize_module(
+                model, dict(zip(names, params, strict=True)), tie_weights=True
+            ):
                 return model(*xs)
 
         statics = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
@@ -64,7 +68,8 @@ def _flat(out) -> list[torch.Tensor]:
 
 def _equal(a: list[torch.Tensor | None], b: list[torch.Tensor | None]) -> bool:
     return len(a) == len(b) and all(
-        (x is None and y is None) or (x is not None and y is not None and torch.equal(x, y)) for x, y in zip(a, b, strict=True)
+        (x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
+        for x, y in zip(a, b, strict=True)
     )
 
 
@@ -91,7 +96,9 @@ def _check_parity(model: nn.Module, make_input, steps: int = 3, autocast: bool =
         grads = [torch.randn_like(o) for o in ref_out if o.requires_grad]
         got = direct.backward(grads)
         targets = [x for x in inputs if x.requires_grad] + ref_params
-        want = torch.autograd.grad([o for o in ref_out if o.requires_grad], targets, grads, allow_unused=True)
+        want = torch.autograd.grad(
+            [o for o in ref_out if o.requires_grad], targets, grads, allow_unused=True
+        )
         assert _equal(got, list(want)), f"gradients differ at step {step}"
         with torch.no_grad():  # an optimizer step: the replay must read the parameters' new values
             for p, q, g in zip(params, ref_params, got[len(got) - len(params) :], strict=True):
@@ -136,7 +143,9 @@ class Tricky(nn.Module):
         self.register_buffer("ema", torch.zeros(8))
         self.register_buffer("scale", torch.tensor(2.0))
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         h = self.a(x)
         h.add_(y).relu_()  # in place on an intermediate; y requires grad
         v = h.view(2, 2, 8).transpose(0, 1)
@@ -167,7 +176,10 @@ def test_detection_net_replays_bitwise(channels_last: bool) -> None:
 
 def test_dropout_net_draws_eager_masks() -> None:
     torch.manual_seed(0)
-    _check_parity(DropoutNet(), lambda step: [torch.randn(5, 12, generator=torch.Generator().manual_seed(step))])
+    _check_parity(
+        DropoutNet(),
+        lambda step: [torch.randn(5, 12, generator=torch.Generator().manual_seed(step))],
+    )
 
 
 @pytest.mark.parametrize("task", list(TASKS))
@@ -201,7 +213,11 @@ class _Island(nn.Module):
 
 def test_autocast_disabled_region_replays_in_float32() -> None:
     torch.manual_seed(0)
-    _check_parity(_Island(), lambda step: [torch.randn(4, 6, generator=torch.Generator().manual_seed(step))], autocast=True)
+    _check_parity(
+        _Island(),
+        lambda step: [torch.randn(4, 6, generator=torch.Generator().manual_seed(step))],
+        autocast=True,
+    )
 
 
 def test_the_replay_runs_no_module_python() -> None:
@@ -227,7 +243,9 @@ def test_a_tensor_the_forward_keeps_is_rewritten_in_place() -> None:
             return self.features * 2
 
     model = Stash()
-    direct = Direct(model, torch.randn(3, 4), restore=False)  # the snapshot would undo the assignment
+    direct = Direct(
+        model, torch.randn(3, 4), restore=False
+    )  # the snapshot would undo the assignment
     kept = model.features
     x = torch.randn(3, 4)
     out = direct.forward(x)
@@ -272,7 +290,10 @@ def test_partial_backward_is_exact_and_fresh() -> None:
     assert how == "partial"
     want = torch.autograd.grad([outs[1]], list(ref.parameters()), [g], allow_unused=True)
     assert _equal(list(result), list(want))
-    assert all(r is None or s is None or r.data_ptr() != s.data_ptr() for r, s in zip(result, direct.rec.static_grads, strict=True))
+    assert all(
+        r is None or s is None or r.data_ptr() != s.data_ptr()
+        for r, s in zip(result, direct.rec.static_grads, strict=True)
+    )
 
 
 def test_integer_index_tensors_are_not_refused() -> None:
@@ -286,7 +307,9 @@ def test_integer_index_tensors_are_not_refused() -> None:
             return self.lin(x)[:, self.idx]
 
     torch.manual_seed(0)
-    _check_parity(Gather(), lambda step: [torch.randn(3, 5, generator=torch.Generator().manual_seed(step))])
+    _check_parity(
+        Gather(), lambda step: [torch.randn(3, 5, generator=torch.Generator().manual_seed(step))]
+    )
 
 
 # ----------------------------------------------------------------------------- frozen
@@ -294,7 +317,9 @@ def _dropouts(model: nn.Module) -> list[nn.Dropout]:
     return [m for m in model.modules() if isinstance(m, nn.Dropout)]
 
 
-def _frozen_case(model: nn.Module, x: torch.Tensor, change) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], nn.Module, nn.Module]:
+def _frozen_case(
+    model: nn.Module, x: torch.Tensor, change
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], nn.Module, nn.Module]:
     """Record, change a host value; replay, eager with the old value, eager with the new (same RNG)."""
     old = copy.deepcopy(model)
     direct = Direct(model, x)
@@ -318,7 +343,9 @@ def test_changed_dropout_p_is_frozen() -> None:
         for d in _dropouts(m):
             d.p = 0.7
 
-    replayed, eager_old, eager_new, _, _ = _frozen_case(DropoutNet(p=0.3), torch.randn(6, 12), change)
+    replayed, eager_old, eager_new, _, _ = _frozen_case(
+        DropoutNet(p=0.3), torch.randn(6, 12), change
+    )
     assert _equal(replayed, eager_old)
     assert not _equal(replayed, eager_new)
 
@@ -466,7 +493,10 @@ def test_what_a_capture_cannot_replay_fails_the_record(body, message: str) -> No
 
 def test_the_default_generator_passed_explicitly_is_not_refused() -> None:
     torch.manual_seed(0)
-    _check_parity(_Net(_default_generator), lambda step: [torch.randn(3, 4, generator=torch.Generator().manual_seed(step))])
+    _check_parity(
+        _Net(_default_generator),
+        lambda step: [torch.randn(3, 4, generator=torch.Generator().manual_seed(step))],
+    )
 
 
 def test_sparse_gradients_fail_the_record_clearly() -> None:
@@ -494,7 +524,9 @@ class _BiasTable(nn.Module):
         super().__init__()
         self.lin = nn.Linear(4, 4)
         self.table = nn.Parameter(torch.randn(7, 4))
-        self.register_buffer("index", torch.tensor([[0, 3, 6, 3], [1, 1, 5, 2], [2, 4, 0, 6], [5, 5, 5, 0]]))
+        self.register_buffer(
+            "index", torch.tensor([[0, 3, 6, 3], [1, 1, 5, 2], [2, 4, 0, 6], [5, 5, 5, 0]])
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.lin(x) + self.table[self.index].sum(1)
@@ -505,6 +537,8 @@ def test_an_integer_index_gather_records_and_replays(backend: str, device: str) 
     retired torchvision's Swin for its relative position bias); a boolean mask is still refused (above)."""
     from replaykit.testing.parity.trial import Trial, compare
 
-    diffs, _, replay = compare(Trial(steps=3, features=4, batch=4, device=device), _BiasTable, backend=backend)
+    diffs, _, replay = compare(
+        Trial(steps=3, features=4, batch=4, device=device), _BiasTable, backend=backend
+    )
     assert diffs == []
     assert replay.recorder["retired"] is None and replay.recorder["replay"] >= 2, replay.recorder

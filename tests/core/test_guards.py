@@ -65,7 +65,9 @@ def _equal(a: dict, b: dict) -> bool:
 
 
 @pytest.mark.parametrize("name", list(CHANGES))
-def test_a_changed_host_value_records_anew_and_matches_eager(backend: str, device: str, name: str) -> None:
+def test_a_changed_host_value_records_anew_and_matches_eager(
+    backend: str, device: str, name: str
+) -> None:
     eager, model = _pair(device)
     reference = _train(eager, device, CHANGES[name])
     rec = rk.capture(model, backend=backend)
@@ -76,7 +78,9 @@ def test_a_changed_host_value_records_anew_and_matches_eager(backend: str, devic
 
 
 @pytest.mark.parametrize("name", list(CHANGES))
-def test_without_the_module_state_guard_a_changed_value_diverges(backend: str, device: str, name: str) -> None:
+def test_without_the_module_state_guard_a_changed_value_diverges(
+    backend: str, device: str, name: str
+) -> None:
     """The negative control: replay freezes the recorded value (on CPU too: the emulated backend replays frozen ops)."""
     eager, model = _pair(device)
     reference = _train(eager, device, CHANGES[name])
@@ -128,7 +132,10 @@ def test_close_gives_back_plain_dicts_and_pickles_plainly() -> None:
     loaded = pickle.loads(pickle.dumps(model))
     assert type(loaded.lin._parameters) is dict
     guard.close()
-    assert type(model.lin._parameters) is dict and type(model.lin._forward_hooks).__name__ == "OrderedDict"
+    assert (
+        type(model.lin._parameters) is dict
+        and type(model.lin._forward_hooks).__name__ == "OrderedDict"
+    )
 
 
 def test_functions_are_keyed_by_code_and_captured_values() -> None:
@@ -139,7 +146,9 @@ def test_functions_are_keyed_by_code_and_captured_values() -> None:
 
     assert value_key(make(1.0)) != value_key(make(2.0))
     assert value_key(make(1.0)) == value_key(make(1.0))
-    assert value_key(functools.partial(torch.mul, other=2.0)) != value_key(functools.partial(torch.mul, other=3.0))
+    assert value_key(functools.partial(torch.mul, other=2.0)) != value_key(
+        functools.partial(torch.mul, other=3.0)
+    )
 
 
 def test_value_keys_follow_bits() -> None:
@@ -149,7 +158,9 @@ def test_value_keys_follow_bits() -> None:
     assert value_key((1.0, [2, 3])) == value_key((1.0, [2, 3]))
 
 
-def test_functional_call_routes_eager_until_the_parameters_are_back(backend: str, device: str) -> None:
+def test_functional_call_routes_eager_until_the_parameters_are_back(
+    backend: str, device: str
+) -> None:
     torch.manual_seed(0)
     eager = nn.Sequential(nn.Linear(5, 5), nn.Tanh(), nn.Linear(5, 2)).to(device)
     model = nn.Sequential(nn.Linear(5, 5), nn.Tanh(), nn.Linear(5, 2)).to(device)
@@ -237,7 +248,9 @@ class _Slow(nn.Module):
 def test_another_threads_call_never_sees_the_stand_in_parameters() -> None:
     _SLOW_RUNS[0] = 0
     model = _Slow()
-    weight = model.lin.weight  # the real parameter (model.lin.weight reads stand-ins while they are in place)
+    weight = (
+        model.lin.weight
+    )  # the real parameter (model.lin.weight reads stand-ins while they are in place)
     rec = rk.capture(model, backend="emulated")
     got: list = []
 

@@ -13,7 +13,9 @@ from replaykit.testing.parity.trial import Trial, compare
 
 
 @pytest.mark.parametrize("accumulation", [1, 2])
-def test_two_forwards_before_one_backward_match_eager(backend: str, device: str, accumulation: int) -> None:
+def test_two_forwards_before_one_backward_match_eager(
+    backend: str, device: str, accumulation: int
+) -> None:
     trial = Trial(steps=3, accumulation=accumulation, two_forwards=True, device=device)
     diffs, _, replay = compare(trial, DetectionNet, backend=backend)
     assert diffs == []
@@ -60,7 +62,9 @@ def test_hold_released_when_the_graph_is_dropped(backend: str, device: str) -> N
     rec.release()
 
 
-def test_retained_graph_differentiated_after_a_later_replay_raises(backend: str, device: str) -> None:
+def test_retained_graph_differentiated_after_a_later_replay_raises(
+    backend: str, device: str
+) -> None:
     model, rec = _model(device, backend)
     x = torch.randn(2, 3, 8, 8, device=device)
     loss = sum(o.sum() for o in model(x).values())

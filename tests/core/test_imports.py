@@ -14,13 +14,25 @@ import tomllib
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "replaykit"
 # what `import replaykit` must not pull in (each belongs to an extra, or to another layer)
-NOT_IN_CORE = ("papermill", "pandas", "matplotlib", "lightning", "yaml", "nbformat", "ipywidgets", "junitparser")
+NOT_IN_CORE = (
+    "papermill",
+    "pandas",
+    "matplotlib",
+    "lightning",
+    "yaml",
+    "nbformat",
+    "ipywidgets",
+    "junitparser",
+)
 
 
 def _modules_after(code: str) -> set[str]:
     out = subprocess.run(
         [sys.executable, "-c", f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"],
-        capture_output=True, text=True, check=True, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
     )
     return set(json.loads(out.stdout.splitlines()[-1]))
 
@@ -28,7 +40,11 @@ def _modules_after(code: str) -> set[str]:
 def test_import_replaykit_pulls_in_no_extra() -> None:
     modules = _modules_after("import replaykit as rk\nrk.capture, rk.enable_determinism")
     assert not {m for m in modules if m.split(".")[0] in NOT_IN_CORE}
-    assert not {m for m in modules if m.startswith(("replaykit.testing", "replaykit.workflow", "replaykit.lightning"))}
+    assert not {
+        m
+        for m in modules
+        if m.startswith(("replaykit.testing", "replaykit.workflow", "replaykit.lightning"))
+    }
 
 
 def test_the_package_root_is_lazy_and_still_exports_everything() -> None:
@@ -48,7 +64,8 @@ def test_the_package_root_is_lazy_and_still_exports_everything() -> None:
 
 WORKFLOW_MODULES = sorted(
     f"replaykit.workflow.{p.stem}" if p.stem != "__init__" else "replaykit.workflow"
-    for p in (PACKAGE / "workflow").glob("*.py") if p.stem != "__main__"  # __main__ runs the command
+    for p in (PACKAGE / "workflow").glob("*.py")
+    if p.stem != "__main__"  # __main__ runs the command
 )
 
 
@@ -76,7 +93,12 @@ def _imported_roots(path: Path, at_import: bool = False) -> set[str]:
     tree = ast.parse(path.read_text())
     nodes = ast.walk(tree)
     if at_import:
-        nodes = [n for top in tree.body if not isinstance(top, (ast.FunctionDef, ast.ClassDef)) for n in ast.walk(top)]
+        nodes = [
+            n
+            for top in tree.body
+            if not isinstance(top, (ast.FunctionDef, ast.ClassDef))
+            for n in ast.walk(top)
+        ]
     for node in nodes:
         if isinstance(node, ast.Import):
             roots.update(a.name.split(".")[0] for a in node.names)
@@ -91,16 +113,32 @@ def test_no_workflow_module_imports_torch() -> None:
 
 
 def test_the_core_imports_only_torch() -> None:
-    core = [p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] not in ("testing", "workflow", "lightning.py")]
-    third_party = set().union(*map(_imported_roots, core)) - set(sys.stdlib_module_names) - {"replaykit"}
+    core = [
+        p
+        for p in PACKAGE.rglob("*.py")
+        if p.relative_to(PACKAGE).parts[0] not in ("testing", "workflow", "lightning.py")
+    ]
+    third_party = (
+        set().union(*map(_imported_roots, core)) - set(sys.stdlib_module_names) - {"replaykit"}
+    )
     assert third_party == {"torch"}
 
 
 # the distribution that provides each import root
 DISTRIBUTIONS = {
-    "torch": "torch", "lightning": "lightning", "tqdm": "tqdm", "papermill": "papermill", "nbformat": "nbformat",
-    "nbclient": "nbclient", "ipykernel": "ipykernel", "jupyter_client": "jupyter_client", "yaml": "pyyaml",
-    "junitparser": "junitparser", "pandas": "pandas", "matplotlib": "matplotlib", "ipywidgets": "ipywidgets",
+    "torch": "torch",
+    "lightning": "lightning",
+    "tqdm": "tqdm",
+    "papermill": "papermill",
+    "nbformat": "nbformat",
+    "nbclient": "nbclient",
+    "ipykernel": "ipykernel",
+    "jupyter_client": "jupyter_client",
+    "yaml": "pyyaml",
+    "junitparser": "junitparser",
+    "pandas": "pandas",
+    "matplotlib": "matplotlib",
+    "ipywidgets": "ipywidgets",
     "IPython": "ipykernel",  # ipykernel depends on ipython
     "google": "ipykernel",  # google.colab: present only in Colab, imported only there
 }
@@ -113,9 +151,14 @@ def test_dependencies_are_torch_only_and_every_import_is_declared() -> None:
     assert {"lightning", "testing", "workflow", "notebooks", "dev"} <= extras.keys()
     declared = {"torch"} | {
         req.split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip().lower()
-        for reqs in extras.values() for req in reqs
+        for reqs in extras.values()
+        for req in reqs
     }
-    used = set().union(*map(_imported_roots, PACKAGE.rglob("*.py"))) - set(sys.stdlib_module_names) - {"replaykit"}
+    used = (
+        set().union(*map(_imported_roots, PACKAGE.rglob("*.py")))
+        - set(sys.stdlib_module_names)
+        - {"replaykit"}
+    )
     undeclared = {root for root in used if DISTRIBUTIONS.get(root, root).lower() not in declared}
     assert not undeclared, f"imported but not declared in pyproject.toml: {sorted(undeclared)}"
 

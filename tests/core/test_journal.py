@@ -46,8 +46,16 @@ def test_routing_state_is_flat_over_many_replays() -> None:
 
 def test_tick_keeps_what_add_keeps() -> None:
     added, ticked = Journal(tail=5), Journal(tail=5)
-    events = [("record", 1, None), *[(k, c, r) for c in range(2, 12) for k, r in (("replay", None), ("hold_end", "backward"))]]
-    events += [("eager", 12, "hold"), ("hold_end", 12, "dropped"), ("replay", 13, None), ("retire", 14, "done")]
+    events = [
+        ("record", 1, None),
+        *[(k, c, r) for c in range(2, 12) for k, r in (("replay", None), ("hold_end", "backward"))],
+    ]
+    events += [
+        ("eager", 12, "hold"),
+        ("hold_end", 12, "dropped"),
+        ("replay", 13, None),
+        ("retire", 14, "done"),
+    ]
     for kind, call, reason in events:
         added.add(kind, call, reason)
         ticked.tick(kind, call, reason)

@@ -19,7 +19,9 @@ def test_unread_outputs_leave_none(backend: str, device: str, accumulation: int)
     assert eager.state["grad/step0/o2m_box.weight"] is None
     assert eager.state["grad/step0/o2m_cls.weight"] is not None
     assert replay.recorder["eager"] == 0
-    if backend == "emulated":  # eager through the recorded graph; CUDA captures its graph for these heads
+    if (
+        backend == "emulated"
+    ):  # eager through the recorded graph; CUDA captures its graph for these heads
         assert replay.recorder["backward_reasons"]["partial"] >= 1
 
 

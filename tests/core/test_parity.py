@@ -29,17 +29,25 @@ def test_dropout_replays_the_same_masks(backend: str, device: str) -> None:
 
 
 def test_channels_last_inputs(backend: str, device: str) -> None:
-    diffs, _, replay = compare(Trial(accumulation=2, channels_last=True, device=device), DetectionNet, backend=backend)
+    diffs, _, replay = compare(
+        Trial(accumulation=2, channels_last=True, device=device), DetectionNet, backend=backend
+    )
     assert diffs == []
     assert replay.recorder["replay"] == 5
 
 
 @pytest.mark.parametrize(
     "trial",
-    [Trial(accumulation=2, channels_last_inputs=True), Trial(accumulation=2, loss="sum"), Trial(channels_last_inputs=True, loss="sum")],
+    [
+        Trial(accumulation=2, channels_last_inputs=True),
+        Trial(accumulation=2, loss="sum"),
+        Trial(channels_last_inputs=True, loss="sum"),
+    ],
     ids=["channels_last_inputs", "broadcast_grads", "both"],
 )
-def test_gradients_in_another_layout_than_the_outputs(backend: str, device: str, trial: Trial) -> None:
+def test_gradients_in_another_layout_than_the_outputs(
+    backend: str, device: str, trial: Trial
+) -> None:
     """The backward graph is captured for the layout the loss's gradients really have."""
     diffs, _, replay = compare(trial.with_(device=device), DetectionNet, backend=backend)
     assert diffs == []
@@ -68,7 +76,10 @@ def test_the_recording_call_is_eager_exactly(backend: str, device: str) -> None:
         after = {
             **{f"out/{k}": v.detach().clone() for k, v in out.items()},
             **{f"buf/{k}": v.clone() for k, v in model.named_buffers()},
-            **{f"grad/{k}": None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()},
+            **{
+                f"grad/{k}": None if p.grad is None else p.grad.clone()
+                for k, p in model.named_parameters()
+            },
             "cpu_rng": torch.get_rng_state(),
         }
         if device == "cuda":

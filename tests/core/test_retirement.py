@@ -66,7 +66,9 @@ RERECORDED = {
 }
 
 
-def _run(backend: str, device: str, name: str, change, **capture) -> tuple[dict, dict, rk.Recorder, list]:
+def _run(
+    backend: str, device: str, name: str, change, **capture
+) -> tuple[dict, dict, rk.Recorder, list]:
     torch.manual_seed(0)
     eager = DetectionNet().to(device)
     if name == "requires_grad":
@@ -80,7 +82,12 @@ def _run(backend: str, device: str, name: str, change, **capture) -> tuple[dict,
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", rk.ReplayWarning)
         replayed = _train(model, device, change)
-    return eager_state, replayed, rec, [w for w in caught if issubclass(w.category, rk.ReplayWarning)]
+    return (
+        eager_state,
+        replayed,
+        rec,
+        [w for w in caught if issubclass(w.category, rk.ReplayWarning)],
+    )
 
 
 @pytest.mark.parametrize("name", list(RERECORDED))
@@ -90,7 +97,9 @@ def test_changes_rerecord_and_replay_resumes(backend: str, device: str, name: st
     assert diff_states(eager, replayed) == []
     assert not rec.retired and not warned
     assert rec.counts["rerecord"] == 1 and cause in rec.journal.summary()["rerecord_causes"][0]
-    assert rec.counts["record"] == 2 and rec.counts["replay"] == 2  # the call after the change replays
+    assert (
+        rec.counts["record"] == 2 and rec.counts["replay"] == 2
+    )  # the call after the change replays
     rec.release()
 
 
@@ -148,7 +157,9 @@ def test_a_global_module_hook_retires_and_runs(backend: str, device: str) -> Non
         sum(o.sum() for o in model(x).values()).backward()
     assert rec.counts["replay"] == 1 and not rec.retired
     seen: list[str] = []
-    handle = nn.modules.module.register_module_forward_hook(lambda m, i, o: seen.append(type(m).__name__))
+    handle = nn.modules.module.register_module_forward_hook(
+        lambda m, i, o: seen.append(type(m).__name__)
+    )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", rk.ReplayWarning)
@@ -182,7 +193,9 @@ class FailsOnSecondCall(DetectionNet):
         return out
 
 
-def test_a_capture_that_raises_restores_state_and_continues_eager(backend: str, device: str) -> None:
+def test_a_capture_that_raises_restores_state_and_continues_eager(
+    backend: str, device: str
+) -> None:
     torch.manual_seed(0)
     ref = DetectionNet().to(device)
     torch.manual_seed(0)
@@ -225,7 +238,9 @@ def test_user_retire_frees_and_continues(backend: str, device: str) -> None:
     rec.release()
 
 
-def test_batchnorm_with_cumulative_average_retires_and_matches_eager(backend: str, device: str) -> None:
+def test_batchnorm_with_cumulative_average_retires_and_matches_eager(
+    backend: str, device: str
+) -> None:
     """momentum=None reads num_batches_tracked on the host each call: a graph would freeze it."""
 
     def make() -> nn.Module:

@@ -19,7 +19,11 @@ def _captured(device: str, backend: str, **kw):
 
 @pytest.mark.parametrize("partial", ["last", "between"])
 def test_partial_batches_keep_parity(backend: str, device: str, partial: str) -> None:
-    diffs, _, replay = compare(Trial(steps=3, accumulation=2, partial=partial, device=device), DetectionNet, backend=backend)
+    diffs, _, replay = compare(
+        Trial(steps=3, accumulation=2, partial=partial, device=device),
+        DetectionNet,
+        backend=backend,
+    )
     assert diffs == []
     assert replay.recorder["record"] == 2
 
@@ -84,7 +88,9 @@ class Unhashable:
 def test_unhashable_argument_routes_eager(backend: str, device: str) -> None:
     model = WithKwargs().to(device)
     rec = rk.capture(model, backend=backend)
-    model(torch.randn(3, 5, device=device), bias=torch.zeros(5, device=device), options=Unhashable())
+    model(
+        torch.randn(3, 5, device=device), bias=torch.zeros(5, device=device), options=Unhashable()
+    )
     assert rec.eager_reasons["unhashable_argument"] == 1
     rec.release()
 

@@ -81,11 +81,15 @@ def _skewed_capture(model: nn.Module, backend: str, where: str, **kw) -> rk.Reco
 
 
 @pytest.mark.parametrize("where", ["output", "grad"])
-def test_a_difference_retires_as_diverged_and_training_stays_eager_exact(backend: str, device: str, where: str) -> None:
+def test_a_difference_retires_as_diverged_and_training_stays_eager_exact(
+    backend: str, device: str, where: str
+) -> None:
     eager = _train(_net(device), device)
     model = _net(device)
     # the recording's own verification would catch the skew first (see the test below): off here
-    rec = _skewed_capture(model, backend, where, check_every=2, unsafe_disable=("verify_recording",))
+    rec = _skewed_capture(
+        model, backend, where, check_every=2, unsafe_disable=("verify_recording",)
+    )
     replayed = _train(model, device)
     assert rec.retired and rec.retire_reason.startswith("diverged: ")
     assert ("output 0" if where == "output" else "grad 3.bias") in rec.retire_reason

@@ -35,8 +35,20 @@ def _replayed(result) -> int:
         )
     ],
 )
-def test_whole_step_matches_its_eager_twin(backend, device, optimizer, accumulate, clip, ema, scheduler):
-    result = trial(_cfg(device, backend, optimizer=optimizer, accumulate=accumulate, clip=clip, ema=ema, scheduler=scheduler))
+def test_whole_step_matches_its_eager_twin(
+    backend, device, optimizer, accumulate, clip, ema, scheduler
+):
+    result = trial(
+        _cfg(
+            device,
+            backend,
+            optimizer=optimizer,
+            accumulate=accumulate,
+            clip=clip,
+            ema=ema,
+            scheduler=scheduler,
+        )
+    )
     assert result.equal, result.diffs[:3]
     assert result.step.counts["replay"] >= 3 * accumulate, result.step.journal
     assert result.step.retire_reason is None
@@ -47,7 +59,11 @@ def test_the_twin_is_eager_and_the_partial_batch_has_its_own_recording(backend, 
     result = trial(_cfg(device, backend, accumulate=2, partial_last=True))
     assert result.equal, result.diffs[:3]
     phases = [e.reason for e in result.step.journal if e.kind == "record"]
-    assert sorted(phases) == ["first", "last", "last"]  # the partial last micro-batch records its own 'last'
+    assert sorted(phases) == [
+        "first",
+        "last",
+        "last",
+    ]  # the partial last micro-batch records its own 'last'
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed"])
@@ -59,7 +75,18 @@ def test_mixed_precision(backend, device, precision):
 
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_grad_scaler_with_a_fused_optimizer_skips_on_the_device(backend, device, accumulate):
-    result = trial(_cfg(device, backend, optimizer="adamw", scaler=True, clip=1.0, accumulate=accumulate, overflow_step=3, steps=6))
+    result = trial(
+        _cfg(
+            device,
+            backend,
+            optimizer="adamw",
+            scaler=True,
+            clip=1.0,
+            accumulate=accumulate,
+            overflow_step=3,
+            steps=6,
+        )
+    )
     assert result.equal, result.diffs[:3]
     assert result.step.counts["replay"] > 0 and not result.step.eager_reasons.keys() - {"warmup"}
 
@@ -79,16 +106,33 @@ def test_a_float_lr_changed_by_hand_records_anew(backend, device):
 
 @pytest.mark.parametrize("probe", sorted(PROBES))
 def test_each_guard_keeps_replay_exact(backend, device, probe):
-    opt = "sgd_float" if probe in ("float_lr", "load_state") else "sgd"  # a tensor lr's id would key load_state too
-    result = trial(_cfg(device, backend, optimizer=opt, probe=probe, accumulate=2 if probe == "keep_grad" else 1))
+    opt = (
+        "sgd_float" if probe in ("float_lr", "load_state") else "sgd"
+    )  # a tensor lr's id would key load_state too
+    result = trial(
+        _cfg(
+            device, backend, optimizer=opt, probe=probe, accumulate=2 if probe == "keep_grad" else 1
+        )
+    )
     assert result.equal, result.diffs[:3]
 
 
 @pytest.mark.parametrize("probe", sorted(PROBES))
 def test_without_its_guard_each_probe_diverges(backend, device, probe):
     """The negative control: the guard is what keeps the run exact."""
-    opt = "sgd_float" if probe in ("float_lr", "load_state") else "sgd"  # a tensor lr's id would key load_state too
-    result = trial(_cfg(device, backend, optimizer=opt, probe=probe, accumulate=2 if probe == "keep_grad" else 1, unsafe=(PROBES[probe],)))
+    opt = (
+        "sgd_float" if probe in ("float_lr", "load_state") else "sgd"
+    )  # a tensor lr's id would key load_state too
+    result = trial(
+        _cfg(
+            device,
+            backend,
+            optimizer=opt,
+            probe=probe,
+            accumulate=2 if probe == "keep_grad" else 1,
+            unsafe=(PROBES[probe],),
+        )
+    )
     assert not result.equal, f"{probe} without {PROBES[probe]} still matched: the guard is untested"
 
 
@@ -97,7 +141,9 @@ def test_every_step_protection_has_a_negative_control():
     here, or a step pattern of the hazard catalogue (tests/core/hazards)."""
     from replaykit.testing.hazards import PATTERNS
 
-    controlled = set(PROBES.values()) | {"verify_recording"}  # test_a_capture_time_branch_is_caught_at_recording
+    controlled = set(PROBES.values()) | {
+        "verify_recording"
+    }  # test_a_capture_time_branch_is_caught_at_recording
     controlled |= {g for p in PATTERNS if p.api == "step" and p.guard for g in p.guard.split("+")}
     assert set(in_scope("step")) <= controlled, sorted(set(in_scope("step")) - controlled)
 
@@ -115,12 +161,21 @@ def test_capture_failure_retires_and_the_step_stays_exact(backend, device):
         step = TrainStep(model, item_loss, opt, replay=replay)
         g = torch.Generator().manual_seed(1)
         torch.manual_seed(2)
-        losses = [step(torch.randn(6, 8, generator=g).to(device), torch.randint(0, 4, (6,), generator=g).to(device)) for _ in range(4)]
+        losses = [
+            step(
+                torch.randn(6, 8, generator=g).to(device),
+                torch.randint(0, 4, (6,), generator=g).to(device),
+            )
+            for _ in range(4)
+        ]
         results.append((model, losses, step))
     (m0, l0, _), (m1, l1, step) = results
     assert step.retired and step.retire_reason.startswith("capture failed")
     assert all(torch.equal(a, b) for a, b in zip(l0, l1, strict=True))
-    assert all(torch.equal(a, b) for a, b in zip(m0.state_dict().values(), m1.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(m0.state_dict().values(), m1.state_dict().values(), strict=True)
+    )
 
 
 def test_clear_errors_for_bad_input():
@@ -142,7 +197,11 @@ def test_lbfgs_is_refused_at_construction():
     """TrainStep steps the optimizer without a closure; LBFGS needs one (its twin could not run either)."""
     model = nn.Linear(8, 4)
     with pytest.raises(rk.ReplayError, match="closure"):
-        TrainStep(model, lambda m, x, y: nn.functional.cross_entropy(m(x), y), torch.optim.LBFGS(model.parameters()))
+        TrainStep(
+            model,
+            lambda m, x, y: nn.functional.cross_entropy(m(x), y),
+            torch.optim.LBFGS(model.parameters()),
+        )
 
 
 def test_an_adam_without_capturable_routes_eager_with_its_reason(backend, device):
@@ -171,14 +230,21 @@ def _pair(build, drive, device):
         kept = drive(env, torch.Generator().manual_seed(2))
         state = module_state(env["model"])
         state.update(optimizer_state([env["opt"]]))
-        state.update({f"kept/{i}": None if t is None else t.detach().cpu().clone() for i, t in enumerate(kept)})
+        state.update(
+            {
+                f"kept/{i}": None if t is None else t.detach().cpu().clone()
+                for i, t in enumerate(kept)
+            }
+        )
         states.append(state)
         envs.append(env)
     return diff_states(*states), envs[1]["step"]
 
 
 def _batches(g, device, n=6):
-    return torch.randn(n, 8, generator=g).to(device), torch.randint(0, 4, (n,), generator=g).to(device)
+    return torch.randn(n, 8, generator=g).to(device), torch.randint(0, 4, (n,), generator=g).to(
+        device
+    )
 
 
 def test_a_disabled_grad_scaler_is_a_plain_step(backend, device):
@@ -188,9 +254,15 @@ def test_a_disabled_grad_scaler_is_a_plain_step(backend, device):
         model = SmallNet().to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         scaler = torch.amp.GradScaler(device, enabled=False)
-        return {"model": model, "opt": opt, "step": TrainStep(model, small_loss, opt, scaler=scaler, max_norm=1.0, replay=replay)}
+        return {
+            "model": model,
+            "opt": opt,
+            "step": TrainStep(model, small_loss, opt, scaler=scaler, max_norm=1.0, replay=replay),
+        }
 
-    diffs, step = _pair(build, lambda env, g: [env["step"](*_batches(g, device)) for _ in range(5)], device)
+    diffs, step = _pair(
+        build, lambda env, g: [env["step"](*_batches(g, device)) for _ in range(5)], device
+    )
     assert not diffs, diffs[:3]
     assert step.counts["replay"] >= 3, step.journal
 
@@ -203,7 +275,13 @@ def test_a_layer_frozen_mid_training_records_anew(backend, device, accumulate):
     def build(replay):
         model = SmallNet().to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        return {"model": model, "opt": opt, "step": TrainStep(model, small_loss, opt, max_norm=1.0, accumulate=accumulate, replay=replay)}
+        return {
+            "model": model,
+            "opt": opt,
+            "step": TrainStep(
+                model, small_loss, opt, max_norm=1.0, accumulate=accumulate, replay=replay
+            ),
+        }
 
     def drive(env, g):
         losses = []
@@ -235,7 +313,11 @@ def test_optimizer_state_assigned_by_hand_rerecords(backend, device, optimizer):
     def build(replay):
         model = SmallNet().to(device)
         opt = make_optimizer(optimizer, model, device)
-        return {"model": model, "opt": opt, "step": TrainStep(model, small_loss, opt, replay=replay)}
+        return {
+            "model": model,
+            "opt": opt,
+            "step": TrainStep(model, small_loss, opt, replay=replay),
+        }
 
     def drive(env, g):
         losses = []
@@ -261,7 +343,12 @@ def test_ema_tensors_reassigned_rerecord(backend, device):
         model = SmallNet().to(device)
         opt = torch.optim.SGD(model.parameters(), lr=torch.tensor(0.05, device=device), fused=True)
         ema = rk.EMA(model, 0.9)
-        return {"model": model, "opt": opt, "ema": ema, "step": TrainStep(model, small_loss, opt, ema=ema, replay=replay)}
+        return {
+            "model": model,
+            "opt": opt,
+            "ema": ema,
+            "step": TrainStep(model, small_loss, opt, ema=ema, replay=replay),
+        }
 
     def drive(env, g):
         for i in range(6):
@@ -290,7 +377,11 @@ def test_an_input_requiring_grad_routes_eager(backend, device):
     def build(replay):
         model = SmallNet().to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        return {"model": model, "opt": opt, "step": TrainStep(model, small_loss, opt, replay=replay)}
+        return {
+            "model": model,
+            "opt": opt,
+            "step": TrainStep(model, small_loss, opt, replay=replay),
+        }
 
     diffs, step = _pair(build, drive, device)
     assert not diffs, diffs[:3]
@@ -348,19 +439,31 @@ def test_a_step_a_replay_cannot_repeat_retires_after_its_recording_call(backend,
     the body once, as eager does) and the step retires."""
 
     def container_loss(model, x, y):
-        model.history["task"] = 1 - model.history.get("task", 0)  # two values in turn: both get recorded
+        model.history["task"] = 1 - model.history.get(
+            "task", 0
+        )  # two values in turn: both get recorded
         return small_loss(model, x, y) * (1.0 + model.history["task"])
 
     def build(replay):
         model = (_RoundRobin() if case == "assigns_attribute" else SmallNet()).to(device)
         model.history = {}
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        loss = {"assigns_attribute": small_loss, "writes_input": _in_place_loss, "changes_container": container_loss}[case]
-        return {"model": model, "opt": opt, "step": TrainStep(model, loss, opt, replay=replay, warmup=2)}
+        loss = {
+            "assigns_attribute": small_loss,
+            "writes_input": _in_place_loss,
+            "changes_container": container_loss,
+        }[case]
+        return {
+            "model": model,
+            "opt": opt,
+            "step": TrainStep(model, loss, opt, replay=replay, warmup=2),
+        }
 
     def drive(env, g):
         x, y = _batches(g, device)
-        kept = [env["step"](x, y) for _ in range(6)]  # one batch, overfitted: the caller's x is read again
+        kept = [
+            env["step"](x, y) for _ in range(6)
+        ]  # one batch, overfitted: the caller's x is read again
         return [*kept, x]
 
     diffs, step = _pair(build, drive, device)
@@ -372,19 +475,27 @@ def test_a_step_a_replay_cannot_repeat_retires_after_its_recording_call(backend,
 def test_a_gradient_kept_through_a_view_routes_eager(backend, device, keep):
     """A gradient kept between micro-batches as ``.detach()``, ``.data`` or a view shares the static
     buffer, which copy-out cannot reach: the next step's first micro-batch would overwrite it."""
-    how = {"detach": torch.Tensor.detach, "data": lambda t: t.data, "view": lambda t: t.view(-1)}[keep]
+    how = {"detach": torch.Tensor.detach, "data": lambda t: t.data, "view": lambda t: t.view(-1)}[
+        keep
+    ]
 
     def build(replay):
         model = SmallNet().to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        return {"model": model, "opt": opt, "step": TrainStep(model, small_loss, opt, accumulate=2, replay=replay)}
+        return {
+            "model": model,
+            "opt": opt,
+            "step": TrainStep(model, small_loss, opt, accumulate=2, replay=replay),
+        }
 
     def drive(env, g):
         kept = []
         for i in range(10):
             env["step"](*_batches(g, device))
             if i % 2 == 0:
-                kept.append(how(env["model"].head.weight.grad))  # a gradient-norm history, read later
+                kept.append(
+                    how(env["model"].head.weight.grad)
+                )  # a gradient-norm history, read later
         return kept
 
     diffs, step = _pair(build, drive, device)
@@ -403,9 +514,15 @@ def test_a_failed_capture_puts_back_the_attributes_its_forward_assigned(backend,
     def build(replay):
         model = _RoundRobin().to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        return {"model": model, "opt": opt, "step": TrainStep(model, item_loss, opt, replay=replay, warmup=2)}
+        return {
+            "model": model,
+            "opt": opt,
+            "step": TrainStep(model, item_loss, opt, replay=replay, warmup=2),
+        }
 
-    diffs, step = _pair(build, lambda env, g: [env["step"](*_batches(g, device)) for _ in range(6)], device)
+    diffs, step = _pair(
+        build, lambda env, g: [env["step"](*_batches(g, device)) for _ in range(6)], device
+    )
     assert not diffs, diffs[:3]
     assert step.retire_reason is not None and step.retire_reason.startswith("capture failed")
 
@@ -416,7 +533,9 @@ def test_batches_sliced_from_one_preloaded_tensor_share_a_recording(backend, dev
     for replay in (False, True):
         torch.manual_seed(0)
         model = SmallNet().to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=torch.tensor(0.05, device=device), momentum=0.9, fused=True)
+        opt = torch.optim.SGD(
+            model.parameters(), lr=torch.tensor(0.05, device=device), momentum=0.9, fused=True
+        )
         step = TrainStep(model, small_loss, opt, replay=replay)
         g = torch.Generator().manual_seed(1)
         # 64 rows: 2048 bytes of inputs and 512 bytes of int64 targets per batch, so every slice
@@ -429,7 +548,10 @@ def test_batches_sliced_from_one_preloaded_tensor_share_a_recording(backend, dev
     (m0, l0, _), (m1, l1, step) = results
     assert step.counts["record"] == 1 and step.counts["replay"] == 6, step.journal
     assert all(torch.equal(a, b) for a, b in zip(l0, l1, strict=True))
-    assert all(torch.equal(a, b) for a, b in zip(m0.state_dict().values(), m1.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(m0.state_dict().values(), m1.state_dict().values(), strict=True)
+    )
 
 
 def test_a_slice_of_another_alignment_records_its_own(backend, device):
@@ -466,7 +588,9 @@ def test_a_capture_time_branch_is_caught_at_recording(backend, device, unsafe):
     def build(replay):
         model = _CaptureBranch().to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        step = TrainStep(model, small_loss, opt, replay=replay, unsafe_disable=unsafe if replay else ())
+        step = TrainStep(
+            model, small_loss, opt, replay=replay, unsafe_disable=unsafe if replay else ()
+        )
         return {"model": model, "opt": opt, "step": step}
 
     def drive(env, g):

@@ -19,8 +19,15 @@ from replaykit.testing.tasks import make_datamodule, make_task
 def _fit(cb: ReplayCallback, task=None, **kw) -> tuple[L.LightningModule, L.Trainer]:
     task = task or make_task("detection")
     trainer = L.Trainer(
-        accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, callbacks=[cb], **kw,
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[cb],
+        **kw,
     )
     trainer.fit(task, datamodule=make_datamodule("detection"))
     return task, trainer
@@ -34,7 +41,11 @@ def test_activates_once_per_fit_cleans_up_and_fits_again() -> None:
     assert "forward" not in task.net.__dict__ and rk.recorder_of(task.net) is None
     assert first.released and first.module is None
     _fit(cb, task, limit_val_batches=0)
-    assert cb.fits == 2 and cb.recorders["net"] is not first and cb.recorders["net"].counts["replay"] == 5
+    assert (
+        cb.fits == 2
+        and cb.recorders["net"] is not first
+        and cb.recorders["net"].counts["replay"] == 5
+    )
 
 
 def test_no_reference_cycles_after_fit() -> None:
@@ -53,7 +64,9 @@ def test_no_reference_cycles_after_fit() -> None:
 def test_validation_routes_eager_with_reason() -> None:
     cb = ReplayCallback("net")
     _fit(cb)
-    assert cb.recorders["net"].eager_reasons["no_grad"] >= 1  # Lightning validates without grad, in eval mode
+    assert (
+        cb.recorders["net"].eager_reasons["no_grad"] >= 1
+    )  # Lightning validates without grad, in eval mode
 
 
 def test_bad_paths() -> None:
@@ -82,7 +95,9 @@ def test_lightning_features_keep_parity(scenario: Scenario) -> None:
     replay = result.arms["replay"].recorder
     assert replay["replay"] >= 2 or scenario.assign_at_step is not None
     if scenario.assign_at_step is not None:
-        assert not replay["retired"] and "registered anew" in replay["rerecord_causes"][0]  # resumed replaying
+        assert (
+            not replay["retired"] and "registered anew" in replay["rerecord_causes"][0]
+        )  # resumed replaying
     if scenario.overflow_step is not None:
         native = result.arms["native"].state
         assert float(native["scaler/scale"]) < 65536.0  # the overflow step backed the scale off
@@ -94,10 +109,14 @@ def test_fp16_overflow_step_is_skipped_like_native() -> None:
     result = run_scenario(Scenario(precision="16-mixed", overflow_step=2), ["replay"])
     assert result.passed
     state = result.arms["replay"].state
-    assert "scaler/_growth_tracker" in state and torch.equal(state["scaler/scale"], result.arms["native"].state["scaler/scale"])
+    assert "scaler/_growth_tracker" in state and torch.equal(
+        state["scaler/scale"], result.arms["native"].state["scaler/scale"]
+    )
 
 
-def test_bf16_on_a_gpu_without_it_retires_instead_of_crashing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bf16_on_a_gpu_without_it_retires_instead_of_crashing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from types import SimpleNamespace
 
     from lightning.pytorch.strategies import SingleDeviceStrategy
@@ -105,7 +124,9 @@ def test_bf16_on_a_gpu_without_it_retires_instead_of_crashing(monkeypatch: pytes
     from replaykit.lightning import unsupported
 
     strategy = SingleDeviceStrategy.__new__(SingleDeviceStrategy)
-    monkeypatch.setattr(SingleDeviceStrategy, "root_device", property(lambda self: torch.device("cuda", 0)))
+    monkeypatch.setattr(
+        SingleDeviceStrategy, "root_device", property(lambda self: torch.device("cuda", 0))
+    )
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     reason = unsupported(SimpleNamespace(strategy=strategy, precision="bf16-mixed"))
     assert reason is not None and "no bf16 support" in reason
@@ -122,9 +143,17 @@ def test_accumulation_changed_between_fits_keeps_replay_and_parity() -> None:
         cb = ReplayCallback("net") if replay else None
         for acc in (1, 2):
             trainer = L.Trainer(
-                accelerator="cpu", max_epochs=1, accumulate_grad_batches=acc, logger=False, enable_checkpointing=False,
-                enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-                deterministic=True, callbacks=[cb] if cb else [],
+                accelerator="cpu",
+                max_epochs=1,
+                accumulate_grad_batches=acc,
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                num_sanity_val_steps=0,
+                limit_val_batches=0,
+                deterministic=True,
+                callbacks=[cb] if cb else [],
             )
             trainer.fit(task, datamodule=make_datamodule("detection"))
         return snapshot(task, trainer), cb

@@ -17,7 +17,13 @@ from replaykit.testing.tasks import make_datamodule, make_task
 @pytest.mark.parametrize("precision", ["32", "16-mixed", "bf16-mixed"])
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_cuda_trainer_parity(cuda_device: str, precision: str, accumulation: int) -> None:
-    scenario = Scenario(task="detection", precision=precision, accumulation=accumulation, device=cuda_device, ema=0.9)
+    scenario = Scenario(
+        task="detection",
+        precision=precision,
+        accumulation=accumulation,
+        device=cuda_device,
+        ema=0.9,
+    )
     result = run_scenario(scenario, ["replay", *unsafe_arms(scenario)])
     assert result.passed, {a: [d.name for d in ds][:5] for a, ds in result.diffs.items()}
     assert result.arms["replay"].recorder["replay"] >= 4
@@ -31,8 +37,15 @@ def _leftover(cuda_device: str, replay: bool) -> int:
     task = make_task("segmentation").to(cuda_device)
     cb = ReplayCallback("net")
     trainer = L.Trainer(
-        accelerator="gpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        accelerator="gpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
         callbacks=[cb] if replay else [],
     )
     trainer.fit(task, datamodule=make_datamodule("segmentation"))

@@ -23,12 +23,16 @@ class WholeStepModule(L.LightningModule):
         self.losses: list[torch.Tensor] = []
 
     def configure_optimizers(self):
-        opt = torch.optim.SGD(self.net.parameters(), lr=torch.tensor(0.05), momentum=0.9, fused=True)
+        opt = torch.optim.SGD(
+            self.net.parameters(), lr=torch.tensor(0.05), momentum=0.9, fused=True
+        )
         return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)}
 
     def on_train_start(self) -> None:
         loss_fn = lambda net, batch: small_loss(net, *batch)  # noqa: E731
-        self.step = whole_step(self, self.net, loss_fn, max_norm=1.0, accumulate=self.accumulate, replay=self.replay)
+        self.step = whole_step(
+            self, self.net, loss_fn, max_norm=1.0, accumulate=self.accumulate, replay=self.replay
+        )
 
     def training_step(self, batch, batch_idx):
         loss = self.step(batch)
@@ -42,7 +46,14 @@ def _fit(replay: bool, accumulate: int) -> WholeStepModule:
     g = torch.Generator().manual_seed(1)
     data = TensorDataset(torch.randn(48, 8, generator=g), torch.randint(0, 4, (48,), generator=g))
     module = WholeStepModule(replay, accumulate)
-    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     torch.manual_seed(2)
     trainer.fit(module, DataLoader(data, batch_size=6))
     module.global_step_seen = trainer.global_step
@@ -55,7 +66,9 @@ def test_whole_step_in_lightning_matches_its_twin_and_counts_steps(accumulate):
     assert mine.step.counts["replay"] > 0, mine.step.journal
     assert mine.global_step_seen == twin.global_step_seen == 8 // accumulate
     assert all(torch.equal(a, b) for a, b in zip(twin.losses, mine.losses, strict=True))
-    for (name, a), b in zip(twin.net.state_dict().items(), mine.net.state_dict().values(), strict=True):
+    for (name, a), b in zip(
+        twin.net.state_dict().items(), mine.net.state_dict().values(), strict=True
+    ):
         assert torch.equal(a, b), name
 
 
@@ -78,9 +91,15 @@ def test_whole_step_with_fabric_matches_its_twin():
         step = rk.TrainStep(net, small_loss, opt, max_norm=1.0, accumulate=2, replay=replay)
         g = torch.Generator().manual_seed(1)
         torch.manual_seed(2)
-        losses = [step(torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)) for _ in range(12)]
+        losses = [
+            step(torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g))
+            for _ in range(12)
+        ]
         results.append((net, losses, step))
     (n0, l0, _), (n1, l1, step) = results
     assert step.counts["replay"] > 0
     assert all(torch.equal(a, b) for a, b in zip(l0, l1, strict=True))
-    assert all(torch.equal(a, b) for a, b in zip(n0.state_dict().values(), n1.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(n0.state_dict().values(), n1.state_dict().values(), strict=True)
+    )

@@ -42,10 +42,17 @@ def import_graph(package: Path) -> dict[str, set[str]]:
                     source = ".".join([*base, *([node.module] if node.module else [])])
                 else:
                     source = node.module or ""
-                targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in files else source for a in node.names]
+                targets = [
+                    f"{source}.{a.name}" if f"{source}.{a.name}" in files else source
+                    for a in node.names
+                ]
             else:
                 continue
-            edges |= {t for t in targets if t in files and t != name and (t == prefix or t.startswith(prefix + "."))}
+            edges |= {
+                t
+                for t in targets
+                if t in files and t != name and (t == prefix or t.startswith(prefix + "."))
+            }
         graph[name] = edges
     return graph
 
@@ -60,7 +67,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return [*path[path.index(nxt):], nxt]
+                return [*path[path.index(nxt) :], nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()
@@ -84,7 +91,9 @@ def test_the_check_sees_a_cycle_closed_by_an_import_at_the_bottom(tmp_path: Path
     package = tmp_path / "pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / "patterns.py").write_text("import torch\nPATTERNS = []\n\nfrom .limits import LIMITS  # noqa: E402\n")
+    (package / "patterns.py").write_text(
+        "import torch\nPATTERNS = []\n\nfrom .limits import LIMITS  # noqa: E402\n"
+    )
     (package / "limits.py").write_text("from .patterns import PATTERNS\nLIMITS = list(PATTERNS)\n")
     assert find_cycle(import_graph(package)) == ["pkg.limits", "pkg.patterns", "pkg.limits"]
     (package / "patterns.py").write_text("PATTERNS = []\n")

@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
-matplotlib = pytest.importorskip("matplotlib", reason="the notebooks extra (matplotlib) is not installed")
+matplotlib = pytest.importorskip(
+    "matplotlib", reason="the notebooks extra (matplotlib) is not installed"
+)
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402 - after the importorskip guard
@@ -27,8 +29,12 @@ def result(
 ) -> ScenarioResult:
     """A result with the given per-step times per arm (native first) and diffs."""
     errors = errors or {}
-    outcomes = {a: ArmOutcome(a, dict(STATE), None, ms, 0.0, errors.get(a)) for a, ms in arms.items()}
-    return ScenarioResult(scenario, outcomes, {a: [] for a in arms if a != "native"} | (diffs or {}))
+    outcomes = {
+        a: ArmOutcome(a, dict(STATE), None, ms, 0.0, errors.get(a)) for a, ms in arms.items()
+    }
+    return ScenarioResult(
+        scenario, outcomes, {a: [] for a in arms if a != "native"} | (diffs or {})
+    )
 
 
 EQUAL = Scenario(task="detection", accumulation=1)
@@ -53,8 +59,17 @@ def results() -> list[ScenarioResult]:
         result(EQUAL, {"native": STEPS, "replay": [90.0, 90.0, 5.0, 5.0, 5.0, 5.0]}),
         result(
             COPY,
-            {"native": STEPS, "replay": [90.0, 90.0, 20.0, 20.0, 20.0, 20.0], "unsafe:copy_out": STEPS},
-            {"unsafe:copy_out": [values, TensorDiff("buffer/running_mean", "values", 1.0, 3_000_000, 1, 4)]},
+            {
+                "native": STEPS,
+                "replay": [90.0, 90.0, 20.0, 20.0, 20.0, 20.0],
+                "unsafe:copy_out": STEPS,
+            },
+            {
+                "unsafe:copy_out": [
+                    values,
+                    TensorDiff("buffer/running_mean", "values", 1.0, 3_000_000, 1, 4),
+                ]
+            },
         ),
         result(
             POSE,
@@ -84,12 +99,21 @@ def test_step_ratios_are_median_ratios_sorted_with_a_per_step_band(results) -> N
 
 
 def test_step_ratio_band_is_p10_p90_of_the_per_step_ratios() -> None:
-    r = result(EQUAL, {"native": [1.0] * 2 + [10.0] * 11, "replay": [1.0] * 2 + [float(k) for k in range(1, 12)]})
+    r = result(
+        EQUAL,
+        {"native": [1.0] * 2 + [10.0] * 11, "replay": [1.0] * 2 + [float(k) for k in range(1, 12)]},
+    )
     (s,), _ = plots.step_ratios([r])
-    assert s.ratio == pytest.approx(0.6) and s.low == pytest.approx(0.2) and s.high == pytest.approx(1.0)
+    assert (
+        s.ratio == pytest.approx(0.6)
+        and s.low == pytest.approx(0.2)
+        and s.high == pytest.approx(1.0)
+    )
 
 
-def test_ratio_chart_has_one_sorted_bar_per_scenario_a_line_at_one_and_a_note(results, capsys) -> None:
+def test_ratio_chart_has_one_sorted_bar_per_scenario_a_line_at_one_and_a_note(
+    results, capsys
+) -> None:
     fig = plots.plot_step_ratios(results)
     ax = fig.axes[0]
     assert [p.get_width() for p in ax.patches] == [0.5, 1.0, 2.0]
@@ -109,7 +133,9 @@ def test_ratio_chart_without_anything_to_leave_out_says_nothing(results, capsys)
     assert capsys.readouterr().out == ""
 
 
-def test_ulp_cells_take_the_max_over_every_tensor_and_count_what_ulps_do_not_measure(results) -> None:
+def test_ulp_cells_take_the_max_over_every_tensor_and_count_what_ulps_do_not_measure(
+    results,
+) -> None:
     scenarios, arms, cells = plots.ulp_cells(results)
     assert scenarios == [r.scenario.name for r in results]
     assert arms == ["replay", "unsafe:copy_out"]
@@ -128,7 +154,9 @@ def test_heatmap_has_every_scenario_as_a_row_even_when_equal(results, capsys) ->
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == [r.scenario.name for r in results]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["replay", "unsafe:copy_out"]
-    texts = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in ax.texts}
+    texts = {
+        (round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in ax.texts
+    }
     assert texts[0, 0] == "0" and texts[0, 1] == "–"  # equal, and an arm not run
     assert texts[1, 1] == "3e6" and texts[2, 1] == "≠" and texts[3, 0] == "error"
     assert texts[4, 0] == "–" and texts[4, 1] == "–"  # a scenario with no arm still has its row
@@ -136,7 +164,9 @@ def test_heatmap_has_every_scenario_as_a_row_even_when_equal(results, capsys) ->
     image = ax.get_images()[0].get_array()
     assert image.shape[:2] == (5, 2)
     equal_rgba = tuple(image[0, 0])
-    assert equal_rgba != tuple(image[1, 1]) and equal_rgba != tuple(image[0, 1])  # 0 is drawn distinctly
+    assert equal_rgba != tuple(image[1, 1]) and equal_rgba != tuple(
+        image[0, 1]
+    )  # 0 is drawn distinctly
     red = [p for p in ax.patches if p.get_edgecolor()[:3] == (1.0, 0.0, 0.0)]
     assert len(red) == 1  # the raised replay arm is the one failed case
     assert capsys.readouterr().out == ""  # nothing left out

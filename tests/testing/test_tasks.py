@@ -176,7 +176,11 @@ class EmaRecorder(L.Callback):
 def test_ema_changes_only_after_optimizer_steps(tmp_path) -> None:
     rec = EmaRecorder()
     model, trainer = fit(
-        "detection", "partial_last", max_steps=-1, accumulate=2, callbacks=[rec],
+        "detection",
+        "partial_last",
+        max_steps=-1,
+        accumulate=2,
+        callbacks=[rec],
         task_kw={"ema": 0.5},
     )
     # batches [4, 4, 4, 4, 4, 2]: the optimizer steps after batches 1, 3 and 5 (partial)

@@ -36,11 +36,16 @@ def _needs(model: str) -> None:
 
 def test_registry_names_and_lazy_imports() -> None:
     assert zoo.names(["all"]) == list(zoo.MODELS)
-    assert zoo.names(["transformer_lm", "resnet18"]) == ["resnet18", "transformer_lm"]  # registry order
+    assert zoo.names(["transformer_lm", "resnet18"]) == [
+        "resnet18",
+        "transformer_lm",
+    ]  # registry order
     with pytest.raises(ValueError, match="unknown zoo model"):
         zoo.names(["resnet1000"])
     code = "import replaykit.testing.zoo.run, json, sys; print(json.dumps(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
     loaded = {m.split(".")[0] for m in json.loads(out.stdout.splitlines()[-1])}
     assert not loaded & {"torchvision", "timm", "lightning"}
 
@@ -60,7 +65,9 @@ def test_zoo_models_end_bitwise_equal_to_eager(case: run.ZooCase) -> None:
     assert result.verdict == "bitwise", (result.verdict, result.diffs[:3])
     row = run.rows([result])[0]
     assert row["bitwise"] and row["records"] == 1 and row["retired"] is None
-    assert row["replays"] == case.steps * case.accumulation - 1  # every call after the recording replayed
+    assert (
+        row["replays"] == case.steps * case.accumulation - 1
+    )  # every call after the recording replayed
     assert not result.silent and not result.failed
 
 
@@ -120,5 +127,7 @@ def test_asking_whether_a_model_is_available_changes_nothing() -> None:
         "[zoo.unavailable(n) for n in zoo.MODELS]\n"
         "print(json.dumps([sys.path == before, 'torchvision' in sys.modules]))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
     assert json.loads(out.stdout.splitlines()[-1]) == [True, False]

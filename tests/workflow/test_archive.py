@@ -19,8 +19,11 @@ from replaykit.workflow.fingerprint import MANIFEST_NAME, tree_info
 
 ENV = {
     **os.environ,
-    "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-    "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@t",
+    "GIT_CONFIG_NOSYSTEM": "1",
 }
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "pack.py"
 
@@ -131,7 +134,9 @@ def test_round_trip(repo: Path, tmp_path: Path) -> None:
     info = tree_info(root)  # the fingerprint reads commit, dirty, sha256
     assert info["source"] == "manifest" and "error" not in info
     assert (info["commit"], info["dirty"], info["sha256"]) == (
-        res.commit, True, res.manifest["sha256"],
+        res.commit,
+        True,
+        res.manifest["sha256"],
     )
     assert pk.MANIFEST_NAME == MANIFEST_NAME
     with pytest.raises(FileExistsError):
@@ -196,15 +201,25 @@ def _handmade(path: Path, members: dict[str, bytes], links: dict[str, str] | Non
 
 def _manifest_for(files: dict[str, bytes], short: str = "abc1234") -> bytes:
     hashes = {p: pk.sha256_bytes(b) for p, b in files.items()}
-    m = {"format": 1, "commit": None, "short": short, "dirty": False, "files": hashes,
-         "sha256": pk.tree_sha256(hashes), "wheelhouse": None}
+    m = {
+        "format": 1,
+        "commit": None,
+        "short": short,
+        "dirty": False,
+        "files": hashes,
+        "sha256": pk.tree_sha256(hashes),
+        "wheelhouse": None,
+    }
     return json.dumps(m).encode()
 
 
 @pytest.mark.parametrize(
     ("name", "match"),
-    [("replaykit-abc1234/../evil", "unsafe member"), ("../evil", "unsafe member"),
-     ("/tmp/evil", "unsafe member")],
+    [
+        ("replaykit-abc1234/../evil", "unsafe member"),
+        ("../evil", "unsafe member"),
+        ("/tmp/evil", "unsafe member"),
+    ],
 )
 def test_unsafe_member_is_refused(tmp_path: Path, name: str, match: str) -> None:
     files = {"a.py": b"x\n"}
@@ -245,7 +260,9 @@ def test_wheelhouse_with_mocked_pip(repo: Path, tmp_path: Path, monkeypatch) -> 
     plain = pk.pack(repo, tmp_path / "out").path
     res = pk.pack(repo, tmp_path / "out", wheelhouse=wh)
     assert res.path.name == f"{res.top}-wheelhouse-py{py}.tar.gz" and res.path != plain
-    assert pk.verify_archive(plain)["wheelhouse"] is None  # the plain archive of the same tree is kept
+    assert (
+        pk.verify_archive(plain)["wheelhouse"] is None
+    )  # the plain archive of the same tree is kept
     (cmd,) = calls
     assert cmd[:4] == [sys.executable, "-m", "pip", "download"] and "--no-deps" not in cmd
     assert "--only-binary=:all:" in cmd and cmd[cmd.index("--implementation") + 1] == "cp"
@@ -295,7 +312,9 @@ def test_bootstrap(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert pk.bootstrap(repo) == repo.resolve() and sys.path[0] == str(repo.resolve())
     archive = pk.pack(repo, tmp_path / "tree.tar.gz").path
     root = pk.bootstrap(str(archive))
-    assert root == tmp_path / "tree" / pk.top_name(pk.verify_archive(archive)) and sys.path[0] == str(root)
+    assert root == tmp_path / "tree" / pk.top_name(pk.verify_archive(archive)) and sys.path[
+        0
+    ] == str(root)
     assert (root / "a.py").read_text() == "x = 10\n"
     assert pk.bootstrap(str(archive)) == root  # run again: unpacked again over the first
     edited = tmp_path / "edited.tar.gz"

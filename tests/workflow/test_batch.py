@@ -78,10 +78,14 @@ def summary_of(folder: Path, cell: dict) -> dict:
 def test_two_environments_two_trees_with_failures(tmp_path: Path, clean_jupyter_path: None) -> None:
     repo = make_repo(tmp_path / "repo", ["one", "two"])
     (repo / "VERSION").write_text("worktree\n")  # the path tree is dirty: not what HEAD holds
-    probe = make_notebook(tmp_path / "probe.ipynb", PROBE, "assert 1 / x",
-                          params='tree = ""\nx = 1\nrun_dir = ""')
+    probe = make_notebook(
+        tmp_path / "probe.ipynb", PROBE, "assert 1 / x", params='tree = ""\nx = 1\nrun_dir = ""'
+    )
     second = Environment(
-        name="second", requirements=[], system_site_packages=True, pip_args=["--no-index"],
+        name="second",
+        requirements=[],
+        system_site_packages=True,
+        pip_args=["--no-index"],
         site_dirs=[sysconfig.get_paths()["purelib"]],  # reuse this venv's packages: no download
     )
     spec = BatchSpec(
@@ -106,7 +110,10 @@ def test_two_environments_two_trees_with_failures(tmp_path: Path, clean_jupyter_
     cells = index["cells"]
     assert len(cells) == 3 * 2 * 2 == len(result.cells)
     assert [(c["env"], c["tree"]["label"], c["parameters"]["x"]) for c in cells] == [
-        (env, tree, x) for env in ("missing", "current", "second") for tree in ("old", "work") for x in (1, 0)
+        (env, tree, x)
+        for env in ("missing", "current", "second")
+        for tree in ("old", "work")
+        for x in (1, 0)
     ]
     assert index["counts"] == {"error": 4, "passed": 4, "failed": 4}
 
@@ -154,7 +161,9 @@ def test_two_environments_two_trees_with_failures(tmp_path: Path, clean_jupyter_
 
 def test_a_run_under_another_interpreter_is_an_error(tmp_path: Path) -> None:
     liar = make_notebook(tmp_path / "liar.ipynb", LIAR, params='run_dir = ""')
-    spec = BatchSpec(environments=[Environment(name="current", python=sys.executable)], notebooks=[str(liar)])
+    spec = BatchSpec(
+        environments=[Environment(name="current", python=sys.executable)], notebooks=[str(liar)]
+    )
     result = run_batch(spec, tmp_path / "runs", progress=False)
     (cell,) = result.cells
     assert (cell["status"], cell["reason"]) == ("error", WRONG_INTERPRETER)
@@ -170,8 +179,10 @@ def test_spec_files_and_bad_input(tmp_path: Path) -> None:
     nb = make_notebook(tmp_path / "nb.ipynb", "pass", params='run_dir = ""')
     data = {
         "name": "spec",
-        "environments": [{"name": "here", "python": sys.executable},
-                         {"name": "venv", "requirements": ["six"], "system_site_packages": True}],
+        "environments": [
+            {"name": "here", "python": sys.executable},
+            {"name": "venv", "requirements": ["six"], "system_site_packages": True},
+        ],
         "trees": ["HEAD", {"label": "here", "path": str(tmp_path)}],
         "notebooks": [str(nb)],
         "parameters": {"x": 1},
@@ -192,8 +203,14 @@ def test_spec_files_and_bad_input(tmp_path: Path) -> None:
     bad = [
         ({**data, "bogus": 1}, "unknown batch spec keys: bogus"),
         ({**data, "environments": [{"name": "x"}]}, "exactly one of python or requirements"),
-        ({**data, "environments": [{"name": "x", "python": "p", "system_site_packages": True}]}, "built venv"),
-        ({**data, "environments": [{"name": "x", "python": "p", "color": 1}]}, "environments.0.: .*color"),
+        (
+            {**data, "environments": [{"name": "x", "python": "p", "system_site_packages": True}]},
+            "built venv",
+        ),
+        (
+            {**data, "environments": [{"name": "x", "python": "p", "color": 1}]},
+            "environments.0.: .*color",
+        ),
         ({**data, "environments": [{"name": "x", "requirements": "torch"}]}, "must be a list"),
         ({**data, "environments": []}, "at least one environment"),
         ({**data, "trees": ["a=HEAD", "a=HEAD~1"]}, "repeated: a"),
@@ -210,18 +227,31 @@ def test_spec_files_and_bad_input(tmp_path: Path) -> None:
         load_spec(tmp_path / "absent.json")
     here = [Environment(name="here", python=sys.executable)]
     with pytest.raises(FileNotFoundError, match="notebook not found"):
-        run_batch(BatchSpec(environments=here, notebooks=[str(tmp_path / "no.ipynb")]), tmp_path / "r")
+        run_batch(
+            BatchSpec(environments=here, notebooks=[str(tmp_path / "no.ipynb")]), tmp_path / "r"
+        )
     repo = make_repo(tmp_path / "repo", ["one"])
     with pytest.raises(ValueError, match="not a commit"):
-        run_batch(BatchSpec(environments=here, notebooks=[str(nb)], trees=[TreeSpec(rev="nope")],
-                            repo=str(repo)), tmp_path / "r")
+        run_batch(
+            BatchSpec(
+                environments=here, notebooks=[str(nb)], trees=[TreeSpec(rev="nope")], repo=str(repo)
+            ),
+            tmp_path / "r",
+        )
     assert not (tmp_path / "r").exists() or not list((tmp_path / "r").iterdir())  # nothing ran
 
 
 def test_cli_quick_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     nb = make_notebook(tmp_path / "nb.ipynb", "assert x == 1", params='x = 0\nrun_dir = ""')
-    args = ["--env", f"here={sys.executable}", "--notebook", str(nb), "--runs-dir", str(tmp_path / "runs"),
-            "--no-progress"]
+    args = [
+        "--env",
+        f"here={sys.executable}",
+        "--notebook",
+        str(nb),
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--no-progress",
+    ]
     assert cli.batch([*args, "-p", "x", "1", "--name", "quick"]) == 0
     out = capsys.readouterr().out
     assert "index.json" in out and "passed" in out
@@ -250,14 +280,23 @@ def test_notebooks_with_their_own_parameters_share_one_batch(tmp_path: Path) -> 
     }
     spec = BatchSpec.from_dict(data)
     assert spec.notebooks == [str(one), str(two)]
-    assert spec.parameters_of(str(one)) == [{"x": 1}] and spec.parameters_of(str(two)) == [{"y": "b"}]
+    assert spec.parameters_of(str(one)) == [{"x": 1}] and spec.parameters_of(str(two)) == [
+        {"y": "b"}
+    ]
     result = run_batch(spec, tmp_path / "runs", progress=False)
     assert [(Path(c["notebook"]).name, c["parameters"], c["status"]) for c in result.cells] == [
-        ("one.ipynb", {"x": 1}, "passed"), ("two.ipynb", {"y": "b"}, "passed"),
+        ("one.ipynb", {"x": 1}, "passed"),
+        ("two.ipynb", {"y": "b"}, "passed"),
     ]
     with pytest.raises(ValueError, match="path and parameters"):
         BatchSpec.from_dict({**data, "notebooks": [{"file": str(two)}]})
     with pytest.raises(ValueError, match="'run_dir' is set by the runner"):
-        BatchSpec.from_dict({**data, "notebooks": [{"path": str(two), "parameters": {"run_dir": "x"}}]})
+        BatchSpec.from_dict(
+            {**data, "notebooks": [{"path": str(two), "parameters": {"run_dir": "x"}}]}
+        )
     with pytest.raises(ValueError, match="not in the batch"):
-        BatchSpec(environments=spec.environments, notebooks=[str(one)], notebook_parameters={"other.ipynb": [{}]})
+        BatchSpec(
+            environments=spec.environments,
+            notebooks=[str(one)],
+            notebook_parameters={"other.ipynb": [{}]},
+        )

@@ -44,8 +44,16 @@ def test_add_on_the_gpu():
 """
 # (message, files to write, files to delete): commit 2 cannot be collected, commit 4 breaks add.
 HISTORY = [
-    ("add calc", {"calc.py": "def add(a, b):\n    return a + b\n", "tests/test_calc.py": TEST_CALC}, []),
-    ("conftest that cannot load", {"tests/conftest.py": "raise RuntimeError('broken conftest')\n"}, []),
+    (
+        "add calc",
+        {"calc.py": "def add(a, b):\n    return a + b\n", "tests/test_calc.py": TEST_CALC},
+        [],
+    ),
+    (
+        "conftest that cannot load",
+        {"tests/conftest.py": "raise RuntimeError('broken conftest')\n"},
+        [],
+    ),
     ("drop the broken conftest", {"README": "calc\n"}, ["tests/conftest.py"]),
     ("subtract instead of adding", {"calc.py": "def add(a, b):\n    return a - b\n"}, []),
     ("document", {"README": "calc, documented\n"}, []),
@@ -55,7 +63,9 @@ HISTORY = [
 
 
 def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["git", *args], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -110,18 +120,33 @@ def test_verdicts() -> None:
     def cell(status: str) -> dict:
         return {"status": status, "summary": f"{status} | verify.ipynb"}
 
-    ok = {"status": "passed", "results": {"tests": 2, "failing_ids": [], "run_errors": [], "counts": {"passed": 2}}}
+    ok = {
+        "status": "passed",
+        "results": {"tests": 2, "failing_ids": [], "run_errors": [], "counts": {"passed": 2}},
+    }
     assert verdict(cell("passed"), ok) == (GOOD, "2 passed")
     bad = {"results": {"tests": 2, "failing_ids": ["t.py::a"], "run_errors": []}}
     assert verdict(cell("failed"), bad) == (BAD, "1 failing: t.py::a")
-    broken = {"results": {"tests": 1, "failing_ids": ["t.py"], "run_errors": ["r1: pytest exit 2 (...)"]}}
+    broken = {
+        "results": {"tests": 1, "failing_ids": ["t.py"], "run_errors": ["r1: pytest exit 2 (...)"]}
+    }
     assert verdict(cell("failed"), broken)[0] == SKIP
     assert verdict(cell("failed"), {"results": {"tests": 0}}) == (SKIP, "no tests selected")
     # every selected test skipped (-m cuda on a CPU): untestable, never good
-    skipped = {"status": "passed", "results": {"tests": 71, "failing_ids": [], "run_errors": [],
-                                                 "counts": {"passed": 0, "skipped": 71}}}
+    skipped = {
+        "status": "passed",
+        "results": {
+            "tests": 71,
+            "failing_ids": [],
+            "run_errors": [],
+            "counts": {"passed": 0, "skipped": 71},
+        },
+    }
     assert verdict(cell("passed"), skipped) == (SKIP, "no tests ran (71 skipped)")
-    assert verdict(cell("failed"), skipped | {"results": skipped["results"] | {"executed": 0}})[0] == SKIP
+    assert (
+        verdict(cell("failed"), skipped | {"results": skipped["results"] | {"executed": 0}})[0]
+        == SKIP
+    )
     assert verdict(cell("failed"), {"results": None})[0] == SKIP
     assert verdict(cell("error"), None)[0] == SKIP
 
@@ -139,13 +164,25 @@ def test_commits_between(repo: tuple[Path, list[str]]) -> None:
         commits_between(path, shas[2], shas[2])
 
 
-def test_bisect_finds_the_breaking_commit_around_a_skip(repo: tuple[Path, list[str]], tmp_path: Path) -> None:
+def test_bisect_finds_the_breaking_commit_around_a_skip(
+    repo: tuple[Path, list[str]], tmp_path: Path
+) -> None:
     path, shas = repo
-    result = bisect(path, shas[0], shas[-1], markers=None, runs_dir=tmp_path / "runs", progress=False)
+    result = bisect(
+        path, shas[0], shas[-1], markers=None, runs_dir=tmp_path / "runs", progress=False
+    )
     assert result.first_bad is not None and result.first_bad.sha == shas[3]
     assert result.conclusion() == f"First bad commit: {shas[3][:7]} subtract instead of adding"
-    assert result.verdicts() == {shas[0][:7]: GOOD, shas[-1][:7]: BAD,  # the endpoints, run first
-                                 shas[3][:7]: BAD, shas[1][:7]: SKIP, shas[2][:7]: GOOD}
+    assert (
+        result.verdicts()
+        == {
+            shas[0][:7]: GOOD,
+            shas[-1][:7]: BAD,  # the endpoints, run first
+            shas[3][:7]: BAD,
+            shas[1][:7]: SKIP,
+            shas[2][:7]: GOOD,
+        }
+    )
     skipped = next(s for s in result.steps if s.verdict == SKIP)
     assert "exit 4" in skipped.why or "no junit" in skipped.why  # the conftest could not load
     bad = next(s for s in result.steps if s.verdict == BAD)
@@ -164,32 +201,57 @@ def test_bisect_finds_the_breaking_commit_around_a_skip(repo: tuple[Path, list[s
     assert report == result.report() and "| commit | subject | verdict | why | run |" in report
     rows = [line for line in report.splitlines() if line.startswith(f"| {shas[1][:7]}")]
     assert len(rows) == 1 and "| skip |" in rows[0]
-    assert report.index(f"| {shas[0][:7]} ") < report.index(f"| {shas[1][:7]} ")  # the good end first
+    assert report.index(f"| {shas[0][:7]} ") < report.index(
+        f"| {shas[1][:7]} "
+    )  # the good end first
 
 
 @pytest.mark.parametrize(
     ("good", "bad", "markers", "refusal"),
     [
-        (4, 6, None, "--good {good} 'document' is not good: it fails the selection"),  # after the bug
-        (0, 2, None, "--bad {bad} 'drop the broken conftest' is not bad: it passes the selection"),  # no bad commit
-        (0, 6, "gpu", "--good {good} 'add calc' is not good: untestable here"),  # every test skips on this host
+        (
+            4,
+            6,
+            None,
+            "--good {good} 'document' is not good: it fails the selection",
+        ),  # after the bug
+        (
+            0,
+            2,
+            None,
+            "--bad {bad} 'drop the broken conftest' is not bad: it passes the selection",
+        ),  # no bad commit
+        (
+            0,
+            6,
+            "gpu",
+            "--good {good} 'add calc' is not good: untestable here",
+        ),  # every test skips on this host
     ],
     ids=["good-is-bad", "no-bad-commit", "nothing-runs-here"],
 )
 def test_endpoints_are_checked_before_any_commit_is_named(
-    repo: tuple[Path, list[str]], tmp_path: Path, good: int, bad: int, markers: str | None, refusal: str,
+    repo: tuple[Path, list[str]],
+    tmp_path: Path,
+    good: int,
+    bad: int,
+    markers: str | None,
+    refusal: str,
 ) -> None:
     """git bisect refuses these too: naming a commit here would be a verdict nobody earned."""
     path, shas = repo
     with pytest.raises(EndpointError) as info:
-        bisect(path, shas[good], shas[bad], markers=markers, runs_dir=tmp_path / "runs", progress=False)
+        bisect(
+            path, shas[good], shas[bad], markers=markers, runs_dir=tmp_path / "runs", progress=False
+        )
     message = refusal.format(good=shas[good][:7], bad=shas[bad][:7])
     assert str(info.value).startswith(message)
     index = json.loads((info.value.folder / "index.json").read_text())
     assert index["result"]["first_bad"] is None and index["result"]["candidates"] == []
     assert index["result"]["conclusion"] == f"No verdict: {index['result']['refused']}"
-    assert [c["tree"]["commit"] for c in index["cells"]] == ([shas[good]] if "--good" in message else
-                                                              [shas[good], shas[bad]])
+    assert [c["tree"]["commit"] for c in index["cells"]] == (
+        [shas[good]] if "--good" in message else [shas[good], shas[bad]]
+    )
     assert "First bad commit" not in (info.value.folder / "bisect.md").read_text()
 
 
@@ -198,15 +260,27 @@ def test_arms_side_by_side(repo: tuple[Path, list[str]], tmp_path: Path) -> None
     diag = tmp_path / "diag"
     subprocess.run(["git", "clone", "-q", str(path), str(diag)], check=True)
     (diag / "calc.py").write_text("def add(a, b):\n    return b + a\n")  # the fix, uncommitted
-    result = arms({"baseline": shas[0], "candidate": shas[-1], "diagnostic": str(diag)}, repo=path,
-                  markers=None, runs_dir=tmp_path / "runs", progress=False)
+    result = arms(
+        {"baseline": shas[0], "candidate": shas[-1], "diagnostic": str(diag)},
+        repo=path,
+        markers=None,
+        runs_dir=tmp_path / "runs",
+        progress=False,
+    )
     rows = {r["test"]: r for r in result.table()}
     assert rows["tests/test_calc.py::test_add"] == {
-        "test": "tests/test_calc.py::test_add", "baseline": "passed", "candidate": "failed", "diagnostic": "passed",
+        "test": "tests/test_calc.py::test_add",
+        "baseline": "passed",
+        "candidate": "failed",
+        "diagnostic": "passed",
     }
     assert rows["tests/test_calc.py::test_other"]["candidate"] == "passed"
-    assert rows["result"] == {"test": "result", "baseline": "2 passed, 1 skipped",
-                              "candidate": "1 failed, 1 passed, 1 skipped", "diagnostic": "2 passed, 1 skipped"}
+    assert rows["result"] == {
+        "test": "result",
+        "baseline": "2 passed, 1 skipped",
+        "candidate": "1 failed, 1 passed, 1 skipped",
+        "diagnostic": "2 passed, 1 skipped",
+    }
     assert [t["source"] for t in result.trees] == ["rev", "rev", "path"]
     assert result.trees[1]["commit"] == shas[-1] and result.trees[2]["dirty"] is True
     md = (result.folder / "arms.md").read_text()
@@ -214,7 +288,9 @@ def test_arms_side_by_side(repo: tuple[Path, list[str]], tmp_path: Path) -> None
     assert json.loads(result.index.read_text())["kind"] == "arms"
 
 
-def test_cli(repo: tuple[Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli(
+    repo: tuple[Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path, shas = repo
     base = ["--repo", str(path), "-m", "", "--runs-dir", str(tmp_path / "runs"), "--no-progress"]
     assert cli.bisect([*base, "--good", shas[2], "--bad", shas[4]]) == 0

@@ -31,7 +31,9 @@ def test_loads_by_path_without_torch() -> None:
         "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'replaykit')))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/"
+    )
     assert out.stdout.strip() == "[]"
 
 
@@ -39,7 +41,12 @@ def test_a_notebooks_requirements_come_from_the_trees_extras_without_torch(tmp_p
     (tmp_path / "pyproject.toml").write_text(PYPROJECT)
     assert bootstrap.requirements(tmp_path, ["testing"]) == ["tqdm", "lightning>=2.2"]
     assert bootstrap.requirements(ROOT, bootstrap.NOTEBOOK_EXTRAS["verify"]) == [
-        "tqdm>=4.60", "pytest>=8", "junitparser>=3", "pandas>=2", "lightning>=2.2"]
+        "tqdm>=4.60",
+        "pytest>=8",
+        "junitparser>=3",
+        "pandas>=2",
+        "lightning>=2.2",
+    ]
     with pytest.raises(ValueError, match="no extra 'gpu'"):
         bootstrap.requirements(tmp_path, ["gpu"])
 
@@ -49,7 +56,9 @@ def test_ensure_installs_nothing_present(capsys: pytest.CaptureFixture[str]) -> 
     assert "nothing to install: pytest, pandas present" in capsys.readouterr().out
 
 
-def test_what_cannot_be_installed_is_one_line_naming_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_what_cannot_be_installed_is_one_line_naming_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Offline (a wheelhouse without it): pip fails, and the error says the command that works."""
     (tmp_path / "pyproject.toml").write_text(PYPROJECT)
     (tmp_path / "wheelhouse").mkdir()
@@ -57,25 +66,40 @@ def test_what_cannot_be_installed_is_one_line_naming_the_fix(tmp_path: Path, mon
     with pytest.raises(RuntimeError) as info:
         bootstrap.ensure(["no-such-dist-for-replaykit>=1"], tmp_path)
     message = str(info.value)
-    assert "\n" not in message and message.startswith("pip could not install no-such-dist-for-replaykit>=1")
-    assert message.endswith(f"fix: %pip install --no-index --find-links {tmp_path / 'wheelhouse'} 'no-such-dist-for-replaykit>=1'")
+    assert "\n" not in message and message.startswith(
+        "pip could not install no-such-dist-for-replaykit>=1"
+    )
+    assert message.endswith(
+        f"fix: %pip install --no-index --find-links {tmp_path / 'wheelhouse'} 'no-such-dist-for-replaykit>=1'"
+    )
     # not installing (one's own environment), the notebook names what it lacks
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setenv("PYTHONPATH", "")
-    with pytest.raises(RuntimeError, match=r"^the hazards notebook needs no-such-dist-for-replaykit>=1; fix: %pip install"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^the hazards notebook needs no-such-dist-for-replaykit>=1; fix: %pip install",
+    ):
         bootstrap.bootstrap(tmp_path, "hazards", install=False)
     assert sys.path[0] == str(tmp_path.resolve())
 
 
 def _git(cwd: Path, *args: str) -> str:
-    env = os.environ | {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-                        "GIT_COMMITTER_EMAIL": "t@t"}
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True, env=env).stdout.strip()
+    env = os.environ | {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
+    return subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, check=True, env=env
+    ).stdout.strip()
 
 
 def _bootstrap_cell() -> str:
     cells = json.loads((ROOT / "notebooks" / "hazards.ipynb").read_text())["cells"]
-    return next("".join(c["source"]) for c in cells if "".join(c["source"]).startswith("# Bootstrap"))
+    return next(
+        "".join(c["source"]) for c in cells if "".join(c["source"]).startswith("# Bootstrap")
+    )
 
 
 @pytest.mark.slow
@@ -95,11 +119,18 @@ def test_the_cell_clones_each_git_url_and_ref_on_its_own(tmp_path: Path) -> None
     seen = {}
     for tree in (f"file://{origin}@other", f"file://{origin}", f"file://{origin}@{other[:12]}"):
         code = f"tree = {tree!r}\n" + _bootstrap_cell() + probe
-        out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                             env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         where, commit, remote = out.stdout.split()[-3:]
-        assert Path(where).is_relative_to(tmp_path / "replaykit-src") and remote == f"file://{origin}"
+        assert (
+            Path(where).is_relative_to(tmp_path / "replaykit-src") and remote == f"file://{origin}"
+        )
         seen[tree] = (Path(where).parents[1], commit)
     assert [c for _, c in seen.values()] == [other, head, other]
     assert len({folder for folder, _ in seen.values()}) == 3  # one clone per URL and ref

@@ -14,8 +14,14 @@ from replaykit.workflow import archive, cli
 from replaykit.workflow.fingerprint import notebook_path
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIMS = {"pack.py": "pack", "run_notebook.py": "run", "batch.py": "batch", "verify_tree.py": "verify",
-         "evidence.py": "evidence", "bisect_commits.py": "bisect"}
+SHIMS = {
+    "pack.py": "pack",
+    "run_notebook.py": "run",
+    "batch.py": "batch",
+    "verify_tree.py": "verify",
+    "evidence.py": "evidence",
+    "bisect_commits.py": "bisect",
+}
 
 
 def test_the_dispatcher(capsys: pytest.CaptureFixture[str]) -> None:
@@ -33,12 +39,18 @@ def test_the_dispatcher(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize("script", sorted(SHIMS))
 def test_scripts_are_shims(script: str) -> None:
     text = (ROOT / "scripts" / script).read_text()
-    code = [line for line in text.splitlines() if line.strip() and not line.startswith(("#", '"""'))]
+    code = [
+        line for line in text.splitlines() if line.strip() and not line.startswith(("#", '"""'))
+    ]
     assert len(code) <= 10, f"{script} is more than a shim"
     assert f'"{SHIMS[script]}"' in text or "archive.main(" in text
 
 
-HARNESS = {"bench_replay.py", "demo.py", "parity_matrix.py"}  # entry points over replaykit.testing and runs
+HARNESS = {
+    "bench_replay.py",
+    "demo.py",
+    "parity_matrix.py",
+}  # entry points over replaykit.testing and runs
 
 
 def test_scripts_holds_the_shims_and_the_harness_entry_points_only() -> None:
@@ -46,17 +58,28 @@ def test_scripts_holds_the_shims_and_the_harness_entry_points_only() -> None:
     files = {p.name for p in (ROOT / "scripts").iterdir() if p.is_file()}
     assert files == set(SHIMS) | HARNESS
     for name in files:
-        assert not re.search(r"(?<![\w.])/(tmp|home|work|root|mnt|content)/", (ROOT / "scripts" / name).read_text()), name
+        assert not re.search(
+            r"(?<![\w.])/(tmp|home|work|root|mnt|content)/", (ROOT / "scripts" / name).read_text()
+        ), name
 
 
 def test_a_shim_runs_the_command() -> None:
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "verify_tree.py"), "--help"],
-                         capture_output=True, text=True, check=False, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "verify_tree.py"), "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
     assert out.returncode == 0 and "usage: replaykit-workflow verify" in out.stdout
 
 
 def test_a_bare_notebook_name_is_the_workflows_own() -> None:
-    assert cli.notebook_arg("verify") == cli.notebook_arg("verify.ipynb") == str(ROOT / "notebooks" / "verify.ipynb")
+    assert (
+        cli.notebook_arg("verify")
+        == cli.notebook_arg("verify.ipynb")
+        == str(ROOT / "notebooks" / "verify.ipynb")
+    )
     assert notebook_path("parity.ipynb") == ROOT / "notebooks" / "parity.ipynb"
     assert cli.notebook_arg("nb/x.ipynb") == "nb/x.ipynb"
     with pytest.raises(FileNotFoundError):
@@ -67,31 +90,82 @@ def test_a_bare_notebook_name_is_the_workflows_own() -> None:
 def test_the_wheel_runs_the_workflow_without_a_checkout(tmp_path: Path) -> None:
     """The wheel ships the notebooks and the command; Requires-Dist is torch alone outside extras."""
     tree = archive.unpack(archive.pack(ROOT, tmp_path / "src.tar.gz").path, tmp_path / "src")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(tmp_path / "dist"), str(tree)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "dist"),
+            str(tree),
+        ],
+        check=True,
+        capture_output=True,
+    )
     wheel = next((tmp_path / "dist").glob("replaykit-*.whl"))
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         info = next(n for n in names if n.endswith(".dist-info/METADATA"))
         metadata = zf.read(info).decode()
         entry_points = zf.read(info.replace("METADATA", "entry_points.txt")).decode()
-    assert {f"replaykit/workflow/notebooks/{n}.ipynb" for n in ("parity", "verify", "benchmark")} <= names
-    assert {"replaykit/workflow/archive.py", "replaykit/workflow/__main__.py", "replaykit/testing/tasks/__init__.py"} <= names
+    assert {
+        f"replaykit/workflow/notebooks/{n}.ipynb" for n in ("parity", "verify", "benchmark")
+    } <= names
+    assert {
+        "replaykit/workflow/archive.py",
+        "replaykit/workflow/__main__.py",
+        "replaykit/testing/tasks/__init__.py",
+    } <= names
     assert not {n for n in names if n.startswith(("tests/", "scripts/", "notebooks/"))}
-    requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    requires = [
+        line.split(":", 1)[1].strip()
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
     assert [r for r in requires if "extra ==" not in r] == ["torch>=2.4"]
     assert "replaykit-workflow = replaykit.workflow.cli:main" in entry_points
 
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
-                    str(site), str(wheel)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
     env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
-    probe = ("from replaykit.workflow.fingerprint import notebook_path, source_tree, tree_info\n"
-             "assert source_tree() is None and tree_info()['source'] == 'installed'\n"
-             "print(notebook_path('verify.ipynb'))")
-    found = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
+    probe = (
+        "from replaykit.workflow.fingerprint import notebook_path, source_tree, tree_info\n"
+        "assert source_tree() is None and tree_info()['source'] == 'installed'\n"
+        "print(notebook_path('verify.ipynb'))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
     assert found.returncode == 0, found.stderr
-    assert Path(found.stdout.strip()) == site / "replaykit" / "workflow" / "notebooks" / "verify.ipynb"
-    verify = subprocess.run([sys.executable, "-m", "replaykit.workflow", "verify", "--out", str(tmp_path / "v")],
-                            cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert verify.returncode == 2 and verify.stderr.startswith("error: needs a source tree:"), verify.stderr
+    assert (
+        Path(found.stdout.strip()) == site / "replaykit" / "workflow" / "notebooks" / "verify.ipynb"
+    )
+    verify = subprocess.run(
+        [sys.executable, "-m", "replaykit.workflow", "verify", "--out", str(tmp_path / "v")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert verify.returncode == 2 and verify.stderr.startswith("error: needs a source tree:"), (
+        verify.stderr
+    )

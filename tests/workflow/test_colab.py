@@ -44,25 +44,41 @@ def _python(venv: Path) -> Path:
 
 def _purelib(python: Path) -> str:
     code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def _freeze(python: Path) -> list[str]:
-    out = subprocess.run([str(python), "-m", "pip", "list", "--format=freeze", "--disable-pip-version-check"],
-                         capture_output=True, text=True, check=True, env=_clean_env()).stdout
+    out = subprocess.run(
+        [str(python), "-m", "pip", "list", "--format=freeze", "--disable-pip-version-check"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=_clean_env(),
+    ).stdout
     return sorted(out.split())
 
 
 def _clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    return {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
+    }
 
 
 @functools.cache
 def _base() -> tuple[Path, str]:
     """(the interpreter that builds the runtime's venvs, its X.Y)."""
-    python = Path(BASE_PYTHON or Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}")
-    version = subprocess.run([str(python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    python = Path(
+        BASE_PYTHON
+        or Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    )
+    version = subprocess.run(
+        [str(python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     return python, version
 
 
@@ -74,18 +90,28 @@ def colab_runtime() -> Path:
     """The cached venv of Colab's preinstalled packages (built on first use: about a minute)."""
     version = _base()[1]
     key = hashlib.sha256(f"{PINNED.read_text()}\n{TORCH}\n{version}".encode()).hexdigest()[:12]
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "replaykit" / "colab-runtime"
+    cache = (
+        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+        / "replaykit"
+        / "colab-runtime"
+    )
     venv = cache / f"py{version}-{key}"
     if (venv / ".complete").is_file():
         return venv
     shutil.rmtree(venv, ignore_errors=True)  # an unfinished build
     subprocess.run([str(_base_python()), "-m", "venv", str(venv)], check=True)
-    proc = subprocess.run([str(_python(venv)), "-m", "pip", "install", "-q", TORCH, "-r", str(PINNED)],
-                          capture_output=True, text=True, env=_clean_env())
+    proc = subprocess.run(
+        [str(_python(venv)), "-m", "pip", "install", "-q", TORCH, "-r", str(PINNED)],
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+    )
     if proc.returncode != 0:
         shutil.rmtree(venv, ignore_errors=True)
         if re.search(NO_INDEX, proc.stderr):
-            pytest.skip(f"no package index reachable to build the Colab runtime: {proc.stderr.strip()[-200:]}")
+            pytest.skip(
+                f"no package index reachable to build the Colab runtime: {proc.stderr.strip()[-200:]}"
+            )
         pytest.fail(f"could not build the Colab runtime venv: {proc.stderr[-2000:]}")
     (venv / ".complete").write_text("\n".join(_freeze(_python(venv))) + "\n")
     return venv
@@ -116,16 +142,27 @@ def test_the_parameters_cell_is_edited_as_a_user_edits_it() -> None:
     assert "tasks: list = ['pose']  # any of: detection, pose, oriented, segmentation" in lines
     assert any(line.startswith("tree: str = 'upload'  # ") for line in lines)
     assert any(line.startswith("with_unsafe: bool = False  # ") for line in lines)
-    assert not [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]  # nothing injected
+    assert not [
+        c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])
+    ]  # nothing injected
     with pytest.raises(KeyError, match="declares no task"):
         edit_parameters(nb, {"task": ["pose"]})
 
 
 def test_the_runtime_has_only_what_colab_preinstalls(runtime: tuple[Path, Path]) -> None:
     _, python = runtime
-    code = ("import importlib.util as u, torch; print(torch.__version__, "
-            "[m for m in ('lightning', 'junitparser', 'papermill', 'nbval', 'tqdm', 'replaykit') if u.find_spec(m)])")
-    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True, env=_clean_env(), cwd="/")
+    code = (
+        "import importlib.util as u, torch; print(torch.__version__, "
+        "[m for m in ('lightning', 'junitparser', 'papermill', 'nbval', 'tqdm', 'replaykit') if u.find_spec(m)])"
+    )
+    out = subprocess.run(
+        [str(python), "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=_clean_env(),
+        cwd="/",
+    )
     version, found = out.stdout.split(" ", 1)
     assert version.startswith(TORCH.split("==")[1]) and found == "[]\n", out.stdout
 
@@ -141,33 +178,82 @@ def test_run_all_as_colab_then_evidence(runtime: tuple[Path, Path], tmp_path: Pa
     archive = pack(ROOT, tmp_path / "dist").path
     downloads = tmp_path / "downloads"
     proc = subprocess.run(
-        [sys.executable, "-m", "replaykit.workflow.colab", str(archive), "--out", str(downloads), "--quick",
-         "--python", str(python), "--upload", "hazards", "--notebooks-dir", str(ROOT / "notebooks")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=1200, env=os.environ | {"PYTHONPATH": str(ROOT)},
+        [
+            sys.executable,
+            "-m",
+            "replaykit.workflow.colab",
+            str(archive),
+            "--out",
+            str(downloads),
+            "--quick",
+            "--python",
+            str(python),
+            "--upload",
+            "hazards",
+            "--notebooks-dir",
+            str(ROOT / "notebooks"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
     )
-    if proc.returncode != 0 and "pip could not install" in proc.stdout and re.search(NO_INDEX, proc.stdout):
+    if (
+        proc.returncode != 0
+        and "pip could not install" in proc.stdout
+        and re.search(NO_INDEX, proc.stdout)
+    ):
         pytest.skip("no package index reachable for the bootstrap to install from")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     # the bootstrap said what it installed, from where, how long it took, and kept torch
     parity = nbformat.read(downloads / "parity.ipynb", as_version=4)
-    said = "".join(o.get("text", "") for c in parity.cells if c.cell_type == "code" for o in c.outputs)
-    torch_version = subprocess.run([str(python), "-c", "import torch; print(torch.__version__)"], capture_output=True,
-                                   text=True, check=True, env=_clean_env(), cwd="/").stdout.strip()
-    assert "replaykit bootstrap: installing" in said and "lightning" in said and f"(torch {torch_version} kept)" in said
+    said = "".join(
+        o.get("text", "") for c in parity.cells if c.cell_type == "code" for o in c.outputs
+    )
+    torch_version = subprocess.run(
+        [str(python), "-c", "import torch; print(torch.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=_clean_env(),
+        cwd="/",
+    ).stdout.strip()
+    assert (
+        "replaykit bootstrap: installing" in said
+        and "lightning" in said
+        and f"(torch {torch_version} kept)" in said
+    )
     assert "installed in " in said
     hazards = nbformat.read(downloads / "hazards.ipynb", as_version=4)
-    assert "Saving replaykit-" in "".join(o.get("text", "") for o in hazards.cells[2].outputs)  # the upload path
+    assert "Saving replaykit-" in "".join(
+        o.get("text", "") for o in hazards.cells[2].outputs
+    )  # the upload path
 
     ev = collect(runs=[downloads])  # the downloads folder, as a Drive folder of notebooks
     by_name = {r.summary["notebook"]: r for r in ev.runs}
     assert set(by_name) == {"parity.ipynb", "hazards.ipynb", "benchmark.ipynb", "verify.ipynb"}
     for name, run in by_name.items():
-        assert run.integrity == OK and run.summary["status"] == "passed", (name, run.result(), run.problems)
+        assert run.integrity == OK and run.summary["status"] == "passed", (
+            name,
+            run.result(),
+            run.problems,
+        )
         assert run.fingerprint["tree"]["commit"] and run.fingerprint["colab"] is True
-    assert "zoo 1/1" in by_name["parity.ipynb"].result() and "whole step 1/1" in by_name["parity.ipynb"].result()
-    assert "passed" in by_name["verify.ipynb"].result() and "no tests ran" not in by_name["verify.ipynb"].result()
-    assert by_name["parity.ipynb"].summary["parameters"]["tasks"] == ["detection"]  # as the user edited it
-    assert sorted(p.suffix for p in downloads.iterdir() if p.suffix == ".zip") == [".zip"] * 4  # each run folder
+    assert (
+        "zoo 1/1" in by_name["parity.ipynb"].result()
+        and "whole step 1/1" in by_name["parity.ipynb"].result()
+    )
+    assert (
+        "passed" in by_name["verify.ipynb"].result()
+        and "no tests ran" not in by_name["verify.ipynb"].result()
+    )
+    assert by_name["parity.ipynb"].summary["parameters"]["tasks"] == [
+        "detection"
+    ]  # as the user edited it
+    assert (
+        sorted(p.suffix for p in downloads.iterdir() if p.suffix == ".zip") == [".zip"] * 4
+    )  # each run folder
 
     # an edited verdict is flagged, as for run folders
     edited = downloads / "hazards.ipynb"

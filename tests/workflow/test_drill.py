@@ -17,7 +17,9 @@ BUG = Plant("calc.py", "return a + b", "return a - b")
 
 
 def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["git", *args], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 @pytest.fixture
@@ -41,17 +43,29 @@ def repo(tmp_path: Path) -> tuple[Path, list[str]]:
     return path, shas
 
 
-def test_the_plant_lands_from_its_commit_on_and_the_source_is_untouched(repo: tuple[Path, list[str]], tmp_path: Path) -> None:
+def test_the_plant_lands_from_its_commit_on_and_the_source_is_untouched(
+    repo: tuple[Path, list[str]], tmp_path: Path
+) -> None:
     path, shas = repo
     planted = plant_history(path, shas[0], shas[-1], tmp_path / "copy", plant=BUG, at=2)
-    assert len(planted.commits) == 5 and planted.originals == shas and planted.planted == planted.commits[2]
+    assert (
+        len(planted.commits) == 5
+        and planted.originals == shas
+        and planted.planted == planted.commits[2]
+    )
     calc = [git(planted.repo, "show", f"{c}:calc.py") for c in planted.commits]
     assert calc[:2] == [CALC.strip(), CALC.strip()] and all("a - b" in text for text in calc[2:])
-    assert "[drill: bug planted in calc.py]" in git(planted.repo, "log", "-1", "--format=%s", planted.planted)
+    assert "[drill: bug planted in calc.py]" in git(
+        planted.repo, "log", "-1", "--format=%s", planted.planted
+    )
     assert git(planted.repo, "rev-parse", "drill") == planted.bad
-    assert git(path, "rev-parse", "HEAD") == shas[-1] and git(path, "branch", "--list", "drill") == ""
+    assert (
+        git(path, "rev-parse", "HEAD") == shas[-1] and git(path, "branch", "--list", "drill") == ""
+    )
     with pytest.raises(ValueError, match="holds 'nowhere' 0 times"):
-        plant_history(path, shas[0], shas[-1], tmp_path / "copy2", plant=Plant("calc.py", "nowhere", "x"))
+        plant_history(
+            path, shas[0], shas[-1], tmp_path / "copy2", plant=Plant("calc.py", "nowhere", "x")
+        )
 
 
 def test_the_default_plant_applies_to_this_checkout(tmp_path: Path) -> None:
@@ -59,10 +73,23 @@ def test_the_default_plant_applies_to_this_checkout(tmp_path: Path) -> None:
     assert (ROOT / DEFAULT_PLANT.path).read_text().count(DEFAULT_PLANT.old) == 1
 
 
-def test_dry_run_prints_the_plan(repo: tuple[Path, list[str]], capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_prints_the_plan(
+    repo: tuple[Path, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
     path, shas = repo
-    args = ["--repo", str(path), "--range", f"{shas[0]}..{shas[-1]}", "--file", "calc.py", "--old", "return a + b",
-            "--new", "return a - b", "--dry-run"]
+    args = [
+        "--repo",
+        str(path),
+        "--range",
+        f"{shas[0]}..{shas[-1]}",
+        "--file",
+        "calc.py",
+        "--old",
+        "return a + b",
+        "--new",
+        "return a - b",
+        "--dry-run",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "copied 5 commits" in out and out.count("<- planted") == 1
@@ -70,14 +97,31 @@ def test_dry_run_prints_the_plan(repo: tuple[Path, list[str]], capsys: pytest.Ca
 
 
 @pytest.mark.slow
-def test_the_drill_names_the_planted_commit(repo: tuple[Path, list[str]], tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_drill_names_the_planted_commit(
+    repo: tuple[Path, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("papermill")
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     path, shas = repo
-    args = ["--repo", str(path), "--range", f"{shas[0]}..{shas[-1]}", "--file", "calc.py", "--old", "return a + b",
-            "--new", "return a - b", "--plant-at", "3", "-m", "", "--runs-dir", str(tmp_path / "runs"),
-            "--no-progress"]
+    args = [
+        "--repo",
+        str(path),
+        "--range",
+        f"{shas[0]}..{shas[-1]}",
+        "--file",
+        "calc.py",
+        "--old",
+        "return a + b",
+        "--new",
+        "return a - b",
+        "--plant-at",
+        "3",
+        "-m",
+        "",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--no-progress",
+    ]
     assert main(args) == 0
     (folder,) = (tmp_path / "runs").glob("bisect_*")
     drill = json.loads((folder / "drill.json").read_text())

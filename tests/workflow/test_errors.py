@@ -19,22 +19,41 @@ def _own_errors() -> dict[str, type[BaseException]]:
     for stem in MODULES:
         module = importlib.import_module(f"replaykit.workflow.{stem}")
         for name, value in vars(module).items():
-            if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == module.__name__:
+            if (
+                inspect.isclass(value)
+                and issubclass(value, BaseException)
+                and value.__module__ == module.__name__
+            ):
                 found[f"{stem}.{name}"] = value
     return found
 
 
 def test_every_workflow_error_derives_from_the_root() -> None:
     errors = _own_errors()
-    assert {"bisect.EndpointError", "environments.EnvBuildError", "fingerprint.NeedsSourceTree",
-            "git.GitError", "notebook.EnvironmentProblem"} <= errors.keys()
-    assert not [name for name, cls in errors.items() if cls is not WorkflowError and not issubclass(cls, WorkflowError)]
+    assert {
+        "bisect.EndpointError",
+        "environments.EnvBuildError",
+        "fingerprint.NeedsSourceTree",
+        "git.GitError",
+        "notebook.EnvironmentProblem",
+    } <= errors.keys()
+    assert not [
+        name
+        for name, cls in errors.items()
+        if cls is not WorkflowError and not issubclass(cls, WorkflowError)
+    ]
 
 
-@pytest.mark.parametrize(("name", "builtin"), [
-    ("bisect.EndpointError", ValueError), ("fingerprint.NeedsSourceTree", ValueError), ("git.GitError", ValueError),
-    ("environments.EnvBuildError", RuntimeError), ("notebook.EnvironmentProblem", RuntimeError),
-])
+@pytest.mark.parametrize(
+    ("name", "builtin"),
+    [
+        ("bisect.EndpointError", ValueError),
+        ("fingerprint.NeedsSourceTree", ValueError),
+        ("git.GitError", ValueError),
+        ("environments.EnvBuildError", RuntimeError),
+        ("notebook.EnvironmentProblem", RuntimeError),
+    ],
+)
 def test_an_error_is_still_caught_as_before(name: str, builtin: type[Exception]) -> None:
     """Callers that catch ``ValueError`` (the commands' exit code 2) or ``RuntimeError`` keep working."""
     assert issubclass(_own_errors()[name], builtin)

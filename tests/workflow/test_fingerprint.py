@@ -22,8 +22,20 @@ from replaykit.workflow.fingerprint import (
 
 SLUG = re.compile(r"^[A-Za-z0-9.-]+_torch[A-Za-z0-9.-]+_[A-Za-z0-9.-]+$")
 KEYS = {
-    "tree", "python", "executable", "torch", "cuda", "cudnn", "gpu", "driver", "device",
-    "papermill", "nbclient", "colab", "hostname", "time_utc",
+    "tree",
+    "python",
+    "executable",
+    "torch",
+    "cuda",
+    "cudnn",
+    "gpu",
+    "driver",
+    "device",
+    "papermill",
+    "nbclient",
+    "colab",
+    "hostname",
+    "time_utc",
 }
 
 
@@ -44,15 +56,28 @@ def test_keys_present_and_json(tmp_path: Path) -> None:
     assert fp.keys() >= KEYS
     assert json.loads(json.dumps(fp)) == fp
     assert fp["executable"] == sys.executable
-    assert fp["tree"] == {"path": str(tmp_path.resolve()), "source": None, "commit": None, "dirty": None}
+    assert fp["tree"] == {
+        "path": str(tmp_path.resolve()),
+        "source": None,
+        "commit": None,
+        "dirty": None,
+    }
     assert SLUG.match(fingerprint_slug(fp))
     assert fingerprint_slug(fp).endswith("_notree")
 
 
 def test_slug_is_safe() -> None:
-    fp = {"device": "NVIDIA H200", "torch": "2.11.0+cu128", "tree": {"commit": "3f2a1b9c0d", "dirty": True}}
+    fp = {
+        "device": "NVIDIA H200",
+        "torch": "2.11.0+cu128",
+        "tree": {"commit": "3f2a1b9c0d", "dirty": True},
+    }
     assert fingerprint_slug(fp) == "NVIDIA-H200_torch2.11.0_3f2a1b9-dirty"
-    odd = {"device": "Tesla T4 (16GB)/x_y", "torch": None, "tree": {"commit": "ab_c d/e", "dirty": False}}
+    odd = {
+        "device": "Tesla T4 (16GB)/x_y",
+        "torch": None,
+        "tree": {"commit": "ab_c d/e", "dirty": False},
+    }
     slug = fingerprint_slug(odd)
     assert SLUG.match(slug), slug
     assert slug.count("_") == 2
@@ -84,7 +109,9 @@ def test_manifest_of_an_uploaded_tree(tmp_path: Path) -> None:
 
 def test_a_checkout_is_known_by_git_even_with_a_stale_manifest(tmp_path: Path) -> None:
     _git_tree(tmp_path)
-    (tmp_path / MANIFEST_NAME).write_text(json.dumps({"commit": "feedbeef" * 5, "dirty": False, "sha256": "0" * 64}))
+    (tmp_path / MANIFEST_NAME).write_text(
+        json.dumps({"commit": "feedbeef" * 5, "dirty": False, "sha256": "0" * 64})
+    )
     tree = fingerprint(tmp_path)["tree"]
     assert tree["source"] == "git" and tree["commit"] != "feedbeef" * 5
 
@@ -119,4 +146,6 @@ def test_a_packed_tree_is_known_by_its_verified_manifest(tmp_path: Path) -> None
     packed = pack(root, tmp_path / "tree.tar.gz")
     info = tree_info(packed.path)
     assert info["source"] == "archive" and info["commit"] == packed.manifest["commit"]
-    assert fingerprint_slug({"device": "cpu", "torch": "2.13.0", "tree": info}).endswith(packed.manifest["commit"][:7] + ("-dirty" if packed.manifest["dirty"] else ""))
+    assert fingerprint_slug({"device": "cpu", "torch": "2.13.0", "tree": info}).endswith(
+        packed.manifest["commit"][:7] + ("-dirty" if packed.manifest["dirty"] else "")
+    )

@@ -16,7 +16,10 @@ from replaykit.workflow.interpreters import InterpreterError, probe, same_interp
 def test_probe_asks_the_interpreter(tmp_path: Path) -> None:
     here = probe(sys.executable)
     assert same_interpreter(here.executable, sys.executable) and here.prefix == sys.prefix
-    assert here.version == platform.python_version() and here.minor == f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert (
+        here.version == platform.python_version()
+        and here.minor == f"{sys.version_info[0]}.{sys.version_info[1]}"
+    )
     assert (here.platform, here.machine) == (sys.platform, platform.machine())
     with pytest.raises(InterpreterError, match="interpreter not found") as missing:
         probe(str(tmp_path / "python"))

@@ -11,15 +11,28 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # Small parameters per notebook: the injection path is what this tests.
 SMALL = {
-    "parity.ipynb": {"tasks": ["detection"], "models": ["transformer_lm"], "accumulations": [2], "with_unsafe": True},
+    "parity.ipynb": {
+        "tasks": ["detection"],
+        "models": ["transformer_lm"],
+        "accumulations": [2],
+        "with_unsafe": True,
+    },
     "benchmark.ipynb": {"quick": True, "steps": 8, "rounds": 2},
-    "verify.ipynb": {"markers": "not cuda", "ids": ["tests/core/test_bitwise.py"]},  # a CPU selection: some test must run
+    "verify.ipynb": {
+        "markers": "not cuda",
+        "ids": ["tests/core/test_bitwise.py"],
+    },  # a CPU selection: some test must run
     "hazards.ipynb": {"hazards": ["inputs"], "unsafe": True},
 }
 
 
 def test_the_notebooks_exist() -> None:
-    assert {p.name for p in NOTEBOOKS} >= {"parity.ipynb", "verify.ipynb", "benchmark.ipynb", "hazards.ipynb"}
+    assert {p.name for p in NOTEBOOKS} >= {
+        "parity.ipynb",
+        "verify.ipynb",
+        "benchmark.ipynb",
+        "hazards.ipynb",
+    }
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -27,12 +40,16 @@ def test_committed_without_outputs(path: Path) -> None:
     nb = json.loads(path.read_text())
     for cell in nb["cells"]:
         if cell["cell_type"] == "code":
-            assert cell.get("outputs") == [] and cell.get("execution_count") is None, f"{path.name} carries outputs"
+            assert cell.get("outputs") == [] and cell.get("execution_count") is None, (
+                f"{path.name} carries outputs"
+            )
 
 
 def _bootstrap(name: str) -> str:
     cells = json.loads((ROOT / "notebooks" / name).read_text())["cells"]
-    return next("".join(c["source"]) for c in cells if "".join(c["source"]).startswith("# Bootstrap"))
+    return next(
+        "".join(c["source"]) for c in cells if "".join(c["source"]).startswith("# Bootstrap")
+    )
 
 
 def test_the_notebooks_share_one_short_bootstrap() -> None:
@@ -45,14 +62,20 @@ def test_the_notebooks_share_one_short_bootstrap() -> None:
     parity = cells["parity"]
     for name, lines in cells.items():
         differ = [i for i, (a, b) in enumerate(zip(lines, parity, strict=True)) if a != b]
-        assert differ == ([] if name == "parity" else [len(lines) - 1]) or (name == "verify" and len(differ) == 2), name
+        assert differ == ([] if name == "parity" else [len(lines) - 1]) or (
+            name == "verify" and len(differ) == 2
+        ), name
         assert lines[-1].startswith(f'boot.bootstrap(tree, "{name}"'), lines[-1]
     src = next(line for line in cells["verify"] if line.startswith("src = "))
-    assert src.startswith('src = "" if importlib.util.find_spec("replaykit") else tree')  # its tree is only tested
-    assert "on_path=importlib.util.find_spec(\"replaykit\") is None" in cells["verify"][-1]
+    assert src.startswith(
+        'src = "" if importlib.util.find_spec("replaykit") else tree'
+    )  # its tree is only tested
+    assert 'on_path=importlib.util.find_spec("replaykit") is None' in cells["verify"][-1]
     code = [line for line in parity if line.strip() and not line.startswith("#")]
     assert len(code) <= 30
-    assert not {"hashlib", "json", "extractall", "pip"} & set(" ".join(parity).replace(",", " ").split())
+    assert not {"hashlib", "json", "extractall", "pip"} & set(
+        " ".join(parity).replace(",", " ").split()
+    )
 
 
 def test_each_notebook_ends_with_its_seal() -> None:
@@ -61,7 +84,9 @@ def test_each_notebook_ends_with_its_seal() -> None:
         last = json.loads(path.read_text())["cells"][-1]
         source = "".join(last["source"])
         assert last["cell_type"] == "code" and f'finish("{path.name}", ' in source, path.name
-        assert source.index("finish(") < source.rindex("raise" if path.stem == "verify" else "assert not failed")
+        assert source.index("finish(") < source.rindex(
+            "raise" if path.stem == "verify" else "assert not failed"
+        )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -84,7 +109,9 @@ def test_runs_through_papermill_with_injected_parameters(path: Path, tmp_path: P
     assert result.ok, result.summary.get("failed_cell")
     assert result.summary["parameters"].items() >= params.items()
     assert (result.run_dir / path.name).exists()
-    assert result.summary["fingerprint_source"] == "notebook"  # the notebook's own fingerprint cell ran
+    assert (
+        result.summary["fingerprint_source"] == "notebook"
+    )  # the notebook's own fingerprint cell ran
     assert result.summary.get("results"), "the notebook wrote no results.json"
 
 
@@ -105,6 +132,12 @@ def test_bootstrap_refuses_an_edited_archive(tmp_path: Path) -> None:
                 data = data + b"\n# edited after packing\n"
                 member.size = len(data)
             dst.addfile(member, io.BytesIO(data) if data is not None else None)
-    result = run_notebook(ROOT / "notebooks" / "benchmark.ipynb", {"tree": str(edited)}, runs_dir=tmp_path / "runs", cwd=tmp_path, progress=False)
+    result = run_notebook(
+        ROOT / "notebooks" / "benchmark.ipynb",
+        {"tree": str(edited)},
+        runs_dir=tmp_path / "runs",
+        cwd=tmp_path,
+        progress=False,
+    )
     assert not result.ok
     assert "does not match its manifest" in json.dumps(result.summary["failed_cell"])

@@ -45,13 +45,20 @@ def command_lines(block: str) -> list[str]:
 
 
 def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def placeholders() -> dict[str, str]:
     head = git("rev-parse", "--short=7", "HEAD")
-    return {"<good>": git("rev-parse", "--short=7", "HEAD~1"), "<bad>": head, "<rev>": head, "<commit>": head,
-            "<UTC>": "20260101T000000Z"}
+    return {
+        "<good>": git("rev-parse", "--short=7", "HEAD~1"),
+        "<bad>": head,
+        "<rev>": head,
+        "<commit>": head,
+        "<UTC>": "20260101T000000Z",
+    }
 
 
 def substitute(text: str, values: dict[str, str]) -> str:
@@ -74,8 +81,12 @@ def _parser(stem: str):
     from replaykit.workflow import archive, cli
 
     parsers = {
-        "run_notebook": cli.run_parser, "batch": cli.batch_parser, "verify_tree": cli.verify_parser,
-        "evidence": cli.evidence_parser, "bisect_commits": cli.bisect_parser, "pack": archive.build_parser,
+        "run_notebook": cli.run_parser,
+        "batch": cli.batch_parser,
+        "verify_tree": cli.verify_parser,
+        "evidence": cli.evidence_parser,
+        "bisect_commits": cli.bisect_parser,
+        "pack": archive.build_parser,
     }
     return parsers[stem]() if stem in parsers else load_script(stem).build_parser()
 
@@ -86,20 +97,33 @@ def check_python(argv: list[str]) -> None:
     if argv[0] == "-m":
         module = importlib.import_module(argv[1])
         if argv[1] == "replaykit.workflow":
-            argv = ["scripts/" + {"run": "run_notebook", "verify": "verify_tree", "bisect": "bisect_commits"}.get(argv[2], argv[2]) + ".py", *argv[3:]]
+            argv = [
+                "scripts/"
+                + {"run": "run_notebook", "verify": "verify_tree", "bisect": "bisect_commits"}.get(
+                    argv[2], argv[2]
+                )
+                + ".py",
+                *argv[3:],
+            ]
         else:
             module.build_parser().parse_args(argv[2:])
             return
     script = Path(argv[0])
-    assert (ROOT / script).is_file() or script.parts[0].startswith("replaykit-"), f"no such script: {script}"
+    assert (ROOT / script).is_file() or script.parts[0].startswith("replaykit-"), (
+        f"no such script: {script}"
+    )
     args = _parser(script.stem).parse_args(argv[1:])
     params = getattr(args, "parameter", None)
-    notebooks = [args.notebook] if script.stem == "run_notebook" else getattr(args, "notebook", None) or []
+    notebooks = (
+        [args.notebook] if script.stem == "run_notebook" else getattr(args, "notebook", None) or []
+    )
     if params or getattr(args, "yaml", None):
         from replaykit.workflow.runs import check_parameters, cli_parameters
 
         for nb in notebooks:
-            check_parameters(ROOT / nb, cli_parameters(params, getattr(args, "raw", None), args.yaml))
+            check_parameters(
+                ROOT / nb, cli_parameters(params, getattr(args, "raw", None), args.yaml)
+            )
 
 
 def test_every_bash_line_of_the_readme_is_exercised() -> None:
@@ -112,10 +136,15 @@ def test_every_bash_line_of_the_readme_is_exercised() -> None:
             for part in (p.strip() for p in line.split("&&")):
                 argv = shlex.split(part, comments=True)
                 if argv[0] == "make":
-                    proc = subprocess.run(["make", "-n", *argv[1:]], cwd=ROOT, capture_output=True, text=True)
+                    proc = subprocess.run(
+                        ["make", "-n", *argv[1:]], cwd=ROOT, capture_output=True, text=True
+                    )
                     assert proc.returncode == 0, f"{part}: {proc.stderr}"
                 elif argv[0] == "source":
-                    assert argv[1] == ".venv/bin/activate" and "VENV ?= .venv" in (ROOT / "Makefile").read_text()
+                    assert (
+                        argv[1] == ".venv/bin/activate"
+                        and "VENV ?= .venv" in (ROOT / "Makefile").read_text()
+                    )
                 elif argv[0] == "python":
                     check_python(argv[1:])
                 else:
@@ -138,8 +167,14 @@ def test_the_batch_spec_example_loads() -> None:
 
 def test_the_own_code_example_runs_on_a_cpu() -> None:
     (example,) = [b for b in blocks("python") if 'backend="emulated"' in b]
-    proc = subprocess.run([sys.executable, "-c", example], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=os.environ | {"PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-c", example],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr
     counts = ast.literal_eval(proc.stdout.strip())
     assert counts["replay"] > 0 and counts["eager"] == 0
@@ -182,10 +217,18 @@ def torch_only_venv(dest: Path) -> Path:
         tops = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
         for top in tops:
             src = Path(str(dist.locate_file(top)))
-            if src.exists() and not (farm / top).exists() and not top.endswith((".pth", "__pycache__")):
+            if (
+                src.exists()
+                and not (farm / top).exists()
+                and not top.endswith((".pth", "__pycache__"))
+            ):
                 (farm / top).symlink_to(src)
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     (Path(purelib) / "_linked.pth").write_text(str(farm) + "\n")
     return python
 
@@ -196,10 +239,27 @@ def test_offline_recipe_end_to_end(tmp_path: Path) -> None:
     in a venv holding only torch and lightning. The failure this guards: `No module named 'pandas'`."""
     python_version = sysconfig.get_python_version()
     dist = tmp_path / "dist"
-    proc = subprocess.run([sys.executable, "scripts/pack.py", "--wheelhouse", "--python", python_version,
-                           "--out", str(dist)], cwd=ROOT, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0 and re.search(r"(?i)connection|resolve|network|temporary failure", proc.stderr):
-        pytest.skip(f"no package index reachable to build the wheelhouse: {proc.stderr.strip()[-200:]}")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "scripts/pack.py",
+            "--wheelhouse",
+            "--python",
+            python_version,
+            "--out",
+            str(dist),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if proc.returncode != 0 and re.search(
+        r"(?i)connection|resolve|network|temporary failure", proc.stderr
+    ):
+        pytest.skip(
+            f"no package index reachable to build the wheelhouse: {proc.stderr.strip()[-200:]}"
+        )
     assert proc.returncode == 0, proc.stderr
     lines = dict(line.split(None, 1) for line in proc.stdout.splitlines()[1:] if " " in line)
     top = lines["top"].rstrip("/")
@@ -208,27 +268,50 @@ def test_offline_recipe_end_to_end(tmp_path: Path) -> None:
     host.mkdir()
     (host / f"{top}.tar.gz").write_bytes(archive.read_bytes())  # "copy the archive over"
     venv_python = torch_only_venv(tmp_path / "venv")
-    assert subprocess.run([str(venv_python), "-c", "import pandas"], capture_output=True).returncode != 0
+    assert (
+        subprocess.run([str(venv_python), "-c", "import pandas"], capture_output=True).returncode
+        != 0
+    )
 
     (block,) = [b for b in blocks("bash") if OFFLINE_MARK in b]
     commands = command_lines(substitute(block, {"<commit>": top.removeprefix("replaykit-")}))
     install = next(c for c in commands if "pip install" in c)
     printed = lines["install"].replace("wheelhouse", f"{top}/wheelhouse", 1)
-    assert shlex.split(install) == shlex.split(printed), "the README's install line is not the one pack.py prints"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "JUPYTER_PATH")}
-    env |= {"PATH": f"{venv_python.parent}{os.pathsep}{env['PATH']}", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-            "JUPYTER_DATA_DIR": str(tmp_path / "jupyter"), "MPLBACKEND": "Agg"}
+    assert shlex.split(install) == shlex.split(printed), (
+        "the README's install line is not the one pack.py prints"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "VIRTUAL_ENV", "JUPYTER_PATH")
+    }
+    env |= {
+        "PATH": f"{venv_python.parent}{os.pathsep}{env['PATH']}",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        "JUPYTER_DATA_DIR": str(tmp_path / "jupyter"),
+        "MPLBACKEND": "Agg",
+    }
     results = []
     for command in commands:
-        run = subprocess.run(["bash", "-c", command], cwd=host, env=env, capture_output=True, text=True, timeout=900)
+        run = subprocess.run(
+            ["bash", "-c", command], cwd=host, env=env, capture_output=True, text=True, timeout=900
+        )
         results.append(run)
         if command is not commands[-1]:
             assert run.returncode == 0, f"{command}\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}"
     last = results[-1]
     assert "No module named" not in last.stdout + last.stderr, last.stdout[-2000:]
-    gpu = subprocess.run([str(venv_python), "-c", "import torch; print(torch.cuda.is_available())"],
-                         capture_output=True, text=True).stdout.strip() == "True"
+    gpu = (
+        subprocess.run(
+            [str(venv_python), "-c", "import torch; print(torch.cuda.is_available())"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        == "True"
+    )
     if gpu:
         assert last.returncode == 0, last.stdout[-2000:]
     else:  # the cuda tests skip on a CPU: the notebook ran them all and says so
-        assert last.returncode == 1 and "no tests ran" in last.stdout, last.stdout[-3000:] + last.stderr[-2000:]
+        assert last.returncode == 1 and "no tests ran" in last.stdout, (
+            last.stdout[-3000:] + last.stderr[-2000:]
+        )

@@ -80,8 +80,14 @@ def test_cli_parameters(tmp_path: Path) -> None:
         [str(tmp_path / "p.yaml"), '{"precisions": ["fp32"]}'],
     )
     assert params == {
-        "tasks": ["detect", "pose"], "steps": 3, "precisions": ["fp32"], "lr": 0.5,
-        "amp": True, "none": None, "name": "cuda", "tag": "007",
+        "tasks": ["detect", "pose"],
+        "steps": 3,
+        "precisions": ["fp32"],
+        "lr": 0.5,
+        "amp": True,
+        "none": None,
+        "name": "cuda",
+        "tag": "007",
     }
     with pytest.raises(ValueError, match="mapping"):
         cli_parameters(yamls=["[1, 2]"])
@@ -90,16 +96,29 @@ def test_cli_parameters(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_passing_notebook(tmp_path: Path) -> None:
     nb = make_notebook(tmp_path / "ok.ipynb", WRITE_RESULTS, "print('done')")
-    nb = make_notebook(tmp_path / "ok.ipynb", WRITE_RESULTS, "print('done')", params="x = 1\nwhere = ''\nrun_dir = None")
-    result = run_notebook(nb, {"x": 7, "where": tmp_path}, runs_dir=tmp_path / "runs", progress=False)
+    nb = make_notebook(
+        tmp_path / "ok.ipynb",
+        WRITE_RESULTS,
+        "print('done')",
+        params="x = 1\nwhere = ''\nrun_dir = None",
+    )
+    result = run_notebook(
+        nb, {"x": 7, "where": tmp_path}, runs_dir=tmp_path / "runs", progress=False
+    )
     s = result.summary
-    assert result.ok and s["status"] == "passed" and s["reason"] is None and s["failed_cell"] is None
+    assert (
+        result.ok and s["status"] == "passed" and s["reason"] is None and s["failed_cell"] is None
+    )
     assert RUN_DIR.match(result.run_dir.name), result.run_dir.name
     assert result.run_dir.parent == tmp_path / "runs"
     assert result.notebook == result.run_dir / "ok.ipynb"
     assert s["sha256"] == hashlib.sha256(result.notebook.read_bytes()).hexdigest()
     assert saved_summary(result.run_dir) == json.loads(json.dumps(s))
-    assert s["parameters"] == {"x": 7, "where": str(tmp_path), "run_dir": str(result.run_dir.resolve())}
+    assert s["parameters"] == {
+        "x": 7,
+        "where": str(tmp_path),
+        "run_dir": str(result.run_dir.resolve()),
+    }
     assert s["results"]["counts"] == s["counts"] == {"passed": 7, "failed": 0}
     assert s["results"]["executable"] == sys.executable  # the kernel ran this interpreter
     assert s["fingerprint"] == {"device": "from-kernel"} and s["fingerprint_source"] == "notebook"
@@ -116,7 +135,9 @@ def test_passing_notebook(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_failing_notebook_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    nb = make_notebook(tmp_path / "bad.ipynb", "y = x + 1", "raise ValueError(f'boom {y}')", "z = 3")
+    nb = make_notebook(
+        tmp_path / "bad.ipynb", "y = x + 1", "raise ValueError(f'boom {y}')", "z = 3"
+    )
     argv = [str(nb), "-p", "x", "4", "--runs-dir", str(tmp_path / "runs"), "--no-progress"]
     assert cli.run(argv) == 1
     out = capsys.readouterr().out.splitlines()
@@ -172,10 +193,15 @@ def test_parameter_of_the_wrong_type_is_refused_before_running(tmp_path: Path) -
     assert cli_parameters([("quick", "false")], [], []) == {"quick": False}
 
 
-def test_unknown_parameter_is_refused_before_running(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unknown_parameter_is_refused_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """papermill only warns about an unknown name and runs the defaults: -p marker "" kept markers="cuda"."""
     nb = ROOT / "notebooks" / "verify.ipynb"
-    with pytest.raises(ValueError, match=r"verify.ipynb declares no parameter 'marker'; it declares: tree, markers, ids"):
+    with pytest.raises(
+        ValueError,
+        match=r"verify.ipynb declares no parameter 'marker'; it declares: tree, markers, ids",
+    ):
         run_notebook(nb, {"marker": ""}, runs_dir=tmp_path / "runs", progress=False)
     assert not (tmp_path / "runs").exists()  # nothing ran
     assert cli.run([str(nb), "-p", "marker", "", "--runs-dir", str(tmp_path / "runs")]) == 2
@@ -183,7 +209,10 @@ def test_unknown_parameter_is_refused_before_running(tmp_path: Path, capsys: pyt
 
 
 def test_bad_yaml_is_one_line(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"^-y '\{tasks: \[detect': not valid YAML/JSON \(.* at line 1, column \d+\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^-y '\{tasks: \[detect': not valid YAML/JSON \(.* at line 1, column \d+\)$",
+    ):
         cli_parameters(yamls=["{tasks: [detect"])
 
 
@@ -198,12 +227,32 @@ def test_a_missing_yaml_file_is_named_missing(tmp_path: Path) -> None:
 
 
 def test_summary_line_keeps_both_ends_of_the_error_and_says_where_to_look() -> None:
-    evalue = "3 failing test id(s): " + ", ".join(f"tests/t.py::test_{i}" for i in range(40)) + "; run errors: [exit 4]"
-    s = {"status": "failed", "notebook": "verify.ipynb", "reason": "exception", "duration_s": 1.0,
-         "run_dir": "runs/x", "output": "verify.ipynb", "counts": None,
-         "failed_cell": {"index": 13, "source_index": 13, "ename": "AssertionError", "evalue": evalue}}
+    evalue = (
+        "3 failing test id(s): "
+        + ", ".join(f"tests/t.py::test_{i}" for i in range(40))
+        + "; run errors: [exit 4]"
+    )
+    s = {
+        "status": "failed",
+        "notebook": "verify.ipynb",
+        "reason": "exception",
+        "duration_s": 1.0,
+        "run_dir": "runs/x",
+        "output": "verify.ipynb",
+        "counts": None,
+        "failed_cell": {
+            "index": 13,
+            "source_index": 13,
+            "ename": "AssertionError",
+            "evalue": evalue,
+        },
+    }
     line = summary_line(s)
-    assert "\n" not in line and "AssertionError: 3 failing test id(s)" in line and "run errors: [exit 4]" in line
+    assert (
+        "\n" not in line
+        and "AssertionError: 3 failing test id(s)" in line
+        and "run errors: [exit 4]" in line
+    )
     assert line.endswith("| see runs/x/verify.ipynb")
     assert summary_line(s | {"status": "passed", "failed_cell": None}).endswith("| 1.0 s")
 
@@ -216,14 +265,26 @@ def test_a_run_folder_is_named_after_the_kernels_torch(monkeypatch: pytest.Monke
     from replaykit.workflow import fingerprint as fpmod
     from replaykit.workflow import runs
 
-    runner = {"device": "cpu", "torch": "2.13.0+cpu", "tree": {"commit": "abcdef0123", "dirty": False}}
+    runner = {
+        "device": "cpu",
+        "torch": "2.13.0+cpu",
+        "tree": {"commit": "abcdef0123", "dirty": False},
+    }
     monkeypatch.setattr(runs, "kernel_executable", lambda name: sys.executable)
     assert runs.folder_fingerprint(runner, "here") is runner  # this interpreter: nothing to ask
     monkeypatch.setattr(runs, "kernel_executable", lambda name: "/elsewhere/bin/python")
     monkeypatch.setattr(runs, "torch_of", lambda python: {"torch": "2.12.1+cu130", "device": "cpu"})
-    assert fpmod.fingerprint_slug(runs.folder_fingerprint(runner, "other")) == "cpu_torch2.12.1_abcdef0"
-    monkeypatch.setattr(runs, "torch_of", lambda python: None)  # it does not run: the runner's, as before
-    assert fpmod.fingerprint_slug(runs.folder_fingerprint(runner, "other")) == "cpu_torch2.13.0_abcdef0"
+    assert (
+        fpmod.fingerprint_slug(runs.folder_fingerprint(runner, "other"))
+        == "cpu_torch2.12.1_abcdef0"
+    )
+    monkeypatch.setattr(
+        runs, "torch_of", lambda python: None
+    )  # it does not run: the runner's, as before
+    assert (
+        fpmod.fingerprint_slug(runs.folder_fingerprint(runner, "other"))
+        == "cpu_torch2.13.0_abcdef0"
+    )
     import torch
 
     assert fpmod.torch_of(sys.executable)["torch"] == torch.__version__

@@ -25,7 +25,7 @@ from replaykit.workflow.verify import (
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "verify.ipynb"
 
-MIX = '''\
+MIX = """\
 from pathlib import Path
 
 import pytest
@@ -69,9 +69,9 @@ def test_marked(x):
 class TestGroup:
     def test_method(self):
         pass
-'''
+"""
 
-ORDER = '''\
+ORDER = """\
 import os
 
 
@@ -81,9 +81,9 @@ def test_leaves_state():
 
 def test_needs_clean_state():
     assert "VERIFY_LEFTOVER" not in os.environ, "state left by another test"
-'''
+"""
 
-SIMPLE = '''\
+SIMPLE = """\
 import pytest
 
 
@@ -97,7 +97,7 @@ def test_fail():
 
 def test_skip():
     pytest.skip("no gpu here")
-'''
+"""
 
 PYPROJECT = '[tool.pytest.ini_options]\nmarkers = ["gpuish: pretends to need a GPU"]\naddopts = "--strict-markers"\n'
 
@@ -157,16 +157,49 @@ def test_table_says_which_failures_are_stable(mixed: Selection) -> None:
     assert list(table.columns) == ["r1", "r2", "alone", "stable"]
     assert table.loc[:, ["r1", "r2", "alone", "stable"]].to_dict("index") == {
         M + "test_pass": {"r1": "passed", "r2": "passed", "alone": "", "stable": "stable pass"},
-        M + "test_fail": {"r1": "failed", "r2": "failed", "alone": "failed", "stable": "stable fail"},
+        M + "test_fail": {
+            "r1": "failed",
+            "r2": "failed",
+            "alone": "failed",
+            "stable": "stable fail",
+        },
         M + "test_flaky": {"r1": "failed", "r2": "passed", "alone": "passed", "stable": "flaky"},
         M + "test_skip": {"r1": "skipped", "r2": "skipped", "alone": "", "stable": "skipped"},
-        M + "test_setup_error": {"r1": "error", "r2": "error", "alone": "error", "stable": "stable fail"},
-        M + "test_marked[1]": {"r1": "passed", "r2": "passed", "alone": "", "stable": "stable pass"},
-        M + "test_marked[2.5]": {"r1": "passed", "r2": "passed", "alone": "", "stable": "stable pass"},
-        M + "TestGroup::test_method": {"r1": "passed", "r2": "passed", "alone": "", "stable": "stable pass"},
-        OD + "test_leaves_state": {"r1": "passed", "r2": "passed", "alone": "", "stable": "stable pass"},
+        M + "test_setup_error": {
+            "r1": "error",
+            "r2": "error",
+            "alone": "error",
+            "stable": "stable fail",
+        },
+        M + "test_marked[1]": {
+            "r1": "passed",
+            "r2": "passed",
+            "alone": "",
+            "stable": "stable pass",
+        },
+        M + "test_marked[2.5]": {
+            "r1": "passed",
+            "r2": "passed",
+            "alone": "",
+            "stable": "stable pass",
+        },
+        M + "TestGroup::test_method": {
+            "r1": "passed",
+            "r2": "passed",
+            "alone": "",
+            "stable": "stable pass",
+        },
+        OD + "test_leaves_state": {
+            "r1": "passed",
+            "r2": "passed",
+            "alone": "",
+            "stable": "stable pass",
+        },
         OD + "test_needs_clean_state": {
-            "r1": "failed", "r2": "failed", "alone": "passed", "stable": "fails only with others",
+            "r1": "failed",
+            "r2": "failed",
+            "alone": "passed",
+            "stable": "fails only with others",
         },
     }
     assert mixed.flaky_ids() == [M + "test_flaky"]
@@ -184,7 +217,10 @@ def test_runs_counts_and_isolated_failures(mixed: Selection) -> None:
     ]
     for run in mixed.runs:
         assert run.junit.is_file() and run.log.is_file() and run.seconds > 0 and run.error is None
-    assert mixed.runs[0].junit.name == "junit_r1.xml" and mixed.runs[2].junit.name == "junit_alone_1.xml"
+    assert (
+        mixed.runs[0].junit.name == "junit_r1.xml"
+        and mixed.runs[2].junit.name == "junit_alone_1.xml"
+    )
     counts = mixed.counts()
     assert counts["r1"] == {"passed": 5, "failed": 3, "error": 1, "skipped": 1}
     assert counts["r2"] == {"passed": 6, "failed": 2, "error": 1, "skipped": 1}
@@ -214,7 +250,10 @@ def test_results_are_json(mixed: Selection) -> None:
     assert results["counts"] == mixed.counts()["total"]
     assert results["ok"] is False and results["tests"] == 10 and results["repeats"] == 2
     assert results["failing_ids"] == [
-        M + "test_fail", M + "test_flaky", M + "test_setup_error", OD + "test_needs_clean_state",
+        M + "test_fail",
+        M + "test_flaky",
+        M + "test_setup_error",
+        OD + "test_needs_clean_state",
     ]
     assert results["flaky_ids"] == [M + "test_flaky"]
     assert results["verdicts"][OD + "test_needs_clean_state"] == "fails only with others"
@@ -226,7 +265,11 @@ def test_results_are_json(mixed: Selection) -> None:
 def test_junit_keeps_the_raw_classname(mixed: Selection) -> None:
     cases = {c.id: c for c in read_junit(mixed.runs[0].junit, mixed.tree)}
     method = cases[M + "TestGroup::test_method"]
-    assert (method.classname, method.name, method.status) == ("tests.test_mix.TestGroup", "test_method", "passed")
+    assert (method.classname, method.name, method.status) == (
+        "tests.test_mix.TestGroup",
+        "test_method",
+        "passed",
+    )
     assert cases[M + "test_skip"].message.startswith("not here")
 
 
@@ -236,7 +279,11 @@ def test_markers_ids_and_skips_pass(tmp_path: Path) -> None:
     assert marked.ids() == [M + "test_marked[1]", M + "test_marked[2.5]"]
     assert marked.ok and marked.runs[0].summary.startswith("2 passed, 6 deselected in ")
     chosen = run_selection(
-        tree, markers=None, ids=[M + "test_pass", M + "test_skip"], out_dir=tmp_path / "b", progress=False
+        tree,
+        markers=None,
+        ids=[M + "test_pass", M + "test_skip"],
+        out_dir=tmp_path / "b",
+        progress=False,
     )
     assert chosen.ok and len(chosen.runs) == 1  # a skip is not a failure
     assert chosen.table()["stable"].tolist() == ["stable pass", "skipped"]
@@ -246,8 +293,14 @@ def test_markers_ids_and_skips_pass(tmp_path: Path) -> None:
 def test_a_selection_whose_every_test_skips_is_no_tests_ran(tmp_path: Path) -> None:
     """-m cuda on a CPU: every selected test skips. That earned nothing: not ok, outcome 'no tests ran'."""
     tree = make_tree(tmp_path / "tree", {"test_simple.py": SIMPLE})
-    skips = run_selection(tree, markers=None, ids=["tests/test_simple.py::test_skip"], repeats=2,
-                          out_dir=tmp_path / "out", progress=False)
+    skips = run_selection(
+        tree,
+        markers=None,
+        ids=["tests/test_simple.py::test_skip"],
+        repeats=2,
+        out_dir=tmp_path / "out",
+        progress=False,
+    )
     assert skips.counts()["total"]["skipped"] == 2 and skips.executed() == 0
     assert not skips.ok and skips.outcome() == "no tests ran" and skips.run_errors() == []
     assert skips.outcome_line().startswith("no tests ran: 1 selected, all skipped")
@@ -255,7 +308,9 @@ def test_a_selection_whose_every_test_skips_is_no_tests_ran(tmp_path: Path) -> N
 
 def test_nothing_collected_is_recorded(tmp_path: Path) -> None:
     tree = make_tree(tmp_path / "tree", {"test_simple.py": SIMPLE})
-    selection = run_selection(tree, markers="gpuish", repeats=2, out_dir=tmp_path / "out", progress=False)
+    selection = run_selection(
+        tree, markers="gpuish", repeats=2, out_dir=tmp_path / "out", progress=False
+    )
     assert [r.returncode for r in selection.runs] == [5, 5]
     assert selection.runs[0].summary.startswith("3 deselected in ")
     assert selection.run_errors() == [] and selection.table().empty
@@ -269,8 +324,12 @@ def test_nothing_collected_is_recorded(tmp_path: Path) -> None:
 
 
 def test_timeout_kills_the_run(tmp_path: Path) -> None:
-    tree = make_tree(tmp_path / "tree", {"test_slow.py": "import time\n\ndef test_slow():\n    time.sleep(60)\n"})
-    selection = run_selection(tree, markers=None, out_dir=tmp_path / "out", timeout=2, progress=False)
+    tree = make_tree(
+        tmp_path / "tree", {"test_slow.py": "import time\n\ndef test_slow():\n    time.sleep(60)\n"}
+    )
+    selection = run_selection(
+        tree, markers=None, out_dir=tmp_path / "out", timeout=2, progress=False
+    )
     run = selection.runs[0]
     assert run.returncode is None and run.error == "timed out after 2 s" and run.seconds < 30
     assert not selection.ok and selection.run_errors() == ["r1: timed out after 2 s"]
@@ -305,18 +364,29 @@ def test_resolve_directories(tmp_path: Path) -> None:
         resolve_tree(tmp_path / "notes.txt", tmp_path)
 
 
-@pytest.mark.parametrize(("name", "top"), [("t.tar.gz", "tree"), ("t.tgz", None), ("t.tar", "tree")])
+@pytest.mark.parametrize(
+    ("name", "top"), [("t.tar.gz", "tree"), ("t.tgz", None), ("t.tar", "tree")]
+)
 def test_archive_round_trip(tmp_path: Path, name: str, top: str | None) -> None:
     tree = make_tree(tmp_path / "tree", {"test_simple.py": SIMPLE})
-    write_manifest(tree, {"tests/test_simple.py": sha(tree / "tests/test_simple.py"),
-                          "pyproject.toml": sha(tree / "pyproject.toml")})
+    write_manifest(
+        tree,
+        {
+            "tests/test_simple.py": sha(tree / "tests/test_simple.py"),
+            "pyproject.toml": sha(tree / "pyproject.toml"),
+        },
+    )
     archive = pack(tree, tmp_path / name, top)
     work = tmp_path / "work"
     root = resolve_tree(archive, work)
     assert root.is_relative_to(work.resolve()) and (root / MANIFEST_NAME).is_file()
     assert root.name == "tree" if top else root.parent == work.resolve()
     selection = run_selection(
-        root, markers=None, ids=["tests/test_simple.py::test_pass"], out_dir=tmp_path / "out", progress=False
+        root,
+        markers=None,
+        ids=["tests/test_simple.py::test_pass"],
+        out_dir=tmp_path / "out",
+        progress=False,
     )
     assert selection.ok and selection.table()["id"].tolist() == ["tests/test_simple.py::test_pass"]
 
@@ -395,12 +465,18 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     passing = ["--id", "tests/test_simple.py::test_pass", "--id", "tests/test_simple.py::test_skip"]
     assert cli.verify([*base, *passing, "--out", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
-    assert "tests/test_simple.py::test_skip" in out and "skipped" in out and "r1: 1 passed, 1 skipped" in out
+    assert (
+        "tests/test_simple.py::test_skip" in out
+        and "skipped" in out
+        and "r1: 1 passed, 1 skipped" in out
+    )
     assert cli.verify([*base, "--out", str(tmp_path / "b"), "--", "-x"]) == 1
     out = capsys.readouterr().out
     assert "ValueError: boom" in out and "alone tests/test_simple.py::test_fail: 1 failed" in out
     only_skip = ["--id", "tests/test_simple.py::test_skip"]
-    assert cli.verify([*base, *only_skip, "--out", str(tmp_path / "s")]) == 1  # no tests ran: not a pass
+    assert (
+        cli.verify([*base, *only_skip, "--out", str(tmp_path / "s")]) == 1
+    )  # no tests ran: not a pass
     assert "outcome: no tests ran: 1 selected, all skipped" in capsys.readouterr().out
     (tmp_path / "bad.tgz").write_bytes(b"\x1f\x8b broken")
     assert cli.verify(["--tree", str(tmp_path / "bad.tgz"), "--out", str(tmp_path / "c")]) == 2
@@ -427,17 +503,27 @@ def test_notebook_through_the_runner(tmp_path: Path) -> None:
     )
     s = failing.summary
     assert (s["status"], s["reason"]) == ("failed", "exception")
-    assert s["failed_cell"]["ename"] == "AssertionError" and "test_fail" in s["failed_cell"]["evalue"]
+    assert (
+        s["failed_cell"]["ename"] == "AssertionError" and "test_fail" in s["failed_cell"]["evalue"]
+    )
     assert s["failed_cell"]["index"] == s["cells"][-1]["index"]  # the last cell, after saving
-    assert s["results"]["failing_ids"] == ["tests/test_simple.py::test_fail"]  # saved before raising
+    assert s["results"]["failing_ids"] == [
+        "tests/test_simple.py::test_fail"
+    ]  # saved before raising
     assert s["counts"] == {"passed": 1, "failed": 1, "error": 0, "skipped": 1}
-    assert s["fingerprint_source"] == "notebook" and s["fingerprint"]["tree"]["path"] == str(tree.resolve())
+    assert s["fingerprint_source"] == "notebook" and s["fingerprint"]["tree"]["path"] == str(
+        tree.resolve()
+    )
     assert (failing.run_dir / "pytest" / "junit_alone_1.xml").is_file()
     assert (failing.run_dir / "verify.csv").is_file()
 
     skips = run_notebook(
         NOTEBOOK,
-        {"tree": str(tree), "markers": "", "ids": ["tests/test_simple.py::test_pass", "tests/test_simple.py::test_skip"]},
+        {
+            "tree": str(tree),
+            "markers": "",
+            "ids": ["tests/test_simple.py::test_pass", "tests/test_simple.py::test_skip"],
+        },
         runs_dir=tmp_path / "runs",
         progress=False,
     )
@@ -445,11 +531,16 @@ def test_notebook_through_the_runner(tmp_path: Path) -> None:
     assert skips.ok and s["status"] == "passed" and s["counts"]["skipped"] == 1
     assert s["results"]["outcome"] == "passed"
     assert s["results"]["verdicts"] == {
-        "tests/test_simple.py::test_pass": "stable pass", "tests/test_simple.py::test_skip": "skipped",
+        "tests/test_simple.py::test_pass": "stable pass",
+        "tests/test_simple.py::test_skip": "skipped",
     }
 
-    nothing = run_notebook(NOTEBOOK, {"tree": str(tree), "markers": "", "ids": ["tests/test_simple.py::test_skip"]},
-                           runs_dir=tmp_path / "runs", progress=False)
+    nothing = run_notebook(
+        NOTEBOOK,
+        {"tree": str(tree), "markers": "", "ids": ["tests/test_simple.py::test_skip"]},
+        runs_dir=tmp_path / "runs",
+        progress=False,
+    )
     s = nothing.summary
     assert not nothing.ok and s["status"] == "failed" and s["results"]["outcome"] == "no tests ran"
     assert s["failed_cell"]["evalue"].startswith("no tests ran: 1 selected, all skipped")

@@ -15,6 +15,16 @@ from .network import CHECKED, MARKDOWN_COLUMNS, bench_size, markdown, run, summa
 from .timing import SIZES, ArmResult, Size, interleave, timed_results
 
 __all__ = [
-    "CHECKED", "MARKDOWN_COLUMNS", "SIZES", "ArmResult", "Size", "bench_size", "interleave", "markdown", "run",
-    "summary", "table", "timed_results",
+    "CHECKED",
+    "MARKDOWN_COLUMNS",
+    "SIZES",
+    "ArmResult",
+    "Size",
+    "bench_size",
+    "interleave",
+    "markdown",
+    "run",
+    "summary",
+    "table",
+    "timed_results",
 ]

@@ -23,7 +23,12 @@ from ...lightning import ReplayCallback, whole_step
 from ..nets import DetectionNet
 from .timing import Size, heads_loss
 
-ARMS = ("lightning floor", "lightning eager", "lightning + network replay", "lightning + whole step")
+ARMS = (
+    "lightning floor",
+    "lightning eager",
+    "lightning + network replay",
+    "lightning + whole step",
+)
 
 
 class _Stamps(L.Callback):
@@ -45,7 +50,9 @@ class _Auto(L.LightningModule):
         return heads_loss(self.net(batch[0]))
 
     def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.net.parameters(), lr=0.01, momentum=0.9, fused=next(self.parameters()).is_cuda)
+        return torch.optim.SGD(
+            self.net.parameters(), lr=0.01, momentum=0.9, fused=next(self.parameters()).is_cuda
+        )
 
 
 class _Floor(_Auto):
@@ -67,11 +74,18 @@ class _Whole(_Auto):
         self.step(batch[0])
 
 
-def _fit(module: L.LightningModule, data: torch.Tensor, device: str, callbacks: list) -> list[float]:
+def _fit(
+    module: L.LightningModule, data: torch.Tensor, device: str, callbacks: list
+) -> list[float]:
     stamps = _Stamps()
     trainer = L.Trainer(
-        max_epochs=1, accelerator="gpu" if device == "cuda" else "cpu", devices=1, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        max_epochs=1,
+        accelerator="gpu" if device == "cuda" else "cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         callbacks=[stamps, *callbacks],
     )
     # a list of batches, as a loader yields them (a slice of one preloaded tensor has a new
@@ -100,7 +114,9 @@ def run(size: Size, device: str = "cuda", steps: int = 100) -> list[dict[str, An
         else:
             module, cbs = _Whole(net), []
         t = _fit(module, data, device, cbs)
-        out.append({"size": size.name, "arm": arm, "median_ms": statistics.median(t), "steps": len(t)})
+        out.append(
+            {"size": size.name, "arm": arm, "median_ms": statistics.median(t), "steps": len(t)}
+        )
     return out
 
 

@@ -27,14 +27,18 @@ from .timing import SIZES, ArmResult, Size, TimedArm, peak_mib, peak_reset, sync
 CHECKED = "replaykit+check"
 
 
-def _make_arm(name: str, model: nn.Module, sample: torch.Tensor, backend: str, check_every: int = 0) -> TimedArm:
+def _make_arm(
+    name: str, model: nn.Module, sample: torch.Tensor, backend: str, check_every: int = 0
+) -> TimedArm:
     if name == "eager":
         return TimedArm(name, model, model)
     if name == "make_graphed_callables":
         # make_graphed_callables adopts its sample as the static input and overwrites it
         graphed = torch.cuda.make_graphed_callables(model, (sample.clone(),))
         return TimedArm(name, model, graphed)
-    rec = capture(model, backend=backend, warmup=3, check_every=check_every if name == CHECKED else 0)
+    rec = capture(
+        model, backend=backend, warmup=3, check_every=check_every if name == CHECKED else 0
+    )
     return TimedArm(name, model, model, release=rec)
 
 
@@ -52,7 +56,8 @@ def bench_size(
     base = DetectionNet(width=size.width, depth=size.depth).to(device)
     g = torch.Generator(device="cpu").manual_seed(1)
     batches = [
-        torch.randn(size.batch, 3, size.image, size.image, generator=g).to(device) for _ in range(steps)
+        torch.randn(size.batch, 3, size.image, size.image, generator=g).to(device)
+        for _ in range(steps)
     ]
     names = ["eager", "replaykit"] + ([CHECKED] if check_every else [])
     if device.type == "cuda":
@@ -83,7 +88,9 @@ def run(
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     out = []
     for size in sizes:
-        for result in bench_size(size, dev, steps=steps, rounds=rounds, backend=backend, check_every=check_every):
+        for result in bench_size(
+            size, dev, steps=steps, rounds=rounds, backend=backend, check_every=check_every
+        ):
             out.append(result)
             if progress:
                 progress(result)
@@ -111,13 +118,19 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     mine = [r for r in rows if r["arm"] == "replaykit"]
     parts = []
     for r in mine:
-        vs = f", {r['time_vs_mgc']:.3f}x mgc time, {r['mem_vs_mgc']:.3f}x mgc memory" if "time_vs_mgc" in r else ""
+        vs = (
+            f", {r['time_vs_mgc']:.3f}x mgc time, {r['mem_vs_mgc']:.3f}x mgc memory"
+            if "time_vs_mgc" in r
+            else ""
+        )
         parts.append(f"{r['size']}: {r['speedup_vs_eager']:.2f}x eager{vs}")
     checked = {r["size"]: r for r in rows if r["arm"] == CHECKED}
     for r in mine:
         c = checked.get(r["size"])
         if c is not None:
-            parts.append(f"{r['size']} shadow check: {c['median_ms'] / r['median_ms']:.3f}x replaykit time")
+            parts.append(
+                f"{r['size']} shadow check: {c['median_ms'] / r['median_ms']:.3f}x replaykit time"
+            )
     equal = all(r["equals_eager"] for r in rows if r["arm"] in ("replaykit", CHECKED))
     return {
         "line": "replaykit " + "; ".join(parts) + f"; bitwise equal to eager: {equal}",
@@ -127,7 +140,16 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 MARKDOWN_COLUMNS = (
-    "size", "arm", "median_ms", "p10_ms", "p90_ms", "speedup_vs_eager", "time_vs_mgc", "peak_mib", "mem_vs_mgc", "equals_eager",
+    "size",
+    "arm",
+    "median_ms",
+    "p10_ms",
+    "p90_ms",
+    "speedup_vs_eager",
+    "time_vs_mgc",
+    "peak_mib",
+    "mem_vs_mgc",
+    "equals_eager",
 )
 
 

@@ -35,13 +35,22 @@ from ...backends.base import (
 from ...protections import PROTECTIONS
 from ...recorder import Recorder
 
-GUARDS = ("module_state", "param_identity", "argument_values", "input_aliasing", "input_layout", "inplace_weights")
+GUARDS = (
+    "module_state",
+    "param_identity",
+    "argument_values",
+    "input_aliasing",
+    "input_layout",
+    "inplace_weights",
+)
 
 
 class NullRecording(Recording):
     """Replays nothing: fixed outputs, fixed gradients (what a graph would leave in static memory)."""
 
-    def __init__(self, fn: ForwardFn, static_inputs: list[torch.Tensor], params: list[torch.Tensor]) -> None:
+    def __init__(
+        self, fn: ForwardFn, static_inputs: list[torch.Tensor], params: list[torch.Tensor]
+    ) -> None:
         self.static_inputs, self.params = static_inputs, params
         outs, self.out_spec = flatten_outputs(fn(*static_inputs))
         self.differentiable = differentiable_indices(outs)
@@ -51,7 +60,9 @@ class NullRecording(Recording):
     def replay_forward(self) -> None:
         self.generation += 1
 
-    def backward(self, grads: Sequence[torch.Tensor | None]) -> tuple[list[torch.Tensor | None], str | None]:
+    def backward(
+        self, grads: Sequence[torch.Tensor | None]
+    ) -> tuple[list[torch.Tensor | None], str | None]:
         return [g.detach() for g in self.static_grads], None
 
     def exact_backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
@@ -64,7 +75,13 @@ class NullRecording(Recording):
 class NullBackend(Backend):
     name = "null"
 
-    def record(self, fn: ForwardFn, static_inputs: list[torch.Tensor], params: list[torch.Tensor], warmup: int) -> Recording:
+    def record(
+        self,
+        fn: ForwardFn,
+        static_inputs: list[torch.Tensor],
+        params: list[torch.Tensor],
+        warmup: int,
+    ) -> Recording:
         return NullRecording(fn, static_inputs, params)
 
 
@@ -80,7 +97,13 @@ class _Bare(torch.autograd.Function):
     """The same call shape without replaykit: make_graphed_callables' own Function does this much."""
 
     @staticmethod
-    def forward(ctx, outputs: torch.Tensor, grads: list[torch.Tensor], x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx,
+        outputs: torch.Tensor,
+        grads: list[torch.Tensor],
+        x: torch.Tensor,
+        *params: torch.Tensor,
+    ) -> torch.Tensor:
         ctx.grads = grads
         return outputs.detach()
 
@@ -103,7 +126,10 @@ def measure(blocks: int = 100, calls: int = 2000, rounds: int = 7) -> dict[str, 
     x = torch.randn(4, 8)
     arms: dict[str, Callable[[], None]] = {}
     models = []
-    for name, disabled in (("replaykit", frozenset()), ("replaykit, guards off", frozenset(GUARDS))):
+    for name, disabled in (
+        ("replaykit", frozenset()),
+        ("replaykit, guards off", frozenset(GUARDS)),
+    ):
         model = network(blocks)
         Recorder(model, NullBackend(), 1, 8, False, disabled)
         params = list(model.parameters())

@@ -28,7 +28,14 @@ from ...step import TrainStep
 from ..nets import DetectionNet
 from .timing import SIZES, ArmResult, Size, heads_loss, peak_mib, peak_reset, sync
 
-ARMS = ("eager", "make_graphed_callables", "replaykit network", "replaykit step", "replaykit step check_every=100", "raw step graph")
+ARMS = (
+    "eager",
+    "make_graphed_callables",
+    "replaykit network",
+    "replaykit step",
+    "replaykit step check_every=100",
+    "raw step graph",
+)
 #: the shadow check's cost is its arm against plain "replaykit step"
 CHECKED = "replaykit step check_every=100"
 
@@ -38,7 +45,9 @@ def _sgd(model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=fused)
 
 
-def _loop_step(call: Callable[[torch.Tensor], Any], opt: torch.optim.Optimizer) -> Callable[[torch.Tensor], None]:
+def _loop_step(
+    call: Callable[[torch.Tensor], Any], opt: torch.optim.Optimizer
+) -> Callable[[torch.Tensor], None]:
     def step(x: torch.Tensor) -> None:
         heads_loss(call(x)).backward()
         opt.step()
@@ -47,7 +56,9 @@ def _loop_step(call: Callable[[torch.Tensor], Any], opt: torch.optim.Optimizer) 
     return step
 
 
-def _raw_graph(model: nn.Module, opt: torch.optim.Optimizer, sample: torch.Tensor) -> Callable[[torch.Tensor], None]:
+def _raw_graph(
+    model: nn.Module, opt: torch.optim.Optimizer, sample: torch.Tensor
+) -> Callable[[torch.Tensor], None]:
     static_x = sample.clone()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -70,7 +81,9 @@ def _raw_graph(model: nn.Module, opt: torch.optim.Optimizer, sample: torch.Tenso
     return step
 
 
-def _arm(name: str, model: nn.Module, sample: torch.Tensor, backend: str) -> tuple[Callable[[torch.Tensor], None], Any]:
+def _arm(
+    name: str, model: nn.Module, sample: torch.Tensor, backend: str
+) -> tuple[Callable[[torch.Tensor], None], Any]:
     opt = _sgd(model)
     if name == "eager":
         return _loop_step(model, opt), None
@@ -80,7 +93,13 @@ def _arm(name: str, model: nn.Module, sample: torch.Tensor, backend: str) -> tup
         rec = capture(model, backend=backend, warmup=3)
         return _loop_step(model, opt), rec
     if name in ("replaykit step", CHECKED):
-        step = TrainStep(model, lambda m, x: heads_loss(m(x)), opt, backend=backend, check_every=100 if name == CHECKED else 0)
+        step = TrainStep(
+            model,
+            lambda m, x: heads_loss(m(x)),
+            opt,
+            backend=backend,
+            check_every=100 if name == CHECKED else 0,
+        )
         return step, step
     if name == "raw step graph":
         return _raw_graph(model, opt, sample), None
@@ -88,14 +107,26 @@ def _arm(name: str, model: nn.Module, sample: torch.Tensor, backend: str) -> tup
 
 
 def bench_size(
-    size: Size, device: torch.device, steps: int = 50, rounds: int = 5, warmup_steps: int = 5, backend: str = "auto"
+    size: Size,
+    device: torch.device,
+    steps: int = 50,
+    rounds: int = 5,
+    warmup_steps: int = 5,
+    backend: str = "auto",
 ) -> Iterator[ArmResult]:
     """Every arm at ``size`` (the graph-only arms on CUDA only)."""
     torch.manual_seed(0)
     base = DetectionNet(width=size.width, depth=size.depth).to(device)
     g = torch.Generator(device="cpu").manual_seed(1)
-    batches = [torch.randn(size.batch, 3, size.image, size.image, generator=g).to(device) for _ in range(steps)]
-    names = [a for a in ARMS if device.type == "cuda" or a in ("eager", "replaykit network", "replaykit step", CHECKED)]
+    batches = [
+        torch.randn(size.batch, 3, size.image, size.image, generator=g).to(device)
+        for _ in range(steps)
+    ]
+    names = [
+        a
+        for a in ARMS
+        if device.type == "cuda" or a in ("eager", "replaykit network", "replaykit step", CHECKED)
+    ]
     arms: dict[str, tuple[Callable, Any, nn.Module]] = {}
     peaks: dict[str, float] = {}
     for name in names:
@@ -119,7 +150,10 @@ def bench_size(
                 call(x)
             sync(device)
             times[name].append((time.perf_counter() - t0) * 1e3 / len(chunk))
-    states = {n: {k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for n, (_, _, m) in arms.items()}
+    states = {
+        n: {k: v.detach().cpu().clone() for k, v in m.state_dict().items()}
+        for n, (_, _, m) in arms.items()
+    }
     for name, (_, handle, _) in arms.items():
         note = ""
         if handle is not None:
@@ -130,12 +164,18 @@ def bench_size(
         equal = name != "raw step graph" and not diff_states(states["eager"], states[name])
         if name == CHECKED:
             note += f" checks={handle.counts['check']}"
-        yield ArmResult(size.name, name, statistics.median(t), qs[0], qs[-1], peaks[name], equal, note, t)
+        yield ArmResult(
+            size.name, name, statistics.median(t), qs[0], qs[-1], peaks[name], equal, note, t
+        )
 
 
 def run(
-    sizes: tuple[Size, ...] = SIZES, device: str | torch.device | None = None, steps: int = 50, rounds: int = 5,
-    backend: str = "auto", progress: Callable[[ArmResult], None] | None = None,
+    sizes: tuple[Size, ...] = SIZES,
+    device: str | torch.device | None = None,
+    steps: int = 50,
+    rounds: int = 5,
+    backend: str = "auto",
+    progress: Callable[[ArmResult], None] | None = None,
 ) -> list[ArmResult]:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     out = []
@@ -173,15 +213,35 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         raw = f", {r['time_vs_raw_graph']:.3f}x raw graph time" if "time_vs_raw_graph" in r else ""
         mem = f", {r['mem_vs_network']:.3f}x network-replay memory" if "mem_vs_network" in r else ""
         parts.append(f"{r['size']}: {r['speedup_vs_eager']:.2f}x eager{raw}{mem}")
-    checks = "; ".join(f"{r['size']} {r['time_vs_unchecked']:.3f}x" for r in rows if r["arm"] == CHECKED)
-    equal = all(r["equals_eager"] for r in rows if r["arm"] in ("replaykit step", "replaykit network", CHECKED))
-    line = "whole step " + "; ".join(parts) + f"; check_every=100 vs unchecked: {checks}; bitwise equal to eager: {equal}"
+    checks = "; ".join(
+        f"{r['size']} {r['time_vs_unchecked']:.3f}x" for r in rows if r["arm"] == CHECKED
+    )
+    equal = all(
+        r["equals_eager"]
+        for r in rows
+        if r["arm"] in ("replaykit step", "replaykit network", CHECKED)
+    )
+    line = (
+        "whole step "
+        + "; ".join(parts)
+        + f"; check_every=100 vs unchecked: {checks}; bitwise equal to eager: {equal}"
+    )
     return {"line": line, "step_equal": equal, "rows": rows}
 
 
 COLUMNS = (
-    "size", "arm", "median_ms", "p10_ms", "p90_ms", "speedup_vs_eager", "time_vs_raw_graph", "time_vs_unchecked", "peak_mib",
-    "mem_vs_network", "equals_eager", "note",
+    "size",
+    "arm",
+    "median_ms",
+    "p10_ms",
+    "p90_ms",
+    "speedup_vs_eager",
+    "time_vs_raw_graph",
+    "time_vs_unchecked",
+    "peak_mib",
+    "mem_vs_network",
+    "equals_eager",
+    "note",
 )
 
 

@@ -69,9 +69,14 @@ class TimedArm:
     """
 
     def __init__(
-        self, name: str, model: nn.Module, call: Callable[..., Any], release=None,
+        self,
+        name: str,
+        model: nn.Module,
+        call: Callable[..., Any],
+        release=None,
         loss: Callable[[Any, Any], torch.Tensor] | None = None,
-        context: Callable[[], Any] = contextlib.nullcontext, scaler: Any = None,
+        context: Callable[[], Any] = contextlib.nullcontext,
+        scaler: Any = None,
     ) -> None:
         self.name = name
         self.model = model
@@ -85,14 +90,20 @@ class TimedArm:
     def keep_rng(self, device: torch.device) -> None:
         """From now on this arm draws from its own copy of the current RNG state (interleaved arms
         would otherwise take turns on one stream, and no two would draw the same dropout masks)."""
-        self.rng = (torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+        self.rng = (
+            torch.get_rng_state(),
+            torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        )
 
     def swap_rng(self, device: torch.device) -> None:
         """Put this arm's RNG stream in and the shared one away (or back): called around its timed span."""
         if self.rng is None:
             return
         mine = self.rng
-        self.rng = (torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+        self.rng = (
+            torch.get_rng_state(),
+            torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        )
         torch.set_rng_state(mine[0])
         if mine[1] is not None:
             torch.cuda.set_rng_state(mine[1], device)
@@ -132,7 +143,11 @@ def peak_reset(device: torch.device) -> float:
 
 def peak_mib(device: torch.device, base: float) -> float:
     """MiB allocated at the peak since :func:`peak_reset` above its ``base`` (NaN off CUDA)."""
-    return (torch.cuda.max_memory_allocated(device) - base) / 2**20 if device.type == "cuda" else float("nan")
+    return (
+        (torch.cuda.max_memory_allocated(device) - base) / 2**20
+        if device.type == "cuda"
+        else float("nan")
+    )
 
 
 def interleave(arms: list[TimedArm], timed: list[Any], rounds: int, device: torch.device) -> None:
@@ -152,12 +167,19 @@ def interleave(arms: list[TimedArm], timed: list[Any], rounds: int, device: torc
 
 
 def timed_results(
-    size: str, arms: list[TimedArm], timed: list[Any], rounds: int, device: torch.device,
-    peaks: dict[str, float], notes: dict[str, str] | None = None,
+    size: str,
+    arms: list[TimedArm],
+    timed: list[Any],
+    rounds: int,
+    device: torch.device,
+    peaks: dict[str, float],
+    notes: dict[str, str] | None = None,
 ) -> Iterator[ArmResult]:
     """Interleave the arms over ``timed``, then one result per arm; each arm's end state against eager's."""
     interleave(arms, timed, rounds, device)
-    states = {a.name: {k: v.detach().cpu().clone() for k, v in a.model.state_dict().items()} for a in arms}
+    states = {
+        a.name: {k: v.detach().cpu().clone() for k, v in a.model.state_dict().items()} for a in arms
+    }
     for arm in arms:
         note = (notes or {}).get(arm.name, "")
         if arm.release is not None:
@@ -169,6 +191,13 @@ def timed_results(
         t = arm.times
         qs = statistics.quantiles(t, n=10) if len(t) > 1 else t * 9
         yield ArmResult(
-            size, arm.name, statistics.median(t), qs[0], qs[-1], peaks[arm.name],
-            not diff_states(states["eager"], states[arm.name]), note, t,
+            size,
+            arm.name,
+            statistics.median(t),
+            qs[0],
+            qs[-1],
+            peaks[arm.name],
+            not diff_states(states["eager"], states[arm.name]),
+            note,
+            t,
         )

@@ -66,13 +66,23 @@ def _autocast_loop(model: nn.Module, arm: Arm, calls: int, steps: int = 4) -> Ex
 HAZARD = "autocast"
 
 PATTERNS: list[Pattern] = [
-    Pattern("autocast_shared_weight", "autocast", "a head applied three times in one forward under bf16 autocast",
-            lambda d: SharedHead().to(d), lambda m, a: _autocast_loop(m, a, calls=1), guard="record_probe"),
+    Pattern(
+        "autocast_shared_weight",
+        "autocast",
+        "a head applied three times in one forward under bf16 autocast",
+        lambda d: SharedHead().to(d),
+        lambda m, a: _autocast_loop(m, a, calls=1),
+        guard="record_probe",
+    ),
 ]
 
 KNOWN_LIMITS: list[Pattern] = [
-    Pattern("autocast_two_calls_one_region", "autocast",
-            "two calls of one captured module in one bf16 autocast region, one backward",
-            lambda d: OneHead().to(d), lambda m, a: _autocast_loop(m, a, calls=2)),
+    Pattern(
+        "autocast_two_calls_one_region",
+        "autocast",
+        "two calls of one captured module in one bf16 autocast region, one backward",
+        lambda d: OneHead().to(d),
+        lambda m, a: _autocast_loop(m, a, calls=2),
+    ),
 ]
 """Still silent differences (README, Known limits): kept out of ``PATTERNS``."""

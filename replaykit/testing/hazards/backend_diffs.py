@@ -78,22 +78,56 @@ def _interrupted(where: str) -> Callable[[nn.Module, Arm], Extras]:
 HAZARD = "backend_diffs"
 
 PATTERNS: list[Pattern] = [
-    Pattern("block_called_twice_weight_used_twice", HAZARD,
-            "a captured block called twice per step, its weight used twice per call (gradient sum order)",
-            lambda d: Unrolled().to(d), lambda m, a: loop(m, a, steps=4), target=lambda m: m.block),
-    Pattern("step_block_called_twice_weight_used_twice", HAZARD,
-            "a block called twice per step, its weight used twice per call, whole step",
-            lambda d: Unrolled().to(d), lambda m, a: step_loop(m, a, steps=5), api="step"),
-    Pattern("step_adagrad_defaults", HAZARD, "torch.optim.Adagrad with its defaults (its step count on the CPU)",
-            mlp(), lambda m, a: step_loop(m, a, optimizer=lambda m: torch.optim.Adagrad(m.parameters()), steps=5),
-            api="step"),  # differed on the H200 only
-    Pattern("step_keyboard_interrupt_in_loss", HAZARD, "KeyboardInterrupt from loss_fn at the recording call, caught",
-            mlp(), _interrupted("loss"), api="step"),  # differed on the H200 only
-    Pattern("step_keyboard_interrupt_in_hook", HAZARD, "KeyboardInterrupt from a forward hook at the recording call, caught",
-            mlp(), _interrupted("hook"), api="step"),
-    Pattern("step_checkpointed_dropout", HAZARD, "checkpoint(use_reentrant=False) around a block with dropout, whole step",
-            lambda d: Checkpointed().to(d), lambda m, a: step_loop(m, a, steps=5),
-            api="step"),  # the emulated backend's bug (the H200 replays it): no guard; capture's is side_effects'
+    Pattern(
+        "block_called_twice_weight_used_twice",
+        HAZARD,
+        "a captured block called twice per step, its weight used twice per call (gradient sum order)",
+        lambda d: Unrolled().to(d),
+        lambda m, a: loop(m, a, steps=4),
+        target=lambda m: m.block,
+    ),
+    Pattern(
+        "step_block_called_twice_weight_used_twice",
+        HAZARD,
+        "a block called twice per step, its weight used twice per call, whole step",
+        lambda d: Unrolled().to(d),
+        lambda m, a: step_loop(m, a, steps=5),
+        api="step",
+    ),
+    Pattern(
+        "step_adagrad_defaults",
+        HAZARD,
+        "torch.optim.Adagrad with its defaults (its step count on the CPU)",
+        mlp(),
+        lambda m, a: step_loop(
+            m, a, optimizer=lambda m: torch.optim.Adagrad(m.parameters()), steps=5
+        ),
+        api="step",
+    ),  # differed on the H200 only
+    Pattern(
+        "step_keyboard_interrupt_in_loss",
+        HAZARD,
+        "KeyboardInterrupt from loss_fn at the recording call, caught",
+        mlp(),
+        _interrupted("loss"),
+        api="step",
+    ),  # differed on the H200 only
+    Pattern(
+        "step_keyboard_interrupt_in_hook",
+        HAZARD,
+        "KeyboardInterrupt from a forward hook at the recording call, caught",
+        mlp(),
+        _interrupted("hook"),
+        api="step",
+    ),
+    Pattern(
+        "step_checkpointed_dropout",
+        HAZARD,
+        "checkpoint(use_reentrant=False) around a block with dropout, whole step",
+        lambda d: Checkpointed().to(d),
+        lambda m, a: step_loop(m, a, steps=5),
+        api="step",
+    ),  # the emulated backend's bug (the H200 replays it): no guard; capture's is side_effects'
 ]
 
 KNOWN_LIMITS: list[Pattern] = []

@@ -27,8 +27,21 @@ from . import (
 from .pattern import Pattern
 
 MODULES = (
-    two_backwards, host_values, parameters, inputs, side_effects, lifecycle, hook_order, autocast,
-    step_python, host_state, autograd_modes, leaving_grads, crashes, backend_diffs, under_capture,
+    two_backwards,
+    host_values,
+    parameters,
+    inputs,
+    side_effects,
+    lifecycle,
+    hook_order,
+    autocast,
+    step_python,
+    host_state,
+    autograd_modes,
+    leaving_grads,
+    crashes,
+    backend_diffs,
+    under_capture,
 )
 
 HAZARDS: tuple[str, ...] = tuple(m.HAZARD for m in MODULES)

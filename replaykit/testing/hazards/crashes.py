@@ -28,7 +28,9 @@ def _mse(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model(x).pow(2).mean()
 
 
-def _plain_step(model: nn.Module, loss_fn: LossFn, opt: torch.optim.Optimizer) -> Callable[..., torch.Tensor]:
+def _plain_step(
+    model: nn.Module, loss_fn: LossFn, opt: torch.optim.Optimizer
+) -> Callable[..., torch.Tensor]:
     """What the step's eager twin does, written as a user's loop body (the eager arm's reference)."""
 
     def step(*batch: torch.Tensor) -> torch.Tensor:
@@ -52,7 +54,9 @@ def _step_or_plain(
 
 
 # --------------------------------------------------------------------------- an optimizer checkpoint round trip
-def _checkpoint_round_trip(make_opt: Callable[[nn.Module], torch.optim.Optimizer]) -> Callable[[nn.Module, Arm], Extras]:
+def _checkpoint_round_trip(
+    make_opt: Callable[[nn.Module], torch.optim.Optimizer],
+) -> Callable[[nn.Module, Arm], Extras]:
     return lambda model, arm: _round_trip(model, arm, make_opt(model))
 
 
@@ -115,7 +119,9 @@ def _cuda_without_gpu(model: nn.Module, arm: Arm) -> Extras:
     """``backend="cuda"`` asked for on a CPU model (no GPU here): must be a clear error, not a torch one."""
     opt = sgd(model)
     if arm.replay:
-        step = rk.TrainStep(model, _mse, opt, backend="cuda")  # where there is a GPU: a plain cuda step
+        step = rk.TrainStep(
+            model, _mse, opt, backend="cuda"
+        )  # where there is a GPU: a plain cuda step
         arm.recorder = step
     else:
         step = _plain_step(model, _mse, opt)
@@ -127,7 +133,9 @@ def _function_model(model: nn.Module, arm: Arm) -> Extras:
     """The model handed over as its bound ``forward`` (a callable, not an nn.Module)."""
     opt = sgd(model)
     if arm.replay:
-        step = rk.TrainStep(model.forward, lambda f, x: f(x).pow(2).mean(), opt, backend=arm.backend)
+        step = rk.TrainStep(
+            model.forward, lambda f, x: f(x).pow(2).mean(), opt, backend=arm.backend
+        )
         arm.recorder = step
     else:
         step = _plain_step(model.forward, lambda f, x: f(x).pow(2).mean(), opt)
@@ -138,22 +146,69 @@ def _function_model(model: nn.Module, arm: Arm) -> Extras:
 HAZARD = "crashes"
 
 PATTERNS: list[Pattern] = [
-    Pattern("step_optimizer_checkpoint_round_trip", HAZARD,
-            "torch.save(SGD's state_dict()) then torch.load (weights_only default) and load_state_dict mid-run",
-            mlp(), _checkpoint_round_trip(sgd), api="step"),
-    Pattern("step_adam_checkpoint_round_trip", HAZARD, "the same round trip of Adam's state (its step count a tensor)",
-            mlp(), _checkpoint_round_trip(lambda m: torch.optim.Adam(m.parameters(), lr=0.01)), api="step"),
-    Pattern("step_lstm", HAZARD, "an nn.LSTM under TrainStep", lambda d: Recurrent().to(d),
-            lambda m, a: step_loop(m, a, steps=5, shape=(4, 5, 6)), api="step"),
-    Pattern("lstm_captured", HAZARD, "an nn.LSTM under rk.capture", lambda d: Recurrent().to(d),
-            lambda m, a: loop(m, a, steps=4, shape=(4, 5, 6))),
-    Pattern("step_lbfgs", HAZARD, "torch.optim.LBFGS handed to TrainStep (needs a closure)", mlp(), _lbfgs, api="step"),
-    Pattern("step_backend_cuda_on_cpu_model", HAZARD, "TrainStep(backend='cuda') for a CPU model",
-            mlp(), _cuda_without_gpu, api="step"),
-    Pattern("step_non_module_model", HAZARD, "TrainStep given model.forward (a callable, not an nn.Module)",
-            mlp(), _function_model, api="step"),
-    Pattern("capture_non_module", HAZARD, "rk.capture given model.forward (a callable, not an nn.Module)",
-            mlp(), lambda m, a: loop(m, a, steps=3), target=lambda m: m.forward),
+    Pattern(
+        "step_optimizer_checkpoint_round_trip",
+        HAZARD,
+        "torch.save(SGD's state_dict()) then torch.load (weights_only default) and load_state_dict mid-run",
+        mlp(),
+        _checkpoint_round_trip(sgd),
+        api="step",
+    ),
+    Pattern(
+        "step_adam_checkpoint_round_trip",
+        HAZARD,
+        "the same round trip of Adam's state (its step count a tensor)",
+        mlp(),
+        _checkpoint_round_trip(lambda m: torch.optim.Adam(m.parameters(), lr=0.01)),
+        api="step",
+    ),
+    Pattern(
+        "step_lstm",
+        HAZARD,
+        "an nn.LSTM under TrainStep",
+        lambda d: Recurrent().to(d),
+        lambda m, a: step_loop(m, a, steps=5, shape=(4, 5, 6)),
+        api="step",
+    ),
+    Pattern(
+        "lstm_captured",
+        HAZARD,
+        "an nn.LSTM under rk.capture",
+        lambda d: Recurrent().to(d),
+        lambda m, a: loop(m, a, steps=4, shape=(4, 5, 6)),
+    ),
+    Pattern(
+        "step_lbfgs",
+        HAZARD,
+        "torch.optim.LBFGS handed to TrainStep (needs a closure)",
+        mlp(),
+        _lbfgs,
+        api="step",
+    ),
+    Pattern(
+        "step_backend_cuda_on_cpu_model",
+        HAZARD,
+        "TrainStep(backend='cuda') for a CPU model",
+        mlp(),
+        _cuda_without_gpu,
+        api="step",
+    ),
+    Pattern(
+        "step_non_module_model",
+        HAZARD,
+        "TrainStep given model.forward (a callable, not an nn.Module)",
+        mlp(),
+        _function_model,
+        api="step",
+    ),
+    Pattern(
+        "capture_non_module",
+        HAZARD,
+        "rk.capture given model.forward (a callable, not an nn.Module)",
+        mlp(),
+        lambda m, a: loop(m, a, steps=3),
+        target=lambda m: m.forward,
+    ),
 ]
 
 KNOWN_LIMITS: list[Pattern] = []

@@ -48,6 +48,7 @@ def alarm(seconds: float, last_resort_s: float | None = None) -> Iterator[None]:
     usable = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
     previous = None
     if usable:
+
         def _raise(signum: int, frame: object) -> None:
             raise Timeout(f"no end after {seconds:g} s")
 

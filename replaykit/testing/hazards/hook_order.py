@@ -29,12 +29,16 @@ def _hooked(kind: str, register_at: int = 0) -> Callable[[nn.Module, Arm], Extra
                 if kind == "post_accumulate":
                     p.register_post_accumulate_grad_hook(lambda _p, i=i: order.append(i))
                 else:
+
                     def clip(g: torch.Tensor, i: int = i) -> torch.Tensor:
                         order.append(i)
                         return g.clamp(-0.05, 0.05)
+
                     p.register_hook(clip)
 
-        kept = loop(model, arm, steps=4, before=lambda m, s: register() if s == register_at else None)
+        kept = loop(
+            model, arm, steps=4, before=lambda m, s: register() if s == register_at else None
+        )
         kept["hook_order"] = torch.tensor(order, dtype=torch.int64)
         return kept
 
@@ -64,12 +68,36 @@ def _optimizer_in_backward(model: nn.Module, arm: Arm) -> Extras:
 HAZARD = "hook_order"
 
 PATTERNS: list[Pattern] = [
-    Pattern("post_accumulate_hook_order", "hook_order", "register_post_accumulate_grad_hook on every parameter",
-            mlp(bn=True), _hooked("post_accumulate"), guard="record_probe"),  # hooks before the first record
-    Pattern("post_accumulate_hook_midway", "hook_order", "post-accumulate hooks registered after recording",
-            mlp(bn=True), _hooked("post_accumulate", register_at=2), guard="param_identity"),  # the hook watcher
-    Pattern("tensor_hook_clip", "hook_order", "p.register_hook clipping each gradient, order recorded",
-            mlp(bn=True), _hooked("tensor"), guard="record_probe"),
-    Pattern("optimizer_in_backward", "hook_order", "per-parameter optimizers stepping in post-accumulate hooks",
-            mlp(bn=True), _optimizer_in_backward, guard="record_probe"),
+    Pattern(
+        "post_accumulate_hook_order",
+        "hook_order",
+        "register_post_accumulate_grad_hook on every parameter",
+        mlp(bn=True),
+        _hooked("post_accumulate"),
+        guard="record_probe",
+    ),  # hooks before the first record
+    Pattern(
+        "post_accumulate_hook_midway",
+        "hook_order",
+        "post-accumulate hooks registered after recording",
+        mlp(bn=True),
+        _hooked("post_accumulate", register_at=2),
+        guard="param_identity",
+    ),  # the hook watcher
+    Pattern(
+        "tensor_hook_clip",
+        "hook_order",
+        "p.register_hook clipping each gradient, order recorded",
+        mlp(bn=True),
+        _hooked("tensor"),
+        guard="record_probe",
+    ),
+    Pattern(
+        "optimizer_in_backward",
+        "hook_order",
+        "per-parameter optimizers stepping in post-accumulate hooks",
+        mlp(bn=True),
+        _optimizer_in_backward,
+        guard="record_probe",
+    ),
 ]

@@ -122,13 +122,20 @@ class ClassScaled(nn.Module):
 
 def _class_attribute(model: nn.Module, arm: Arm) -> Extras:
     try:
-        return loop(model, arm, steps=4, before=lambda m, step: setattr(ClassScaled, "SCALE", 1.0 / (step + 1)))
+        return loop(
+            model,
+            arm,
+            steps=4,
+            before=lambda m, step: setattr(ClassScaled, "SCALE", 1.0 / (step + 1)),
+        )
     finally:
         ClassScaled.SCALE = 1.0
 
 
 # --------------------------------------------------------------------------- whole steps (rk.TrainStep)
-def _lr_scaled_at(at: int, factor: float) -> Callable[[nn.Module, torch.optim.Optimizer, int], None]:
+def _lr_scaled_at(
+    at: int, factor: float
+) -> Callable[[nn.Module, torch.optim.Optimizer, int], None]:
     """A ``step_loop`` ``before``: every group's float lr scaled by hand once, at step ``at``."""
 
     def before(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
@@ -139,7 +146,9 @@ def _lr_scaled_at(at: int, factor: float) -> Callable[[nn.Module, torch.optim.Op
     return before
 
 
-def _temperature_at(at: int, value: float) -> Callable[[nn.Module, torch.optim.Optimizer, int], None]:
+def _temperature_at(
+    at: int, value: float
+) -> Callable[[nn.Module, torch.optim.Optimizer, int], None]:
     def before(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
         if step == at:
             model.temperature = value
@@ -150,53 +159,143 @@ def _temperature_at(at: int, value: float) -> Callable[[nn.Module, torch.optim.O
 HAZARD = "host_values"
 
 PATTERNS: list[Pattern] = [
-    Pattern("submodule_bn_eval", "host_values", "model.bn.eval() on a submodule after recording (BN frozen)",
-            mlp(bn=True), lambda m, a: loop(m, a, steps=4, before=set_at(2, lambda m: m.bn.eval())),
-            guard="module_state"),
-    Pattern("submodule_dropout_eval", "host_values", "model.drop.eval() on a submodule after recording",
-            mlp(p=0.5), lambda m, a: loop(m, a, steps=4, before=set_at(2, lambda m: m.drop.eval())),
-            guard="module_state"),
-    Pattern("bn_momentum_changed", "host_values", "bn.momentum changed after recording",
-            mlp(bn=True), lambda m, a: loop(m, a, steps=4, before=setter("momentum", 0.5, sub="bn")),
-            guard="module_state"),
-    Pattern("bn_momentum_none_after_record", "host_values", "bn.momentum = None (cumulative average) after recording",
-            mlp(bn=True), lambda m, a: loop(m, a, steps=4, before=setter("momentum", None, sub="bn")),
-            guard="module_state"),
-    Pattern("dropout_p_annealed", "host_values", "dropout.p annealed every step",
-            mlp(p=0.5),
-            lambda m, a: loop(m, a, steps=4, before=lambda m, s: setattr(m.drop, "p", 0.5 - 0.15 * s)),
-            guard="module_state"),
-    Pattern("temperature_schedule", "host_values", "a Python float attribute used as a temperature schedule",
-            lambda d: Tempered().to(d),
-            lambda m, a: loop(m, a, steps=4, before=lambda m, s: setattr(m, "temperature", 1.0 / (1 + s)),
-                               loss=lambda o: -o[:, 0].mean()),
-            guard="module_state"),
-    Pattern("config_object_argument", "host_values", "an argument object's .scale changes between calls",
-            lambda d: Scaled().to(d), _config_arg, guard="argument_values"),
-    Pattern("flag_attribute_branch", "host_values", "a boolean attribute switches a residual branch",
-            lambda d: Branchy().to(d), lambda m, a: loop(m, a, steps=4, before=setter("use_residual", True)),
-            guard="module_state"),
-    Pattern("slots_config", "host_values", "a __slots__ dataclass config whose scale is annealed",
-            lambda d: SlotScaled().to(d),
-            lambda m, a: loop(m, a, steps=4, before=lambda m, step: setattr(m.cfg, "scale", 1.0 / (step + 1))), guard="module_state"),
-    Pattern("hidden_teacher_eval", "host_values", "a teacher kept in a list is put in eval mode",
-            lambda d: Distill(d).to(d),
-            lambda m, a: loop(m, a, steps=4, before=lambda m, step: m._teacher[0].eval() if step == 2 else None), guard="module_state"),
-    Pattern("hidden_teacher_dropout_p", "host_values", "a teacher kept in a list has its dropout p annealed",
-            lambda d: Distill(d).to(d),
-            lambda m, a: loop(m, a, steps=4, before=lambda m, step: setattr(m._teacher[0].drop, "p", 0.5 - 0.1 * step)), guard="module_state"),
-    Pattern("step_plain_sgd", "host_values", "a plain SGD step (momentum, float lr) under rk.TrainStep: the control",
-            mlp(), lambda m, a: step_loop(m, a), api="step"),
-    Pattern("step_float_lr_changed", "host_values", "a float lr halved by hand after the step recorded",
-            mlp(), lambda m, a: step_loop(m, a, steps=6, before=_lr_scaled_at(3, 0.5)), guard="host_values", api="step"),
-    Pattern("step_temperature_changed", "host_values", "a float attribute the forward reads, changed after recording",
-            lambda d: Tempered().to(d),
-            lambda m, a: step_loop(m, a, loss_fn=lambda m, x: -m(x)[:, 0].mean(), steps=6, before=_temperature_at(3, 0.5)),
-            guard="module_state", api="step"),
+    Pattern(
+        "submodule_bn_eval",
+        "host_values",
+        "model.bn.eval() on a submodule after recording (BN frozen)",
+        mlp(bn=True),
+        lambda m, a: loop(m, a, steps=4, before=set_at(2, lambda m: m.bn.eval())),
+        guard="module_state",
+    ),
+    Pattern(
+        "submodule_dropout_eval",
+        "host_values",
+        "model.drop.eval() on a submodule after recording",
+        mlp(p=0.5),
+        lambda m, a: loop(m, a, steps=4, before=set_at(2, lambda m: m.drop.eval())),
+        guard="module_state",
+    ),
+    Pattern(
+        "bn_momentum_changed",
+        "host_values",
+        "bn.momentum changed after recording",
+        mlp(bn=True),
+        lambda m, a: loop(m, a, steps=4, before=setter("momentum", 0.5, sub="bn")),
+        guard="module_state",
+    ),
+    Pattern(
+        "bn_momentum_none_after_record",
+        "host_values",
+        "bn.momentum = None (cumulative average) after recording",
+        mlp(bn=True),
+        lambda m, a: loop(m, a, steps=4, before=setter("momentum", None, sub="bn")),
+        guard="module_state",
+    ),
+    Pattern(
+        "dropout_p_annealed",
+        "host_values",
+        "dropout.p annealed every step",
+        mlp(p=0.5),
+        lambda m, a: loop(m, a, steps=4, before=lambda m, s: setattr(m.drop, "p", 0.5 - 0.15 * s)),
+        guard="module_state",
+    ),
+    Pattern(
+        "temperature_schedule",
+        "host_values",
+        "a Python float attribute used as a temperature schedule",
+        lambda d: Tempered().to(d),
+        lambda m, a: loop(
+            m,
+            a,
+            steps=4,
+            before=lambda m, s: setattr(m, "temperature", 1.0 / (1 + s)),
+            loss=lambda o: -o[:, 0].mean(),
+        ),
+        guard="module_state",
+    ),
+    Pattern(
+        "config_object_argument",
+        "host_values",
+        "an argument object's .scale changes between calls",
+        lambda d: Scaled().to(d),
+        _config_arg,
+        guard="argument_values",
+    ),
+    Pattern(
+        "flag_attribute_branch",
+        "host_values",
+        "a boolean attribute switches a residual branch",
+        lambda d: Branchy().to(d),
+        lambda m, a: loop(m, a, steps=4, before=setter("use_residual", True)),
+        guard="module_state",
+    ),
+    Pattern(
+        "slots_config",
+        "host_values",
+        "a __slots__ dataclass config whose scale is annealed",
+        lambda d: SlotScaled().to(d),
+        lambda m, a: loop(
+            m, a, steps=4, before=lambda m, step: setattr(m.cfg, "scale", 1.0 / (step + 1))
+        ),
+        guard="module_state",
+    ),
+    Pattern(
+        "hidden_teacher_eval",
+        "host_values",
+        "a teacher kept in a list is put in eval mode",
+        lambda d: Distill(d).to(d),
+        lambda m, a: loop(
+            m, a, steps=4, before=lambda m, step: m._teacher[0].eval() if step == 2 else None
+        ),
+        guard="module_state",
+    ),
+    Pattern(
+        "hidden_teacher_dropout_p",
+        "host_values",
+        "a teacher kept in a list has its dropout p annealed",
+        lambda d: Distill(d).to(d),
+        lambda m, a: loop(
+            m, a, steps=4, before=lambda m, step: setattr(m._teacher[0].drop, "p", 0.5 - 0.1 * step)
+        ),
+        guard="module_state",
+    ),
+    Pattern(
+        "step_plain_sgd",
+        "host_values",
+        "a plain SGD step (momentum, float lr) under rk.TrainStep: the control",
+        mlp(),
+        lambda m, a: step_loop(m, a),
+        api="step",
+    ),
+    Pattern(
+        "step_float_lr_changed",
+        "host_values",
+        "a float lr halved by hand after the step recorded",
+        mlp(),
+        lambda m, a: step_loop(m, a, steps=6, before=_lr_scaled_at(3, 0.5)),
+        guard="host_values",
+        api="step",
+    ),
+    Pattern(
+        "step_temperature_changed",
+        "host_values",
+        "a float attribute the forward reads, changed after recording",
+        lambda d: Tempered().to(d),
+        lambda m, a: step_loop(
+            m, a, loss_fn=lambda m, x: -m(x)[:, 0].mean(), steps=6, before=_temperature_at(3, 0.5)
+        ),
+        guard="module_state",
+        api="step",
+    ),
 ]
 
 KNOWN_LIMITS: list[Pattern] = [
-    Pattern("class_attribute", "host_values", "a class attribute read in forward changes",
-            lambda d: ClassScaled().to(d), _class_attribute),
+    Pattern(
+        "class_attribute",
+        "host_values",
+        "a class attribute read in forward changes",
+        lambda d: ClassScaled().to(d),
+        _class_attribute,
+    ),
 ]
 """Still silent differences (README, Known limits): kept out of ``PATTERNS``."""

@@ -40,7 +40,9 @@ def _gan(model: nn.Module, arm: Arm, freeze_d: bool, api: str) -> Extras:
         d_loss.backward()
         d_opt.step()
         if freeze_d:
-            disc.requires_grad_(False)  # the usual care: no discriminator gradients in the generator step
+            disc.requires_grad_(
+                False
+            )  # the usual care: no discriminator gradients in the generator step
         if step is not None:
             kept[f"g_loss{i}"] = step(arm.randn(4, 6))
         else:
@@ -61,14 +63,30 @@ def _gan(model: nn.Module, arm: Arm, freeze_d: bool, api: str) -> Extras:
 HAZARD = "leaving_grads"
 
 PATTERNS: list[Pattern] = [
-    Pattern("step_gan_generator_trainable_disc", HAZARD,
-            "a GAN generator step whose loss runs a trainable discriminator outside the model",
-            lambda d: Generator().to(d), lambda m, a: _gan(m, a, False, "step"), guard="foreign_grads", api="step"),
-    Pattern("step_gan_generator_frozen_disc", HAZARD,
-            "the same with the discriminator frozen (requires_grad_(False)) for the generator step",
-            lambda d: Generator().to(d), lambda m, a: _gan(m, a, True, "step"), api="step"),
-    Pattern("gan_captured_generator", HAZARD, "a captured generator; the discriminator runs eagerly around it",
-            lambda d: Generator().to(d), lambda m, a: _gan(m, a, False, "capture")),
+    Pattern(
+        "step_gan_generator_trainable_disc",
+        HAZARD,
+        "a GAN generator step whose loss runs a trainable discriminator outside the model",
+        lambda d: Generator().to(d),
+        lambda m, a: _gan(m, a, False, "step"),
+        guard="foreign_grads",
+        api="step",
+    ),
+    Pattern(
+        "step_gan_generator_frozen_disc",
+        HAZARD,
+        "the same with the discriminator frozen (requires_grad_(False)) for the generator step",
+        lambda d: Generator().to(d),
+        lambda m, a: _gan(m, a, True, "step"),
+        api="step",
+    ),
+    Pattern(
+        "gan_captured_generator",
+        HAZARD,
+        "a captured generator; the discriminator runs eagerly around it",
+        lambda d: Generator().to(d),
+        lambda m, a: _gan(m, a, False, "capture"),
+    ),
 ]
 
 KNOWN_LIMITS: list[Pattern] = []

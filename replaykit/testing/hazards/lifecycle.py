@@ -73,10 +73,28 @@ def _resume_optimizer(model: nn.Module, opt: torch.optim.Optimizer, step: int) -
 HAZARD = "lifecycle"
 
 PATTERNS: list[Pattern] = [
-    Pattern("inplace_weights_before_backward", "lifecycle", "weights scaled in place between forward and backward",
-            mlp(), _inplace_weights, guard="inplace_weights"),
-    Pattern("step_in_another_thread", "lifecycle", "one training step runs in a second thread",
-            mlp(), _threaded),
-    Pattern("step_optimizer_state_loaded", "lifecycle", "optimizer.load_state_dict after the step recorded",
-            mlp(), lambda m, a: step_loop(m, a, steps=6, before=_resume_optimizer), guard="state_identity", api="step"),
+    Pattern(
+        "inplace_weights_before_backward",
+        "lifecycle",
+        "weights scaled in place between forward and backward",
+        mlp(),
+        _inplace_weights,
+        guard="inplace_weights",
+    ),
+    Pattern(
+        "step_in_another_thread",
+        "lifecycle",
+        "one training step runs in a second thread",
+        mlp(),
+        _threaded,
+    ),
+    Pattern(
+        "step_optimizer_state_loaded",
+        "lifecycle",
+        "optimizer.load_state_dict after the step recorded",
+        mlp(),
+        lambda m, a: step_loop(m, a, steps=6, before=_resume_optimizer),
+        guard="state_identity",
+        api="step",
+    ),
 ]

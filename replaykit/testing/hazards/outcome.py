@@ -70,7 +70,9 @@ def compare_states(expected: State, actual: State) -> list[Diff]:
     diffs: list[Diff] = []
     for name in [*expected, *(n for n in actual if n not in expected)]:
         if name not in expected or name not in actual:
-            diffs.append(Diff(name, "missing", detail="in eager" if name not in expected else "in replay"))
+            diffs.append(
+                Diff(name, "missing", detail="in eager" if name not in expected else "in replay")
+            )
             continue
         a, b = expected[name], actual[name]
         if a is not None and b is not None:
@@ -85,7 +87,11 @@ def compare_states(expected: State, actual: State) -> list[Diff]:
         if row.problem == "none_pattern":
             diffs.append(Diff(name, "none", detail=f"eager {_what(a)}, replay {_what(b)}"))
         elif row.problem != "values":
-            detail = f"{a.dtype} vs {b.dtype}" if row.problem == "dtype" else f"{tuple(a.shape)} vs {tuple(b.shape)}"
+            detail = (
+                f"{a.dtype} vs {b.dtype}"
+                if row.problem == "dtype"
+                else f"{tuple(a.shape)} vs {tuple(b.shape)}"
+            )
             diffs.append(Diff(name, row.problem, detail=detail))
         else:
             ulp = row.max_ulp if a.is_floating_point() else None
@@ -96,7 +102,6 @@ def compare_states(expected: State, actual: State) -> list[Diff]:
 
 def _what(t: torch.Tensor | None) -> str:
     return "None" if t is None else f"tensor{tuple(t.shape)}"
-
 
 
 @dataclass
@@ -147,7 +152,6 @@ class Outcome:
         return f"{self.kind}: {self.detail}" if self.detail else self.kind
 
 
-
 def _error(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}"[:200]
@@ -179,5 +183,3 @@ def classify(eager: ArmResult, replay: ArmResult) -> tuple[str, str, list[str]]:
 
 def _reasons(reasons: dict[str, int]) -> str:
     return ", ".join(f"{k} x{v}" for k, v in sorted(reasons.items())) or "no eager reason journaled"
-
-

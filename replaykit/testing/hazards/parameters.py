@@ -58,7 +58,11 @@ def _sam(model: nn.Module, arm: Arm, functional: bool) -> Extras:
         eps = {n: (0.05 * p.grad / (norm + 1e-12)).detach() for n, p in named.items()}
         opt.zero_grad(set_to_none=True)
         if functional:
-            sharp = functional_call(model, {n: p + eps[n] for n, p in named.items()}, (x,)).pow(2).mean()
+            sharp = (
+                functional_call(model, {n: p + eps[n] for n, p in named.items()}, (x,))
+                .pow(2)
+                .mean()
+            )
             sharp.backward()
         else:
             with torch.no_grad():
@@ -152,24 +156,83 @@ def _replace_bias(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> No
 HAZARD = "parameters"
 
 PATTERNS: list[Pattern] = [
-    Pattern("functional_call_fast_weights", "parameters", "torch.func.functional_call with fast weights",
-            mlp(), _fast_weights, guard="param_identity"),
-    Pattern("maml_inner_step", "parameters", "MAML: create_graph inner step, functional_call outer loss",
-            mlp(), _maml, guard="repeat_backward"),
-    Pattern("sam_functional_perturbed", "parameters", "SAM's perturbed pass through functional_call",
-            mlp(), lambda m, a: _sam(m, a, functional=True), guard="param_identity"),
-    Pattern("sam_inplace_perturbed", "parameters", "SAM perturbing the weights in place (a control)",
-            mlp(), lambda m, a: _sam(m, a, functional=False)),
-    Pattern("hypernetwork_head", "parameters", "a hypernetwork supplies a captured head's weight (stateless)",
-            lambda d: HyperTarget().to(d), _hypernet, guard="param_identity", target=lambda m: m.head),
-    Pattern("weight_norm_after_capture", "parameters", "parametrizations.weight_norm registered after recording",
-            mlp(), _parametrize_after("weight_norm"), guard="param_identity+module_state"),
-    Pattern("orthogonal_after_capture", "parameters", "parametrizations.orthogonal registered after recording",
-            mlp(), _parametrize_after("orthogonal"), guard=None),  # retires on the storage change too
-    Pattern("weight_norm_before_capture", "parameters", "weight_norm registered before capture (a control)",
-            _weight_norm_model, lambda m, a: loop(m, a)),
-    Pattern("shared_submodule_albert", "parameters", "one block registered three times (ALBERT)",
-            lambda d: Albert().to(d), _albert),
-    Pattern("step_parameter_replaced", "parameters", "a parameter replaced by a new nn.Parameter after recording",
-            mlp(), lambda m, a: step_loop(m, a, steps=6, before=_replace_bias), guard="param_identity", api="step"),
+    Pattern(
+        "functional_call_fast_weights",
+        "parameters",
+        "torch.func.functional_call with fast weights",
+        mlp(),
+        _fast_weights,
+        guard="param_identity",
+    ),
+    Pattern(
+        "maml_inner_step",
+        "parameters",
+        "MAML: create_graph inner step, functional_call outer loss",
+        mlp(),
+        _maml,
+        guard="repeat_backward",
+    ),
+    Pattern(
+        "sam_functional_perturbed",
+        "parameters",
+        "SAM's perturbed pass through functional_call",
+        mlp(),
+        lambda m, a: _sam(m, a, functional=True),
+        guard="param_identity",
+    ),
+    Pattern(
+        "sam_inplace_perturbed",
+        "parameters",
+        "SAM perturbing the weights in place (a control)",
+        mlp(),
+        lambda m, a: _sam(m, a, functional=False),
+    ),
+    Pattern(
+        "hypernetwork_head",
+        "parameters",
+        "a hypernetwork supplies a captured head's weight (stateless)",
+        lambda d: HyperTarget().to(d),
+        _hypernet,
+        guard="param_identity",
+        target=lambda m: m.head,
+    ),
+    Pattern(
+        "weight_norm_after_capture",
+        "parameters",
+        "parametrizations.weight_norm registered after recording",
+        mlp(),
+        _parametrize_after("weight_norm"),
+        guard="param_identity+module_state",
+    ),
+    Pattern(
+        "orthogonal_after_capture",
+        "parameters",
+        "parametrizations.orthogonal registered after recording",
+        mlp(),
+        _parametrize_after("orthogonal"),
+        guard=None,
+    ),  # retires on the storage change too
+    Pattern(
+        "weight_norm_before_capture",
+        "parameters",
+        "weight_norm registered before capture (a control)",
+        _weight_norm_model,
+        lambda m, a: loop(m, a),
+    ),
+    Pattern(
+        "shared_submodule_albert",
+        "parameters",
+        "one block registered three times (ALBERT)",
+        lambda d: Albert().to(d),
+        _albert,
+    ),
+    Pattern(
+        "step_parameter_replaced",
+        "parameters",
+        "a parameter replaced by a new nn.Parameter after recording",
+        mlp(),
+        lambda m, a: step_loop(m, a, steps=6, before=_replace_bias),
+        guard="param_identity",
+        api="step",
+    ),
 ]

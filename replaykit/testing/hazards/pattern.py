@@ -58,14 +58,23 @@ class Arm:
         return torch.randn(*shape, device=self.device)
 
     def train_step(
-        self, model: nn.Module, loss_fn: Callable[..., torch.Tensor], optimizer: torch.optim.Optimizer, **kwargs: Any
+        self,
+        model: nn.Module,
+        loss_fn: Callable[..., torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+        **kwargs: Any,
     ) -> rk.TrainStep:
         """A step pattern's ``rk.TrainStep``: replaying in the replay arm (with the arm's
         ``unsafe_disable``), its eager twin in the eager arm; same backend, same ``kwargs``.
         The optimizer's state joins the end state."""
         step = rk.TrainStep(
-            model, loss_fn, optimizer, replay=self.replay, backend=self.backend,
-            unsafe_disable=self.unsafe_disable if self.replay else (), **kwargs,
+            model,
+            loss_fn,
+            optimizer,
+            replay=self.replay,
+            backend=self.backend,
+            unsafe_disable=self.unsafe_disable if self.replay else (),
+            **kwargs,
         )
         self.optimizers.append(optimizer)
         if self.replay:
@@ -104,7 +113,9 @@ class Pattern:
     cuda_only: str | None = None
     cpu_only: str | None = None
     unsafe_never: str | None = None
-    kernel_dependent: bool = False  # the unsafe arm diverges only where kernels are layout/alias sensitive
+    kernel_dependent: bool = (
+        False  # the unsafe arm diverges only where kernels are layout/alias sensitive
+    )
     target: Callable[[nn.Module], nn.Module] | None = None
     tags: tuple[str, ...] = field(default=())
     api: str = "capture"
@@ -115,14 +126,18 @@ class Pattern:
         if self.api not in APIS:
             raise ValueError(f"pattern {self.name!r}: api {self.api!r}, choose from {APIS}")
         if self.api == "step" and self.target is not None:
-            raise ValueError(f"pattern {self.name!r}: a step pattern steps its whole model (no target)")
+            raise ValueError(
+                f"pattern {self.name!r}: a step pattern steps its whole model (no target)"
+            )
 
 
 # --------------------------------------------------------------------------- the shared net
 class MLP(nn.Module):
     """Linear -> (BatchNorm) -> ReLU -> Dropout -> Linear, with knobs users flip."""
 
-    def __init__(self, d_in: int = 6, d_h: int = 8, d_out: int = 3, bn: bool = False, p: float = 0.0) -> None:
+    def __init__(
+        self, d_in: int = 6, d_h: int = 8, d_out: int = 3, bn: bool = False, p: float = 0.0
+    ) -> None:
         super().__init__()
         self.fc1 = nn.Linear(d_in, d_h)
         self.bn = nn.BatchNorm1d(d_h) if bn else nn.Identity()
@@ -207,7 +222,9 @@ def set_at(step_at: int, fn: Callable[[nn.Module], None]) -> Callable[[nn.Module
     return before
 
 
-def setter(attr: str, value: object, step: int = 2, sub: str | None = None) -> Callable[[nn.Module, int], None]:
+def setter(
+    attr: str, value: object, step: int = 2, sub: str | None = None
+) -> Callable[[nn.Module, int], None]:
     """A ``loop`` ``before`` that sets ``attr`` (of submodule ``sub``) to ``value`` at ``step``."""
 
     def fn(model: nn.Module) -> None:

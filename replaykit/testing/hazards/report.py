@@ -17,15 +17,23 @@ def table(outcomes: Sequence[Outcome], markdown: bool = True) -> str:
     for o in outcomes:
         flag = "FAIL " if o.failed else ""
         j = o.journal
-        summary = f"rec {j.get('record', 0)} rep {j.get('replay', 0)} eager {j.get('eager', 0)}" if j else ""
+        summary = (
+            f"rec {j.get('record', 0)} rep {j.get('replay', 0)} eager {j.get('eager', 0)}"
+            if j
+            else ""
+        )
         arm = " (unsafe)" if o.unsafe else ""
-        rows.append([o.hazard, o.pattern + arm, o.api, o.backend, o.guard or "-", flag + o.line(), summary])
+        rows.append(
+            [o.hazard, o.pattern + arm, o.api, o.backend, o.guard or "-", flag + o.line(), summary]
+        )
     if markdown:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(c.replace("|", "/") for c in r) + " |" for r in rows]
     else:
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in [header, *rows]]
+        lines = [
+            "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in [header, *rows]
+        ]
     failed = sum(o.failed for o in outcomes)
     lines.append("")
     lines.append(f"{len(outcomes)} outcomes, {failed} failures")
@@ -38,18 +46,32 @@ def verdict(o: Outcome) -> str:
         return "FAIL"
     if o.unsafe and not o.diverged:
         return "not shown here"
-    return {"replayed bitwise": "replayed", "routed eager": "eager", "retired": "retired",
-            "clear error": "error", "both raise": "both raise"}.get(o.kind, "diverged" if o.unsafe else o.kind)
+    return {
+        "replayed bitwise": "replayed",
+        "routed eager": "eager",
+        "retired": "retired",
+        "clear error": "error",
+        "both raise": "both raise",
+    }.get(o.kind, "diverged" if o.unsafe else o.kind)
 
 
 def rows(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
     """One flat row per outcome, for a DataFrame or CSV."""
     return [
         {
-            "hazard": o.hazard, "pattern": o.pattern, "api": o.api, "backend": o.backend,
-            "arm": "unsafe" if o.unsafe else "guarded", "guard": o.guard or "-", "verdict": verdict(o), "outcome": o.line(), "failed": o.failed,
-            "records": o.journal.get("record", 0), "replays": o.journal.get("replay", 0),
-            "eager": o.journal.get("eager", 0), "seconds": round(o.seconds, 3),
+            "hazard": o.hazard,
+            "pattern": o.pattern,
+            "api": o.api,
+            "backend": o.backend,
+            "arm": "unsafe" if o.unsafe else "guarded",
+            "guard": o.guard or "-",
+            "verdict": verdict(o),
+            "outcome": o.line(),
+            "failed": o.failed,
+            "records": o.journal.get("record", 0),
+            "replays": o.journal.get("replay", 0),
+            "eager": o.journal.get("eager", 0),
+            "seconds": round(o.seconds, 3),
         }
         for o in outcomes
     ]
@@ -72,7 +94,9 @@ def summary(outcomes: Sequence[Outcome]) -> dict[str, Any]:
         line += f"; unsafe arms: {sum(o.diverged for o in unsafe)}/{len(unsafe)} diverged"
     covered = coverage(guarded)
     if covered:
-        shares = ", ".join(f"{k} {c['replayed']}/{c['patterns']} ({c['share']:.0%})" for k, c in covered.items())
+        shares = ", ".join(
+            f"{k} {c['replayed']}/{c['patterns']} ({c['share']:.0%})" for k, c in covered.items()
+        )
         line += f"; replay coverage: {shares}"
     return {
         "line": line,
@@ -100,5 +124,3 @@ def coverage(outcomes: Sequence[Outcome]) -> dict[str, dict[str, Any]]:
         replayed = sum(o.kind == REPLAYED for o in group)
         out[key] = {"replayed": replayed, "patterns": len(group), "share": replayed / len(group)}
     return out
-
-

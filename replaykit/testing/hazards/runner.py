@@ -47,7 +47,9 @@ from .report import summary, table
 TIMEOUT_S = 120.0
 
 
-def end_state(model: nn.Module, extras: Extras, optimizers: Sequence[torch.optim.Optimizer] = ()) -> State:
+def end_state(
+    model: nn.Module, extras: Extras, optimizers: Sequence[torch.optim.Optimizer] = ()
+) -> State:
     """Parameters, their ``.grad``, buffers, the pattern's extras and the ``optimizers``'
     state (a step pattern's: what the step updates), detached copies."""
     state: State = {}
@@ -70,13 +72,13 @@ def end_state(model: nn.Module, extras: Extras, optimizers: Sequence[torch.optim
     return state
 
 
-
-
 def _device_of(backend: str) -> str:
     return "cuda" if backend == "cuda" else "cpu"
 
 
-def _run_arm(pat: Pattern, device: str, backend: str, disable: tuple[str, ...], name: str) -> ArmResult:
+def _run_arm(
+    pat: Pattern, device: str, backend: str, disable: tuple[str, ...], name: str
+) -> ArmResult:
     """One arm from the seed: ``name`` "eager" is the reference (plain PyTorch, or the step's eager twin)."""
     torch.manual_seed(0)
     model = pat.make(device)
@@ -100,7 +102,9 @@ def _run_arm(pat: Pattern, device: str, backend: str, disable: tuple[str, ...], 
             except Exception as exc:  # a release that fails is a finding too
                 result.journal["release_error"] = f"{type(exc).__name__}: {exc}"
     if pat.api == "step" and arm.replay and arm.recorder is None and result.error is None:
-        raise ValueError(f"step pattern {pat.name!r} built no TrainStep: build it with arm.train_step")
+        raise ValueError(
+            f"step pattern {pat.name!r} built no TrainStep: build it with arm.train_step"
+        )
     return result
 
 
@@ -113,8 +117,9 @@ def _journal(rec: Any) -> dict[str, Any]:
     }
 
 
-
-def run_pattern(pattern: Pattern, backend: str, unsafe: bool = False, timeout: float | None = None) -> Outcome:
+def run_pattern(
+    pattern: Pattern, backend: str, unsafe: bool = False, timeout: float | None = None
+) -> Outcome:
     """Classify ``pattern`` on ``backend``; ``unsafe`` switches its guard off in the replay arm.
 
     ``timeout`` (default: the pattern's ``timeout_s``, else :data:`TIMEOUT_S`) bounds both
@@ -129,10 +134,21 @@ def run_pattern(pattern: Pattern, backend: str, unsafe: bool = False, timeout: f
     return _run_here(pattern, backend, unsafe, seconds)
 
 
-def _outcome(pattern: Pattern, backend: str, unsafe: bool, kind: str, detail: str, start: float, **kw: Any) -> Outcome:
+def _outcome(
+    pattern: Pattern, backend: str, unsafe: bool, kind: str, detail: str, start: float, **kw: Any
+) -> Outcome:
     return Outcome(
-        pattern.name, pattern.hazard, backend, kind, detail, unsafe, pattern.guard,
-        seconds=round(time.perf_counter() - start, 3), kernel_dependent=pattern.kernel_dependent, api=pattern.api, **kw,
+        pattern.name,
+        pattern.hazard,
+        backend,
+        kind,
+        detail,
+        unsafe,
+        pattern.guard,
+        seconds=round(time.perf_counter() - start, 3),
+        kernel_dependent=pattern.kernel_dependent,
+        api=pattern.api,
+        **kw,
     )
 
 
@@ -151,23 +167,50 @@ def _run_here(pattern: Pattern, backend: str, unsafe: bool, seconds: float) -> O
             arm = "unsafe" if unsafe else "replay"
             replay = _run_arm(pattern, device, backend, disable, arm)
     except deadline.Timeout:
-        return _outcome(pattern, backend, unsafe, HANG, f"the {arm} arm ran past {seconds:g} s", start)
+        return _outcome(
+            pattern, backend, unsafe, HANG, f"the {arm} arm ran past {seconds:g} s", start
+        )
     kind, detail, diffs = classify(eager, replay)
-    return _outcome(pattern, backend, unsafe, kind, detail, start, journal=replay.journal, diffs=diffs)
+    return _outcome(
+        pattern, backend, unsafe, kind, detail, start, journal=replay.journal, diffs=diffs
+    )
 
 
 def _run_in_child(pattern: Pattern, backend: str, unsafe: bool, seconds: float) -> Outcome:
     """The pattern in a fresh interpreter (found there by its module and name), killed at the deadline."""
     start = time.perf_counter()
     code = "import sys; from replaykit.testing.hazards.runner import child_main; sys.exit(child_main(sys.argv[1:]))"
-    argv = [sys.executable, "-c", code, pattern.make.__module__, pattern.name, backend, str(int(unsafe)), repr(seconds)]
+    argv = [
+        sys.executable,
+        "-c",
+        code,
+        pattern.make.__module__,
+        pattern.name,
+        backend,
+        str(int(unsafe)),
+        repr(seconds),
+    ]
     child = deadline.run_child(argv, seconds)
     if child.status == "timeout":
-        return _outcome(pattern, backend, unsafe, HANG, f"no end after {seconds:g} s (its process was killed)", start)
+        return _outcome(
+            pattern,
+            backend,
+            unsafe,
+            HANG,
+            f"no end after {seconds:g} s (its process was killed)",
+            start,
+        )
     answer = child.stdout.strip().splitlines()[-1:] if child.status == "done" else []
     if not answer:
         last = (child.stderr.strip().splitlines() or ["no output"])[-1]
-        return _outcome(pattern, backend, unsafe, CRASHED, f"its process exited {child.returncode}: {last}"[:200], start)
+        return _outcome(
+            pattern,
+            backend,
+            unsafe,
+            CRASHED,
+            f"its process exited {child.returncode}: {last}"[:200],
+            start,
+        )
     return Outcome(**{**json.loads(answer[0]), "seconds": round(time.perf_counter() - start, 3)})
 
 
@@ -198,7 +241,9 @@ def child_main(argv: Sequence[str]) -> int:
 
 
 def run_all(
-    backends: Sequence[str] | str, patterns: Iterable[Pattern] | None = None, unsafe: bool = False,
+    backends: Sequence[str] | str,
+    patterns: Iterable[Pattern] | None = None,
+    unsafe: bool = False,
     timeout: float | None = None,
 ) -> list[Outcome]:
     """Every pattern (default: the whole catalogue) on every backend.
@@ -211,7 +256,9 @@ def run_all(
     chosen = list(PATTERNS if patterns is None else patterns)
     return [
         run_pattern(p, b, unsafe=unsafe, timeout=timeout)
-        for b in backends for p in chosen if not unsafe or shows_unsafe(p, b)
+        for b in backends
+        for p in chosen
+        if not unsafe or shows_unsafe(p, b)
     ]
 
 
@@ -219,37 +266,64 @@ def shows_unsafe(pattern: Pattern, backend: str) -> bool:
     """Whether ``pattern``'s unsafe arm is expected to diverge on ``backend``."""
     if pattern.guard is None or pattern.unsafe_never:
         return False
-    return not (pattern.cuda_only and backend != "cuda") and not (pattern.cpu_only and backend == "cuda")
+    return not (pattern.cuda_only and backend != "cuda") and not (
+        pattern.cpu_only and backend == "cuda"
+    )
 
 
 # --------------------------------------------------------------------------- table and CLI
 
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m replaykit.testing.hazards", description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", action="append", choices=["emulated", "cuda"], help="repeatable; default emulated")
-    parser.add_argument("--hazard", action="append", choices=HAZARDS, help="only these hazard classes")
+    parser = argparse.ArgumentParser(
+        prog="python -m replaykit.testing.hazards", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--backend",
+        action="append",
+        choices=["emulated", "cuda"],
+        help="repeatable; default emulated",
+    )
+    parser.add_argument(
+        "--hazard", action="append", choices=HAZARDS, help="only these hazard classes"
+    )
     parser.add_argument("--pattern", action="append", help="only these patterns, by name")
-    parser.add_argument("--api", action="append", choices=APIS, help="only the patterns of these entry points")
-    parser.add_argument("--timeout", type=float, help=f"seconds per pattern run (default: the pattern's, else {TIMEOUT_S:g})")
-    parser.add_argument("--unsafe", action="store_true", help="switch each guard off: every arm must diverge")
-    parser.add_argument("--plain", action="store_true", help="a plain text table instead of markdown")
+    parser.add_argument(
+        "--api", action="append", choices=APIS, help="only the patterns of these entry points"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        help=f"seconds per pattern run (default: the pattern's, else {TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--unsafe", action="store_true", help="switch each guard off: every arm must diverge"
+    )
+    parser.add_argument(
+        "--plain", action="store_true", help="a plain text table instead of markdown"
+    )
     parser.add_argument("--json", metavar="PATH", help="write the outcomes as JSON")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore", rk.ReplayWarning)
     chosen = [
-        p for p in PATTERNS
-        if (not args.hazard or p.hazard in args.hazard) and (not args.pattern or p.name in args.pattern)
+        p
+        for p in PATTERNS
+        if (not args.hazard or p.hazard in args.hazard)
+        and (not args.pattern or p.name in args.pattern)
         and (not args.api or p.api in args.api)
     ]
-    outcomes = run_all(args.backend or ["emulated"], chosen, unsafe=args.unsafe, timeout=args.timeout)
+    outcomes = run_all(
+        args.backend or ["emulated"], chosen, unsafe=args.unsafe, timeout=args.timeout
+    )
     print(table(outcomes, markdown=not args.plain))
     print(summary(outcomes)["line"])
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump([{**asdict(o), "failed": o.failed} for o in outcomes], fh, indent=1, default=str)
+            json.dump(
+                [{**asdict(o), "failed": o.failed} for o in outcomes], fh, indent=1, default=str
+            )
     return 1 if any(o.failed for o in outcomes) else 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -258,40 +258,131 @@ def _alternating_loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 HAZARD = "side_effects"
 
 PATTERNS: list[Pattern] = [
-    Pattern("private_generator", "side_effects", "noise from the module's own torch.Generator",
-            lambda d: Noisy(d).to(d), _noisy, guard="record_probe"),
-    Pattern("tensor_attribute_updated", "side_effects", "a plain tensor attribute updated in forward",
-            lambda d: RunningCentre().to(d), _with_attr("centre"), guard="record_probe"),
-    Pattern("moe_aux_loss_attribute", "side_effects", "an auxiliary loss stored on the module, added to the loss",
-            lambda d: MoE().to(d), _moe, guard="record_probe"),
-    Pattern("boolean_mask_output", "side_effects", "a data-dependent output shape (boolean masking)",
-            lambda d: Masked().to(d), lambda m, a: loop(m, a, steps=4), guard=None),  # both backends refuse it at capture too
-    Pattern("nonzero_rows", "side_effects", "rows picked with nonzero(): data-dependent shapes inside",
-            lambda d: Nonzero().to(d), lambda m, a: loop(m, a, steps=4), guard=None),  # both backends refuse it at capture too
-    Pattern("item_in_forward", "side_effects", ".item() read inside forward",
-            lambda d: ItemNorm().to(d), lambda m, a: loop(m, a, steps=4), guard=None),  # both backends refuse it at capture too
-    Pattern("sparse_embedding_grad", "side_effects", "nn.Embedding(sparse=True): sparse gradients",
-            lambda d: SparseEmb().to(d), _sparse, guard=None),  # both backends refuse it at capture too
-    Pattern("python_counter", "side_effects", "a Python counter incremented in forward (warm-up factor)",
-            lambda d: Warmup().to(d), _with_attr("calls"), guard="record_probe"),
-    Pattern("feature_dict_in_forward", "side_effects", "forward writes a feature into a dict the loss reads",
-            lambda d: Cache().to(d),
-            lambda m, a: loss_steps(m, a, lambda m, a: m(a.randn(4, 6)).pow(2).mean() + 0.1 * m.feats["h"].pow(2).mean()), guard="record_probe"),
-    Pattern("list_append_in_forward", "side_effects", "forward appends a statistic to a list it holds",
-            lambda d: Stats().to(d), _stats, guard="record_probe"),
-    Pattern("object_attribute_set_in_forward", "side_effects", "forward stores its output on an object it holds",
-            lambda d: HeldState().to(d),
-            lambda m, a: loss_steps(m, a, lambda m, a: (m(a.randn(4, 6)), m.state.last)[1].pow(2).mean()), guard="record_probe"),
-    Pattern("tensor_attribute_with_grad", "side_effects", "a trainable plain tensor attribute (logit_scale)",
-            lambda d: TensorAttrWithGrad().to(d), _tensor_attr, guard="record_probe"),
-    Pattern("step_loss_changes_held_dict", "side_effects", "loss_fn flips a flag in a dict the model holds",
-            mlp(), lambda m, a: step_loop(m, a, loss_fn=_alternating_loss, steps=6, warmup=2), api="step"),
+    Pattern(
+        "private_generator",
+        "side_effects",
+        "noise from the module's own torch.Generator",
+        lambda d: Noisy(d).to(d),
+        _noisy,
+        guard="record_probe",
+    ),
+    Pattern(
+        "tensor_attribute_updated",
+        "side_effects",
+        "a plain tensor attribute updated in forward",
+        lambda d: RunningCentre().to(d),
+        _with_attr("centre"),
+        guard="record_probe",
+    ),
+    Pattern(
+        "moe_aux_loss_attribute",
+        "side_effects",
+        "an auxiliary loss stored on the module, added to the loss",
+        lambda d: MoE().to(d),
+        _moe,
+        guard="record_probe",
+    ),
+    Pattern(
+        "boolean_mask_output",
+        "side_effects",
+        "a data-dependent output shape (boolean masking)",
+        lambda d: Masked().to(d),
+        lambda m, a: loop(m, a, steps=4),
+        guard=None,
+    ),  # both backends refuse it at capture too
+    Pattern(
+        "nonzero_rows",
+        "side_effects",
+        "rows picked with nonzero(): data-dependent shapes inside",
+        lambda d: Nonzero().to(d),
+        lambda m, a: loop(m, a, steps=4),
+        guard=None,
+    ),  # both backends refuse it at capture too
+    Pattern(
+        "item_in_forward",
+        "side_effects",
+        ".item() read inside forward",
+        lambda d: ItemNorm().to(d),
+        lambda m, a: loop(m, a, steps=4),
+        guard=None,
+    ),  # both backends refuse it at capture too
+    Pattern(
+        "sparse_embedding_grad",
+        "side_effects",
+        "nn.Embedding(sparse=True): sparse gradients",
+        lambda d: SparseEmb().to(d),
+        _sparse,
+        guard=None,
+    ),  # both backends refuse it at capture too
+    Pattern(
+        "python_counter",
+        "side_effects",
+        "a Python counter incremented in forward (warm-up factor)",
+        lambda d: Warmup().to(d),
+        _with_attr("calls"),
+        guard="record_probe",
+    ),
+    Pattern(
+        "feature_dict_in_forward",
+        "side_effects",
+        "forward writes a feature into a dict the loss reads",
+        lambda d: Cache().to(d),
+        lambda m, a: loss_steps(
+            m, a, lambda m, a: m(a.randn(4, 6)).pow(2).mean() + 0.1 * m.feats["h"].pow(2).mean()
+        ),
+        guard="record_probe",
+    ),
+    Pattern(
+        "list_append_in_forward",
+        "side_effects",
+        "forward appends a statistic to a list it holds",
+        lambda d: Stats().to(d),
+        _stats,
+        guard="record_probe",
+    ),
+    Pattern(
+        "object_attribute_set_in_forward",
+        "side_effects",
+        "forward stores its output on an object it holds",
+        lambda d: HeldState().to(d),
+        lambda m, a: loss_steps(
+            m, a, lambda m, a: (m(a.randn(4, 6)), m.state.last)[1].pow(2).mean()
+        ),
+        guard="record_probe",
+    ),
+    Pattern(
+        "tensor_attribute_with_grad",
+        "side_effects",
+        "a trainable plain tensor attribute (logit_scale)",
+        lambda d: TensorAttrWithGrad().to(d),
+        _tensor_attr,
+        guard="record_probe",
+    ),
+    Pattern(
+        "step_loss_changes_held_dict",
+        "side_effects",
+        "loss_fn flips a flag in a dict the model holds",
+        mlp(),
+        lambda m, a: step_loop(m, a, loss_fn=_alternating_loss, steps=6, warmup=2),
+        api="step",
+    ),
     # silent once; the recording's verification (its first replay against eager) routes it eager
-    Pattern("manual_seed_in_forward", "side_effects", "torch.manual_seed inside forward (not an aten op)",
-            lambda d: Seeded().to(d), lambda m, a: loop(m, a, steps=4), guard="verify_recording"),
+    Pattern(
+        "manual_seed_in_forward",
+        "side_effects",
+        "torch.manual_seed inside forward (not an aten op)",
+        lambda d: Seeded().to(d),
+        lambda m, a: loop(m, a, steps=4),
+        guard="verify_recording",
+    ),
     # the tape replays the recompute's generator rewind as a CUDA graph does
-    Pattern("checkpointed_dropout", "side_effects", "torch.utils.checkpoint around a block with dropout",
-            lambda d: Checkpointed().to(d), lambda m, a: loop(m, a, steps=4)),
+    Pattern(
+        "checkpointed_dropout",
+        "side_effects",
+        "torch.utils.checkpoint around a block with dropout",
+        lambda d: Checkpointed().to(d),
+        lambda m, a: loop(m, a, steps=4),
+    ),
 ]
 
 KNOWN_LIMITS: list[Pattern] = []

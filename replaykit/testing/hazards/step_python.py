@@ -38,7 +38,9 @@ def _forward_hook_stats(model: nn.Module, arm: Arm) -> Extras:
 def _backward_hook_grad_norm(model: nn.Module, arm: Arm) -> Extras:
     """The norm of the gradient reaching a layer, logged by a full backward hook."""
     norms: list[torch.Tensor] = []
-    model.fc2.register_full_backward_hook(lambda mod, gin, gout: norms.append(gout[0].detach().norm()))
+    model.fc2.register_full_backward_hook(
+        lambda mod, gin, gout: norms.append(gout[0].detach().norm())
+    )
     kept = step_loop(model, arm, steps=6)
     kept["grad_norms"] = torch.stack(norms)
     return kept
@@ -68,7 +70,9 @@ def _hook_added_midway(model: nn.Module, arm: Arm) -> Extras:
 
     def before(m: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
         if step == 3:
-            m.fc1.register_forward_hook(lambda mod, args, out: stats.append(out.detach().abs().mean()))
+            m.fc1.register_forward_hook(
+                lambda mod, args, out: stats.append(out.detach().abs().mean())
+            )
 
     kept = step_loop(model, arm, steps=6, before=before)
     kept["activation_stats"] = torch.stack(stats)
@@ -78,7 +82,9 @@ def _hook_added_midway(model: nn.Module, arm: Arm) -> Extras:
 def _global_hook_capture(model: nn.Module, arm: Arm) -> Extras:
     """The global module forward hook around a captured model's loop."""
     calls: list[str] = []
-    handle = nn.modules.module.register_module_forward_hook(lambda mod, args, out: calls.append(type(mod).__name__))
+    handle = nn.modules.module.register_module_forward_hook(
+        lambda mod, args, out: calls.append(type(mod).__name__)
+    )
     try:
         kept = loop(model, arm, steps=4)
     finally:
@@ -148,7 +154,9 @@ def _closure_tensor_replaced(model: nn.Module, arm: Arm) -> Extras:
     for i in range(6):
         if i == 3:
             with torch.no_grad():
-                centres = model(arm.randn(16, 6)).mean(0)  # a new tensor object, not an in-place update
+                centres = model(arm.randn(16, 6)).mean(
+                    0
+                )  # a new tensor object, not an in-place update
         kept[f"loss{i}"] = step(arm.randn(4, 6))
     return kept
 
@@ -246,7 +254,9 @@ class Reweighted:
 
     def __call__(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         out = model(x)
-        w = torch.tensor(self.weights, device=out.device)  # a copy: the graph keeps the recorded one
+        w = torch.tensor(
+            self.weights, device=out.device
+        )  # a copy: the graph keeps the recorded one
         return (out.pow(2) * w).mean()
 
 
@@ -323,7 +333,9 @@ def _warmup_optimizer(model: nn.Module, arm: Arm) -> Extras:
 
 
 # --------------------------------------------------------------------------- the step's own settings
-def _set_on_step(attr: str, value: Callable[[], object], at: int = 3, **kwargs: object) -> Callable[[nn.Module, Arm], Extras]:
+def _set_on_step(
+    attr: str, value: Callable[[], object], at: int = 3, **kwargs: object
+) -> Callable[[nn.Module, Arm], Extras]:
     """A step loop that sets ``step.<attr>`` after the step recorded (a user tuning it mid-run)."""
 
     def train(model: nn.Module, arm: Arm) -> Extras:
@@ -360,51 +372,197 @@ def _lambda_lr_float(model: nn.Module, arm: Arm) -> Extras:
 HAZARD = "step_python"
 
 PATTERNS: list[Pattern] = [
-    Pattern("step_forward_hook_stats", HAZARD, "a forward hook logs activation statistics while a TrainStep records",
-            mlp(), _forward_hook_stats, guard="hooks", api="step"),
-    Pattern("step_backward_hook_grad_norm", HAZARD, "a full backward hook logs a layer's gradient norm",
-            mlp(), _backward_hook_grad_norm, guard="hooks", api="step"),
-    Pattern("step_global_forward_hook", HAZARD, "a global module forward hook counts calls per module",
-            mlp(), _global_forward_hook, guard="hooks", api="step"),
-    Pattern("step_forward_hook_added_midway", HAZARD, "a forward hook attached after the step recorded",
-            mlp(), _hook_added_midway, guard="hooks", api="step"),
-    Pattern("global_forward_hook", HAZARD, "a global module forward hook around a captured model's loop",
-            mlp(), _global_hook_capture),
-    Pattern("forward_hook_stats", HAZARD, "a forward hook logs activation statistics under rk.capture",
-            mlp(), _capture_hook_stats),  # capture retires on hooks unconditionally: no switch to turn off
-    Pattern("step_focal_gamma_schedule", HAZARD, "a focal loss object's gamma annealed every step",
-            mlp(), _focal_gamma_schedule, guard="loss_inputs", api="step"),
-    Pattern("step_closure_loss_weight", HAZARD, "an auxiliary loss weight in a closure set to 0 after 3 steps",
-            mlp(), _closure_loss_weight, guard="loss_inputs", api="step"),
-    Pattern("step_closure_tensor_replaced", HAZARD, "centres in a closure cell replaced by a new tensor after 3 steps",
-            mlp(), _closure_tensor_replaced, guard="loss_inputs", api="step"),
-    Pattern("step_bound_method_loss", HAZARD, "loss_fn is a trainer's bound method reading self.alpha, changed after 3 steps",
-            mlp(), _bound_method_loss, guard="loss_inputs", api="step"),
-    Pattern("step_global_loss_weight", HAZARD, "a module-level loss weight set to 0 after 3 steps",
-            mlp(), _global_loss_weight, guard="loss_inputs", api="step"),
-    Pattern("step_criterion_module_attribute", HAZARD, "an nn.SmoothL1Loss outside the model, its beta changed",
-            mlp(), _criterion_module_attribute, guard="loss_inputs", api="step"),
-    Pattern("step_class_weights_in_place", HAZARD, "CrossEntropyLoss(weight=w) outside the model, w rebalanced in place",
-            mlp(), _class_weighted("in_place"), api="step"),
-    Pattern("step_class_weights_replaced", HAZARD, "CrossEntropyLoss(weight=w) outside the model, w replaced by a new tensor",
-            mlp(), _class_weighted("replaced"), guard="loss_inputs", api="step"),
-    Pattern("step_loss_numpy_weights", HAZARD, "class weights in a numpy array held by the loss, rebalanced in place",
-            mlp(), _loss_numpy_weights, guard="loss_inputs", api="step",
-            unsafe_never=ARRAY_COPY_LIVE),
-    Pattern("step_loss_numpy_gain_float", HAZARD, "the loss reads float(array[0]) of a numpy array it holds, changed in place",
-            mlp(), _loss_numpy_gain, guard="loss_inputs", api="step"),
-    Pattern("step_loss_deque", HAZARD, "the loss divides by the mean of a deque of recent losses the loop appends to",
-            mlp(), _loss_deque, guard="loss_inputs", api="step"),
-    Pattern("step_warmup_optimizer", HAZARD, "a hand-written optimizer with a warm-up counter on self",
-            mlp(), _warmup_optimizer, guard="optimizer_trust", api="step"),
-    Pattern("step_accumulate_changed", HAZARD, "step.accumulate = 4 after the step recorded (must raise)",
-            mlp(), _set_on_step("accumulate", lambda: 4), api="step"),
-    Pattern("step_loss_fn_swapped", HAZARD, "step.loss_fn replaced by another loss after recording (must raise)",
-            mlp(), _set_on_step("loss_fn", lambda: _smooth_l1_loss), api="step"),
-    Pattern("step_max_norm_changed", HAZARD, "step.max_norm tightened after recording (clipping keys the recording)",
-            mlp(), _set_on_step("max_norm", lambda: 0.01, max_norm=0.5), guard="host_values", api="step"),
-    Pattern("step_lambda_lr_float", HAZARD, "LambdaLR over a float lr: the lr changes every step",
-            mlp(), _lambda_lr_float, api="step"),
+    Pattern(
+        "step_forward_hook_stats",
+        HAZARD,
+        "a forward hook logs activation statistics while a TrainStep records",
+        mlp(),
+        _forward_hook_stats,
+        guard="hooks",
+        api="step",
+    ),
+    Pattern(
+        "step_backward_hook_grad_norm",
+        HAZARD,
+        "a full backward hook logs a layer's gradient norm",
+        mlp(),
+        _backward_hook_grad_norm,
+        guard="hooks",
+        api="step",
+    ),
+    Pattern(
+        "step_global_forward_hook",
+        HAZARD,
+        "a global module forward hook counts calls per module",
+        mlp(),
+        _global_forward_hook,
+        guard="hooks",
+        api="step",
+    ),
+    Pattern(
+        "step_forward_hook_added_midway",
+        HAZARD,
+        "a forward hook attached after the step recorded",
+        mlp(),
+        _hook_added_midway,
+        guard="hooks",
+        api="step",
+    ),
+    Pattern(
+        "global_forward_hook",
+        HAZARD,
+        "a global module forward hook around a captured model's loop",
+        mlp(),
+        _global_hook_capture,
+    ),
+    Pattern(
+        "forward_hook_stats",
+        HAZARD,
+        "a forward hook logs activation statistics under rk.capture",
+        mlp(),
+        _capture_hook_stats,
+    ),  # capture retires on hooks unconditionally: no switch to turn off
+    Pattern(
+        "step_focal_gamma_schedule",
+        HAZARD,
+        "a focal loss object's gamma annealed every step",
+        mlp(),
+        _focal_gamma_schedule,
+        guard="loss_inputs",
+        api="step",
+    ),
+    Pattern(
+        "step_closure_loss_weight",
+        HAZARD,
+        "an auxiliary loss weight in a closure set to 0 after 3 steps",
+        mlp(),
+        _closure_loss_weight,
+        guard="loss_inputs",
+        api="step",
+    ),
+    Pattern(
+        "step_closure_tensor_replaced",
+        HAZARD,
+        "centres in a closure cell replaced by a new tensor after 3 steps",
+        mlp(),
+        _closure_tensor_replaced,
+        guard="loss_inputs",
+        api="step",
+    ),
+    Pattern(
+        "step_bound_method_loss",
+        HAZARD,
+        "loss_fn is a trainer's bound method reading self.alpha, changed after 3 steps",
+        mlp(),
+        _bound_method_loss,
+        guard="loss_inputs",
+        api="step",
+    ),
+    Pattern(
+        "step_global_loss_weight",
+        HAZARD,
+        "a module-level loss weight set to 0 after 3 steps",
+        mlp(),
+        _global_loss_weight,
+        guard="loss_inputs",
+        api="step",
+    ),
+    Pattern(
+        "step_criterion_module_attribute",
+        HAZARD,
+        "an nn.SmoothL1Loss outside the model, its beta changed",
+        mlp(),
+        _criterion_module_attribute,
+        guard="loss_inputs",
+        api="step",
+    ),
+    Pattern(
+        "step_class_weights_in_place",
+        HAZARD,
+        "CrossEntropyLoss(weight=w) outside the model, w rebalanced in place",
+        mlp(),
+        _class_weighted("in_place"),
+        api="step",
+    ),
+    Pattern(
+        "step_class_weights_replaced",
+        HAZARD,
+        "CrossEntropyLoss(weight=w) outside the model, w replaced by a new tensor",
+        mlp(),
+        _class_weighted("replaced"),
+        guard="loss_inputs",
+        api="step",
+    ),
+    Pattern(
+        "step_loss_numpy_weights",
+        HAZARD,
+        "class weights in a numpy array held by the loss, rebalanced in place",
+        mlp(),
+        _loss_numpy_weights,
+        guard="loss_inputs",
+        api="step",
+        unsafe_never=ARRAY_COPY_LIVE,
+    ),
+    Pattern(
+        "step_loss_numpy_gain_float",
+        HAZARD,
+        "the loss reads float(array[0]) of a numpy array it holds, changed in place",
+        mlp(),
+        _loss_numpy_gain,
+        guard="loss_inputs",
+        api="step",
+    ),
+    Pattern(
+        "step_loss_deque",
+        HAZARD,
+        "the loss divides by the mean of a deque of recent losses the loop appends to",
+        mlp(),
+        _loss_deque,
+        guard="loss_inputs",
+        api="step",
+    ),
+    Pattern(
+        "step_warmup_optimizer",
+        HAZARD,
+        "a hand-written optimizer with a warm-up counter on self",
+        mlp(),
+        _warmup_optimizer,
+        guard="optimizer_trust",
+        api="step",
+    ),
+    Pattern(
+        "step_accumulate_changed",
+        HAZARD,
+        "step.accumulate = 4 after the step recorded (must raise)",
+        mlp(),
+        _set_on_step("accumulate", lambda: 4),
+        api="step",
+    ),
+    Pattern(
+        "step_loss_fn_swapped",
+        HAZARD,
+        "step.loss_fn replaced by another loss after recording (must raise)",
+        mlp(),
+        _set_on_step("loss_fn", lambda: _smooth_l1_loss),
+        api="step",
+    ),
+    Pattern(
+        "step_max_norm_changed",
+        HAZARD,
+        "step.max_norm tightened after recording (clipping keys the recording)",
+        mlp(),
+        _set_on_step("max_norm", lambda: 0.01, max_norm=0.5),
+        guard="host_values",
+        api="step",
+    ),
+    Pattern(
+        "step_lambda_lr_float",
+        HAZARD,
+        "LambdaLR over a float lr: the lr changes every step",
+        mlp(),
+        _lambda_lr_float,
+        api="step",
+    ),
 ]
 
 KNOWN_LIMITS: list[Pattern] = []

@@ -89,10 +89,17 @@ def _gradnorm(model: nn.Module, arm: Arm) -> Extras:
         wopt.zero_grad(set_to_none=True)
         o1, o2 = model(arm.randn(4, 6))
         losses = torch.stack([o1.pow(2).mean(), (o2 - 1).pow(2).mean()])
-        norms = torch.stack([
-            torch.autograd.grad(weights[i] * losses[i], model.shared.weight, retain_graph=True, create_graph=True)[0].norm()
-            for i in range(2)
-        ])
+        norms = torch.stack(
+            [
+                torch.autograd.grad(
+                    weights[i] * losses[i],
+                    model.shared.weight,
+                    retain_graph=True,
+                    create_graph=True,
+                )[0].norm()
+                for i in range(2)
+            ]
+        )
         target = (norms.mean() * (losses / losses.mean()) ** 0.5).detach()
         gradnorm_loss = (norms - target).abs().sum()
         weights.grad = torch.autograd.grad(gradnorm_loss, weights, retain_graph=True)[0]
@@ -152,20 +159,61 @@ def _hessian_vector(model: nn.Module, arm: Arm) -> Extras:
 HAZARD = "two_backwards"
 
 PATTERNS: list[Pattern] = [
-    Pattern("retain_graph_two_losses", "two_backwards", "backward(retain_graph=True) per loss: .grad = g1 + g2",
-            mlp(), _retain_two_losses, guard="repeat_backward"),
-    Pattern("same_loss_backward_twice", "two_backwards", "one loss backward twice: .grad = 2 g (a control: "
-            "overwriting g with g is harmless, so no unsafe arm can diverge)",
-            mlp(), _same_loss_twice),
-    Pattern("pcgrad_autograd_grad", "two_backwards", "autograd.grad once per task (PCGrad): g1 keeps its values",
-            mlp(), _pcgrad, guard="repeat_backward"),
-    Pattern("gradnorm_create_graph", "two_backwards", "GradNorm: create_graph gradient norms of a shared layer",
-            lambda d: TwoHeads().to(d), _gradnorm, guard="repeat_backward"),
-    Pattern("gradient_penalty_input", "two_backwards", "WGAN-GP: create_graph gradient penalty on the input",
-            mlp(), _gradient_penalty, guard="repeat_backward"),
-    Pattern("hessian_vector_penalty", "two_backwards", "create_graph on the parameters: a curvature penalty",
-            mlp(), _hessian_vector, guard="repeat_backward"),
-    Pattern("retained_across_recordings", "two_backwards", "retained graph differentiated after another shape replayed",
-            mlp(), _retained_across_recordings, guard="repeat_backward",
-            unsafe_never="the hold's generation check raises before any stale read, with repeat_backward off too"),
+    Pattern(
+        "retain_graph_two_losses",
+        "two_backwards",
+        "backward(retain_graph=True) per loss: .grad = g1 + g2",
+        mlp(),
+        _retain_two_losses,
+        guard="repeat_backward",
+    ),
+    Pattern(
+        "same_loss_backward_twice",
+        "two_backwards",
+        "one loss backward twice: .grad = 2 g (a control: "
+        "overwriting g with g is harmless, so no unsafe arm can diverge)",
+        mlp(),
+        _same_loss_twice,
+    ),
+    Pattern(
+        "pcgrad_autograd_grad",
+        "two_backwards",
+        "autograd.grad once per task (PCGrad): g1 keeps its values",
+        mlp(),
+        _pcgrad,
+        guard="repeat_backward",
+    ),
+    Pattern(
+        "gradnorm_create_graph",
+        "two_backwards",
+        "GradNorm: create_graph gradient norms of a shared layer",
+        lambda d: TwoHeads().to(d),
+        _gradnorm,
+        guard="repeat_backward",
+    ),
+    Pattern(
+        "gradient_penalty_input",
+        "two_backwards",
+        "WGAN-GP: create_graph gradient penalty on the input",
+        mlp(),
+        _gradient_penalty,
+        guard="repeat_backward",
+    ),
+    Pattern(
+        "hessian_vector_penalty",
+        "two_backwards",
+        "create_graph on the parameters: a curvature penalty",
+        mlp(),
+        _hessian_vector,
+        guard="repeat_backward",
+    ),
+    Pattern(
+        "retained_across_recordings",
+        "two_backwards",
+        "retained graph differentiated after another shape replayed",
+        mlp(),
+        _retained_across_recordings,
+        guard="repeat_backward",
+        unsafe_never="the hold's generation check raises before any stale read, with repeat_backward off too",
+    ),
 ]

@@ -28,10 +28,23 @@ class CaptureAware(MLP):
 HAZARD = "under_capture"
 
 PATTERNS: list[Pattern] = [
-    Pattern("capture_time_branch", HAZARD, "forward branches on torch.cuda.is_current_stream_capturing()",
-            lambda d: CaptureAware().to(d), lambda m, a: loop(m, a, steps=5), guard="verify_recording"),
-    Pattern("step_capture_time_branch", HAZARD, "forward branches on is_current_stream_capturing(), whole step",
-            lambda d: CaptureAware().to(d), lambda m, a: step_loop(m, a, steps=6), guard="verify_recording", api="step"),
+    Pattern(
+        "capture_time_branch",
+        HAZARD,
+        "forward branches on torch.cuda.is_current_stream_capturing()",
+        lambda d: CaptureAware().to(d),
+        lambda m, a: loop(m, a, steps=5),
+        guard="verify_recording",
+    ),
+    Pattern(
+        "step_capture_time_branch",
+        HAZARD,
+        "forward branches on is_current_stream_capturing(), whole step",
+        lambda d: CaptureAware().to(d),
+        lambda m, a: step_loop(m, a, steps=6),
+        guard="verify_recording",
+        api="step",
+    ),
 ]
 
 KNOWN_LIMITS: list[Pattern] = []

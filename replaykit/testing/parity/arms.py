@@ -42,9 +42,13 @@ class GradTrace(L.Callback):
         self.grads: dict[str, torch.Tensor | None] = {}
         self.steps = 0
 
-    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any
+    ) -> None:
         for name, p in pl_module.named_parameters():
-            self.grads[f"grad/step{self.steps}/{name}"] = None if p.grad is None else p.grad.detach().cpu().clone()
+            self.grads[f"grad/step{self.steps}/{name}"] = (
+                None if p.grad is None else p.grad.detach().cpu().clone()
+            )
         self.steps += 1
 
 
@@ -55,10 +59,14 @@ class AssignAt(L.Callback):
         self.step = step
         self.done = False
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any
+    ) -> None:
         if not self.done and trainer.global_step == self.step:
             net = pl_module.net
-            net.load_state_dict({k: v.detach().clone() for k, v in net.state_dict().items()}, assign=True)
+            net.load_state_dict(
+                {k: v.detach().clone() for k, v in net.state_dict().items()}, assign=True
+            )
             self.done = True
 
 
@@ -73,11 +81,15 @@ class StepTimer(L.Callback):
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any
+    ) -> None:
         self._sync(pl_module)
         self._t0 = time.perf_counter()
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any
+    ) -> None:
         self._sync(pl_module)
         self.ms.append((time.perf_counter() - self._t0) * 1e3)
 
@@ -93,7 +105,9 @@ def _precision_args(precision: str, device: str) -> dict[str, Any]:
     return {"precision": precision}
 
 
-def _trainer(scenario: Scenario, callbacks: list[L.Callback], epochs: int, **extra: Any) -> L.Trainer:
+def _trainer(
+    scenario: Scenario, callbacks: list[L.Callback], epochs: int, **extra: Any
+) -> L.Trainer:
     for name in ("lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
         logging.getLogger(name).setLevel(logging.ERROR)
     return L.Trainer(
@@ -119,7 +133,11 @@ def _trainer(scenario: Scenario, callbacks: list[L.Callback], epochs: int, **ext
 
 def run_arm(scenario: Scenario, arm: str = "native") -> ArmOutcome:
     """Train ``scenario`` once: ``native``, ``replay`` or ``unsafe:<protection>``."""
-    if arm != "native" and arm != "replay" and not (arm.startswith("unsafe:") and arm[7:] in PROTECTIONS):
+    if (
+        arm != "native"
+        and arm != "replay"
+        and not (arm.startswith("unsafe:") and arm[7:] in PROTECTIONS)
+    ):
         raise ValueError(f"unknown arm {arm!r}")
     _precision_args(scenario.precision, scenario.device)  # bad input fails here, not inside fit
     L.seed_everything(scenario.seed, verbose=False)
@@ -137,14 +155,20 @@ def run_arm(scenario: Scenario, arm: str = "native") -> ArmOutcome:
 
     task = new_task()
     data = make_datamodule(
-        scenario.task, scenario.layout, batch_size=scenario.batch_size, seed=scenario.seed, n_train=scenario.n_train
+        scenario.task,
+        scenario.layout,
+        batch_size=scenario.batch_size,
+        seed=scenario.seed,
+        n_train=scenario.n_train,
     )
     trace, timer = GradTrace(), StepTimer()
     callbacks: list[L.Callback] = [trace, timer]
     replay: ReplayCallback | None = None
     if arm != "native":
         unsafe = negative_control(arm.split(":", 1)[1]) if arm.startswith("unsafe:") else ()
-        replay = ReplayCallback("net", unsafe_disable=unsafe, check_every=0 if unsafe else scenario.check_every)
+        replay = ReplayCallback(
+            "net", unsafe_disable=unsafe, check_every=0 if unsafe else scenario.check_every
+        )
         callbacks.append(replay)
     if scenario.accumulation_schedule is not None:
         from lightning.pytorch.callbacks import GradientAccumulationScheduler
@@ -164,7 +188,9 @@ def run_arm(scenario: Scenario, arm: str = "native") -> ArmOutcome:
                 _trainer(scenario, [*callbacks, ckpt], scenario.epochs).fit(task, datamodule=data)
                 L.seed_everything(scenario.seed + 1, verbose=False)
                 task = new_task()  # a new process would start from scratch and restore everything
-                trainer = _trainer(scenario, callbacks, scenario.epochs + 1, enable_checkpointing=False)
+                trainer = _trainer(
+                    scenario, callbacks, scenario.epochs + 1, enable_checkpointing=False
+                )
                 trainer.fit(task, datamodule=data, ckpt_path=f"{tmp}/last.ckpt")
             else:
                 trainer = _trainer(scenario, callbacks, scenario.epochs, enable_checkpointing=False)

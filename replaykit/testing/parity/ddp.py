@@ -35,20 +35,34 @@ from .arms import run_arm
 from .scenario import ArmOutcome, Scenario, ScenarioResult, quiet_replay_warnings
 
 
-def launch(scenario: Scenario, arm: str, out_dir: Path, timeout: float = 600) -> list[dict[str, Any]]:
+def launch(
+    scenario: Scenario, arm: str, out_dir: Path, timeout: float = 600
+) -> list[dict[str, Any]]:
     """Run one arm as ``scenario.devices`` processes; returns each rank's saved outcome."""
     out_dir.mkdir(parents=True, exist_ok=True)
     spec = out_dir / f"{arm.replace(':', '_')}.json"
     spec.write_text(json.dumps({"scenario": dataclasses.asdict(scenario), "arm": arm}))
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={scenario.devices}",
-        "-m", "replaykit.testing.parity.ddp", "--worker", str(spec),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={scenario.devices}",
+        "-m",
+        "replaykit.testing.parity.ddp",
+        "--worker",
+        str(spec),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
-        raise RuntimeError(f"{arm} arm failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    return [torch.load(out_dir / f"{spec.stem}.rank{r}.pt", weights_only=False) for r in range(scenario.devices)]
+        raise RuntimeError(
+            f"{arm} arm failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        )
+    return [
+        torch.load(out_dir / f"{spec.stem}.rank{r}.pt", weights_only=False)
+        for r in range(scenario.devices)
+    ]
 
 
 def compare(scenario: Scenario, arms: tuple[str, ...] = ("native", "replay")) -> dict[str, Any]:
@@ -61,14 +75,19 @@ def compare(scenario: Scenario, arms: tuple[str, ...] = ("native", "replay")) ->
         for arm, ranks in outcomes.items()
         if arm != "native"
     }
-    weights = [{k: v for k, v in o["state"].items() if k.startswith("param/")} for o in outcomes["replay"]]
+    weights = [
+        {k: v for k, v in o["state"].items() if k.startswith("param/")} for o in outcomes["replay"]
+    ]
     ranks_agree = all(not diff_states(weights[0], w) for w in weights[1:])
     errors = {arm: [o["error"] for o in ranks] for arm, ranks in outcomes.items()}
     replays = [(o["recorder"] or {}).get("replay", 0) for o in outcomes["replay"]]
     equal = all(not d for ranks in diffs.values() for d in ranks)
     return {
         "scenario": scenario.name,
-        "ok": equal and ranks_agree and not any(e for es in errors.values() for e in es) and min(replays) > 0,
+        "ok": equal
+        and ranks_agree
+        and not any(e for es in errors.values() for e in es)
+        and min(replays) > 0,
         "equal": equal,
         "diffs": diffs,
         "ranks_agree": ranks_agree,
@@ -78,7 +97,9 @@ def compare(scenario: Scenario, arms: tuple[str, ...] = ("native", "replay")) ->
     }
 
 
-def run_scenario(scenario: Scenario, arms: tuple[str, ...] = ("native", "replay")) -> ScenarioResult:
+def run_scenario(
+    scenario: Scenario, arms: tuple[str, ...] = ("native", "replay")
+) -> ScenarioResult:
     """``compare`` as a :class:`ScenarioResult`: rank 0's outcomes, every rank's diffs (``rank<r>/...``).
 
     Ranks that disagree with each other add a ``ranks/disagree`` row to the replay arm.
@@ -93,11 +114,15 @@ def run_scenario(scenario: Scenario, arms: tuple[str, ...] = ("native", "replay"
         outcomes[arm] = ArmOutcome(arm, ranks[0]["state"], ranks[0]["recorder"], [], 0.0, error)
         if arm != "native":
             diffs[arm] = [
-                TensorDiff(f"rank{r}/{d.name}", d.problem, d.max_abs, d.max_ulp, d.mismatched, d.numel)
+                TensorDiff(
+                    f"rank{r}/{d.name}", d.problem, d.max_abs, d.max_ulp, d.mismatched, d.numel
+                )
                 for r, (n, o) in enumerate(zip(native, ranks, strict=True))
                 for d in diff_states(n["state"], o["state"])
             ]
-    weights = [{k: v for k, v in o["state"].items() if k.startswith("param/")} for o in per_rank["replay"]]
+    weights = [
+        {k: v for k, v in o["state"].items() if k.startswith("param/")} for o in per_rank["replay"]
+    ]
     if any(diff_states(weights[0], w) for w in weights[1:]):
         diffs["replay"].append(TensorDiff("ranks/disagree", "values"))
     return ScenarioResult(scenario, outcomes, diffs)
@@ -105,7 +130,12 @@ def run_scenario(scenario: Scenario, arms: tuple[str, ...] = ("native", "replay"
 
 def _worker(spec_path: Path) -> None:
     spec = json.loads(spec_path.read_text())
-    scenario = Scenario(**{k: tuple(map(tuple, v)) if k == "accumulation_schedule" and v else v for k, v in spec["scenario"].items()})
+    scenario = Scenario(
+        **{
+            k: tuple(map(tuple, v)) if k == "accumulation_schedule" and v else v
+            for k, v in spec["scenario"].items()
+        }
+    )
     quiet_replay_warnings()
     outcome = run_arm(scenario, spec["arm"])
     rank = int(os.environ.get("RANK", "0"))
@@ -116,7 +146,9 @@ def _worker(spec_path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--task", default="detection")
     ap.add_argument("--precision", default="32")
@@ -128,14 +160,22 @@ def main(argv: list[str] | None = None) -> int:
         _worker(args.worker)
         return 0
     scenario = Scenario(
-        task=args.task, precision=args.precision, accumulation=args.accumulation, devices=args.devices, device=args.device
+        task=args.task,
+        precision=args.precision,
+        accumulation=args.accumulation,
+        devices=args.devices,
+        device=args.device,
     )
     result = compare(scenario)
     print(
         f"{result['scenario']} x{args.devices}: ok={result['ok']}; replay equal to native on every rank: "
         f"{result['equal']}; ranks agree: {result['ranks_agree']}; optimizer steps per rank: {result['steps']}"
     )
-    print(json.dumps({"recorders": result["recorders"], "errors": result["errors"]}, default=str)[:3000])
+    print(
+        json.dumps({"recorders": result["recorders"], "errors": result["errors"]}, default=str)[
+            :3000
+        ]
+    )
     return 0 if result["ok"] else 1
 
 

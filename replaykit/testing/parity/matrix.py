@@ -117,11 +117,15 @@ def rows(results: Iterable[ScenarioResult]) -> list[dict[str, Any]]:
                     **{k: v for k, v in asdict(r.scenario).items() if k not in ("device",)},
                     "scenario": r.scenario.name,
                     "arm": name,
-                    "expected": "diverge" if name.startswith("unsafe:") and name[7:] in r.scenario.exercised() else "equal",
+                    "expected": "diverge"
+                    if name.startswith("unsafe:") and name[7:] in r.scenario.exercised()
+                    else "equal",
                     "equal": r.equal(name),
                     "ok": r.ok(name),
                     "tensors_differing": len(diffs),
-                    "max_abs_diff": max((d.max_abs for d in diffs if d.problem == "values"), default=0.0),
+                    "max_abs_diff": max(
+                        (d.max_abs for d in diffs if d.problem == "values"), default=0.0
+                    ),
                     "none_pattern_diffs": sum(d.problem == "none_pattern" for d in diffs),
                     "recordings": rec.get("record", 0),
                     "replays": rec.get("replay", 0),
@@ -138,9 +142,24 @@ def rows(results: Iterable[ScenarioResult]) -> list[dict[str, Any]]:
 
 
 _KEYS = (
-    *(k for k in Scenario.__dataclass_fields__ if k != "device"), "scenario", "arm", "expected", "equal", "ok",
-    "tensors_differing", "max_abs_diff", "none_pattern_diffs", "recordings", "replays", "eager", "eager_reasons",
-    "backward_reasons", "retired", "native_step_ms", "arm_step_ms", "error",
+    *(k for k in Scenario.__dataclass_fields__ if k != "device"),
+    "scenario",
+    "arm",
+    "expected",
+    "equal",
+    "ok",
+    "tensors_differing",
+    "max_abs_diff",
+    "none_pattern_diffs",
+    "recordings",
+    "replays",
+    "eager",
+    "eager_reasons",
+    "backward_reasons",
+    "retired",
+    "native_step_ms",
+    "arm_step_ms",
+    "error",
 )
 
 

@@ -41,12 +41,18 @@ class Scenario:
     overflow_step: int | None = None
     epochs: int = 1
     accumulation_schedule: tuple[tuple[int, int], ...] | None = None  # ((epoch, accumulation), ...)
-    resume: bool = False  # train ``epochs`` epochs, checkpoint, then resume for one more in a new Trainer
+    resume: bool = (
+        False  # train ``epochs`` epochs, checkpoint, then resume for one more in a new Trainer
+    )
     assign_at_step: int | None = None  # load_state_dict(..., assign=True) into net at this step
     seed: int = 0
     device: str = "cpu"
-    devices: int = 1  # processes (DDP when > 1: launched by replaykit.testing.parity.ddp under torchrun)
-    check_every: int = 0  # the replay arm's shadow check: every N-th replayed call against eager (0: off)
+    devices: int = (
+        1  # processes (DDP when > 1: launched by replaykit.testing.parity.ddp under torchrun)
+    )
+    check_every: int = (
+        0  # the replay arm's shadow check: every N-th replayed call against eager (0: off)
+    )
 
     @property
     def name(self) -> str:
@@ -118,7 +124,6 @@ class ScenarioResult:
     @property
     def passed(self) -> bool:
         return all(self.ok(arm) for arm in self.arms)
-
 
 
 def quiet_replay_warnings() -> None:

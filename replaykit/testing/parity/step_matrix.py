@@ -59,20 +59,34 @@ def _train(s: StepScenario, replay: bool, unsafe: bool) -> tuple[dict[str, Any],
     if s.layout == "channels_last":
         net = net.to(memory_format=torch.channels_last)
     layout = s.layout if s.layout != "channels_last" else "contiguous"
-    n_train = s.batch_size * s.accumulation * s.steps + (s.batch_size // 2 if layout.startswith("partial") else 0)
+    n_train = s.batch_size * s.accumulation * s.steps + (
+        s.batch_size // 2 if layout.startswith("partial") else 0
+    )
     dm = make_datamodule(s.task, layout, batch_size=s.batch_size, seed=0, n_train=n_train)
     dm.setup("fit")
-    opt = torch.optim.SGD(net.parameters(), lr=torch.tensor(0.02, device=s.device), momentum=0.9, fused=True)
+    opt = torch.optim.SGD(
+        net.parameters(), lr=torch.tensor(0.02, device=s.device), momentum=0.9, fused=True
+    )
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.7)
     ema = EMA(net, 0.99)
-    scaler = torch.amp.GradScaler(s.device, init_scale=2.0**10) if s.precision == "16-mixed" else None
+    scaler = (
+        torch.amp.GradScaler(s.device, init_scale=2.0**10) if s.precision == "16-mixed" else None
+    )
 
     def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return task.loss(model(task.image(batch)), batch)[0]
 
     step = TrainStep(
-        net, loss_fn, opt, scaler=scaler, max_norm=1.0, ema=ema, accumulate=s.accumulation, precision=s.precision,
-        replay=replay, unsafe_disable=negative_control("module_state") if unsafe else (),
+        net,
+        loss_fn,
+        opt,
+        scaler=scaler,
+        max_norm=1.0,
+        ema=ema,
+        accumulate=s.accumulation,
+        precision=s.precision,
+        replay=replay,
+        unsafe_disable=negative_control("module_state") if unsafe else (),
     )
     bn = next(m for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm))
     losses = []
@@ -91,14 +105,21 @@ def run_scenario(s: StepScenario) -> StepScenarioResult:
     twin, _ = _train(s, replay=False, unsafe=False)
     mine, step = _train(s, replay=True, unsafe=False)
     bad, _ = _train(s, replay=True, unsafe=True)
-    journal = {**step.counts, "eager_reasons": dict(step.eager_reasons), "retired": step.retire_reason}
+    journal = {
+        **step.counts,
+        "eager_reasons": dict(step.eager_reasons),
+        "retired": step.retire_reason,
+    }
     return StepScenarioResult(s, diff_states(twin, mine), bool(diff_states(twin, bad)), journal)
 
 
 def matrix(tasks, precisions, accumulations, layouts, device: str = "cpu") -> list[StepScenario]:
     return [
         StepScenario(t, p, a, layout, device=device)
-        for t in tasks for p in precisions for a in accumulations for layout in layouts
+        for t in tasks
+        for p in precisions
+        for a in accumulations
+        for layout in layouts
     ]
 
 
@@ -106,16 +127,18 @@ def rows(results: list[StepScenarioResult]) -> list[dict[str, Any]]:
     out = []
     for r in results:
         first = r.diffs[0] if r.diffs else None
-        out.append({
-            "scenario": r.scenario.name,
-            "bitwise": not r.diffs,
-            "unsafe_diverged": r.unsafe_diverged,
-            "replays": r.journal.get("replay", 0),
-            "records": r.journal.get("record", 0),
-            "eager": r.journal.get("eager_reasons"),
-            "retired": r.journal.get("retired"),
-            "first_diff": None if first is None else f"{first.name}: {first.problem}",
-        })
+        out.append(
+            {
+                "scenario": r.scenario.name,
+                "bitwise": not r.diffs,
+                "unsafe_diverged": r.unsafe_diverged,
+                "replays": r.journal.get("replay", 0),
+                "records": r.journal.get("record", 0),
+                "eager": r.journal.get("eager_reasons"),
+                "retired": r.journal.get("retired"),
+                "first_diff": None if first is None else f"{first.name}: {first.problem}",
+            }
+        )
     return out
 
 
@@ -125,5 +148,10 @@ def summary(results: list[StepScenarioResult]) -> dict[str, Any]:
     diverged = sum(r.unsafe_diverged for r in results)
     passed = sum(r.passed for r in results)
     line = f"whole step: {passed}/{n} scenarios passed; replay {bitwise}/{n} bitwise equal to the eager twin; unsafe arms {diverged}/{n} diverged"
-    return {"line": line, "passed": passed, "total": n, "bitwise": bitwise, "unsafe_diverged": diverged}
-
+    return {
+        "line": line,
+        "passed": passed,
+        "total": n,
+        "bitwise": bitwise,
+        "unsafe_diverged": diverged,
+    }

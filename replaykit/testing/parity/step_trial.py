@@ -27,7 +27,9 @@ class SmallNet(nn.Module):
 
     def __init__(self, width: int = 16, classes: int = 4) -> None:
         super().__init__()
-        self.body = nn.Sequential(nn.Linear(8, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Dropout(0.1))
+        self.body = nn.Sequential(
+            nn.Linear(8, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Dropout(0.1)
+        )
         self.head = nn.Linear(width, classes)
         self.p = 0.1  # a host value the loss reads (see ``probe="anneal_attr"``)
 
@@ -43,7 +45,9 @@ def small_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tens
 class StepConfig:
     """One whole-step run."""
 
-    optimizer: str = "sgd"  # sgd (fused, tensor lr) | sgd_float (foreach, float lr) | adamw (fused) | adam_plain
+    optimizer: str = (
+        "sgd"  # sgd (fused, tensor lr) | sgd_float (foreach, float lr) | adamw (fused) | adam_plain
+    )
     accumulate: int = 1
     clip: float | None = None
     ema: float | None = None
@@ -52,7 +56,9 @@ class StepConfig:
     scaler: bool = False
     steps: int = 6  # optimizer steps
     partial_last: bool = True  # the last micro-batch is smaller (its own recording, or eager)
-    overflow_step: int | None = None  # that optimizer step's first micro-batch holds an inf: the scaler skips
+    overflow_step: int | None = (
+        None  # that optimizer step's first micro-batch holds an inf: the scaler skips
+    )
     probe: str | None = None  # a user action between steps (see ``PROBES``)
     unsafe: tuple[str, ...] = ()
     device: str = "cpu"
@@ -79,14 +85,24 @@ def make_optimizer(name: str, model: nn.Module, device: str) -> torch.optim.Opti
     params = model.parameters()
     lr = torch.tensor(0.05, device=device)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True, weight_decay=1e-4, fused=True)
+        return torch.optim.SGD(
+            params, lr=lr, momentum=0.9, nesterov=True, weight_decay=1e-4, fused=True
+        )
     if name == "sgd_float":
         return torch.optim.SGD(params, lr=0.05, momentum=0.9)
     if name == "adamw":
         # capturable on CUDA: step() refuses a capture without it, fused or not
         cuda = device.startswith("cuda")
-        return torch.optim.AdamW(params, lr=torch.tensor(1e-2, device=device), weight_decay=1e-2, fused=True, capturable=cuda)
-    if name == "adam_plain":  # capturable=False: refused on CUDA with a reason, replayed on the CPU tape
+        return torch.optim.AdamW(
+            params,
+            lr=torch.tensor(1e-2, device=device),
+            weight_decay=1e-2,
+            fused=True,
+            capturable=cuda,
+        )
+    if (
+        name == "adam_plain"
+    ):  # capturable=False: refused on CUDA with a reason, replayed on the CPU tape
         return torch.optim.Adam(params, lr=1e-2)
     raise ValueError(f"unknown optimizer {name!r}")
 
@@ -94,7 +110,9 @@ def make_optimizer(name: str, model: nn.Module, device: str) -> torch.optim.Opti
 def _grad_keeper(model: nn.Module) -> Callable[[int, int], None]:
     kept: list[torch.Tensor] = []
 
-    def keep(step: int, micro: int) -> None:  # a gradient kept after a micro-batch (logging its norm later)
+    def keep(
+        step: int, micro: int
+    ) -> None:  # a gradient kept after a micro-batch (logging its norm later)
         if micro == 0 and model.head.weight.grad is not None:
             kept.append(model.head.weight.grad)
 
@@ -118,12 +136,27 @@ def run(config: StepConfig, replay: bool) -> tuple[dict[str, Any], TrainStep, li
     model = SmallNet().to(config.device)
     opt = make_optimizer(config.optimizer, model, config.device)
     ema = EMA(model, config.ema) if config.ema is not None else None
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5) if config.scheduler else None
-    scaler = torch.amp.GradScaler(config.device, init_scale=2.0**8, growth_interval=2) if config.scaler else None
+    sched = (
+        torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5) if config.scheduler else None
+    )
+    scaler = (
+        torch.amp.GradScaler(config.device, init_scale=2.0**8, growth_interval=2)
+        if config.scaler
+        else None
+    )
     unsafe = negative_control(*config.unsafe) if replay and config.unsafe else ()
     step = TrainStep(
-        model, small_loss, opt, scaler=scaler, max_norm=config.clip, ema=ema, accumulate=config.accumulate,
-        precision=config.precision, replay=replay, backend=config.backend, unsafe_disable=unsafe,
+        model,
+        small_loss,
+        opt,
+        scaler=scaler,
+        max_norm=config.clip,
+        ema=ema,
+        accumulate=config.accumulate,
+        precision=config.precision,
+        replay=replay,
+        backend=config.backend,
+        unsafe_disable=unsafe,
     )
     g = torch.Generator().manual_seed(config.seed + 1)
     keeper = _grad_keeper(model)
@@ -149,8 +182,13 @@ def run(config: StepConfig, replay: bool) -> tuple[dict[str, Any], TrainStep, li
 
 
 def end_state(
-    model: nn.Module, opt: torch.optim.Optimizer, scaler: Any, sched: Any, ema: EMA | None,
-    losses: list[torch.Tensor], kept: list[torch.Tensor] = (),  # type: ignore[assignment]
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    scaler: Any,
+    sched: Any,
+    ema: EMA | None,
+    losses: list[torch.Tensor],
+    kept: list[torch.Tensor] = (),  # type: ignore[assignment]
 ) -> dict[str, Any]:
     """Everything a whole-step run must end with bitwise: model, optimizer, scaler, scheduler, EMA,
     what the user kept, every loss (the trials and :mod:`replaykit.testing.parity.step_matrix` compare it)."""
@@ -173,11 +211,20 @@ def _probe(probe: str | None, s: int, model: nn.Module, opt: torch.optim.Optimiz
         for g in opt.param_groups:
             g["lr"] = g["lr"] * 0.5 if not isinstance(g["lr"], torch.Tensor) else g["lr"]
     elif probe == "load_state" and s == 2:
-        opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # a checkpoint resumed: same values, new tensors
+        opt.load_state_dict(
+            copy.deepcopy(opt.state_dict())
+        )  # a checkpoint resumed: same values, new tensors
     elif probe == "new_param" and s == 2:
         model.head.bias = nn.Parameter(model.head.bias.detach().clone())
         opt.param_groups[0]["params"][-1] = model.head.bias  # the user keeps the optimizer in step
-        opt.state[model.head.bias] = opt.state.pop(next(p for p in opt.state if p.shape == model.head.bias.shape and p is not model.head.bias), {})
+        opt.state[model.head.bias] = opt.state.pop(
+            next(
+                p
+                for p in opt.state
+                if p.shape == model.head.bias.shape and p is not model.head.bias
+            ),
+            {},
+        )
 
 
 def trial(config: StepConfig) -> StepResult:

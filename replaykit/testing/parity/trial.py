@@ -35,11 +35,15 @@ class Trial:
     size: int = 12
     in_channels: int = 3
     features: int | None = None  # flat inputs (B, features) instead of images
-    partial: str | None = None  # None, "last" (last micro-batch smaller) or "between" (one inside a window)
+    partial: str | None = (
+        None  # None, "last" (last micro-batch smaller) or "between" (one inside a window)
+    )
     set_to_none: bool = True
     read: tuple[int, ...] | None = None  # which flat outputs the loss reads; None reads all
     channels_last: bool = False  # model and inputs
-    channels_last_inputs: bool = False  # inputs only: outputs and loss gradients then differ in layout
+    channels_last_inputs: bool = (
+        False  # inputs only: outputs and loss gradients then differ in layout
+    )
     loss: str = "mixed"  # "mixed" (nonlinear) or "sum" (broadcast gradients, stride 0)
     autocast: torch.dtype | None = None
     two_forwards: bool = False  # two forwards before one backward on each micro-batch
@@ -83,7 +87,11 @@ def make_inputs(trial: Trial) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(1000 + trial.seed)
     inputs = []
     for b in batch_sizes(trial):
-        shape = (b, trial.features) if trial.features else (b, trial.in_channels, trial.size, trial.size)
+        shape = (
+            (b, trial.features)
+            if trial.features
+            else (b, trial.in_channels, trial.size, trial.size)
+        )
         x = torch.randn(shape, generator=g).to(trial.device)
         if (trial.channels_last or trial.channels_last_inputs) and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
@@ -123,7 +131,8 @@ def flat_state(model: nn.Module, opt: torch.optim.Optimizer) -> State:
 def grads(model: nn.Module, prefix: str) -> State:
     """Each parameter's ``.grad`` (``None`` kept: the None pattern is compared too), under ``prefix``."""
     return {
-        f"{prefix}/{n}": None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()
+        f"{prefix}/{n}": None if p.grad is None else p.grad.detach().clone()
+        for n, p in model.named_parameters()
     }
 
 
@@ -168,7 +177,9 @@ def run(
             state.update(grads(model, f"grad/step{step}"))
             opt.step()
             if trial.keep_grads:
-                live_kept.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+                live_kept.append(
+                    {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+                )
             opt.zero_grad(set_to_none=trial.set_to_none)
             step += 1
     if trial.device.startswith("cuda"):
@@ -192,14 +203,18 @@ def run(
     return outcome
 
 
-def compare(trial: Trial, make_model: Callable[[], nn.Module], **capture_kwargs: Any) -> tuple[list[TensorDiff], Outcome, Outcome]:
+def compare(
+    trial: Trial, make_model: Callable[[], nn.Module], **capture_kwargs: Any
+) -> tuple[list[TensorDiff], Outcome, Outcome]:
     """Run ``trial`` eagerly and under replay; the diff rows are empty when they end bitwise equal."""
     eager = run(trial, make_model)
     replay = run(trial, make_model, capture_kwargs)
     return diff_states(eager.state, replay.state), eager, replay
 
 
-def arms(trial: Trial, make_model: Callable[[], nn.Module], **capture_kwargs: Any) -> Iterator[tuple[str, list[TensorDiff], Outcome]]:
+def arms(
+    trial: Trial, make_model: Callable[[], nn.Module], **capture_kwargs: Any
+) -> Iterator[tuple[str, list[TensorDiff], Outcome]]:
     """The replay arm, then one arm per protection switched off, each compared with eager."""
     from replaykit.protections import PROTECTIONS, negative_control
 

@@ -124,7 +124,9 @@ class TaskModule(L.LightningModule):
         loss, parts = self.loss(out, batch)
         if self.probe == "two_forwards":
             extra = self.net(x.flip(0))  # before the first forward's backward
-            loss = loss + 0.01 * torch.stack([o.float().square().mean() for o in extra.values()]).sum()
+            loss = (
+                loss + 0.01 * torch.stack([o.float().square().mean() for o in extra.values()]).sum()
+            )
         if self.overflow_step is not None and self.trainer.global_step == self.overflow_step:
             loss = loss * 1e12  # fp16 gradients overflow: GradScaler skips the step and backs off
         n = x.shape[0]

@@ -46,22 +46,75 @@ MODELS: dict[str, ZooModel] = {
     m.name: m
     for m in (
         ZooModel("resnet18", "torchvision", "BatchNorm, residual blocks", vision.resnet18, _TV),
-        ZooModel("mobilenet_v3_small", "torchvision", "depthwise convs, SE blocks, hardswish, dropout",
-                 vision.mobilenet_v3_small, _TV),
-        ZooModel("convnext", "torchvision", "7x7 depthwise convs, LayerNorm2d, layer scale, stochastic depth",
-                 vision.convnext, _TV),
-        ZooModel("vit", "torchvision", "nn.MultiheadAttention (SDPA), attention dropout, class token", vision.vit, _TV),
-        ZooModel("swin", "torchvision", "shifted windows, relative position bias (index gather), stochastic depth",
-                 vision.swin, _TV),
-        ZooModel("lraspp", "torchvision", "segmentation: MobileNetV3-Large, LRASPP head, upsampling, dict output",
-                 vision.lraspp, _TV, batches=(4, 16)),
-        ZooModel("retinanet", "torchvision", "detection: backbone+FPN+shared head captured, anchor-matching loss eager",
-                 detection.retinanet, _TV, batches=(2, 8)),
-        ZooModel("transformer_lm", "torch", "nn.TransformerEncoder, causal mask, tied embeddings, dropout",
-                 language.transformer_lm, (), batches=(8, 64)),
-        ZooModel("timm_efficientnet", "timm", "timm MBConv, SE, SiLU, drop path", timm_models.efficientnet, _TIMM),
-        ZooModel("timm_convnext", "timm", "timm ConvNeXt, LayerNorm2d, drop path", timm_models.convnext, _TIMM),
-        ZooModel("timm_vit", "timm", "timm Attention (fused SDPA), drop path", timm_models.vit, _TIMM),
+        ZooModel(
+            "mobilenet_v3_small",
+            "torchvision",
+            "depthwise convs, SE blocks, hardswish, dropout",
+            vision.mobilenet_v3_small,
+            _TV,
+        ),
+        ZooModel(
+            "convnext",
+            "torchvision",
+            "7x7 depthwise convs, LayerNorm2d, layer scale, stochastic depth",
+            vision.convnext,
+            _TV,
+        ),
+        ZooModel(
+            "vit",
+            "torchvision",
+            "nn.MultiheadAttention (SDPA), attention dropout, class token",
+            vision.vit,
+            _TV,
+        ),
+        ZooModel(
+            "swin",
+            "torchvision",
+            "shifted windows, relative position bias (index gather), stochastic depth",
+            vision.swin,
+            _TV,
+        ),
+        ZooModel(
+            "lraspp",
+            "torchvision",
+            "segmentation: MobileNetV3-Large, LRASPP head, upsampling, dict output",
+            vision.lraspp,
+            _TV,
+            batches=(4, 16),
+        ),
+        ZooModel(
+            "retinanet",
+            "torchvision",
+            "detection: backbone+FPN+shared head captured, anchor-matching loss eager",
+            detection.retinanet,
+            _TV,
+            batches=(2, 8),
+        ),
+        ZooModel(
+            "transformer_lm",
+            "torch",
+            "nn.TransformerEncoder, causal mask, tied embeddings, dropout",
+            language.transformer_lm,
+            (),
+            batches=(8, 64),
+        ),
+        ZooModel(
+            "timm_efficientnet",
+            "timm",
+            "timm MBConv, SE, SiLU, drop path",
+            timm_models.efficientnet,
+            _TIMM,
+        ),
+        ZooModel(
+            "timm_convnext",
+            "timm",
+            "timm ConvNeXt, LayerNorm2d, drop path",
+            timm_models.convnext,
+            _TIMM,
+        ),
+        ZooModel(
+            "timm_vit", "timm", "timm Attention (fused SDPA), drop path", timm_models.vit, _TIMM
+        ),
     )
 }
 
@@ -76,7 +129,9 @@ def names(chosen: Iterable[str] = DEFAULT) -> list[str]:
         return list(MODELS)
     unknown = [n for n in chosen if n not in MODELS]
     if unknown:
-        raise ValueError(f"unknown zoo model(s) {unknown}; choose from {', '.join(MODELS)} or 'all'")
+        raise ValueError(
+            f"unknown zoo model(s) {unknown}; choose from {', '.join(MODELS)} or 'all'"
+        )
     return [n for n in MODELS if n in chosen]
 
 

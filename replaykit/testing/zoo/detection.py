@@ -43,12 +43,19 @@ def retinanet() -> Workload:
 
     width = 32
     backbone = BackboneWithFPN(
-        tv.models.resnet18(), {"layer2": "0", "layer3": "1", "layer4": "2"}, [128, 256, 512], width,
+        tv.models.resnet18(),
+        {"layer2": "0", "layer3": "1", "layer4": "2"},
+        [128, 256, 512],
+        width,
         extra_blocks=LastLevelP6P7(width, width),
     )
     anchors = AnchorGenerator(tuple((s,) for s in (16, 32, 64, 128, 256)), ((0.5, 1.0, 2.0),) * 5)
-    detector = RetinaNet(backbone, num_classes=CLASSES, anchor_generator=anchors,
-                         head=RetinaNetHead(width, anchors.num_anchors_per_location()[0], CLASSES))
+    detector = RetinaNet(
+        backbone,
+        num_classes=CLASSES,
+        anchor_generator=anchors,
+        head=RetinaNetHead(width, anchors.num_anchors_per_location()[0], CLASSES),
+    )
     dense = DenseDetector(detector.backbone, detector.head)
     strides = (8, 16, 32, 64, 128)  # C3-C5, P6, P7
     sizes = [((IMAGE + s - 1) // s,) * 2 for s in strides]
@@ -61,7 +68,12 @@ def retinanet() -> Workload:
             corner = torch.rand(n, 2, generator=g) * (IMAGE - 48)
             size = 12 + torch.rand(n, 2, generator=g) * 36
             boxes = torch.cat([corner, corner + size], 1)
-            targets.append({"boxes": boxes.to(device), "labels": torch.randint(0, CLASSES, (n,), generator=g).to(device)})
+            targets.append(
+                {
+                    "boxes": boxes.to(device),
+                    "labels": torch.randint(0, CLASSES, (n,), generator=g).to(device),
+                }
+            )
         return (x.to(device),), targets
 
     def loss(out: dict[str, torch.Tensor], targets: list[dict[str, torch.Tensor]]) -> torch.Tensor:
@@ -69,7 +81,9 @@ def retinanet() -> Workload:
         n, device = logits.shape[0], logits.device
         levels = [torch.empty(n, 0, h, w, device=device) for h, w in sizes]  # shapes only
         images = ImageList(torch.empty(n, 3, IMAGE, IMAGE, device=device), [(IMAGE, IMAGE)] * n)
-        parts = detector.compute_loss(targets, {k: v.float() for k, v in out.items()}, anchors(images, levels))
+        parts = detector.compute_loss(
+            targets, {k: v.float() for k, v in out.items()}, anchors(images, levels)
+        )
         return parts["classification"] + parts["bbox_regression"]
 
     return Workload(dense, make, loss)

@@ -16,11 +16,20 @@ class TinyLM(nn.Module):
     """Token + learned position embeddings, a pre-norm nn.TransformerEncoder under a causal mask,
     and an output projection that shares the embedding's weight."""
 
-    def __init__(self, vocab: int = VOCAB, context: int = CONTEXT, dim: int = 32, layers: int = 2, heads: int = 2) -> None:
+    def __init__(
+        self,
+        vocab: int = VOCAB,
+        context: int = CONTEXT,
+        dim: int = 32,
+        layers: int = 2,
+        heads: int = 2,
+    ) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         self.position = nn.Parameter(torch.zeros(1, context, dim))
-        layer = nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.1, batch_first=True, norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            dim, heads, 2 * dim, dropout=0.1, batch_first=True, norm_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab, bias=False)

@@ -119,7 +119,9 @@ def train(case: ZooCase, capture_kwargs: dict[str, Any] | None = None) -> ZooArm
     module = module.to(case.device).train()
     opt = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
     g = torch.Generator().manual_seed(1000 + case.seed)
-    batches = [make_batch(case.batch, case.device, g) for _ in range(case.steps * case.accumulation)]
+    batches = [
+        make_batch(case.batch, case.device, g) for _ in range(case.steps * case.accumulation)
+    ]
     dtype = AUTOCAST[case.precision]
     scaler = torch.amp.GradScaler(device_type) if case.precision == "16-mixed" else None
     rec = capture(module, **capture_kwargs) if capture_kwargs is not None else None
@@ -135,7 +137,9 @@ def train(case: ZooCase, capture_kwargs: dict[str, Any] | None = None) -> ZooArm
             for i, (args, targets) in enumerate(batches):
                 _sync(case.device)
                 t0 = time.perf_counter()
-                with torch.autocast(device_type, dtype=dtype) if dtype is not None else nullcontext():
+                with (
+                    torch.autocast(device_type, dtype=dtype) if dtype is not None else nullcontext()
+                ):
                     loss = loss_fn(module(*args), targets)
                 scaled = loss / case.accumulation
                 (scaler.scale(scaled) if scaler is not None else scaled).backward()
@@ -162,7 +166,11 @@ def train(case: ZooCase, capture_kwargs: dict[str, Any] | None = None) -> ZooArm
         state["scaler/scale"] = torch.tensor(scaler.get_scale(), dtype=torch.float64)
     arm = ZooArm(state, step_ms=step_ms, error=error)
     if rec is not None:
-        arm.recorder = {**rec.journal.summary(), "retired": rec.retire_reason, "refusals": _refusals(rec)}
+        arm.recorder = {
+            **rec.journal.summary(),
+            "retired": rec.retire_reason,
+            "refusals": _refusals(rec),
+        }
         arm.journal = rec.journal.format()
         rec.release()
     return arm
@@ -180,7 +188,9 @@ def run_case(case: ZooCase, unsafe: tuple[str, ...] = ()) -> ZooResult:
         kwargs["unsafe_disable"] = tuple(unsafe)
     replay = train(case, kwargs)
     arms = {"eager": eager, "eager_again": again, "replay": replay}
-    return ZooResult(case, arms, diff_states(eager.state, replay.state), diff_states(eager.state, again.state))
+    return ZooResult(
+        case, arms, diff_states(eager.state, replay.state), diff_states(eager.state, again.state)
+    )
 
 
 def verdict(r: ZooResult) -> str:
@@ -204,7 +214,9 @@ def verdict(r: ZooResult) -> str:
     if rec.get("retired"):
         return f"retired: {rec['retired']}"
     if not rec.get("replay"):
-        reasons = rec.get("refusals") or [f"{k} x{v}" for k, v in rec.get("eager_reasons", {}).items()]
+        reasons = rec.get("refusals") or [
+            f"{k} x{v}" for k, v in rec.get("eager_reasons", {}).items()
+        ]
         return "eager: " + "; ".join(reasons)
     return "bitwise"
 
@@ -255,31 +267,49 @@ def rows(results: Iterable[ZooResult]) -> list[dict[str, Any]]:
         rec = (replay.recorder if replay else None) or {}
         eager_ms = _median(r.arms["eager"].step_ms) if "eager" in r.arms else float("nan")
         replay_ms = _median(replay.step_ms) if replay else float("nan")
-        out.append({
-            "model": c.model,
-            "source": MODELS[c.model].source,
-            "precision": c.precision,
-            "accumulation": c.accumulation,
-            "verdict": r.verdict,
-            "bitwise": bool(r.arms) and not r.diffs and not r.eager_diffs and not any(a.error for a in r.arms.values()),
-            "records": rec.get("record", 0),
-            "replays": rec.get("replay", 0),
-            "eager": rec.get("eager", 0),
-            "eager_reasons": rec.get("eager_reasons", {}),
-            "backward_reasons": rec.get("backward_reasons", {}),
-            "retired": rec.get("retired"),
-            "tensors_differing": len(r.diffs),
-            "max_ulp": max((d.max_ulp for d in r.diffs), default=0),
-            "eager_step_ms": eager_ms,
-            "replay_step_ms": replay_ms,
-            "replay_vs_eager": replay_ms / eager_ms if eager_ms and eager_ms == eager_ms else float("nan"),
-            "case": asdict(c),
-        })
+        out.append(
+            {
+                "model": c.model,
+                "source": MODELS[c.model].source,
+                "precision": c.precision,
+                "accumulation": c.accumulation,
+                "verdict": r.verdict,
+                "bitwise": bool(r.arms)
+                and not r.diffs
+                and not r.eager_diffs
+                and not any(a.error for a in r.arms.values()),
+                "records": rec.get("record", 0),
+                "replays": rec.get("replay", 0),
+                "eager": rec.get("eager", 0),
+                "eager_reasons": rec.get("eager_reasons", {}),
+                "backward_reasons": rec.get("backward_reasons", {}),
+                "retired": rec.get("retired"),
+                "tensors_differing": len(r.diffs),
+                "max_ulp": max((d.max_ulp for d in r.diffs), default=0),
+                "eager_step_ms": eager_ms,
+                "replay_step_ms": replay_ms,
+                "replay_vs_eager": replay_ms / eager_ms
+                if eager_ms and eager_ms == eager_ms
+                else float("nan"),
+                "case": asdict(c),
+            }
+        )
     return out
 
 
-COLUMNS = ("model", "precision", "accumulation", "verdict", "replays", "eager", "eager_reasons", "retired",
-           "eager_step_ms", "replay_step_ms", "replay_vs_eager")
+COLUMNS = (
+    "model",
+    "precision",
+    "accumulation",
+    "verdict",
+    "replays",
+    "eager",
+    "eager_reasons",
+    "retired",
+    "eager_step_ms",
+    "replay_step_ms",
+    "replay_vs_eager",
+)
 
 
 def summary(results: Iterable[ZooResult]) -> dict[str, Any]:
@@ -308,7 +338,9 @@ def build_parser():
         prog="python -m replaykit.testing.zoo.run",
         description="Train zoo models eagerly and under replay; print each row's verdict (exit 1 on a silent difference).",
     )
-    p.add_argument("--models", nargs="+", default=["resnet18", "transformer_lm"], help="zoo models, or all")
+    p.add_argument(
+        "--models", nargs="+", default=["resnet18", "transformer_lm"], help="zoo models, or all"
+    )
     p.add_argument("--precisions", nargs="+", default=["32"], choices=PRECISIONS)
     p.add_argument("--accumulations", nargs="+", type=int, default=[1, 2])
     p.add_argument("--steps", type=int, default=3, help="optimizer steps per run")
@@ -320,7 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     from replaykit import tables
 
     args = build_parser().parse_args(argv)
-    chosen = cases(args.models, args.precisions, args.accumulations, steps=args.steps, device=args.device)
+    chosen = cases(
+        args.models, args.precisions, args.accumulations, steps=args.steps, device=args.device
+    )
     results = list(run_matrix(chosen, progress=False))
     print(tables.text(rows(results), COLUMNS[:8]))
     line = summary(results)

@@ -9,7 +9,9 @@ CLASSES = 10
 
 
 def _timm(arch: str, image: int = 32, **kw: object) -> Workload:
-    net = deps.timm().create_model(arch, pretrained=False, num_classes=CLASSES, drop_rate=0.1, drop_path_rate=0.1, **kw)
+    net = deps.timm().create_model(
+        arch, pretrained=False, num_classes=CLASSES, drop_rate=0.1, drop_path_rate=0.1, **kw
+    )
     return Workload(net, images(image, CLASSES), cross_entropy)
 
 

@@ -14,13 +14,19 @@ IMAGE = 32
 
 def resnet18() -> Workload:
     """BatchNorm, residual blocks, max pooling."""
-    return Workload(deps.torchvision().models.resnet18(num_classes=CLASSES), images(IMAGE, CLASSES), cross_entropy)
+    return Workload(
+        deps.torchvision().models.resnet18(num_classes=CLASSES),
+        images(IMAGE, CLASSES),
+        cross_entropy,
+    )
 
 
 def mobilenet_v3_small() -> Workload:
     """Depthwise convolutions, squeeze-excitation (hardsigmoid), hardswish, dropout in the classifier."""
     tv = deps.torchvision()
-    return Workload(tv.models.mobilenet_v3_small(num_classes=CLASSES), images(IMAGE, CLASSES), cross_entropy)
+    return Workload(
+        tv.models.mobilenet_v3_small(num_classes=CLASSES), images(IMAGE, CLASSES), cross_entropy
+    )
 
 
 def convnext() -> Workload:
@@ -29,7 +35,9 @@ def convnext() -> Workload:
     from torchvision.models.convnext import CNBlockConfig
 
     net = tv.models.ConvNeXt(
-        [CNBlockConfig(16, 32, 2), CNBlockConfig(32, None, 2)], stochastic_depth_prob=0.2, num_classes=CLASSES
+        [CNBlockConfig(16, 32, 2), CNBlockConfig(32, None, 2)],
+        stochastic_depth_prob=0.2,
+        num_classes=CLASSES,
     )
     return Workload(net, images(IMAGE, CLASSES), cross_entropy)
 
@@ -38,8 +46,15 @@ def vit() -> Workload:
     """A ViT: patch embedding, class token, nn.MultiheadAttention (SDPA inside) with attention dropout."""
     tv = deps.torchvision()
     net = tv.models.VisionTransformer(
-        image_size=IMAGE, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
-        dropout=0.1, attention_dropout=0.1, num_classes=CLASSES,
+        image_size=IMAGE,
+        patch_size=8,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=32,
+        mlp_dim=64,
+        dropout=0.1,
+        attention_dropout=0.1,
+        num_classes=CLASSES,
     )
     return Workload(net, images(IMAGE, CLASSES), cross_entropy)
 
@@ -49,8 +64,15 @@ def swin() -> Workload:
     gathered by an integer index buffer, stochastic depth and dropout."""
     tv = deps.torchvision()
     net = tv.models.SwinTransformer(
-        patch_size=[2, 2], embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=[4, 4],
-        stochastic_depth_prob=0.2, dropout=0.1, attention_dropout=0.1, num_classes=CLASSES,
+        patch_size=[2, 2],
+        embed_dim=16,
+        depths=[2, 2],
+        num_heads=[2, 4],
+        window_size=[4, 4],
+        stochastic_depth_prob=0.2,
+        dropout=0.1,
+        attention_dropout=0.1,
+        num_classes=CLASSES,
     )
     return Workload(net, images(IMAGE, CLASSES), cross_entropy)
 
@@ -62,7 +84,9 @@ SEG_IMAGE = 64
 def lraspp() -> Workload:
     """torchvision's LRASPP segmentation head on MobileNetV3-Large; returns {"out": logits} upsampled to the input."""
     tv = deps.torchvision()
-    net = tv.models.segmentation.lraspp_mobilenet_v3_large(weights=None, weights_backbone=None, num_classes=SEG_CLASSES)
+    net = tv.models.segmentation.lraspp_mobilenet_v3_large(
+        weights=None, weights_backbone=None, num_classes=SEG_CLASSES
+    )
 
     def make(batch: int, device, g: torch.Generator):
         x = torch.randn(batch, 3, SEG_IMAGE, SEG_IMAGE, generator=g)

@@ -25,7 +25,9 @@ class Workload(NamedTuple):
 def images(size: int, classes: int) -> MakeBatch:
     """Normal images and class labels, drawn on the CPU from ``generator`` (the same on every device)."""
 
-    def make(batch: int, device: str | torch.device, g: torch.Generator) -> tuple[tuple[torch.Tensor], torch.Tensor]:
+    def make(
+        batch: int, device: str | torch.device, g: torch.Generator
+    ) -> tuple[tuple[torch.Tensor], torch.Tensor]:
         x = torch.randn(batch, 3, size, size, generator=g)
         y = torch.randint(0, classes, (batch,), generator=g)
         return (x.to(device),), y.to(device)

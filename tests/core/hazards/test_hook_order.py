@@ -26,7 +26,9 @@ def test_without_the_guard_hook_order_diverges(backend: str, name: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["post_accumulate", "tensor"])
-def test_each_parameter_hook_fires_once_per_backward_in_eager_order(backend: str, device: str, kind: str) -> None:
+def test_each_parameter_hook_fires_once_per_backward_in_eager_order(
+    backend: str, device: str, kind: str
+) -> None:
     torch.manual_seed(0)
     model, twin = MLP(bn=True).to(device), MLP(bn=True).to(device)
     twin.load_state_dict(model.state_dict())

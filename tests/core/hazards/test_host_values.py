@@ -34,7 +34,9 @@ CHANGES: dict[str, Callable[[nn.Module], None]] = {
 
 
 @pytest.mark.parametrize("change", list(CHANGES))
-def test_a_changed_host_value_is_not_replayed_from_the_old_recording(backend: str, device: str, change: str) -> None:
+def test_a_changed_host_value_is_not_replayed_from_the_old_recording(
+    backend: str, device: str, change: str
+) -> None:
     """After the change the next call re-records or routes eager (with a reason): it is no plain replay."""
     torch.manual_seed(0)
     model = MLP(bn=True, p=0.3).to(device)

@@ -21,14 +21,18 @@ def test_without_the_guard_input_patterns_diverge(backend: str, name: str) -> No
     assert_unsafe_diverges(name, backend)
 
 
-def _captured(cls: type, device: str, backend: str) -> tuple[torch.nn.Module, torch.nn.Module, rk.Recorder]:
+def _captured(
+    cls: type, device: str, backend: str
+) -> tuple[torch.nn.Module, torch.nn.Module, rk.Recorder]:
     torch.manual_seed(0)
     model, twin = cls().to(device), cls().to(device)
     twin.load_state_dict(model.state_dict())
     return model, twin, rk.capture(model, backend=backend)
 
 
-def test_a_forward_that_mutates_its_input_changes_the_callers_tensor(backend: str, device: str) -> None:
+def test_a_forward_that_mutates_its_input_changes_the_callers_tensor(
+    backend: str, device: str
+) -> None:
     model, _, rec = _captured(Centering, device, backend)
     try:
         for _ in range(3):  # record, then replays

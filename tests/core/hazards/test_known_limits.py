@@ -13,7 +13,9 @@ def test_known_limits_are_kept_out_of_the_catalogue() -> None:
 
 
 @pytest.mark.parametrize("pat", KNOWN_LIMITS, ids=lambda p: p.name)
-@pytest.mark.xfail(strict=True, reason="a known limit (README): still a silent difference; a fix makes this pass")
+@pytest.mark.xfail(
+    strict=True, reason="a known limit (README): still a silent difference; a fix makes this pass"
+)
 def test_known_limits_are_still_silent(pat) -> None:
     outcome = run_pattern(pat, "emulated")
     assert not outcome.failed, outcome.line()

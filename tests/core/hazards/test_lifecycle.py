@@ -64,7 +64,9 @@ def test_a_captured_module_saves_as_a_plain_module(backend: str, device: str, ho
             buf.seek(0)
             loaded = torch.load(buf, weights_only=False)
         assert rk.recorder_of(loaded) is None
-        assert loaded.forward.__func__ is type(loaded).forward  # the class's own forward, no routing
+        assert (
+            loaded.forward.__func__ is type(loaded).forward
+        )  # the class's own forward, no routing
         x = torch.randn(4, 6, device=device)
         with torch.no_grad():  # the captured one routes eager under no_grad: plain module outputs
             assert torch.equal(loaded(x), model(x))
@@ -74,7 +76,9 @@ def test_a_captured_module_saves_as_a_plain_module(backend: str, device: str, ho
         rec.release()
 
 
-_RUNS: dict[int, int] = {}  # counted outside the module: an assigned attribute would be a side effect
+_RUNS: dict[
+    int, int
+] = {}  # counted outside the module: an assigned attribute would be a side effect
 
 
 class Interrupting(nn.Module):
@@ -161,7 +165,9 @@ def test_two_threads_training_concurrently_get_eager_values(backend: str, device
             for x in inputs[k]:
                 try:
                     out = model(x)
-                    results[k].append(torch.autograd.grad(out.pow(2).sum(), list(model.parameters())))
+                    results[k].append(
+                        torch.autograd.grad(out.pow(2).sum(), list(model.parameters()))
+                    )
                 except rk.ReplayError:
                     results[k].append(None)
         except BaseException as exc:
@@ -206,7 +212,9 @@ def test_capturing_a_parent_and_its_child_is_refused(backend: str, device: str, 
         rec.release()
 
 
-def test_weights_changed_in_place_before_backward_raise_like_eager(backend: str, device: str) -> None:
+def test_weights_changed_in_place_before_backward_raise_like_eager(
+    backend: str, device: str
+) -> None:
     torch.manual_seed(0)
     model = MLP().to(device)
     rec = rk.capture(model, backend=backend)

@@ -89,7 +89,10 @@ def test_eager_errors_are_both_raise_or_a_failure(backend: str) -> None:
     def both(model: nn.Module, arm: Arm) -> dict:
         raise RuntimeError("always")
 
-    assert run_pattern(Pattern("both", "inputs", "", lambda d: MLP().to(d), both), backend).kind == BOTH_RAISE
+    assert (
+        run_pattern(Pattern("both", "inputs", "", lambda d: MLP().to(d), both), backend).kind
+        == BOTH_RAISE
+    )
 
 
 def test_a_clean_fake_replays_bitwise(backend: str) -> None:
@@ -108,7 +111,9 @@ def test_the_comparison_sees_none_patterns_signed_zeros_and_nans() -> None:
     assert d.problem == "values" and d.max_abs == 0.0  # -0.0 is not 0.0: the bits differ
     nan = torch.tensor([float("nan")])
     assert compare_states({"a": nan}, {"a": nan.clone()}) == []
-    [d] = compare_states({"a": torch.tensor([1.0])}, {"a": torch.nextafter(torch.tensor([1.0]), torch.tensor([2.0]))})
+    [d] = compare_states(
+        {"a": torch.tensor([1.0])}, {"a": torch.nextafter(torch.tensor([1.0]), torch.tensor([2.0]))}
+    )
     assert d.ulp == 1
 
 
@@ -116,19 +121,35 @@ def test_the_catalogue_covers_every_hazard_class_with_unique_names() -> None:
     assert len({p.name for p in PATTERNS}) == len(PATTERNS)
     for hazard in HAZARDS:
         assert [p for p in PATTERNS if p.hazard == hazard], hazard
-    known = {*rk.PROTECTIONS, "module_state", "input_aliasing", "input_layout", "argument_values",
-             "repeat_backward", "param_identity", "record_probe", "inplace_weights",
-             "state_identity", "host_values", "copy_out"}  # the last three: TrainStep's own
+    known = {
+        *rk.PROTECTIONS,
+        "module_state",
+        "input_aliasing",
+        "input_layout",
+        "argument_values",
+        "repeat_backward",
+        "param_identity",
+        "record_probe",
+        "inplace_weights",
+        "state_identity",
+        "host_values",
+        "copy_out",
+    }  # the last three: TrainStep's own
     assert {g for p in PATTERNS if p.guard for g in p.guard.split("+")} <= known
 
 
-def test_the_cli_exits_1_on_a_failure_and_writes_json(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.setattr(runner, "PATTERNS", [_fake("nudged", _nudge), _fake("clean", lambda m: None)])
+def test_the_cli_exits_1_on_a_failure_and_writes_json(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    monkeypatch.setattr(
+        runner, "PATTERNS", [_fake("nudged", _nudge), _fake("clean", lambda m: None)]
+    )
     out = tmp_path / "out.json"
     assert runner.main(["--backend", "emulated", "--json", str(out)]) == 1
     rows = json.loads(out.read_text())
     assert [(r["pattern"], r["kind"], r["failed"]) for r in rows] == [
-        ("nudged", SILENT_DIFF, True), ("clean", REPLAYED, False),
+        ("nudged", SILENT_DIFF, True),
+        ("clean", REPLAYED, False),
     ]
     monkeypatch.setattr(runner, "PATTERNS", [_fake("clean", lambda m: None)])
     assert runner.main(["--plain"]) == 0
@@ -168,7 +189,9 @@ def test_the_optimizer_state_is_part_of_a_step_patterns_end_state(backend: str) 
                 opt.state[model.fc2.bias]["momentum_buffer"][0] += 1e-3
         return {}
 
-    outcome = run_pattern(Pattern("momentum", "inputs", "", lambda d: MLP().to(d), train, api="step"), backend)
+    outcome = run_pattern(
+        Pattern("momentum", "inputs", "", lambda d: MLP().to(d), train, api="step"), backend
+    )
     assert outcome.kind == SILENT_DIFF
     assert outcome.detail.startswith("optim0/fc2.bias/momentum_buffer"), outcome.detail
 
@@ -181,12 +204,16 @@ def test_a_step_patterns_retirement_and_routing_are_classified(backend: str) -> 
     assert run_pattern(_fake_step("retires", lambda m: None, loss_fn=flip), backend).kind == RETIRED
 
     def lr_every_step(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
-        opt.param_groups[0]["lr"] = 0.1 / (step + 1)  # a new recording per step: over the budget of one
+        opt.param_groups[0]["lr"] = 0.1 / (
+            step + 1
+        )  # a new recording per step: over the budget of one
 
     def budget(model: nn.Module, arm: Arm) -> dict:
         return step_loop(model, arm, before=lr_every_step, max_recordings=1)
 
-    outcome = run_pattern(Pattern("budget", "inputs", "", lambda d: MLP().to(d), budget, api="step"), backend)
+    outcome = run_pattern(
+        Pattern("budget", "inputs", "", lambda d: MLP().to(d), budget, api="step"), backend
+    )
     assert outcome.kind == ROUTED, outcome.line()
     assert "budget" in outcome.detail
 
@@ -196,7 +223,9 @@ def test_a_step_pattern_must_build_its_step_through_the_arm() -> None:
         return {}
 
     with pytest.raises(ValueError, match=r"arm\.train_step"):
-        run_pattern(Pattern("no_step", "inputs", "", lambda d: MLP().to(d), plain, api="step"), "emulated")
+        run_pattern(
+            Pattern("no_step", "inputs", "", lambda d: MLP().to(d), plain, api="step"), "emulated"
+        )
     with pytest.raises(ValueError, match="api"):
         Pattern("bad_api", "inputs", "", lambda d: MLP().to(d), plain, api="lightning")
 
@@ -214,7 +243,9 @@ def test_a_hang_in_this_process_is_a_failure_not_a_stuck_run() -> None:
     outcome = run_pattern(pat, "emulated", timeout=0.5)
     assert outcome.kind == HANG and outcome.failed
     assert "replay arm" in outcome.detail
-    assert run_pattern(_fake("after_a_hang", lambda m: None), "emulated").kind == REPLAYED  # the alarm is off again
+    assert (
+        run_pattern(_fake("after_a_hang", lambda m: None), "emulated").kind == REPLAYED
+    )  # the alarm is off again
 
 
 def _clean(model: nn.Module, arm: Arm) -> dict:
@@ -228,7 +259,9 @@ def _clean(model: nn.Module, arm: Arm) -> dict:
 
 def _stuck_in_replay(model: nn.Module, arm: Arm) -> dict:
     if arm.replay:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # as deaf to the alarm as native code
+        signal.pthread_sigmask(
+            signal.SIG_BLOCK, {signal.SIGALRM}
+        )  # as deaf to the alarm as native code
         time.sleep(600)
     return _clean(model, arm)
 
@@ -236,7 +269,9 @@ def _stuck_in_replay(model: nn.Module, arm: Arm) -> dict:
 # module level: a child process finds a ``may_hang`` pattern by its module and name
 IN_A_CHILD = [
     Pattern("clean_in_a_child", "lifecycle", "", lambda d: MLP().to(d), _clean, may_hang=True),
-    Pattern("stuck_in_a_child", "lifecycle", "", lambda d: MLP().to(d), _stuck_in_replay, may_hang=True),
+    Pattern(
+        "stuck_in_a_child", "lifecycle", "", lambda d: MLP().to(d), _stuck_in_replay, may_hang=True
+    ),
 ]
 
 
@@ -259,8 +294,17 @@ def test_replay_coverage_counts_realistic_guarded_runs_per_api_and_backend() -> 
     outcomes = [
         run_pattern(_fake("replays", lambda m: None), "emulated"),
         run_pattern(_fake_step("step_replays", lambda m: None), "emulated"),
-        run_pattern(_fake_step("step_retires", lambda m: None, loss_fn=lambda m, x: (
-            m.__dict__.setdefault("seen", []).append(1), m(x).pow(2).mean())[1]), "emulated"),
+        run_pattern(
+            _fake_step(
+                "step_retires",
+                lambda m: None,
+                loss_fn=lambda m, x: (
+                    m.__dict__.setdefault("seen", []).append(1),
+                    m(x).pow(2).mean(),
+                )[1],
+            ),
+            "emulated",
+        ),
     ]
     unsafe = Outcome("replays", "inputs", "emulated", REPLAYED, unsafe=True)
     limit = Outcome(hazards.KNOWN_LIMITS[0].name, "x", "emulated", REPLAYED)

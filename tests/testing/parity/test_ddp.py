@@ -15,7 +15,10 @@ from replaykit.testing.tasks import make_task
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "scenario",
-    [Scenario(accumulation=2, devices=2), Scenario(task="pose", precision="bf16-mixed", accumulation=1, devices=2)],
+    [
+        Scenario(accumulation=2, devices=2),
+        Scenario(task="pose", precision="bf16-mixed", accumulation=1, devices=2),
+    ],
     ids=lambda s: s.name,
 )
 def test_ddp_replay_matches_native_on_every_rank(scenario: Scenario) -> None:
@@ -26,9 +29,13 @@ def test_ddp_replay_matches_native_on_every_rank(scenario: Scenario) -> None:
 
 @pytest.mark.slow
 def test_ddp_without_copy_out_diverges() -> None:
-    result = compare(Scenario(accumulation=2, devices=2), arms=("native", "replay", "unsafe:copy_out"))
+    result = compare(
+        Scenario(accumulation=2, devices=2), arms=("native", "replay", "unsafe:copy_out")
+    )
     assert result["equal"] is False  # the unsafe arm differs...
-    assert all(not d for d in result["diffs"]["replay"])  # ...while replay stays equal on both ranks
+    assert all(
+        not d for d in result["diffs"]["replay"]
+    )  # ...while replay stays equal on both ranks
 
 
 def test_unsupported_strategy_retires_every_recorder() -> None:
@@ -51,9 +58,14 @@ def test_parity_notebook_with_ddp(tmp_path) -> None:
 
     root = Path(__file__).resolve().parents[3]
     params = {"tasks": ["detection"], "accumulations": [2], "devices": 2, "with_unsafe": True}
-    result = run_notebook(root / "notebooks" / "parity.ipynb", params, runs_dir=tmp_path, cwd=root, progress=False)
+    result = run_notebook(
+        root / "notebooks" / "parity.ipynb", params, runs_dir=tmp_path, cwd=root, progress=False
+    )
     assert result.ok, result.summary.get("failed_cell")
-    assert result.summary["results"]["replay_equal"] == 1 and result.summary["results"]["unsafe_diverged"] == 1
+    assert (
+        result.summary["results"]["replay_equal"] == 1
+        and result.summary["results"]["unsafe_diverged"] == 1
+    )
 
 
 @pytest.mark.cuda
@@ -71,6 +83,11 @@ def test_cuda_ddp_two_gpus(scenario: Scenario) -> None:
 
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two CUDA GPUs")
-    result = compare(scenario, arms=("native", "replay", "unsafe:copy_out") if scenario.accumulation > 1 else ("native", "replay"))
+    result = compare(
+        scenario,
+        arms=("native", "replay", "unsafe:copy_out")
+        if scenario.accumulation > 1
+        else ("native", "replay"),
+    )
     assert all(not d for d in result["diffs"]["replay"]) and result["ranks_agree"], result
     assert all(r["replay"] >= 1 for r in result["recorders"]["replay"])

@@ -129,10 +129,14 @@ def test_none_grads_stay_none_and_count_in_the_diff() -> None:
     assert [(r.name, r.problem) for r in rows] == [("grad/unused.weight", "none_pattern")]
 
 
-@pytest.mark.parametrize("make", [
-    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
-    lambda p: torch.optim.AdamW(p, lr=0.1),
-], ids=["sgd", "adamw"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+        lambda p: torch.optim.AdamW(p, lr=0.1),
+    ],
+    ids=["sgd", "adamw"],
+)
 def test_optimizer_state_after_a_step(make) -> None:
     torch.manual_seed(0)
     net = TwoHeads()

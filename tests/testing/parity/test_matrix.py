@@ -34,7 +34,13 @@ def test_slice_replays_equal_and_unsafe_arms_diverge(scenario: Scenario) -> None
 def test_matrix_shape_and_runner_yields_each_result() -> None:
     full = matrix.matrix()
     assert len(full) == 4 * 3 * 3 * 2 + 4 * 3 * 2  # 96 scenarios per arm
-    small = matrix.matrix(tasks=["detection"], precisions=["32"], accumulations=[1], layouts=["contiguous"], partial_layouts=[])
+    small = matrix.matrix(
+        tasks=["detection"],
+        precisions=["32"],
+        accumulations=[1],
+        layouts=["contiguous"],
+        partial_layouts=[],
+    )
     results = list(matrix.run_matrix(small, with_unsafe=True, progress=False))
     assert len(results) == 1 and results[0].passed
     df = matrix.frame(results)
