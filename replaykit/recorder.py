@@ -1,6 +1,6 @@
 """The recorder: routes every call of a captured module to record, replay, or eager with a reason.
 
-One module (about 700 lines) because routing, recording, the replayed forward and backward
+One module (about 900 lines) because routing, recording, the replayed forward and backward
 and retirement all read and write the same per-recorder state (recordings, aliases, the
 hold, the journal); the concepts they use live in modules of their own (signature, guards,
 probe, hold, copy_out, retirement, shadow, backends). ``capture`` is at the end.

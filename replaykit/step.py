@@ -1,5 +1,9 @@
 """Whole-step replay: forward, loss, backward and the optimizer step, recorded and replayed.
 
+(One module of about 650 lines: the route, the recording and the hand-back of gradients between
+micro-batches share the step's per-phase state; what they use lives elsewhere: the lifecycle,
+step_guards, step_check, loss_inputs, layout, the backends' regions.)
+
     step = rk.TrainStep(model, loss_fn, optimizer, scaler=None, max_norm=None, ema=None, accumulate=1)
     for x, y in loader:
         loss = step(x, y)          # one micro-batch; every ``accumulate``-th call steps the optimizer

@@ -1,5 +1,7 @@
 """Pack a source tree into one verified archive for a GPU host (Colab or offline); open trees.
 
+(One module: packing, the wheelhouse and opening a tree share the manifest's format.)
+
     result = pack(Path("."), Path("dist"))            # working tree, dirty included
     result = pack(Path("."), Path("dist"), rev="HEAD~3", wheelhouse=Wheelhouse(NOTEBOOK_REQUIREMENTS))
     manifest = verify_archive(result.path)            # ValueError on any corruption
