@@ -103,6 +103,11 @@ REGISTRY: dict[str, Protection] = {
             "a recorded call that drew from Python's or numpy's RNG replays the first draw for ever",
         ),
         Protection(
+            "forward_inputs",
+            "capture",
+            "a class attribute or a module-level value the captured forward reads is frozen at recording",
+        ),
+        Protection(
             "input_versions",
             "capture",
             "an input changed in place between a replayed forward and its backward goes unnoticed (eager raises)",

@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from .backends import Backend, Recording, module_device, resolve_backend
+from .code_inputs import ForwardInputs
 from .copy_out import StaticAliases
 from .errors import ReplayError, ReplayWarning, check_count
 from .guards import host_dependence, tree_contains
@@ -260,6 +261,9 @@ class Recorder(Lifecycled):
         self._check_inputs = "input_versions" not in disabled
         self._key_state = "module_state" not in disabled  # flags, not a frozenset lookup per call
         self._exact_arguments = "argument_values" not in disabled
+        # the plain values the tree's own classes read outside it (class attributes, globals): keyed
+        inputs = ForwardInputs(module) if "forward_inputs" not in disabled else None
+        self._forward_inputs = inputs if inputs is not None and inputs.key() else None
         self._free_after_backward = False
         self._pending_plan: _Plan | None = (
             None  # the plan of the replayed call whose backward is pending
@@ -335,6 +339,8 @@ class Recorder(Lifecycled):
                 state if self._key_state else None,
                 *signature(callargs, self._device_kind, self._exact_arguments),
             )
+            if self._forward_inputs is not None:
+                key = (*key, self._forward_inputs.key())
         except UnhashableArgument as exc:
             return self._eager(call, exc.reason, args, kwargs)
         refused = self._refused.get(key)

@@ -45,13 +45,13 @@ import torch
 from torch import nn
 
 from .backends import Backend, Region, module_device, resolve_backend
+from .code_inputs import LossInputs
 from .ema import EMA
 from .errors import ReplayError, ReplayWarning, check_count
 from .guards import epoch as guard_epoch
 from .guards import gradient_hooks, host_dependence
 from .layout import aligned_copy, aligned_key, copy_into
 from .lifecycle import Lifecycle, Lifecycled
-from .loss_inputs import LossInputs
 from .probe import foreign_leaves
 from .protections import disabled_protections
 from .recorder import recorder_of

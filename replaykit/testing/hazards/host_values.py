@@ -120,6 +120,32 @@ class ClassScaled(nn.Module):
         return self.net(x) * type(self).SCALE
 
 
+#: a module-level setting the forward reads (a schedule writes it between steps)
+TEMPERATURE = 1.0
+
+
+class GlobalTempered(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) / TEMPERATURE
+
+
+def _global_temperature(model: nn.Module, arm: Arm) -> Extras:
+    global TEMPERATURE
+    try:
+
+        def anneal(m: nn.Module, step: int) -> None:
+            global TEMPERATURE
+            TEMPERATURE = 2.0 if step >= 2 else 1.0  # one change: recorded anew, then replayed
+
+        return loop(model, arm, steps=4, before=anneal)
+    finally:
+        TEMPERATURE = 1.0
+
+
 def _class_attribute(model: nn.Module, arm: Arm) -> Extras:
     try:
         return loop(
@@ -289,13 +315,25 @@ PATTERNS: list[Pattern] = [
     ),
 ]
 
-KNOWN_LIMITS: list[Pattern] = [
+PATTERNS += [
+    # read outside the module tree: keyed by the recorder's forward inputs
     Pattern(
         "class_attribute",
         "host_values",
         "a class attribute read in forward changes",
         lambda d: ClassScaled().to(d),
         _class_attribute,
+        guard="forward_inputs",
+    ),
+    Pattern(
+        "global_temperature",
+        "host_values",
+        "a module-level temperature the forward reads, annealed by the loop",
+        lambda d: GlobalTempered().to(d),
+        _global_temperature,
+        guard="forward_inputs",
     ),
 ]
+
+KNOWN_LIMITS: list[Pattern] = []
 """Still silent differences (README, Known limits): kept out of ``PATTERNS``."""

@@ -1,4 +1,5 @@
-"""What a whole step's ``loss_fn`` reads besides tensors, keyed on every call.
+"""What code reads besides tensors, keyed on every call: a whole step's ``loss_fn`` and a
+captured module's ``forward``.
 
 A recording runs ``loss_fn`` once, so every Python value it read then is frozen into the
 graph: a focal loss's ``gamma`` annealed by a schedule, a loss weight in a closure or a
@@ -62,17 +63,22 @@ def _module_values(mods: list[tuple[str, nn.Module]]) -> tuple:
 class LossInputs:
     """Where ``loss_fn``'s host values live; ``key()`` is their values now."""
 
-    def __init__(self, loss_fn: Callable[..., Any], model: nn.Module) -> None:
+    _values_only = False  # ForwardInputs: key plain values only, not code
+
+    def __init__(self, loss_fn: Callable[..., Any] | None, model: nn.Module) -> None:
         self._model_ids = {id(m) for m in model.modules()}
         self._trees: dict[int, list[tuple[str, nn.Module]]] = {}
         self._keep: list[nn.Module] = []
         self._seen: set[int] = set()
         self._sources: list[tuple[str, Callable[[], Any]]] = []
         self.unwatched: list[str] = []
-        self._walk(loss_fn, "loss_fn", 0)
-        for name, read in list(
-            self._sources
-        ):  # a value that cannot be keyed is named, not guessed at
+        if loss_fn is not None:
+            self._walk(loss_fn, "loss_fn", 0)
+            self._check_sources()
+
+    def _check_sources(self) -> None:
+        """A value that cannot be keyed is named in ``unwatched``, not guessed at."""
+        for name, read in list(self._sources):
             try:
                 read()
             except (RecursionError, TypeError, ValueError) as exc:
@@ -144,17 +150,21 @@ class LossInputs:
     def _function(self, fn: FunctionType, name: str, depth: int) -> None:
         code = fn.__code__
         for var, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
+            if self._values_only and not (cell_filled(cell) and _plain(cell.cell_contents)):
+                continue
             self._add(
                 f"{name}'s closure variable {var!r}",
                 lambda cell=cell: cell.cell_contents if cell_filled(cell) else None,
             )
             if cell_filled(cell):
                 self._follow(cell.cell_contents, f"{var}", depth)
-        if fn.__defaults__ or fn.__kwdefaults__:
+        if (fn.__defaults__ or fn.__kwdefaults__) and not self._values_only:
             self._add(f"{name}'s defaults", lambda: (fn.__defaults__, fn.__kwdefaults__))
         globals_ = fn.__globals__
         for global_name in sorted(_names(code)):
             if global_name in globals_:
+                if self._values_only and not _plain(globals_[global_name]):
+                    continue
                 self._add(f"global {global_name!r}", lambda g=globals_, n=global_name: g.get(n))
                 self._follow(globals_[global_name], global_name, depth)
 
@@ -173,3 +183,44 @@ def _names(code: Any) -> set[str]:
         if hasattr(const, "co_names"):
             names |= _names(const)
     return names
+
+
+class ForwardInputs(LossInputs):
+    """What a captured tree's own classes read outside the tree: their plain class attributes
+    (``type(self).SCALE``) and the plain-value globals and closure cells their ``forward`` code
+    names (a module-level ``TEMPERATURE``). torch's own classes keep none; functions, classes and
+    modules are not keyed (rebinding one is not a schedule), so a tree that reads none costs one
+    empty check per call."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self._values_only = True
+        super().__init__(None, module)
+        seen: set[type] = set()
+        for m in module.modules():
+            cls = type(m)
+            if cls in seen or cls.__module__.startswith("torch."):
+                continue
+            seen.add(cls)
+            for klass in cls.__mro__:
+                if klass.__module__.startswith("torch.") or klass is object:
+                    break
+                for k, v in vars(klass).items():
+                    if not k.startswith("__") and _plain(v):
+                        self._add(
+                            f"{klass.__name__}.{k}", lambda klass=klass, k=k: vars(klass).get(k)
+                        )
+            forward = vars(cls).get("forward")
+            if isinstance(forward, FunctionType):
+                self._function(forward, f"{cls.__name__}.forward", 1)
+        self._check_sources()
+
+
+def _plain(value: Any) -> bool:
+    """A value a forward reads as data (not code, a module, a class or a descriptor)."""
+    return not (
+        callable(value)
+        or isinstance(
+            value, (ModuleType, type, nn.Module, torch.Tensor, property, staticmethod, classmethod)
+        )
+        or hasattr(value, "__get__")
+    )
