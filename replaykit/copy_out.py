@@ -9,7 +9,7 @@ storage must be referenced by its recording alone:
 - an alias the recorder can reach (a parameter's ``.grad``, an output the caller still
   holds) gets storage of its own: same values, same tensor, so every holder of that
   tensor keeps its values. This happens at forward time, before the replay; inside the
-  replayed backward is too late (WP-206);
+  replayed backward is too late;
 - an alias it cannot reach (a view of an output, a gradient kept by a callback after
   ``zero_grad(set_to_none=True)``) makes the call route eager (reason ``live_alias``),
   which leaves static memory alone, until that holder lets go.

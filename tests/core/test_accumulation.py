@@ -1,4 +1,4 @@
-"""Live gradients are copied out at forward time, before every replay (the WP-206 protection)."""
+"""Live gradients are copied out at forward time, before every replay (the copy-out protection)."""
 
 from __future__ import annotations
 

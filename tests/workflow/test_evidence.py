@@ -29,8 +29,8 @@ BB, CF = "bb3c0b8" + "1" * 33, "3cf592d" + "2" * 33
 SEEDS = """\
 | Tree | Runtime | Result |
 |---|---|---|
-| bb3c0b8 (WP-206) | Python 3.11 / torch 2.9.1+cu129 | 27 passed |
-| 3cf592d (before WP-206) | Python 3.11 / torch 2.9.1+cu129 | 18 failed, 9 passed |"""
+| bb3c0b8 (copy-out fix) | Python 3.11 / torch 2.9.1+cu129 | 27 passed |
+| 3cf592d (before copy-out fix) | Python 3.11 / torch 2.9.1+cu129 | 18 failed, 9 passed |"""
 JUNIT = """\
 <?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="2">
@@ -118,7 +118,7 @@ def test_the_seeds_table_from_a_batch(tmp_path: Path) -> None:
         counts={"passed": 9, "failed": 18, "error": 0, "skipped": 0},
         status="failed",
     )
-    path = index(batch, [cell(a, "WP-206", BB), cell(b, "before WP-206", CF, status="failed")])
+    path = index(batch, [cell(a, "copy-out fix", BB), cell(b, "before copy-out fix", CF, status="failed")])
     ev = collect(batches=[path])
     assert ev.table() == SEEDS
     assert [r.integrity for r in ev.runs] == [OK, OK] and ev.warnings == [] and ev.edited == []
