@@ -118,7 +118,9 @@ def test_the_seeds_table_from_a_batch(tmp_path: Path) -> None:
         counts={"passed": 9, "failed": 18, "error": 0, "skipped": 0},
         status="failed",
     )
-    path = index(batch, [cell(a, "copy-out fix", BB), cell(b, "before copy-out fix", CF, status="failed")])
+    path = index(
+        batch, [cell(a, "copy-out fix", BB), cell(b, "before copy-out fix", CF, status="failed")]
+    )
     ev = collect(batches=[path])
     assert ev.table() == SEEDS
     assert [r.integrity for r in ev.runs] == [OK, OK] and ev.warnings == [] and ev.edited == []
