@@ -22,6 +22,7 @@ which the step names in a :class:`~replaykit.errors.ReplayWarning` at constructi
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any
@@ -70,6 +71,7 @@ class LossInputs:
         self._trees: dict[int, list[tuple[str, nn.Module]]] = {}
         self._keep: list[nn.Module] = []
         self._seen: set[int] = set()
+        self._attributes: set[tuple[int, str]] = set()  # (module, attribute) keyed already
         self._sources: list[tuple[str, Callable[[], Any]]] = []
         self.unwatched: list[str] = []
         if loss_fn is not None:
@@ -161,19 +163,56 @@ class LossInputs:
         if (fn.__defaults__ or fn.__kwdefaults__) and not self._values_only:
             self._add(f"{name}'s defaults", lambda: (fn.__defaults__, fn.__kwdefaults__))
         globals_ = fn.__globals__
-        for global_name in sorted(_names(code)):
+        names = _names(code)
+        for global_name in sorted(names):
             if global_name in globals_:
-                if self._values_only and not _plain(globals_[global_name]):
+                value = globals_[global_name]
+                if isinstance(value, ModuleType):
+                    self._module_attributes(value, names, depth)
+                if self._values_only and not _plain(value):
+                    self._follow(value, global_name, depth)
                     continue
                 self._add(f"global {global_name!r}", lambda g=globals_, n=global_name: g.get(n))
-                self._follow(globals_[global_name], global_name, depth)
+                self._follow(value, global_name, depth)
+
+    def _module_attributes(self, module: ModuleType, names: set[str], depth: int) -> None:
+        """``settings.SCALE`` or ``helpers.scaled(x)`` through an imported module of the user's: its plain
+        attributes that the code names are keyed, its functions walked. A library's (torch, numpy, the
+        standard library) are not: they are not a schedule, and walking them would cost every call."""
+        if _library(module.__name__):
+            return
+        for attr in sorted(names):
+            value = getattr(module, attr, _MISSING)
+            if value is _MISSING or (id(module), attr) in self._attributes:
+                continue
+            self._attributes.add((id(module), attr))
+            if _plain(value):
+                self._add(
+                    f"{module.__name__}.{attr}",
+                    lambda module=module, attr=attr: getattr(module, attr, None),
+                )
+            else:
+                self._follow(value, f"{module.__name__}.{attr}", depth)
 
     def _follow(self, value: Any, name: str, depth: int) -> None:
-        """Functions and criteria reached from a closure cell or a global are walked too."""
+        """Functions and criteria reached from a closure cell, a global or a module's attribute are
+        walked too (a library's functions are not: see ``_module_attributes``)."""
         if isinstance(value, (FunctionType, MethodType, functools.partial)):
-            self._walk(value, name, depth + 1)
+            func = getattr(value, "__func__", getattr(value, "func", value))
+            if not _library(getattr(func, "__module__", None) or ""):
+                self._walk(value, name, depth + 1)
         elif isinstance(value, nn.Module) and id(value) not in self._model_ids:
             self._walk(type(value).forward, f"{type(value).__name__}.forward", depth + 1)
+
+
+_MISSING = object()
+_LIBRARIES = frozenset({"torch", "numpy", "lightning", "pytorch_lightning"})
+
+
+def _library(module_name: str) -> bool:
+    """A module of torch, numpy, Lightning or the standard library: no user schedule lives there."""
+    root = module_name.partition(".")[0]
+    return root in _LIBRARIES or root in sys.stdlib_module_names
 
 
 def _names(code: Any) -> set[str]:

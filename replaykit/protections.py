@@ -42,6 +42,11 @@ REGISTRY: dict[str, Protection] = {
             "outputs the caller still holds are overwritten by the next replay",
         ),
         Protection(
+            "reentry",
+            "capture",
+            "a call made while a replayed call's backward is pending, sharing work with it in eager (a weight read twice, autocast's cast cache), is not said: that step differs silently",
+        ),
+        Protection(
             "none_pattern",
             "capture",
             "parameters behind unread outputs get zero gradients where eager leaves None",

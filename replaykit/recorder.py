@@ -94,6 +94,7 @@ class _Plan:
     __slots__ = (
         "aliases",
         "all_differentiable",
+        "autocast",
         "copies",
         "key",
         "multi_use",
@@ -114,6 +115,7 @@ class _Plan:
         self.multi_use: list[
             str
         ] = []  # parameters read more than once per call (their gradient is a sum inside it)
+        self.autocast = False  # recorded under autocast with eager's cast cache on (see _reentered)
         self.key = key
         self.recording = recording
         self.verified = False  # until a replay of it matched eager (forward and backward)
@@ -256,6 +258,7 @@ class Recorder(Lifecycled):
         self._aliases: dict[tuple, StaticAliases] = {}
         self._hold = Hold(lambda call: (r := me()) is not None and r._on_hold_end(call, "dropped"))
         self._hold_enabled = "hold" not in disabled
+        self._reentry_said = "reentry" not in disabled
         self._exact_none = "none_pattern" not in disabled
         self._check_versions = "inplace_weights" not in disabled
         self._check_inputs = "input_versions" not in disabled
@@ -363,20 +366,41 @@ class Recorder(Lifecycled):
         return self._replay(call, plan, callargs, args, kwargs)
 
     def _reentered(self, call: int) -> None:
-        """Called again while a replayed call's backward is pending: a parameter the recording reads
-        twice gets its gradient from the replay pre-summed, and autograd adds this call's uses to that
-        sum in another order than eager (the last bits). Said once, and the signature runs eagerly from
-        now on (both calls then eager, so exact)."""
+        """Called again while a replayed call's backward is pending. Eager shares work between the two
+        calls that the replay did alone, so this step's gradients may differ from eager in the last
+        bits: a parameter the recording reads twice gets its gradient pre-summed inside the graph
+        (autograd adds this call's uses in another order), and under autocast eager casts each
+        parameter once per region (its cache) and sums both calls' gradients in the low precision,
+        where the graph cast its own copy. Said once, and the signature runs eagerly from now on
+        (both calls then eager, so exact)."""
         plan = self._pending_plan
-        if plan is None or not plan.multi_use or plan.key in self._refused:
+        if plan is None or plan.key in self._refused or not self._reentry_said:
             return
-        self._refused[plan.key] = "reentrant_shared_weight"
+        if plan.multi_use:
+            reason = "reentrant_shared_weight"
+            why = (
+                f"the recording reads {plan.multi_use[0]} more than once: this step's gradient of it may "
+                "differ from eager in the last bits (summation order)"
+            )
+        elif (
+            plan.autocast
+            and torch.is_autocast_enabled(self._device_kind)
+            and torch.is_autocast_cache_enabled()
+        ):
+            reason = "autocast_shared_region"
+            why = (
+                "both calls run under autocast, where eager casts each parameter once for the region and sums "
+                "the two calls' gradients in the low precision: this step's gradients may differ from eager in "
+                "the last bits"
+            )
+        else:
+            return
+        self._refused[plan.key] = reason
         detail = (
-            f"{self.module_name} is called again while a replayed call's backward is pending, and the recording reads "
-            f"{plan.multi_use[0]} more than once: this step's gradient of it may differ from eager in the last bits "
-            "(summation order); the signature runs eagerly from now on"
+            f"{self.module_name} is called again while a replayed call's backward is pending, and {why}; "
+            "the signature runs eagerly from now on"
         )
-        self.journal.add("warned", call, "reentrant_shared_weight", detail)
+        self.journal.add("warned", call, reason, detail)
         warnings.warn(f"replaykit: {detail}", ReplayWarning, stacklevel=4)
 
     def _eager(self, call: int, reason: str, args: tuple, kwargs: dict) -> Any:
@@ -463,6 +487,9 @@ class Recorder(Lifecycled):
             self._guard_outputs,
         )
         twice = set(multi_use)
+        plan.autocast = (
+            torch.is_autocast_enabled(self._device_kind) and torch.is_autocast_cache_enabled()
+        )
         plan.multi_use = [n for i, (n, _) in enumerate(named) if i in twice]
         self._aliases[key] = plan.aliases
         self._guard_new_grads(plan)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import user_settings
 from .pattern import (
     MLP,
     Arm,
@@ -144,6 +145,45 @@ def _global_temperature(model: nn.Module, arm: Arm) -> Extras:
         return loop(model, arm, steps=4, before=anneal)
     finally:
         TEMPERATURE = 1.0
+
+
+class SettingsScaled(nn.Module):
+    """Reads a plain value of the user's settings module (``user_settings.SCALE``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * user_settings.SCALE
+
+
+class HelperSharpened(nn.Module):
+    """Calls a helper function of another module, which reads that module's global."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return user_settings.sharpen(self.net(x))
+
+
+def _settings_at(name: str, at: int, value: float) -> Callable[[nn.Module, Arm], Extras]:
+    """A loop whose schedule sets ``user_settings.<name>`` once, at step ``at`` (then put back)."""
+
+    def train(model: nn.Module, arm: Arm) -> Extras:
+        try:
+            return loop(
+                model,
+                arm,
+                steps=4,
+                before=lambda m, step: setattr(user_settings, name, value if step >= at else 1.0),
+            )
+        finally:
+            setattr(user_settings, name, 1.0)
+
+    return train
 
 
 def _class_attribute(model: nn.Module, arm: Arm) -> Extras:
@@ -323,6 +363,22 @@ PATTERNS += [
         "a class attribute read in forward changes",
         lambda d: ClassScaled().to(d),
         _class_attribute,
+        guard="forward_inputs",
+    ),
+    Pattern(
+        "settings_module_value",
+        "host_values",
+        "a plain value of the user's settings module (settings.SCALE) the forward reads, changed by the loop",
+        lambda d: SettingsScaled().to(d),
+        _settings_at("SCALE", 2, 0.5),
+        guard="forward_inputs",
+    ),
+    Pattern(
+        "helper_function_global",
+        "host_values",
+        "a helper function in another module, reading that module's global, changed by the loop",
+        lambda d: HelperSharpened().to(d),
+        _settings_at("SHARPNESS", 2, 3.0),
         guard="forward_inputs",
     ),
     Pattern(

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import user_settings
 from .host_state import ARRAY_COPY_LIVE
 from .pattern import Arm, Extras, Pattern, loop, mlp, sgd, step_loop
 
@@ -203,6 +204,23 @@ def _global_loss_weight(model: nn.Module, arm: Arm) -> Extras:
         return step_loop(model, arm, loss_fn=_global_weighted_loss, steps=6, before=before)
     finally:
         AUX_WEIGHT = 0.5
+
+
+def _settings_weighted_loss(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    out = m(x)
+    return out.pow(2).mean() + user_settings.sharpen(out.abs().mean())
+
+
+def _settings_loss_weight(model: nn.Module, arm: Arm) -> Extras:
+    """The loss calls a helper of the user's settings module, whose global the script changes."""
+
+    def before(m: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+        user_settings.SHARPNESS = 0.0 if step >= 3 else 1.0
+
+    try:
+        return step_loop(model, arm, loss_fn=_settings_weighted_loss, steps=6, before=before)
+    finally:
+        user_settings.SHARPNESS = 1.0
 
 
 def _criterion_module_attribute(model: nn.Module, arm: Arm) -> Extras:
@@ -464,6 +482,15 @@ PATTERNS: list[Pattern] = [
         "a module-level loss weight set to 0 after 3 steps",
         mlp(),
         _global_loss_weight,
+        guard="loss_inputs",
+        api="step",
+    ),
+    Pattern(
+        "step_settings_module_helper",
+        HAZARD,
+        "the loss calls a helper in the user's settings module, whose global is set to 0 after 3 steps",
+        mlp(),
+        _settings_loss_weight,
         guard="loss_inputs",
         api="step",
     ),

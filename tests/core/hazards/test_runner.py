@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 import replaykit as rk
-from replaykit.testing import hazards
 from replaykit.testing.hazards import (
     BOTH_RAISE,
     CLEAR_ERROR,
@@ -290,7 +289,11 @@ def test_a_native_hang_is_killed_with_its_child_and_is_a_failure() -> None:
 
 
 # --------------------------------------------------------------------------- the summary
-def test_replay_coverage_counts_realistic_guarded_runs_per_api_and_backend() -> None:
+def test_replay_coverage_counts_realistic_guarded_runs_per_api_and_backend(monkeypatch) -> None:
+    from replaykit.testing.hazards import report
+
+    known = _fake("a_known_limit", lambda m: None)
+    monkeypatch.setattr(report, "KNOWN_LIMITS", [known])
     outcomes = [
         run_pattern(_fake("replays", lambda m: None), "emulated"),
         run_pattern(_fake_step("step_replays", lambda m: None), "emulated"),
@@ -307,7 +310,7 @@ def test_replay_coverage_counts_realistic_guarded_runs_per_api_and_backend() -> 
         ),
     ]
     unsafe = Outcome("replays", "inputs", "emulated", REPLAYED, unsafe=True)
-    limit = Outcome(hazards.KNOWN_LIMITS[0].name, "x", "emulated", REPLAYED)
+    limit = Outcome(known.name, "x", "emulated", REPLAYED)
     result = summary([*outcomes, unsafe, limit])
     assert result["coverage"] == {
         "capture/emulated": {"replayed": 1, "patterns": 1, "share": 1.0},
