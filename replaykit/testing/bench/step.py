@@ -198,7 +198,12 @@ def table(results: list[ArmResult]) -> list[dict[str, Any]]:
         if raw is not None:
             row["time_vs_raw_graph"] = r.median_ms / raw.median_ms
         if r.arm == CHECKED:
-            row["time_vs_unchecked"] = r.median_ms / by[(r.size, "replaykit step")].median_ms
+            plain = by[(r.size, "replaykit step")]
+            row["time_vs_unchecked"] = r.median_ms / plain.median_ms
+            # the rounds holding a check are few: the median leaves them out, the mean pays for them
+            row["time_vs_unchecked_amortized"] = statistics.fmean(r.step_ms) / statistics.fmean(
+                plain.step_ms
+            )
         net = by.get((r.size, "replaykit network"))
         if net is not None and net.peak_mib == net.peak_mib and net.peak_mib > 0:  # nan on a CPU
             row["mem_vs_network"] = r.peak_mib / net.peak_mib
@@ -214,7 +219,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         mem = f", {r['mem_vs_network']:.3f}x network-replay memory" if "mem_vs_network" in r else ""
         parts.append(f"{r['size']}: {r['speedup_vs_eager']:.2f}x eager{raw}{mem}")
     checks = "; ".join(
-        f"{r['size']} {r['time_vs_unchecked']:.3f}x" for r in rows if r["arm"] == CHECKED
+        f"{r['size']} {r['time_vs_unchecked_amortized']:.3f}x (median {r['time_vs_unchecked']:.3f}x)"
+        for r in rows
+        if r["arm"] == CHECKED
     )
     equal = all(
         r["equals_eager"]
@@ -224,7 +231,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     line = (
         "whole step "
         + "; ".join(parts)
-        + f"; check_every=100 vs unchecked: {checks}; bitwise equal to eager: {equal}"
+        + f"; check_every=100 vs unchecked, amortized over every step: {checks}; bitwise equal to eager: {equal}"
     )
     return {"line": line, "step_equal": equal, "rows": rows}
 
@@ -238,6 +245,7 @@ COLUMNS = (
     "speedup_vs_eager",
     "time_vs_raw_graph",
     "time_vs_unchecked",
+    "time_vs_unchecked_amortized",
     "peak_mib",
     "mem_vs_network",
     "equals_eager",
