@@ -31,6 +31,7 @@ from .layout import copy_into, same_layout
 from .lifecycle import Lifecycle, Lifecycled
 from .probe import probe
 from .protections import disabled_protections
+from .reentry import FirstUse
 from .shadow import Shadow
 from .signature import CallArgs, UnhashableArgument, signature, split_call
 from .snapshot import StateSnapshot
@@ -95,6 +96,7 @@ class _Plan:
         "aliases",
         "all_differentiable",
         "autocast",
+        "cleared",
         "copies",
         "key",
         "multi_use",
@@ -115,7 +117,10 @@ class _Plan:
         self.multi_use: list[
             str
         ] = []  # parameters read more than once per call (their gradient is a sum inside it)
-        self.autocast = False  # recorded under autocast with eager's cast cache on (see _reentered)
+        self.autocast = False  # recorded under autocast with eager's cast cache on (see reentry.py)
+        self.cleared = (
+            True  # may replay: not at risk of reentry, or its watched first use ran its backward
+        )
         self.key = key
         self.recording = recording
         self.verified = False  # until a replay of it matched eager (forward and backward)
@@ -259,6 +264,7 @@ class Recorder(Lifecycled):
         self._hold = Hold(lambda call: (r := me()) is not None and r._on_hold_end(call, "dropped"))
         self._hold_enabled = "hold" not in disabled
         self._reentry_said = "reentry" not in disabled
+        self._first_use = FirstUse()
         self._exact_none = "none_pattern" not in disabled
         self._check_versions = "inplace_weights" not in disabled
         self._check_inputs = "input_versions" not in disabled
@@ -333,6 +339,8 @@ class Recorder(Lifecycled):
         if self._hold_enabled and self._hold.active:
             self._reentered(call)
             return self._eager(call, "hold", args, kwargs)
+        if self._first_use.pending:
+            self._refuse_reentry(self._first_use.take(), call)
         state, eager = life.gate(call, bool(self._recordings))
         if eager is not None:
             return self._eager(call, eager, args, kwargs)
@@ -359,11 +367,43 @@ class Recorder(Lifecycled):
                 plan = self._record(call, callargs, key)
             if plan is None:
                 return self._eager(call, self._refused.get(key, "retired"), args, kwargs)
-        else:
+        elif plan.cleared:
             if not self._copy_out(call):
                 return self._eager(call, "live_alias", args, kwargs)
             self.journal.tick("replay", call)
+        if not plan.cleared:
+            return self._first_use_call(call, plan, args, kwargs)
         return self._replay(call, plan, callargs, args, kwargs)
+
+    def _first_use_call(self, call: int, plan: _Plan, args: tuple, kwargs: dict) -> Any:
+        """A recording at risk of reentry (``reentry.py``) is first used eagerly, watched for a
+        second call before this one's backward."""
+        out = self._eager(call, "first_use", args, kwargs)
+        self._first_use.begin(out, plan, lambda: setattr(plan, "cleared", True))
+        return out
+
+    def _refuse_reentry(self, plan: _Plan, call: int) -> None:
+        """Called again before a watched first use's backward: eager would share work between
+        the two calls, so that signature runs eagerly (exact: every call so far was)."""
+        if self._plans.get(plan.key) is not plan:
+            return
+        if plan.multi_use:
+            reason = "reentrant_shared_weight"
+            why = (
+                f"its recording reads {plan.multi_use[0]} more than once (gradient summation order)"
+            )
+        else:
+            reason = "autocast_shared_region"
+            why = "both calls run under autocast, which casts each parameter once for both in eager"
+        self._drop_plan(plan.key)
+        self._refused[plan.key] = reason
+        self.journal.add(
+            "refuse",
+            call,
+            reason,
+            f"{self.module_name} is called again before the previous call's backward and {why}: "
+            "the signature runs eagerly",
+        )
 
     def _reentered(self, call: int) -> None:
         """Called again while a replayed call's backward is pending. Eager shares work between the two
@@ -491,6 +531,7 @@ class Recorder(Lifecycled):
             torch.is_autocast_enabled(self._device_kind) and torch.is_autocast_cache_enabled()
         )
         plan.multi_use = [n for i, (n, _) in enumerate(named) if i in twice]
+        plan.cleared = not (self._reentry_said and (plan.multi_use or plan.autocast))
         self._aliases[key] = plan.aliases
         self._guard_new_grads(plan)
         shapes = ", ".join("x".join(map(str, t.shape)) for t in callargs.tensors)
@@ -718,17 +759,21 @@ class Recorder(Lifecycled):
         if not verifying:
             self._retire(f"diverged: {difference}", call)
             return
-        key = plan.key
-        self._refused[key] = "diverged"
+        self._refused[plan.key] = "diverged"
         self.journal.add(
             "refuse", call, "diverged", f"the recording differs from eager: {difference}"
         )
+        self._drop_plan(plan.key)
+
+    def _drop_plan(self, key: tuple) -> None:
+        """One signature's recording goes: holders of its static memory keep copies."""
         aliases = self._aliases.pop(key, None)
         if aliases is not None:
             aliases.copy_out()
-        self._plans.pop(key, None)
+        plan = self._plans.pop(key, None)
         recording = self._recordings.pop(key, None)
-        plan.free()
+        if plan is not None:
+            plan.free()
         if recording is not None:
             recording.free()
 
@@ -779,6 +824,7 @@ class Recorder(Lifecycled):
         self.backend.free()
         self._free_after_backward = False
         self._pending_plan = None
+        self._first_use.clear()
 
     def retire(self, reason: str = "retired by the user") -> None:
         """Switch to eager for good: graphs and static memory are freed; training goes on eagerly."""

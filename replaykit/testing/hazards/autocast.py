@@ -10,10 +10,10 @@ Torchvision's RetinaNet head (one set of convs over five FPN levels) showed it u
 
 Within one call the probe counts the casts and routes that signature eager
 (``autocast_shared_weight``). Two calls of one captured module inside one autocast region
-whose outputs meet in one backward share eager's cast across the calls: the second call
-arrives while the first's backward is pending, which the recorder sees (``reentry``): that
-step may differ in the last bits, said in a ``ReplayWarning``, and the signature runs
-eagerly from then on (``autocast_shared_region``).
+whose outputs meet in one backward share eager's cast across the calls: a recording made
+under autocast is first used eagerly and watched (``replaykit.reentry``); the second call
+arriving before that call's backward routes the signature eager (``autocast_shared_region``),
+exact from the first step.
 """
 
 from __future__ import annotations

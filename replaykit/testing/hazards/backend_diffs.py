@@ -85,6 +85,7 @@ PATTERNS: list[Pattern] = [
         lambda d: Unrolled().to(d),
         lambda m, a: loop(m, a, steps=4),
         target=lambda m: m.block,
+        guard="reentry",
     ),
     Pattern(
         "step_block_called_twice_weight_used_twice",
