@@ -235,7 +235,11 @@ class ForwardInputs(LossInputs):
         self._values_only = True
         super().__init__(None, module)
         seen: set[type] = set()
-        for m in module.modules():
+        for name, m in module.named_modules():
+            # functions the tree holds as attributes (a schedule handed in: ``self.scale = fn``)
+            for k, v in m.__dict__.items():
+                if isinstance(v, (FunctionType, MethodType, functools.partial)):
+                    self._follow(v, f"{name or type(m).__name__}.{k}", 0)
             cls = type(m)
             if cls in seen or cls.__module__.startswith("torch."):
                 continue

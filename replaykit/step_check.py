@@ -75,9 +75,23 @@ class StepSnapshot:
             else []
         )
         self._scaler, self._scaler_state = scaler, scaler_state(scaler)
+        # the state entries themselves: a call that is a parameter's first step creates them
+        # (momentum_buffer, exp_avg), and an eager rerun must find none, as eager did
+        self._optimizer = optimizer
+        self._entries = {p: dict(entry) for p, entry in optimizer.state.items()}
 
     def restore(self) -> None:
         self._model.restore()
+        state = self._optimizer.state
+        for p in list(state):
+            entry = self._entries.get(p)
+            if entry is None:
+                del state[p]
+            elif state[p].keys() != entry.keys() or any(
+                state[p][k] is not v for k, v in entry.items()
+            ):
+                state[p].clear()
+                state[p].update(entry)
         with torch.no_grad():
             for t, v in self._values:
                 t.data.copy_(v)

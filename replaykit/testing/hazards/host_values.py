@@ -169,6 +169,24 @@ class HelperSharpened(nn.Module):
         return user_settings.sharpen(self.net(x))
 
 
+class ScheduledScale(nn.Module):
+    """Calls a schedule function it was handed (``self.scale = fn``), whose closure the loop advances."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+        done = [0]
+        self.scale = lambda: 1.0 / (1 + done[0])
+        self.advance = lambda: done.__setitem__(0, done[0] + 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * self.scale()
+
+
+def _scheduled_scale(model: nn.Module, arm: Arm) -> Extras:
+    return loop(model, arm, steps=4, before=lambda m, step: m.advance() if step == 2 else None)
+
+
 def _settings_at(name: str, at: int, value: float) -> Callable[[nn.Module, Arm], Extras]:
     """A loop whose schedule sets ``user_settings.<name>`` once, at step ``at`` (then put back)."""
 
@@ -363,6 +381,14 @@ PATTERNS += [
         "a class attribute read in forward changes",
         lambda d: ClassScaled().to(d),
         _class_attribute,
+        guard="forward_inputs",
+    ),
+    Pattern(
+        "function_attribute_schedule",
+        "host_values",
+        "a schedule function held as a module attribute, its closure advanced by the loop",
+        lambda d: ScheduledScale().to(d),
+        _scheduled_scale,
         guard="forward_inputs",
     ),
     Pattern(
