@@ -203,6 +203,31 @@ class LossInputs:
                 self._walk(value, name, depth + 1)
         elif isinstance(value, nn.Module) and id(value) not in self._model_ids:
             self._walk(type(value).forward, f"{type(value).__name__}.forward", depth + 1)
+        elif isinstance(value, type) and issubclass(value, torch.autograd.Function):
+            self._autograd_function(value, depth)
+
+    def _class_values(self, cls: type) -> None:
+        """A user class's plain class attributes (along its MRO, up to torch's classes), keyed."""
+        for klass in cls.__mro__:
+            if klass.__module__.startswith("torch.") or klass is object:
+                break
+            for k, v in vars(klass).items():
+                if not k.startswith("__") and _plain(v):
+                    self._add(f"{klass.__name__}.{k}", lambda klass=klass, k=k: vars(klass).get(k))
+
+    def _autograd_function(self, cls: type, depth: int) -> None:
+        """A custom ``autograd.Function`` the code applies: a graph freezes its backward's Python
+        too (a gradient reversal's ``lambd`` class attribute), so its class values and the code of
+        its ``forward`` and ``backward`` are walked like the caller's."""
+        if id(cls) in self._seen or _library(cls.__module__):
+            return
+        self._seen.add(id(cls))
+        self._class_values(cls)
+        for name in ("forward", "setup_context", "backward"):
+            fn = vars(cls).get(name)
+            fn = getattr(fn, "__func__", fn)
+            if isinstance(fn, FunctionType):
+                self._function(fn, f"{cls.__name__}.{name}", depth + 1)
 
 
 _MISSING = object()
@@ -244,14 +269,7 @@ class ForwardInputs(LossInputs):
             if cls in seen or cls.__module__.startswith("torch."):
                 continue
             seen.add(cls)
-            for klass in cls.__mro__:
-                if klass.__module__.startswith("torch.") or klass is object:
-                    break
-                for k, v in vars(klass).items():
-                    if not k.startswith("__") and _plain(v):
-                        self._add(
-                            f"{klass.__name__}.{k}", lambda klass=klass, k=k: vars(klass).get(k)
-                        )
+            self._class_values(cls)
             forward = vars(cls).get("forward")
             if isinstance(forward, FunctionType):
                 self._function(forward, f"{cls.__name__}.forward", 1)

@@ -169,6 +169,42 @@ class HelperSharpened(nn.Module):
         return user_settings.sharpen(self.net(x))
 
 
+class GradReverse(torch.autograd.Function):
+    """A gradient reversal layer (DANN): identity forward, ``-LAMBD`` times the gradient backward."""
+
+    LAMBD = 1.0  # the training loop anneals it
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return grad * -GradReverse.LAMBD
+
+
+class DomainAdversarial(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(GradReverse.apply(torch.tanh(self.features(x))))
+
+
+def _grad_reversal(model: nn.Module, arm: Arm) -> Extras:
+    try:
+        return loop(
+            model,
+            arm,
+            steps=4,
+            before=lambda m, step: setattr(GradReverse, "LAMBD", 0.5 if step >= 2 else 1.0),
+        )
+    finally:
+        GradReverse.LAMBD = 1.0
+
+
 class ScheduledScale(nn.Module):
     """Calls a schedule function it was handed (``self.scale = fn``), whose closure the loop advances."""
 
@@ -382,6 +418,15 @@ PATTERNS += [
         lambda d: ClassScaled().to(d),
         _class_attribute,
         guard="forward_inputs",
+    ),
+    Pattern(
+        "grad_reversal_class_attribute",
+        "host_values",
+        "a gradient reversal Function (DANN) whose lambda, a class attribute, the loop anneals",
+        lambda d: DomainAdversarial().to(d),
+        _grad_reversal,
+        guard="forward_inputs",
+        cuda_only="the emulated backend runs a Function's backward Python at every backward; a CUDA graph freezes it",
     ),
     Pattern(
         "function_attribute_schedule",

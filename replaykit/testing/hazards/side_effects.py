@@ -116,6 +116,30 @@ class ItemNorm(nn.Module):
         return h / (h.detach().abs().max().item() + 1.0)
 
 
+class _DampedSTE(torch.autograd.Function):
+    """A straight-through estimator whose backward damps large gradients, deciding on the host."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return torch.round(x * 4) / 4
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if grad.abs().max() > 0.01:  # a host read inside the backward
+            return grad * 0.5
+        return grad
+
+
+class Quantized(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(6, 6)
+        self.fc2 = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(_DampedSTE.apply(torch.tanh(self.fc1(x))))
+
+
 class SparseEmb(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -306,6 +330,13 @@ PATTERNS: list[Pattern] = [
         lambda m, a: loop(m, a, steps=4),
         guard=None,
     ),  # both backends refuse it at capture too
+    Pattern(
+        "host_branch_in_function_backward",
+        "side_effects",
+        "a custom autograd.Function whose backward branches on a host read (a damped straight-through estimator)",
+        lambda d: Quantized().to(d),
+        lambda m, a: loop(m, a, steps=4),
+    ),
     Pattern(
         "sparse_embedding_grad",
         "side_effects",
