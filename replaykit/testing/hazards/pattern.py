@@ -30,7 +30,7 @@ import replaykit as rk
 Extras = dict[str, "torch.Tensor | None"]
 
 
-APIS = ("capture", "step")
+APIS = ("capture", "step", "whole_step")
 
 
 @dataclass
@@ -125,7 +125,7 @@ class Pattern:
     def __post_init__(self) -> None:
         if self.api not in APIS:
             raise ValueError(f"pattern {self.name!r}: api {self.api!r}, choose from {APIS}")
-        if self.api == "step" and self.target is not None:
+        if self.api != "capture" and self.target is not None:
             raise ValueError(
                 f"pattern {self.name!r}: a step pattern steps its whole model (no target)"
             )

@@ -101,7 +101,7 @@ def _run_arm(
                 rec.release()
             except Exception as exc:  # a release that fails is a finding too
                 result.journal["release_error"] = f"{type(exc).__name__}: {exc}"
-    if pat.api == "step" and arm.replay and arm.recorder is None and result.error is None:
+    if pat.api != "capture" and arm.replay and arm.recorder is None and result.error is None:
         raise ValueError(
             f"step pattern {pat.name!r} built no TrainStep: build it with arm.train_step"
         )
