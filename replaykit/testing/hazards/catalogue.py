@@ -5,11 +5,13 @@ are still silent differences, its ``KNOWN_LIMITS``. A new class is a new module 
 ``MODULES``; a new pattern is one more entry in its module's ``PATTERNS``.
 
 The patterns of ``replaykit.lightning.whole_step`` (``api="whole_step"``, across the classes)
-live in :mod:`.lightning_whole_step`, the one module that imports Lightning: they join the
-lists where Lightning is installed, and the rest of the catalogue imports without it.
+live in :mod:`.lightning_whole_step`, the one module that uses Lightning (when a pattern runs):
+they join the lists where Lightning is installed; importing the catalogue imports no Lightning.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 from . import (
     autocast,
@@ -22,6 +24,7 @@ from . import (
     inputs,
     leaving_grads,
     lifecycle,
+    lightning_whole_step,
     parameters,
     side_effects,
     step_python,
@@ -50,12 +53,13 @@ MODULES = (
 
 
 def _lightning() -> tuple[list[Pattern], list[Pattern]]:
-    """The whole_step patterns and known limits, or none where Lightning is not installed."""
+    """The whole_step patterns and known limits, or none where Lightning is not installed
+    (looked up, not imported: a pattern imports it when it runs)."""
     try:
-        from . import lightning_whole_step
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] != "lightning":
-            raise
+        installed = importlib.util.find_spec("lightning") is not None
+    except ValueError:  # sys.modules["lightning"] is None: blocked
+        installed = False
+    if not installed:
         return [], []
     return lightning_whole_step.PATTERNS, lightning_whole_step.KNOWN_LIMITS
 

@@ -12,14 +12,16 @@ seed, and the runner compares the end states bit for bit. The guard a pattern na
 ``TrainStep`` protection: its unsafe arm switches it off through ``whole_step``'s
 ``unsafe_disable``.
 
-The only module of the catalogue that imports Lightning: the catalogue lists its patterns
-where Lightning is installed (the ``lightning`` extra), and the core patterns import
-without it.
+The only module of the catalogue that uses Lightning, and only when a pattern runs: its
+LightningModules are made on first use (:func:`lightning_module`), so importing the
+catalogue (a child process of a ``may_hang`` pattern, a notebook) costs no Lightning import;
+the catalogue lists these patterns where Lightning is installed (the ``lightning`` extra).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import random
 import tempfile
@@ -29,13 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-from replaykit.lightning import whole_step
 
 from .host_state import ArrayGain, LayerDrop, RecentScaled
 from .pattern import MLP, Arm, Extras, Pattern
@@ -73,8 +72,11 @@ class Plan:
     losses: list[torch.Tensor] = field(default_factory=list)
 
 
-class Fitted(L.LightningModule):
-    """The user's LightningModule: ``self.net`` trained by a whole step in manual optimization."""
+class Fitted:
+    """The user's LightningModule: ``self.net`` trained by a whole step in manual optimization.
+
+    Its methods, and its subclasses', become a LightningModule through :func:`lightning_module`.
+    """
 
     def __init__(self, net: nn.Module) -> None:
         super().__init__()
@@ -91,6 +93,8 @@ class Fitted(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": self.plan.scheduler(opt)}
 
     def on_train_start(self) -> None:
+        from replaykit.lightning import whole_step
+
         plan = self.plan
         assert plan is not None
         arm = plan.arm
@@ -122,9 +126,17 @@ class Fitted(L.LightningModule):
             scheduler.step()
 
 
-def fitted(net: Callable[[], nn.Module] = MLP) -> Callable[[str], nn.Module]:
-    """A pattern's ``make``: the LightningModule around ``net()`` on the arm's device."""
-    return lambda device: Fitted(net()).to(device)
+@functools.cache
+def lightning_module(cls: type) -> type:
+    """``cls`` (a :class:`Fitted`) as a LightningModule: Lightning is imported here, on first use."""
+    import lightning as L
+
+    return type(cls.__name__, (cls, L.LightningModule), {"__module__": cls.__module__})
+
+
+def fitted(net: Callable[[], nn.Module] = MLP, cls: type = Fitted) -> Callable[[str], nn.Module]:
+    """A pattern's ``make``: the LightningModule ``cls`` around ``net()`` on the arm's device."""
+    return lambda device: lightning_module(cls)(net()).to(device)
 
 
 @contextlib.contextmanager
@@ -142,8 +154,10 @@ def _quiet() -> Iterator[None]:
         log.setLevel(level)
 
 
-def trainer(arm: Arm, steps: int, **kwargs: Any) -> L.Trainer:
+def trainer(arm: Arm, steps: int, **kwargs: Any) -> Any:
     """A small Trainer on the arm's device: no logger, checkpoints, progress bar or summary."""
+    import lightning as L
+
     return L.Trainer(
         accelerator="gpu" if arm.device == "cuda" else "cpu",
         devices=1,
@@ -265,6 +279,15 @@ def _method_loss_weight(module: nn.Module, arm: Arm) -> Extras:
         m.aux_weight = 0.0  # type: ignore[attr-defined]
 
     return fit(module, arm, loss_fn=None, loss_of=lambda m: m.compute_loss, before=at(3, off))
+
+
+class WarmedByStep(Fitted):
+    """KL-style warm-up: the module's own ``compute_loss`` reads ``self.global_step`` (a Lightning
+    property: the Trainer's count of optimizer steps)."""
+
+    def compute_loss(self, net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        out = net(x)
+        return out.pow(2).mean() + min(1.0, self.global_step / 3) * out.abs().mean()
 
 
 def _mixup_loss(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -494,6 +517,24 @@ PATTERNS: list[Pattern] = [
         api=API,
     ),
     Pattern(
+        "whole_step_module_method_loss",
+        "step_python",
+        "loss_fn is the LightningModule's method reading self.aux_weight, set to 0 after 3 steps",
+        fitted(MLP, WeightedByModule),
+        _method_loss_weight,
+        guard="loss_inputs",
+        api=API,
+    ),
+    Pattern(
+        "whole_step_module_method_global_step",
+        "step_python",
+        "loss_fn is the LightningModule's method warming a loss weight up with self.global_step",
+        fitted(MLP, WarmedByStep),
+        lambda m, a: fit(m, a, loss_fn=None, loss_of=lambda m: m.compute_loss),
+        guard="loss_inputs",
+        api=API,
+    ),
+    Pattern(
         "whole_step_mixup_numpy_lambda",
         "host_state",
         "mixup in loss_fn with lambda from np.random.beta",
@@ -559,7 +600,7 @@ PATTERNS: list[Pattern] = [
         "whole_step_trainable_critic",
         "leaving_grads",
         "loss_fn runs a trainable critic network that the optimizer does not step",
-        lambda d: WithCritic(MLP()).to(d),
+        fitted(MLP, WithCritic),
         _critic_loss,
         guard="foreign_grads",
         api=API,
@@ -577,7 +618,7 @@ PATTERNS: list[Pattern] = [
         "whole_step_saved_tensors_compression",
         "autograd_modes",
         "training_step runs the step under bf16 activation compression from batch 3",
-        lambda d: Compressed(MLP()).to(d),
+        fitted(MLP, Compressed),
         lambda m, a: fit(m, a),
         guard="autograd_modes",
         api=API,
@@ -624,15 +665,5 @@ PATTERNS: list[Pattern] = [
     ),
 ]
 
-KNOWN_LIMITS: list[Pattern] = [
-    Pattern(
-        "whole_step_module_method_loss",
-        "step_python",
-        "loss_fn is the LightningModule's method reading self.aux_weight, set to 0 after 3 steps",
-        lambda d: WeightedByModule(MLP()).to(d),
-        _method_loss_weight,
-        guard="loss_inputs",
-        api=API,
-    ),
-]
+KNOWN_LIMITS: list[Pattern] = []
 """Still silent differences (README, Known limits): kept out of ``PATTERNS``."""
