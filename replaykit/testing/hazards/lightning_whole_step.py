@@ -12,6 +12,11 @@ seed, and the runner compares the end states bit for bit. The guard a pattern na
 ``TrainStep`` protection: its unsafe arm switches it off through ``whole_step``'s
 ``unsafe_disable``.
 
+Not here, because Lightning adds nothing to them over ``rk.TrainStep`` (the step patterns
+cover them): what the model's own code does (``torch.func``, checkpointing, an LSTM), and an
+input written between forward and backward (both run inside the step: no user code runs
+between them, so only ``loss_fn`` itself could, and then eager raises at every call).
+
 The only module of the catalogue that uses Lightning, and only when a pattern runs: its
 LightningModules are made on first use (:func:`lightning_module`), so importing the
 catalogue (a child process of a ``may_hang`` pattern, a notebook) costs no Lightning import;
