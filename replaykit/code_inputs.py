@@ -131,7 +131,10 @@ class LossInputs:
         if isinstance(fn, FunctionType):
             self._function(fn, name, depth)
         elif isinstance(fn, MethodType):
-            self._add(f"{name}.__self__", lambda: fn.__self__)
+            if self._holds_model(fn.__self__):
+                self._owner(fn.__self__, fn.__func__, f"{name}.__self__")
+            else:
+                self._add(f"{name}.__self__", lambda: fn.__self__)
             self._walk(fn.__func__, name, depth)
         elif isinstance(fn, functools.partial):
             self._add(f"{name} (partial arguments)", lambda: (fn.args, fn.keywords))
@@ -148,6 +151,41 @@ class LossInputs:
         elif callable(fn) and not isinstance(fn, type):
             self._add(name, lambda: fn)
             self._walk(type(fn).__call__, f"{type(fn).__name__}.__call__", depth + 1)
+
+    def _holds_model(self, obj: Any) -> bool:
+        """``obj`` is a module above the model (a LightningModule holding ``self.net``)."""
+        return (
+            isinstance(obj, nn.Module)
+            and id(obj) not in self._model_ids
+            and any(id(m) in self._model_ids for m in obj.modules())
+        )
+
+    def _owner(self, owner: nn.Module, func: FunctionType, name: str) -> None:
+        """A method of the module that holds the model (a LightningModule's ``compute_loss``).
+
+        That module's ``__dict__`` is mostly its framework's (a Trainer full of cycles, the step
+        itself, logs that grow every call): keyed whole it cannot be read, or changes every
+        call. So only the attributes and properties its code names are keyed (``self.aux_weight``,
+        ``self.current_epoch``), with those named by the methods of its own class it calls
+        (``self.helper()``) a few levels deep; a framework's own methods are not followed.
+        """
+        cls, names, todo, seen = type(owner), set(), [func], set()
+        for _ in range(_DEPTH + 1):
+            found: list[FunctionType] = []
+            for f in todo:
+                if id(f) in seen:
+                    continue
+                seen.add(id(f))
+                for n in _names(f.__code__):
+                    names.add(n)
+                    method = getattr(cls, n, None)
+                    if isinstance(method, FunctionType) and not _library(method.__module__):
+                        found.append(method)
+            todo = found
+        held = (owner.__dict__, owner._modules, owner._parameters, owner._buffers)
+        for attr in sorted(names):
+            if any(attr in d for d in held) or isinstance(getattr(cls, attr, None), property):
+                self._add(f"{name}.{attr}", lambda a=attr: _read(owner, a))
 
     def _function(self, fn: FunctionType, name: str, depth: int) -> None:
         code = fn.__code__
@@ -238,6 +276,14 @@ def _library(module_name: str) -> bool:
     """A module of torch, numpy, Lightning or the standard library: no user schedule lives there."""
     root = module_name.partition(".")[0]
     return root in _LIBRARIES or root in sys.stdlib_module_names
+
+
+def _read(owner: object, attr: str) -> Any:
+    """An attribute or property as the code reads it; one that raises is keyed by its error."""
+    try:
+        return getattr(owner, attr)
+    except Exception as exc:  # a property that raises here raises alike in the loss
+        return ("raises", type(exc).__name__)
 
 
 def _names(code: Any) -> set[str]:

@@ -22,7 +22,11 @@ SMALL = {
         "markers": "not cuda",
         "ids": ["tests/core/test_bitwise.py"],
     },  # a CPU selection: some test must run
-    "hazards.ipynb": {"hazards": ["inputs"], "unsafe": True},
+    "hazards.ipynb": {
+        "hazards": ["inputs", "crashes"],
+        "apis": ["capture", "whole_step"],  # the whole_step patterns of crashes: a resumed fit
+        "unsafe": True,
+    },
 }
 
 

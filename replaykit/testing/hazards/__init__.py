@@ -1,6 +1,6 @@
 """The hazard catalogue and its runner: realistic training patterns that a frozen replay can get wrong.
 
-    python -m replaykit.testing.hazards --backend emulated [--unsafe] [--hazard inputs] [--json out.json]
+    python -m replaykit.testing.hazards --backend emulated [--unsafe] [--hazard inputs] [--api whole_step] [--json out.json]
 
 Modules (no module imports one listed after it):
 
@@ -20,6 +20,7 @@ Modules (no module imports one listed after it):
     crashes        what eager accepts and a replay must run or refuse clearly (checkpoints, LSTM, LBFGS, non-Modules)
     backend_diffs  what one backend showed and the other did not (gradient sums, Adagrad, interrupts, checkpointed dropout)
     under_capture  code that computes differently while a graph is being captured
+    lightning_whole_step  the classes above under replaykit.lightning.whole_step, fitted by a Lightning Trainer
     catalogue      HAZARDS, PATTERNS (realistic), KNOWN_LIMITS (still silent), by_hazard, pattern
     outcome        the outcome kinds, the bitwise comparison, the classification of one run
     report         the table, one verdict per outcome, rows, the summary with the replay coverage
@@ -68,6 +69,20 @@ new module with ``HAZARD``, ``PATTERNS`` (and ``KNOWN_LIMITS``), listed in
       Pattern("step_float_lr_changed", "host_values", "a float lr halved by hand after recording",
               mlp(), lambda m, a: step_loop(m, a, steps=6, before=_lr_scaled_at(3, 0.5)),
               guard="host_values", api="step")   # records anew at the new lr; unsafe: SILENT DIFF
+
+- A **whole_step** pattern (``api="whole_step"``, in :mod:`.lightning_whole_step`) fits a
+  LightningModule in manual optimization whose ``training_step`` calls
+  ``replaykit.lightning.whole_step``, with a small ``Trainer``: replaying in the replay arm, the
+  step's eager twin in the eager arm. Its ``hazard`` is the class it belongs to (it runs with
+  that class's tests); :func:`~.lightning_whole_step.fit` is its loop, a ``Plan`` says what the
+  user's ``training_step`` does::
+
+      Pattern("whole_step_global_loss_weight", "step_python", "a module-level loss weight set to 0 after 3 steps",
+              fitted(), lambda m, a: fit(m, a, loss_fn=_global_weighted_loss, before=at(3, off)),
+              guard="loss_inputs", api="whole_step")
+
+  Lightning is imported only when such a pattern runs; the catalogue lists them where it is
+  installed.
 
 - A pattern that can hang in native code (a CUDA capture, a lock in the autograd engine)
   says ``may_hang=True``: it runs in a child process killed at its deadline (``timeout_s``,

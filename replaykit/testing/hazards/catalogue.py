@@ -3,9 +3,15 @@
 Each hazard module holds one class (``HAZARD``), its realistic ``PATTERNS`` and, where some
 are still silent differences, its ``KNOWN_LIMITS``. A new class is a new module listed in
 ``MODULES``; a new pattern is one more entry in its module's ``PATTERNS``.
+
+The patterns of ``replaykit.lightning.whole_step`` (``api="whole_step"``, across the classes)
+live in :mod:`.lightning_whole_step`, the one module that uses Lightning (when a pattern runs):
+they join the lists where Lightning is installed; importing the catalogue imports no Lightning.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 from . import (
     autocast,
@@ -18,6 +24,7 @@ from . import (
     inputs,
     leaving_grads,
     lifecycle,
+    lightning_whole_step,
     parameters,
     side_effects,
     step_python,
@@ -44,11 +51,28 @@ MODULES = (
     under_capture,
 )
 
+
+def _lightning() -> tuple[list[Pattern], list[Pattern]]:
+    """The whole_step patterns and known limits, or none where Lightning is not installed
+    (looked up, not imported: a pattern imports it when it runs)."""
+    try:
+        installed = importlib.util.find_spec("lightning") is not None
+    except ValueError:  # sys.modules["lightning"] is None: blocked
+        installed = False
+    if not installed:
+        return [], []
+    return lightning_whole_step.PATTERNS, lightning_whole_step.KNOWN_LIMITS
+
+
+_WHOLE_STEP, _WHOLE_STEP_LIMITS = _lightning()
+
 HAZARDS: tuple[str, ...] = tuple(m.HAZARD for m in MODULES)
 
-PATTERNS: list[Pattern] = [p for m in MODULES for p in m.PATTERNS]
+PATTERNS: list[Pattern] = [p for m in MODULES for p in m.PATTERNS] + _WHOLE_STEP
 
-KNOWN_LIMITS: list[Pattern] = [p for m in MODULES for p in getattr(m, "KNOWN_LIMITS", [])]
+KNOWN_LIMITS: list[Pattern] = [
+    p for m in MODULES for p in getattr(m, "KNOWN_LIMITS", [])
+] + _WHOLE_STEP_LIMITS
 """Still silent differences (README, Known limits): kept out of ``PATTERNS``; their tests are
 strict xfails, so a fix shows up as a test to update."""
 

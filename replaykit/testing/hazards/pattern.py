@@ -9,7 +9,9 @@ gradients, hook call order), which join the parameters, gradients and buffers.
 Two entry points (``Pattern.api``): a ``"capture"`` pattern trains the model as plain
 PyTorch, and the runner captures it (``rk.capture``) in the replay arm; a ``"step"``
 pattern builds its training step with :meth:`Arm.train_step`, which is ``rk.TrainStep``
-replaying in the replay arm and its eager twin (``replay=False``) in the eager arm.
+replaying in the replay arm and its eager twin (``replay=False``) in the eager arm; a
+``"whole_step"`` pattern builds it through ``replaykit.lightning.whole_step`` inside a Lightning
+``Trainer.fit`` (:mod:`.lightning_whole_step`).
 :class:`MLP` and the loops below are what most patterns share, so every hazard module
 writes only what is particular to it.
 
@@ -30,7 +32,7 @@ import replaykit as rk
 Extras = dict[str, "torch.Tensor | None"]
 
 
-APIS = ("capture", "step")
+APIS = ("capture", "step", "whole_step")
 
 
 @dataclass
@@ -97,7 +99,8 @@ class Pattern:
     capture (default: the whole model; a capture pattern's only).
 
     ``api``: ``"capture"`` (the runner captures the model) or ``"step"`` (``train`` builds
-    its step with :meth:`Arm.train_step`; ``guard`` then names a ``TrainStep`` protection).
+    its step with :meth:`Arm.train_step`; ``guard`` then names a ``TrainStep`` protection) or
+    ``"whole_step"`` (the same step built by ``replaykit.lightning.whole_step`` in a ``Trainer.fit``).
     ``may_hang``: the pattern has hung in native code somewhere (a CUDA capture, a lock
     in the autograd engine), where no in-process deadline can stop it: the runner runs
     it in a child process it can kill. ``timeout_s``: its deadline per run, if not the
@@ -125,7 +128,7 @@ class Pattern:
     def __post_init__(self) -> None:
         if self.api not in APIS:
             raise ValueError(f"pattern {self.name!r}: api {self.api!r}, choose from {APIS}")
-        if self.api == "step" and self.target is not None:
+        if self.api != "capture" and self.target is not None:
             raise ValueError(
                 f"pattern {self.name!r}: a step pattern steps its whole model (no target)"
             )

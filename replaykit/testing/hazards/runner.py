@@ -1,6 +1,6 @@
 """The runner: each catalogue pattern eager vs replayed, classified per API and backend.
 
-    python -m replaykit.testing.hazards --backend emulated [--unsafe] [--hazard inputs] [--api step] [--json out.json]
+    python -m replaykit.testing.hazards --backend emulated [--unsafe] [--hazard inputs] [--api step|whole_step] [--json out.json]
 
 prints the outcome table and the summary (with the replay coverage), and exits 1 when
 any outcome is a failure (a silent difference, an eager error the replay swallowed, a
@@ -10,7 +10,7 @@ that did NOT diverge.
 
 A capture pattern's replay arm runs under ``rk.capture``; a step pattern's replay arm is
 ``rk.TrainStep`` and its eager arm the step's eager twin (``replay=False``), both from the
-same seed. Every run has a deadline (:mod:`.deadline`): in this process, or in a child
+same seed; a whole_step pattern is a step pattern inside a Lightning ``Trainer.fit``. Every run has a deadline (:mod:`.deadline`): in this process, or in a child
 process for patterns marked ``may_hang``.
 
 The outcomes are :mod:`.outcome`'s; the table and summary (with the replay coverage)
@@ -101,7 +101,7 @@ def _run_arm(
                 rec.release()
             except Exception as exc:  # a release that fails is a finding too
                 result.journal["release_error"] = f"{type(exc).__name__}: {exc}"
-    if pat.api == "step" and arm.replay and arm.recorder is None and result.error is None:
+    if pat.api != "capture" and arm.replay and arm.recorder is None and result.error is None:
         raise ValueError(
             f"step pattern {pat.name!r} built no TrainStep: build it with arm.train_step"
         )

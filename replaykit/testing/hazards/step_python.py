@@ -183,6 +183,42 @@ def _bound_method_loss(model: nn.Module, arm: Arm) -> Extras:
     return step_loop(model, arm, loss_fn=trainer.compute_loss, steps=6, before=before)
 
 
+class Run:
+    """A training framework's run state: cycles (a loop that points back at its run) and a log
+    that grows every step, as a Lightning Trainer holds."""
+
+    def __init__(self) -> None:
+        self.loop = type("Loop", (), {})()
+        self.loop.run = self
+        self.history: list[float] = []
+
+
+class Owner(nn.Module):
+    """The module that holds the model and the run (a LightningModule): its method is the loss."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+        self.run = Run()
+        self.aux_weight = 0.5
+
+    def compute_loss(self, net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        out = net(x)
+        return out.pow(2).mean() + self.aux_weight * out.abs().mean()
+
+
+def _owner_method_loss(model: nn.Module, arm: Arm) -> Extras:
+    owner = Owner(model)
+    step = arm.train_step(model, owner.compute_loss, sgd(model))
+    kept: Extras = {}
+    for i in range(6):
+        if i == 3:
+            owner.aux_weight = 0.0
+        kept[f"loss{i}"] = loss = step(arm.randn(4, 6))
+        owner.run.history.append(float(loss))  # the framework's log, every step
+    return kept
+
+
 AUX_WEIGHT = 0.5
 """A module-level loss weight the training script sets to 0 after a few steps."""
 
@@ -473,6 +509,15 @@ PATTERNS: list[Pattern] = [
         "loss_fn is a trainer's bound method reading self.alpha, changed after 3 steps",
         mlp(),
         _bound_method_loss,
+        guard="loss_inputs",
+        api="step",
+    ),
+    Pattern(
+        "step_owner_method_loss",
+        HAZARD,
+        "loss_fn is a method of the module holding the model and a run (cycles, a growing log), reading self.aux_weight",
+        mlp(),
+        _owner_method_loss,
         guard="loss_inputs",
         api="step",
     ),
