@@ -132,6 +132,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             if "time_vs_mgc" in r
             else ""
         )
+        if r["reserved_vs_eager"] == r["reserved_vs_eager"]:  # measured (CUDA)
+            vs += f", {r['reserved_vs_eager']:.3f}x eager's peak reserved"
         parts.append(f"{r['size']}: {r['speedup_vs_eager']:.2f}x eager{vs}")
     checked = {r["size"]: r for r in rows if r["arm"] == CHECKED}
     for r in mine:
