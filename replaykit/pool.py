@@ -35,7 +35,8 @@ class PoolUser(Protocol):
     """What an entry point sharing a pool provides (``Recorder`` and ``TrainStep``)."""
 
     def quiesce(self, call: int) -> bool:
-        """Copy out what it handed out; False if something of its static memory must stay live."""
+        """Copy out what it handed out; False if something of its static memory must stay live.
+        ``call``: the claiming entry point's call (its own journal keeps its own numbering)."""
         ...
 
     def static_tensors(self) -> list[torch.Tensor]:

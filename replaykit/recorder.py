@@ -346,7 +346,7 @@ class Recorder(Lifecycled):
         handed out; False while a replayed call's backward is pending (it reads static memory)."""
         if self._hold.active:
             return False
-        return self._copy_out(call)
+        return self._copy_out(self._calls)  # journaled at its own latest call
 
     def static_tensors(self) -> list[torch.Tensor]:
         """The static outputs and gradient buffers of every recording (what another graph in a shared pool may overwrite)."""
@@ -422,12 +422,10 @@ class Recorder(Lifecycled):
         if not self._verify:
             return None
         snapshot.restore()  # what the probe changed (statistics, RNG) is put back first
-        try:
-            return Shadow(
-                self.module, partial(self._run_forward, callargs, params), callargs.tensors, params
-            )
-        except Exception:  # the recording meets the same error and says why
-            return None
+        # an error here is the recording's: it retires with "capture failed: ..."
+        return Shadow(
+            self.module, partial(self._run_forward, callargs, params), callargs.tensors, params
+        )
 
     def _reentered(self, call: int) -> None:
         """Called again while a replayed call's backward is pending: a parameter the recording reads

@@ -305,7 +305,7 @@ class TrainStep(Lifecycled):
         handed out; False between micro-batches (the static gradient buffers are ``.grad``)."""
         if self._micro not in (0, self._acc):
             return False
-        self._copy_out(call)
+        self._copy_out(self._calls)  # journaled at its own latest call
         return not self._live_alias()
 
     def static_tensors(self) -> list[torch.Tensor]:
