@@ -27,6 +27,7 @@ if (
     from .determinism import enable_determinism
     from .errors import ReplayError, ReplayWarning
     from .journal import Event, Journal
+    from .pool import MemoryPool
     from .protections import PROTECTIONS
     from .recorder import Recorder, capture, recorder_of
     from .step import EMA, TrainStep
@@ -36,6 +37,7 @@ __all__ = [
     "PROTECTIONS",
     "Event",
     "Journal",
+    "MemoryPool",
     "Recorder",
     "ReplayError",
     "ReplayWarning",
@@ -53,6 +55,7 @@ _HOMES = {
     "PROTECTIONS": "protections",
     "Event": "journal",
     "Journal": "journal",
+    "MemoryPool": "pool",
     "Recorder": "recorder",
     "ReplayError": "errors",
     "ReplayWarning": "errors",

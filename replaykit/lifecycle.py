@@ -54,6 +54,10 @@ HINTS = {
     "hooks": "hooks run Python a replay skips: remove them while replaying, or keep them and train eagerly",
     "object_argument": "an object argument could change under a recording: pass tensors and plain values",
     "input_requires_grad": "an input that requires grad gets no .grad from a replay: detach it, or train eagerly",
+    "pool_busy": (
+        "another entry point sharing its MemoryPool held live memory there (a pending backward, an accumulation "
+        "under way): finish one's step before the other's, or give each its own pool"
+    ),
 }
 #: Calls before the share of eager calls is judged, and the share that warns.
 _WARN_AFTER, _WARN_SHARE = 20, 0.5

@@ -118,6 +118,11 @@ REGISTRY: dict[str, Protection] = {
             "an input changed in place between a replayed forward and its backward goes unnoticed (eager raises)",
         ),
         Protection(
+            "shared_pool",
+            "both",
+            "entry points sharing a MemoryPool replay while another holds live static memory there: its outputs or gradients are overwritten",
+        ),
+        Protection(
             "hooks", "step", "module, gradient and optimizer hooks run at the recording call only"
         ),
         Protection(

@@ -29,6 +29,7 @@ from .guards import host_dependence, tree_contains
 from .hold import Hold, PendingBackward
 from .layout import copy_into, same_layout
 from .lifecycle import Lifecycle, Lifecycled
+from .pool import MemoryPool, check_pool, storage_bytes
 from .probe import probe
 from .protections import disabled_protections
 from .reentry import FirstUse
@@ -103,6 +104,7 @@ class _Plan:
         "recording",
         "saved",
         "saved_inputs",
+        "shadow",
         "verified",
     )
 
@@ -124,6 +126,9 @@ class _Plan:
         self.key = key
         self.recording = recording
         self.verified = False  # until a replay of it matched eager (forward and backward)
+        self.shadow: Shadow | None = (
+            None  # the recording call's eager forward, made before the capture
+        )
         self.saved = saved  # the parameters its backward reads: their versions are checked
         self.saved_inputs = saved_inputs  # the inputs (positions) it reads: likewise
         self.all_differentiable = recording.differentiable == tuple(
@@ -230,6 +235,7 @@ class Recorder(Lifecycled):
         check_every: int = 0,
         multi_backward: bool = False,
         max_rerecords: int = 8,
+        pool: MemoryPool | None = None,
     ) -> None:
         self.module: nn.Module | None = module
         self.module_name = type(module).__name__
@@ -278,6 +284,10 @@ class Recorder(Lifecycled):
             None  # the plan of the replayed call whose backward is pending
         )
         self._paused = 0
+        self._pool = pool  # shared with other entry points (None: the backend's private pool)
+        self._pool_safe = "shared_pool" not in disabled
+        if pool is not None:
+            pool.join(self)
         self._own_forward = "forward" in module.__dict__
         self._forward = module.forward
         module.forward = _RoutedForward(self, module)
@@ -317,6 +327,44 @@ class Recorder(Lifecycled):
             yield self
         finally:
             self._paused -= 1
+
+    # ----------------------------------------------------------------- memory
+    def memory(self) -> dict[str, Any]:
+        """The bytes each recording holds (static inputs, outputs, gradient buffers: distinct
+        storages), their sum, and the bytes its memory pool reserves on the GPU (``pool_reserved``:
+        None on the emulated backend; a shared pool's whole size)."""
+        rows = [
+            {
+                "signature": "x".join("/".join(map(str, x.shape)) for x in recording.static_inputs),
+                "static_inputs": storage_bytes(recording.static_inputs),
+                "static_outputs": storage_bytes(recording.static_outputs),
+                "static_grads": storage_bytes(recording.static_grads),
+            }
+            for recording in self._recordings.values()
+        ]
+        for row in rows:
+            row["bytes"] = row["static_inputs"] + row["static_outputs"] + row["static_grads"]
+        return {
+            "recordings": rows,
+            "static_bytes": sum(r["bytes"] for r in rows),
+            "pool_reserved": self.backend.pool_reserved(),
+        }
+
+    def quiesce(self, call: int) -> bool:
+        """A shared pool's question before another entry point runs there: copy out what was
+        handed out; False while a replayed call's backward is pending (it reads static memory)."""
+        if self._hold.active:
+            return False
+        return self._copy_out(self._calls)  # journaled at its own latest call
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        """The static outputs and gradient buffers of every recording (what another graph in a shared pool may overwrite)."""
+        return [
+            t
+            for recording in self._recordings.values()
+            for t in (*recording.static_outputs, *recording.static_grads)
+            if t is not None
+        ]
 
     # ----------------------------------------------------------------- routing
     def _route(self, args: tuple, kwargs: dict) -> Any:
@@ -358,22 +406,41 @@ class Recorder(Lifecycled):
         if refused is not None:
             return self._eager(call, refused, args, kwargs)
         plan = self._plans.get(key)
+        if plan is None and len(self._recordings) >= self.max_recordings:
+            return self._eager(call, "budget", args, kwargs)
+        if self._pool is not None and not self._pool.claim(self, call, self._pool_safe):
+            return self._eager(call, "pool_busy", args, kwargs)
         if plan is None:
-            if len(self._recordings) >= self.max_recordings:
-                return self._eager(call, "budget", args, kwargs)
             if not self._copy_out(call):
                 return self._eager(call, "live_alias", args, kwargs)
             with life.lock:
                 plan = self._record(call, callargs, key)
             if plan is None:
                 return self._eager(call, self._refused.get(key, "retired"), args, kwargs)
-        elif plan.cleared:
-            if not self._copy_out(call):
-                return self._eager(call, "live_alias", args, kwargs)
-            self.journal.tick("replay", call)
+            shadow, plan.shadow = plan.shadow, None
+            if not plan.cleared:  # used eagerly first: its first replay verifies it
+                return self._first_use_call(call, plan, args, kwargs)
+            return self._replay(call, plan, callargs, args, kwargs, shadow)
         if not plan.cleared:
             return self._first_use_call(call, plan, args, kwargs)
+        if not self._copy_out(call):
+            return self._eager(call, "live_alias", args, kwargs)
+        self.journal.tick("replay", call)
         return self._replay(call, plan, callargs, args, kwargs)
+
+    def _early_shadow(
+        self, callargs: CallArgs, params: list[torch.Tensor], snapshot: StateSnapshot
+    ) -> Shadow | None:
+        """The verification's eager forward, run after the probe and before the warm-up and capture,
+        from the state before the call: eager's activations come and go before the recording's
+        static memory exists, never beside it."""
+        if not self._verify:
+            return None
+        snapshot.restore()  # what the probe changed (statistics, RNG) is put back first
+        # an error here is the recording's: it retires with "capture failed: ..."
+        return Shadow(
+            self.module, partial(self._run_forward, callargs, params), callargs.tensors, params
+        )
 
     def _first_use_call(self, call: int, plan: _Plan, args: tuple, kwargs: dict) -> Any:
         """A recording at risk of reentry (``reentry.py``) is first used eagerly, watched for a
@@ -500,6 +567,7 @@ class Recorder(Lifecycled):
                 )
             )
             if refusal is None:
+                shadow = self._early_shadow(callargs, params, snapshot)
                 recording = self.backend.record(fn, static_inputs, params, self.warmup)
         except Exception as exc:
             snapshot.restore()
@@ -526,6 +594,7 @@ class Recorder(Lifecycled):
             saved_inputs if self._check_inputs else [],
             self._guard_outputs,
         )
+        plan.shadow = shadow
         twice = set(multi_use)
         plan.autocast = (
             torch.is_autocast_enabled(self._device_kind) and torch.is_autocast_cache_enabled()
@@ -569,12 +638,22 @@ class Recorder(Lifecycled):
             [(p, g) for p, g in zip(params, grads, strict=True) if g is not None]
         )
 
-    def _replay(self, call: int, plan: _Plan, callargs: CallArgs, args: tuple, kwargs: dict) -> Any:
+    def _replay(
+        self,
+        call: int,
+        plan: _Plan,
+        callargs: CallArgs,
+        args: tuple,
+        kwargs: dict,
+        shadow: Shadow | None = None,
+    ) -> Any:
         recording = plan.recording
         step = _Step(self, plan, call)
         self._replayed_calls += 1
         verifying = self._verify and not plan.verified
-        if verifying or (self.check_every and (self._replayed_calls - 1) % self.check_every == 0):
+        if shadow is not None:  # the recording call's, made before the recording
+            step.shadow = shadow
+        elif verifying or (self.check_every and (self._replayed_calls - 1) % self.check_every == 0):
             step.shadow = Shadow(
                 self.module,
                 partial(self._run_forward, callargs, recording.params),
@@ -737,15 +816,24 @@ class Recorder(Lifecycled):
         shadow, recording = step.shadow, step.recording
         assert shadow is not None
         step.shadow = None
-        with torch.enable_grad():
-            reference = shadow.reference_grads(recording.differentiable, wanted)
+        assert self.module is not None
+        reference, difference = shadow.reference_grads(
+            self.module, recording.differentiable, wanted
+        )
+        if (
+            reference is None
+        ):  # nothing compared: a recording not verified yet is checked at its next replay
+            return result
         needs = recording.inputs_requiring_grad
         ref = iter(reference)
         full = [next(ref) if req else None for req in needs] + list(ref)
         names = [f"input {i} grad" for i in range(len(needs))] + [
             f"grad {n}" for n in self._param_names(recording)
         ]
-        difference = shadow.check_backward(names, full, result)
+        if difference is None:
+            difference = shadow.check_backward(names, full, result)
+        else:  # eager has no one answer to hand back: the replay's gradients stand for this call
+            full = result
         self.journal.add("check", step.call, "backward", difference)
         if difference is None:
             step.plan.verified = True
@@ -835,6 +923,8 @@ class Recorder(Lifecycled):
         self._hold.clear()
         if not self.lifecycle.release(self._calls):
             return
+        if self._pool is not None:
+            self._pool.leave(self)
         module = self.module
         assert module is not None
         if self._own_forward:
@@ -902,6 +992,7 @@ def capture(
     multi_backward: bool = False,
     max_rerecords: int = 8,
     unsafe_disable: tuple[str, ...] | list[str] | str = (),
+    pool: MemoryPool | None = None,
 ) -> Recorder:
     """Route every call of ``module`` through a recorder: record, replay, or eager with a reason.
 
@@ -933,7 +1024,9 @@ def capture(
     device). ``strict=True`` raises :class:`ReplayError` instead of any eager route or
     retirement. ``check_every=N`` compares every N-th replayed call with eager on the
     same state and retires with reason ``diverged: ...`` on any difference
-    (:mod:`replaykit.shadow`). ``unsafe_disable`` switches protections off, for
+    (:mod:`replaykit.shadow`). ``pool=rk.MemoryPool()`` records into a pool shared with other
+    entry points (:mod:`replaykit.pool`; a call while another holds live memory there runs
+    eagerly, ``pool_busy``). ``unsafe_disable`` switches protections off, for
     diagnosis only. Capturing a module that is already captured, or one inside (or
     around) a captured module, raises :class:`ReplayError`.
     """
@@ -955,7 +1048,8 @@ def capture(
             "run one forward eagerly to materialize them, then capture"
         )
     disabled = disabled_protections(unsafe_disable, "capture")
-    chosen = resolve_backend(backend, module)
+    pool = check_pool(pool)
+    chosen = resolve_backend(backend, module, pool)
     recorder = Recorder(
         module,
         chosen,
@@ -966,6 +1060,7 @@ def capture(
         check_every,
         bool(multi_backward),
         max_rerecords,
+        pool,
     )
     _live[id(recorder)] = weakref.ref(recorder)
     weakref.finalize(recorder, _live.pop, id(recorder), None)

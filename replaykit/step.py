@@ -52,6 +52,7 @@ from .guards import epoch as guard_epoch
 from .guards import gradient_hooks, host_dependence
 from .layout import aligned_copy, aligned_key, copy_into
 from .lifecycle import Lifecycle, Lifecycled
+from .pool import MemoryPool, check_pool, storage_bytes
 from .probe import foreign_leaves
 from .protections import disabled_protections
 from .recorder import recorder_of
@@ -162,6 +163,7 @@ class TrainStep(Lifecycled):
         trust_optimizer: bool = False,
         unsafe_disable: tuple[str, ...] | list[str] | str = (),
         on_optimizer_step: Callable[[], None] | None = None,
+        pool: MemoryPool | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ReplayError(
@@ -201,7 +203,13 @@ class TrainStep(Lifecycled):
             on_optimizer_step  # Python run after every optimizer step (a replay runs none)
         )
         self.device = module_device(model) or torch.device("cpu")
-        self.backend: Backend | None = resolve_backend(backend, model) if replay else None
+        pool = check_pool(pool)
+        self.backend: Backend | None = resolve_backend(backend, model, pool) if replay else None
+        # shared with other entry points (None: the backend's private pool); read per call
+        self._pool = pool if replay else None
+        self._pool_safe = "shared_pool" not in self.disabled
+        if self._pool is not None:
+            self._pool.join(self)
         me = weakref.ref(self)
         self.lifecycle = Lifecycle(
             f"TrainStep({type(model).__name__})",
@@ -268,6 +276,45 @@ class TrainStep(Lifecycled):
         )
         mode = self.backend.name if self.backend is not None else "eager twin"
         return f"<TrainStep {type(self.model).__name__} {mode} {state} {self.counts}>"
+
+    # ----------------------------------------------------------------- memory
+    def memory(self) -> dict[str, Any]:
+        """The bytes each recording holds (its static inputs, loss and the gradient buffers it
+        leaves: distinct storages), their sum, and the bytes its memory pool reserves on the GPU
+        (``pool_reserved``: None on the emulated backend; a shared pool's whole size)."""
+        rows = []
+        for key, rec in self._recordings.items():
+            row = {
+                "phase": key[0],
+                "signature": "x".join("/".join(map(str, x.shape)) for x in rec.static_inputs),
+                "static_inputs": storage_bytes(rec.static_inputs),
+                "static_outputs": storage_bytes([rec.loss]),
+                "static_grads": storage_bytes(rec.grads_out),
+            }
+            row["bytes"] = row["static_inputs"] + row["static_outputs"] + row["static_grads"]
+            rows.append(row)
+        backend = self.backend
+        return {
+            "recordings": rows,
+            "static_bytes": sum(r["bytes"] for r in rows),
+            "pool_reserved": backend.pool_reserved() if backend is not None else None,
+        }
+
+    def quiesce(self, call: int) -> bool:
+        """A shared pool's question before another entry point runs there: copy out the gradients
+        handed out; False between micro-batches (the static gradient buffers are ``.grad``)."""
+        if self._micro not in (0, self._acc):
+            return False
+        self._copy_out(self._calls)  # journaled at its own latest call
+        return not self._live_alias()
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        """Each recording's loss and the gradient buffers it leaves (what another graph in a shared pool may overwrite)."""
+        out = []
+        for rec in self._recordings.values():
+            out.append(rec.loss)
+            out += [g for g in rec.grads_out if g is not None]
+        return out
 
     # ----------------------------------------------------------------- the call
     def _phase(self) -> str:
@@ -345,6 +392,9 @@ class TrainStep(Lifecycled):
                 return self._eager(phase, refused, args, kwargs)
             if len(self._recordings) >= self.max_recordings:
                 return self._eager(phase, "budget", args, kwargs)
+        if self._pool is not None and not self._pool.claim(self, call, self._pool_safe):
+            return self._eager(phase, "pool_busy", args, kwargs)
+        if rec is None:
             with life.lock:
                 return self._record(phase, key, callargs, args, kwargs)
         if phase == "first":
@@ -513,6 +563,17 @@ class TrainStep(Lifecycled):
             a, kw = callargs.rebuild(static)
             return [self._body(phase, a, kw)]
 
+        reference = None
+        if (
+            verify
+        ):  # eager's half first: its temporaries are given back before the recording's pool grows
+            reference, why, eager = self._reference(snapshot, callargs, phase, args, kwargs)
+            if why is not None:  # that eager run was this call's work: it stands
+                region.free()
+                self._retire(why, call)
+                if phase in ("step", "last"):
+                    self._stepped()
+                return eager
         effects = SideEffects(self.model, static, "host_rng" not in self.disabled)
         self._walking, self._foreign = "foreign_grads" not in self.disabled, 0
         try:
@@ -556,8 +617,9 @@ class TrainStep(Lifecycled):
             region.free()
             self._retire(why, call)
             return out
-        if verify:
-            found, eager = self._against_eager(snapshot, loss, phase, args, kwargs)
+        if reference is not None:
+            state = (self.model, self.optimizer, self.scaler, self.ema, self._trainable)
+            found = difference(end_state(*state, loss, clone=False), reference)
             self.journal.add("check", call, "recording", found)
             if found is not None:  # eager's work stands; this signature runs eagerly from now on
                 region.free()
@@ -565,6 +627,8 @@ class TrainStep(Lifecycled):
                 self.journal.add(
                     "refuse", call, "diverged", f"the recording differs from eager: {found}"
                 )
+                snapshot.restore()
+                eager = self._body(phase, args, kwargs)  # the twin's work from the same state
                 if phase in ("step", "last"):
                     self._stepped()
                 return eager
@@ -573,6 +637,44 @@ class TrainStep(Lifecycled):
         after = map(_use_count, self._storages)
         self._baseline = [b + a - c for b, a, c in zip(self._baseline, after, before, strict=True)]
         return self._after(phase, rec)
+
+    def _reference(
+        self, snapshot: StepSnapshot, callargs: Any, phase: str, args: tuple, kwargs: dict
+    ) -> tuple[list, str | None, torch.Tensor]:
+        """The recording call's verification, eager half: the twin's body from the state before
+        the call, its end state kept (copies), the state put back.
+
+        It runs before the capture, and the backend gives eager's cached temporaries back
+        around it (``Backend.trim``): after the capture the recording's pool holds a step's
+        worth of memory, and an eager step beside it doubled the peak. Python the body runs
+        for its effects shows here first: then this eager run is the call (``why``).
+        """
+        assert self.backend is not None
+        self.backend.trim()  # warm-up's cache (a side stream's blocks serve no other stream)
+        effects = SideEffects(self.model, callargs.tensors, "host_rng" not in self.disabled)
+        self._walking, self._foreign = "foreign_grads" not in self.disabled, 0
+        try:
+            with effects:
+                eager = self._body(phase, args, kwargs)
+        finally:
+            self._walking = False
+        why = effects.reason("the step")
+        if why is None and self._foreign:
+            why = (
+                f"loss_fn reaches {self._foreign} tensor(s) requiring grad outside the model and the optimizer (a second "
+                "network): a replay would not give them this call's gradients"
+            )
+        if why is None and self._loss_inputs is not None:
+            changed = self._loss_inputs.changed(self._loss_key)
+            if changed is not None:
+                why = f"loss_fn changes {changed}; a replay would not"
+        if why is not None:
+            return [], why, eager
+        state = (self.model, self.optimizer, self.scaler, self.ema, self._trainable)
+        reference = end_state(*state, eager, clone=True)
+        snapshot.restore()
+        self.backend.trim()
+        return reference, None, eager
 
     def _after(self, phase: str, rec: StepRecording) -> torch.Tensor:
         """Leave the gradients as eager would and hand back a copy of the loss."""
@@ -650,6 +752,8 @@ class TrainStep(Lifecycled):
     def release(self) -> None:
         """Free every recording; later calls run the twin's body (reason ``released``). Not a retirement."""
         self.lifecycle.release(self._calls)
+        if self._pool is not None:
+            self._pool.leave(self)
 
     def _drop_recordings(self) -> None:
         """The lifecycle's drop (re-record, retire, release): free every recording; parameters and

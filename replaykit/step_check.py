@@ -5,10 +5,10 @@ captured (a library branching on ``torch.cuda.is_current_stream_capturing()``: t
 mask builders), or kernels a capture chose differently, are not a guard's business: the
 only sure test is to run the same call eagerly from the same state and compare. So
 
-- every new recording is verified at its recording call: the recorded work's end state
-  (``R``) is kept, the state before the call is put back, the twin's body runs eagerly
-  (``E``), and ``R`` must equal ``E`` bitwise (parameters, buffers, gradients and their
-  None pattern, optimizer, scaler and EMA state, the loss); and
+- every new recording is verified at its recording call: the twin's body runs eagerly first
+  and its end state (``E``) is kept, the state before the call is put back, the recording is
+  made (its work: ``R``), and ``R`` must equal ``E`` bitwise (parameters, buffers, gradients
+  and their None pattern, optimizer, scaler and EMA state, the loss); and
 - with ``TrainStep(..., check_every=N)`` every N-th replayed call is checked the same way.
 
 The state left behind is always eager's, so a difference loses nothing: the recording's

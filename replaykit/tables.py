@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 
 def _cell(value: Any) -> str:
     if isinstance(value, float):
-        return f"{value:.3f}"
+        return (
+            "n/a" if math.isnan(value) else f"{value:.3f}"
+        )  # NaN: not measured here (memory off CUDA)
     if isinstance(value, dict):
         return ", ".join(f"{k}: {v}" for k, v in value.items()) or "-"
     return "" if value is None else str(value)

@@ -152,6 +152,13 @@ class Backend(ABC):
     def free(self) -> None:  # noqa: B027 - optional hook
         """Release what the recordings shared."""
 
+    def pool_reserved(self) -> int | None:
+        """Bytes its memory pool holds on the device (None: no pool, the emulated backend)."""
+        return None
+
+    def trim(self) -> None:  # noqa: B027 - optional hook
+        """Give back cached memory no tensor uses (CUDA's caching allocator), before a recording grows its pool."""
+
 
 def output_builder(spec: TreeSpec) -> Callable[[Sequence[torch.Tensor]], Any]:
     """A fast inverse of ``flatten_outputs`` for the common shapes (tensor, tuple, flat dict)."""

@@ -36,6 +36,7 @@ import torch
 
 from ..errors import ReplayError
 from ..layout import compact, compact_size
+from ..pool import MemoryPool, pool_reserved
 from ..signature import autocast_key
 from .base import (
     Backend,
@@ -160,6 +161,9 @@ class CudaRecording(Recording):
                 del outs
         current.wait_stream(side)
         torch.cuda.synchronize(device)
+        # the side stream's cached blocks serve no later allocation on another stream: give them back
+        # before the capture grows the pool, so the two never add up (once per recording)
+        torch.cuda.empty_cache()
 
         self._fwd = torch.cuda.CUDAGraph()
         self._hooks = _SavedHooks()
@@ -317,13 +321,16 @@ class CudaBackend(Backend):
 
     name = "cuda"
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, pool: MemoryPool | None = None) -> None:
         if not torch.cuda.is_available():
             raise ReplayError("backend='cuda' needs a CUDA GPU, and torch sees none")
         if device.type != "cuda":
             raise ReplayError(f"backend='cuda' needs the module on a CUDA device, not {device}")
         self.device = device
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = pool.handle(device) if pool is not None else torch.cuda.graph_pool_handle()
+
+    def pool_reserved(self) -> int | None:
+        return pool_reserved(self.device, self.pool)
 
     def record(
         self,
@@ -340,6 +347,11 @@ class CudaBackend(Backend):
 
     def region(self, fixed: Sequence[torch.Tensor]) -> Region:
         return CudaRegion(self.device, self.pool)
+
+    def trim(self) -> None:
+        with torch.cuda.device(self.device):
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
 
 
 class CudaRegion(Region):

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..errors import ReplayError
+from ..pool import MemoryPool
 from ..signature import autocast_key
 from .base import (
     Backend,
@@ -166,6 +167,10 @@ class EmulatedBackend(Backend):
     """Frozen replay with CUDA-graph buffer semantics, on any device."""
 
     name = "emulated"
+
+    def __init__(self, pool: MemoryPool | None = None) -> None:
+        if pool is not None:
+            pool.emulated = True  # a claim then overwrites what a CUDA replay may overwrite
 
     def record(
         self,

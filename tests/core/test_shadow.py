@@ -143,3 +143,37 @@ def test_checks_are_sampled_every_n_replayed_calls(backend: str, device: str) ->
 def test_check_every_is_validated() -> None:
     with pytest.raises(rk.ReplayError, match="check_every"):
         rk.capture(nn.Linear(2, 2), backend="emulated", check_every=-1)
+
+
+def test_verification_reruns_eager_exactly_under_autocast_and_dropout(
+    backend: str, device: str
+) -> None:
+    """The verification keeps no eager graph: at the backward it reruns eager's forward from the
+    same state. Outside the autocast block and after the RNG moved on, that rerun must still be
+    the forward's own (its autocast state and dropout masks), or every recording would be refused."""
+
+    def run(capture: bool) -> tuple[dict[str, torch.Tensor], rk.Recorder | None]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.3), nn.ReLU(), nn.Linear(16, 3))
+        model.to(device)
+        rec = rk.capture(model, backend=backend) if capture else None
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(1)
+        torch.manual_seed(2)
+        for _ in range(4):
+            with torch.autocast(device, dtype=torch.bfloat16):
+                out = model(torch.randn(5, 6, generator=g).to(device))
+            torch.rand(3, device=device)  # the RNG moves on before the backward
+            out.float().square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}, rec
+
+    eager, _ = run(False)
+    replayed, rec = run(True)
+    assert rec is not None and rec.counts["replay"] == 3, rec.summary()
+    checks = [e for e in rec.journal if e.kind == "check"]
+    assert checks and all(e.detail is None for e in checks), checks
+    for k in eager:
+        assert torch.equal(eager[k], replayed[k]), k
+    rec.release()

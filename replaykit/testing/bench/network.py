@@ -21,7 +21,16 @@ from replaykit import tables
 from replaykit.recorder import capture
 
 from ..nets import DetectionNet
-from .timing import SIZES, ArmResult, Size, TimedArm, peak_mib, peak_reset, sync, timed_results
+from .timing import (
+    SIZES,
+    ArmResult,
+    Size,
+    TimedArm,
+    measure_peaks,
+    memory_columns,
+    peak_reset,
+    timed_results,
+)
 
 #: The arm that pays for the shadow check (every ``check_every``-th replayed call against eager).
 CHECKED = "replaykit+check"
@@ -63,14 +72,13 @@ def bench_size(
     if device.type == "cuda":
         names.insert(1, "make_graphed_callables")
     arms: list[TimedArm] = []
-    peaks: dict[str, float] = {}
+    peaks: dict[str, tuple[float, float]] = {}
     for name in names:  # peak memory per arm: its build (capture, pools) and warm-up steps
         mem0 = peak_reset(device)
         arm = _make_arm(name, copy.deepcopy(base), batches[0], backend, check_every)
         for x in batches[:warmup_steps]:
             arm.step(x)
-        sync(device)
-        peaks[name] = peak_mib(device, mem0)
+        peaks[name] = measure_peaks(device, mem0)
         arms.append(arm)
     yield from timed_results(size.name, arms, batches[warmup_steps:], rounds, device, peaks)
 
@@ -106,6 +114,7 @@ def table(results: list[ArmResult]) -> list[dict[str, Any]]:
         mgc = by.get((r.size, "make_graphed_callables"))
         row = {k: v for k, v in asdict(r).items() if k != "step_ms"}
         row["speedup_vs_eager"] = eager.median_ms / r.median_ms
+        row.update(memory_columns(r, eager))
         if mgc is not None:
             row["time_vs_mgc"] = r.median_ms / mgc.median_ms
             row["mem_vs_mgc"] = r.peak_mib / mgc.peak_mib if mgc.peak_mib else float("nan")
@@ -123,6 +132,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             if "time_vs_mgc" in r
             else ""
         )
+        if r["reserved_vs_eager"] == r["reserved_vs_eager"]:  # measured (CUDA)
+            vs += f", {r['reserved_vs_eager']:.3f}x eager's peak reserved"
         parts.append(f"{r['size']}: {r['speedup_vs_eager']:.2f}x eager{vs}")
     checked = {r["size"]: r for r in rows if r["arm"] == CHECKED}
     for r in mine:
@@ -148,6 +159,9 @@ MARKDOWN_COLUMNS = (
     "speedup_vs_eager",
     "time_vs_mgc",
     "peak_mib",
+    "peak_reserved_mib",
+    "alloc_vs_eager",
+    "reserved_vs_eager",
     "mem_vs_mgc",
     "equals_eager",
 )

@@ -26,7 +26,16 @@ from replaykit.recorder import capture
 from ...bitwise import diff_states
 from ...step import TrainStep
 from ..nets import DetectionNet
-from .timing import SIZES, ArmResult, Size, heads_loss, peak_mib, peak_reset, sync
+from .timing import (
+    SIZES,
+    ArmResult,
+    Size,
+    heads_loss,
+    measure_peaks,
+    memory_columns,
+    peak_reset,
+    sync,
+)
 
 ARMS = (
     "eager",
@@ -128,15 +137,14 @@ def bench_size(
         if device.type == "cuda" or a in ("eager", "replaykit network", "replaykit step", CHECKED)
     ]
     arms: dict[str, tuple[Callable, Any, nn.Module]] = {}
-    peaks: dict[str, float] = {}
+    peaks: dict[str, tuple[float, float]] = {}
     for name in names:
         mem0 = peak_reset(device)
         model = copy.deepcopy(base)
         call, handle = _arm(name, model, batches[0], backend)
         for x in batches[:warmup_steps]:
             call(x)
-        sync(device)
-        peaks[name] = peak_mib(device, mem0)
+        peaks[name] = measure_peaks(device, mem0)
         arms[name] = (call, handle, model)
     times: dict[str, list[float]] = {n: [] for n in names}
     timed = batches[warmup_steps:]
@@ -164,8 +172,18 @@ def bench_size(
         equal = name != "raw step graph" and not diff_states(states["eager"], states[name])
         if name == CHECKED:
             note += f" checks={handle.counts['check']}"
+        allocated, reserved = peaks[name]
         yield ArmResult(
-            size.name, name, statistics.median(t), qs[0], qs[-1], peaks[name], equal, note, t
+            size.name,
+            name,
+            statistics.median(t),
+            qs[0],
+            qs[-1],
+            allocated,
+            equal,
+            note,
+            t,
+            reserved,
         )
 
 
@@ -194,6 +212,7 @@ def table(results: list[ArmResult]) -> list[dict[str, Any]]:
     for r in results:
         row = {k: v for k, v in r.__dict__.items() if k != "step_ms"}
         row["speedup_vs_eager"] = by[(r.size, "eager")].median_ms / r.median_ms
+        row.update(memory_columns(r, by[(r.size, "eager")]))
         raw = by.get((r.size, "raw step graph"))
         if raw is not None:
             row["time_vs_raw_graph"] = r.median_ms / raw.median_ms
@@ -217,6 +236,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for r in mine:
         raw = f", {r['time_vs_raw_graph']:.3f}x raw graph time" if "time_vs_raw_graph" in r else ""
         mem = f", {r['mem_vs_network']:.3f}x network-replay memory" if "mem_vs_network" in r else ""
+        reserved = r["reserved_vs_eager"]
+        if reserved == reserved:  # measured (CUDA)
+            mem += f", {reserved:.3f}x eager's peak reserved"
         parts.append(f"{r['size']}: {r['speedup_vs_eager']:.2f}x eager{raw}{mem}")
     checks = "; ".join(
         f"{r['size']} {r['time_vs_unchecked_amortized']:.3f}x (median {r['time_vs_unchecked']:.3f}x)"
@@ -247,6 +269,9 @@ COLUMNS = (
     "time_vs_unchecked",
     "time_vs_unchecked_amortized",
     "peak_mib",
+    "peak_reserved_mib",
+    "alloc_vs_eager",
+    "reserved_vs_eager",
     "mem_vs_network",
     "equals_eager",
     "note",

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -53,6 +54,9 @@ class ArmResult:
     equals_eager: bool | None
     note: str = ""
     step_ms: list[float] = field(default_factory=list, repr=False)
+    peak_reserved_mib: float = (
+        math.nan
+    )  # what the caching allocator held at the peak (pools included)
 
 
 def heads_loss(out: Any) -> torch.Tensor:
@@ -131,23 +135,59 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def peak_reset(device: torch.device) -> float:
-    """Start a peak-memory window; returns the bytes already allocated (the baseline for :func:`peak_mib`)."""
+class MemoryBase(NamedTuple):
+    """The bytes allocated and reserved when a peak-memory window opened."""
+
+    allocated: float
+    reserved: float
+
+
+def peak_reset(device: torch.device) -> MemoryBase:
+    """Start a peak-memory window (cached blocks given back first, so the arm pays for its own);
+    returns the baseline for :func:`peak_mib` and :func:`peak_reserved_mib`."""
     if device.type != "cuda":
-        return 0.0
+        return MemoryBase(0.0, 0.0)
     gc.collect()
+    torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
-    return torch.cuda.memory_allocated(device)
+    return MemoryBase(torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device))
 
 
-def peak_mib(device: torch.device, base: float) -> float:
-    """MiB allocated at the peak since :func:`peak_reset` above its ``base`` (NaN off CUDA)."""
-    return (
-        (torch.cuda.max_memory_allocated(device) - base) / 2**20
-        if device.type == "cuda"
-        else float("nan")
-    )
+def peak_mib(device: torch.device, base: MemoryBase) -> float:
+    """MiB allocated at the peak since :func:`peak_reset` above its baseline (NaN off CUDA)."""
+    if device.type != "cuda":
+        return math.nan
+    return (torch.cuda.max_memory_allocated(device) - base.allocated) / 2**20
+
+
+def peak_reserved_mib(device: torch.device, base: MemoryBase) -> float:
+    """MiB the caching allocator reserved at the peak since :func:`peak_reset` above its baseline:
+    what the arm took from the GPU, graph pools and other streams' cached blocks included (NaN off CUDA)."""
+    if device.type != "cuda":
+        return math.nan
+    return (torch.cuda.max_memory_reserved(device) - base.reserved) / 2**20
+
+
+def measure_peaks(device: torch.device, base: MemoryBase) -> tuple[float, float]:
+    """Both peaks of the window (allocated, reserved), after the device's queued work."""
+    sync(device)
+    return peak_mib(device, base), peak_reserved_mib(device, base)
+
+
+def memory_columns(result: Any, eager: Any) -> dict[str, float]:
+    """An arm's memory beside eager's at the same size (both ArmResults): the peak reserved, and the
+    allocated and reserved peaks as ratios of eager's. NaN off CUDA (tables print ``n/a``): no
+    number is made up where nothing was measured."""
+
+    def ratio(mine: float, theirs: float) -> float:
+        return mine / theirs if theirs > 0 else math.nan  # NaN stays NaN
+
+    return {
+        "peak_reserved_mib": result.peak_reserved_mib,
+        "alloc_vs_eager": ratio(result.peak_mib, eager.peak_mib),
+        "reserved_vs_eager": ratio(result.peak_reserved_mib, eager.peak_reserved_mib),
+    }
 
 
 def interleave(arms: list[TimedArm], timed: list[Any], rounds: int, device: torch.device) -> None:
@@ -172,7 +212,7 @@ def timed_results(
     timed: list[Any],
     rounds: int,
     device: torch.device,
-    peaks: dict[str, float],
+    peaks: dict[str, float] | dict[str, tuple[float, float]],
     notes: dict[str, str] | None = None,
 ) -> Iterator[ArmResult]:
     """Interleave the arms over ``timed``, then one result per arm; each arm's end state against eager's."""
@@ -190,14 +230,17 @@ def timed_results(
             rec.release()
         t = arm.times
         qs = statistics.quantiles(t, n=10) if len(t) > 1 else t * 9
+        peak = peaks[arm.name]
+        allocated, reserved = peak if isinstance(peak, tuple) else (peak, math.nan)
         yield ArmResult(
             size,
             arm.name,
             statistics.median(t),
             qs[0],
             qs[-1],
-            peaks[arm.name],
+            allocated,
             not diff_states(states["eager"], states[arm.name]),
             note,
             t,
+            reserved,
         )

@@ -64,7 +64,7 @@ def bench_model(
     g = torch.Generator().manual_seed(1000 + seed)
     batches = [make_batch(batch, device, g) for _ in range(steps)]
     arms: list[timing.TimedArm] = []
-    peaks: dict[str, float] = {}
+    peaks: dict[str, tuple[float, float]] = {}
     out: list[timing.ArmResult] = []
     for arm_name in ARMS:
         if arm_name == "make_graphed_callables" and device.type != "cuda":
@@ -112,7 +112,7 @@ def bench_model(
             out.append(_failed(size, arm_name, f"{type(exc).__name__}: {str(exc)[:200]}"))
             continue
         timing.sync(device)
-        peaks[arm_name] = timing.peak_mib(device, mem0)
+        peaks[arm_name] = timing.measure_peaks(device, mem0)
         arms.append(arm)
     if arms and arms[0].name == "eager":
         out = (
@@ -175,6 +175,8 @@ COLUMNS = (
     "speedup_vs_eager",
     "time_vs_mgc",
     "peak_mib",
+    "peak_reserved_mib",
+    "reserved_vs_eager",
     "mem_vs_mgc",
     "equals_eager",
     "note",

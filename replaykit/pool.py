@@ -1,0 +1,134 @@
+"""One memory pool shared by several entry points' recordings, made safe to share.
+
+Each ``rk.capture`` recorder and ``rk.TrainStep`` records into a private CUDA graph pool of its
+own; its recordings (signatures, phases, shape buckets) share it, and memory one capture freed
+serves the next, so eight buckets cost about one bucket's scratch, not eight. ``pool=`` lets
+several entry points share one pool the same way (``p = rk.MemoryPool()``; the emulated backend
+takes it too).
+
+PyTorch's caveat for shared pools: a graph captured later may place its live outputs in
+memory an earlier graph uses as scratch, so replaying the earlier graph overwrites them (and
+vice versa for memory a pending backward still reads). Within one entry point copy-out and the
+hold already keep that safe. Across entry points the rule is: before one records or replays in
+a shared pool, every other one using it must hold nothing live there (:meth:`claim`): no
+backward pending, no accumulation under way (static gradients are ``.grad``), handed-out static
+tensors copied out now. Otherwise that call runs eagerly (``pool_busy``). A switch to another
+user happens only when the user changes, so a lone user pays one comparison per call.
+
+On the emulated backend nothing shares memory, so a claim overwrites the other users' static
+outputs and gradients with NaN: what a CUDA replay may do to them. A holder that kept one
+without the protection (``unsafe_disable=["shared_pool"]``) then sees the difference on a CPU.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from typing import Protocol
+
+import torch
+
+from .errors import ReplayError
+
+
+class PoolUser(Protocol):
+    """What an entry point sharing a pool provides (``Recorder`` and ``TrainStep``)."""
+
+    def quiesce(self, call: int) -> bool:
+        """Copy out what it handed out; False if something of its static memory must stay live.
+        ``call``: the claiming entry point's call (its own journal keeps its own numbering)."""
+        ...
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        """The static outputs and gradients its recordings hold (what another graph may overwrite)."""
+        ...
+
+
+class MemoryPool:
+    """A memory pool several entry points record into: ``rk.TrainStep(..., pool=p)``, ``rk.capture(..., pool=p)``."""
+
+    def __init__(self) -> None:
+        self._handles: dict[torch.device, tuple[int, int]] = {}
+        self._users: list[weakref.ref] = []
+        self._holder: weakref.ref | None = None
+        self.emulated = False  # set when an emulated backend joins: claims then overwrite
+
+    def __repr__(self) -> str:
+        return f"<MemoryPool users={len(self.users())} devices={sorted(map(str, self._handles))}>"
+
+    def handle(self, device: torch.device) -> tuple[int, int]:
+        """The CUDA graph pool of ``device`` (one per device, made at first use)."""
+        if device not in self._handles:
+            with torch.cuda.device(device):
+                self._handles[device] = torch.cuda.graph_pool_handle()
+        return self._handles[device]
+
+    def join(self, user: PoolUser) -> None:
+        """``user`` records into this pool from now on."""
+        self._users = [r for r in self._users if r() is not None]
+        if all(r() is not user for r in self._users):
+            self._users.append(weakref.ref(user))
+
+    def leave(self, user: PoolUser) -> None:
+        """``user`` released its recordings: it holds nothing here any more."""
+        self._users = [r for r in self._users if r() is not None and r() is not user]
+        if self._holder is not None and self._holder() is user:
+            self._holder = None
+
+    def users(self) -> list[PoolUser]:
+        return [u for r in self._users if (u := r()) is not None]
+
+    def claim(self, user: PoolUser, call: int, safe: bool = True) -> bool:
+        """Before ``user`` records or replays: True when it may (the others hold nothing live here).
+
+        ``safe=False`` (``unsafe_disable=["shared_pool"]``) skips the others' check.
+        """
+        holder = self._holder() if self._holder is not None else None
+        if holder is user:
+            return True
+        others = [u for u in self.users() if u is not user]
+        if safe and not all([u.quiesce(call) for u in others]):
+            return False
+        if self.emulated:
+            with torch.no_grad():
+                for u in others:
+                    for t in u.static_tensors():
+                        if t.is_floating_point() or t.is_complex():
+                            t.data.fill_(float("nan"))
+        self._holder = weakref.ref(user)
+        return True
+
+    def reserved_bytes(self, device: torch.device) -> int | None:
+        """Bytes the CUDA caching allocator holds in this pool on ``device`` (None: no pool there)."""
+        handle = self._handles.get(device)
+        return None if handle is None else pool_reserved(device, handle)
+
+
+def pool_reserved(device: torch.device, handle: tuple[int, int]) -> int:
+    """Bytes of the segments the caching allocator gave a graph pool (a full memory snapshot: a report, not the hot path)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = 0
+    for segment in torch.cuda.memory_snapshot():
+        if segment.get("device") == index and tuple(segment.get("segment_pool_id", ())) == tuple(
+            handle
+        ):
+            total += int(segment.get("total_size", 0))
+    return total
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (an alias counts once)."""
+    seen: dict[tuple[str, int], int] = {}
+    for t in tensors:
+        if t is None:
+            continue
+        s = t.untyped_storage()
+        seen[(str(t.device), s.data_ptr())] = s.nbytes()
+    return sum(seen.values())
+
+
+def check_pool(pool: object) -> MemoryPool | None:
+    """``pool=`` validated: None or a :class:`MemoryPool`."""
+    if pool is not None and not isinstance(pool, MemoryPool):
+        raise ReplayError(f"pool= takes an rk.MemoryPool or None, not {type(pool).__name__}")
+    return pool
