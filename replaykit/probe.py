@@ -44,7 +44,8 @@ from .signature import autocast_key
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why a call cannot be recorded; ``scope`` is ``"module"`` (retire) or ``"signature"`` (eager).
+    """Why a call cannot be recorded; ``scope`` is ``"module"`` (retire), ``"signature"`` (eager) or
+    ``"call"`` (a write into the model an eager call makes once: this call eager, a later one records).
 
     For a signature, ``reason`` is the eager route's one word and ``detail`` says why.
     """
@@ -224,7 +225,7 @@ def probe(
         saved_inputs[:] = sorted(i - len(leaves) for i in hooks.saved if i >= len(leaves))
     effect = effects.reason("forward")
     if effect is not None:
-        return Refusal("module", effect)
+        return Refusal("call" if effects.writes_only() else "module", effect)
     if inspector.generators:
         return Refusal(
             "module",
