@@ -320,7 +320,13 @@ class InputReads:
         if site is None:
             self._last = (base, [])
             return base
-        values = evaluate(site.programs, tensors) if site.programs else []
+        try:
+            values = evaluate(site.programs, tensors) if site.programs else []
+        except (
+            Exception
+        ):  # a program that does not hold for these inputs: no recording matches them
+            self._last = (base, [])
+            return (*base, _NEW)
         self._last = (base, values)
         if not self._keyed:
             return (*base, 0)
