@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[dev,testing,workflow,notebooks]"
+	$(BIN)/python -m pip install -q -e ".[dev,testing,workflow,notebooks,transformers]"
 	rm -rf $(VENV)/zoo-site
 	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/zoo-site $(ZOO_SPEC)
 	touch $(STAMP)

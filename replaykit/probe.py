@@ -8,7 +8,9 @@ is looked for once, before recording, on the same stand-ins the backends use:
 - random ops drawing from a private ``torch.Generator``: a graph registers only the
   default generator and would replay the first numbers for ever;
 - host reads of tensor data and data-dependent shapes (``.item()``, ``nonzero``, boolean
-  masks): a capture fails on them, and a frozen replay would repeat the first answer;
+  masks): a capture fails on them, and a frozen replay would repeat the first answer (a read
+  of a value computed from the inputs alone is made and noted instead, when the caller
+  passes a :class:`~replaykit.input_reads.Provenance` around ``fn``: it keys the recording);
 - sparse gradients (``nn.Embedding(sparse=True)``): no static buffer can hold them;
 - gradient hooks on several parameters: eager runs them as the backward reaches each
   parameter, a replay all at once after its backward, in another order;
@@ -44,7 +46,8 @@ from .signature import autocast_key
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why a call cannot be recorded; ``scope`` is ``"module"`` (retire) or ``"signature"`` (eager).
+    """Why a call cannot be recorded; ``scope`` is ``"module"`` (retire), ``"signature"`` (eager) or
+    ``"call"`` (a write into the model an eager call makes once: this call eager, a later one records).
 
     For a signature, ``reason`` is the eager route's one word and ``detail`` says why.
     """
@@ -224,7 +227,7 @@ def probe(
         saved_inputs[:] = sorted(i - len(leaves) for i in hooks.saved if i >= len(leaves))
     effect = effects.reason("forward")
     if effect is not None:
-        return Refusal("module", effect)
+        return Refusal("call" if effects.writes_only() else "module", effect)
     if inspector.generators:
         return Refusal(
             "module",

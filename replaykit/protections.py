@@ -123,6 +123,18 @@ REGISTRY: dict[str, Protection] = {
             "entry points sharing a MemoryPool replay while another holds live static memory there: its outputs or gradients are overwritten",
         ),
         Protection(
+            "input_reads",
+            "both",
+            "host reads of values computed from the inputs alone (a padding mask's .all()) are answered at recording "
+            "but not keyed: a batch of another kind replays the recording call's branch",
+        ),
+        Protection(
+            "capture_branches",
+            "both",
+            "libraries that branch on capture (transformers' is_tracing) take another path in a recording than eager "
+            "takes (an explicit attention mask instead of is_causal)",
+        ),
+        Protection(
             "hooks", "step", "module, gradient and optimizer hooks run at the recording call only"
         ),
         Protection(

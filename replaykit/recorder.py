@@ -27,11 +27,13 @@ from .copy_out import StaticAliases
 from .errors import ReplayError, ReplayWarning, check_count
 from .guards import host_dependence, tree_contains
 from .hold import Hold, PendingBackward
+from .input_reads import InputReads, Provenance
 from .layout import copy_into, same_layout
 from .lifecycle import Lifecycle, Lifecycled
 from .pool import MemoryPool, check_pool, storage_bytes
 from .probe import probe
 from .protections import disabled_protections
+from .recording_contexts import recording as recording_context
 from .reentry import FirstUse
 from .shadow import Shadow
 from .signature import CallArgs, UnhashableArgument, signature, split_call
@@ -279,6 +281,10 @@ class Recorder(Lifecycled):
         # the plain values the tree's own classes read outside it (class attributes, globals): keyed
         inputs = ForwardInputs(module) if "forward_inputs" not in disabled else None
         self._forward_inputs = inputs if inputs is not None and inputs.key() else None
+        # host reads of input-derived values: found at the probe, keyed per call (a padded batch, an unpadded one)
+        self._input_reads = InputReads(keyed="input_reads" not in disabled)
+        self._not_recorded = "retired"  # why the last call that could not record ran eagerly
+        self._first_write = False  # a call routed eager for a write into the model (once)
         self._free_after_backward = False
         self._pending_plan: _Plan | None = (
             None  # the plan of the replayed call whose backward is pending
@@ -400,6 +406,7 @@ class Recorder(Lifecycled):
             )
             if self._forward_inputs is not None:
                 key = (*key, self._forward_inputs.key())
+            key = self._input_reads.key(key, callargs.tensors)
         except UnhashableArgument as exc:
             return self._eager(call, exc.reason, args, kwargs)
         refused = self._refused.get(key)
@@ -416,7 +423,7 @@ class Recorder(Lifecycled):
             with life.lock:
                 plan = self._record(call, callargs, key)
             if plan is None:
-                return self._eager(call, self._refused.get(key, "retired"), args, kwargs)
+                return self._eager(call, self._not_recorded, args, kwargs)
             shadow, plan.shadow = plan.shadow, None
             if not plan.cleared:  # used eagerly first: its first replay verifies it
                 return self._first_use_call(call, plan, args, kwargs)
@@ -530,6 +537,7 @@ class Recorder(Lifecycled):
 
     def _record(self, call: int, callargs: CallArgs, key: tuple) -> _Plan | None:
         life = self.lifecycle
+        self._not_recorded = "retired"  # the eager route's reason when this returns None
         if not self._recordings:
             life.first_record()
         if life.watch.hooks_at_start:
@@ -551,13 +559,14 @@ class Recorder(Lifecycled):
         )  # the parameters the backward reads (all, unless the probe says)
         saved_inputs: list[int] = []  # the inputs it reads (none known without the probe)
         multi_use: list[int] = []  # the parameters it reads more than once
+        reads = Provenance(static_inputs, discover=True)
         try:
             refusal = (
                 None
                 if "record_probe" in self.disabled
                 else probe(
                     self.module,
-                    fn,
+                    reads.wrap(fn),
                     static_inputs,
                     params,
                     saved,
@@ -566,9 +575,15 @@ class Recorder(Lifecycled):
                     multi_use,
                 )
             )
+            key = self._input_reads.settle(key, reads.reads)
             if refusal is None:
                 shadow = self._early_shadow(callargs, params, snapshot)
-                recording = self.backend.record(fn, static_inputs, params, self.warmup)
+                if (
+                    reads.reads
+                ):  # the recording is answered the values the probe read: no sync inside it
+                    fn = Provenance(static_inputs, dict(reads.reads)).wrap(fn)
+                with recording_context("capture_branches" not in self.disabled):
+                    recording = self.backend.record(fn, static_inputs, params, self.warmup)
         except Exception as exc:
             snapshot.restore()
             self._retire(f"capture failed: {type(exc).__name__}: {exc}", call, cause=exc)
@@ -581,8 +596,14 @@ class Recorder(Lifecycled):
         snapshot.restore()
         if refusal is not None:
             if refusal.scope == "signature":
-                self._refused[key] = refusal.reason
+                self._refused[key] = self._not_recorded = refusal.reason
                 self.journal.add("refuse", call, refusal.reason, refusal.detail)
+            elif refusal.scope == "call" and not self._first_write:
+                # a write the first call makes (transformers sets config.problem_type): eager makes it, the
+                # next call records; a write that happens again retires below
+                self._first_write = True
+                self._not_recorded = "first_write"
+                self.journal.add("refuse", call, "first_write", refusal.reason)
             else:
                 self._retire(refusal.reason, call)
             return None

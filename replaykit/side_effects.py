@@ -24,6 +24,22 @@ from torch import nn
 from .guards import held_values, listen_for_writes, value_key
 from .snapshot import host_rng_state
 
+_MISSING = object()
+_SLOTS = ("_parameters", "_buffers", "_modules")
+
+
+def _attribute(held: tuple[dict, ...], name: str) -> object:
+    """An attribute's value as ``nn.Module.__setattr__`` stores it: a plain attribute, or a parameter,
+    buffer or submodule."""
+    for d in held:
+        if name in d:
+            return d[name]
+    return _MISSING
+
+
+def _attributes(m: nn.Module) -> tuple[dict, ...]:
+    return (m.__dict__, *(m.__dict__.get(slot, {}) for slot in _SLOTS))
+
 
 class SideEffects:
     """Watches one run of recorded code (``with SideEffects(model, inputs) as effects: ...``)."""
@@ -38,6 +54,8 @@ class SideEffects:
         self._held = held_values(module)
         self._listen = listen_for_writes()
         self.writes: list[tuple[nn.Module, str]] = []
+        # shallow copies: a write that sets the value already there is no effect (a replay leaves it so too)
+        self._before = {id(m): tuple(map(dict, _attributes(m))) for m in module.modules()}
 
     def __enter__(self) -> SideEffects:
         self.writes = self._listen.__enter__()
@@ -54,18 +72,42 @@ class SideEffects:
             if x._version != v
         ]
 
+    def _changing_writes(self) -> list[tuple[nn.Module, str]]:
+        """The writes whose value differs from the one before the run (by ``value_key``: floats by bits,
+        tensors and modules by identity)."""
+        out = []
+        for m, attr in self.writes:
+            before = self._before.get(id(m))
+            old = _attribute(before, attr) if before is not None else _MISSING
+            new = _attribute(_attributes(m), attr)
+            if old is _MISSING or new is _MISSING or value_key(old) != value_key(new):
+                out.append((m, attr))
+        return out
+
+    def writes_only(self) -> bool:
+        """Whether every effect found is a write into the model (an attribute, a held object such as a
+        config): once made by an eager call, later calls may find nothing left to write."""
+        return (
+            not self.written_inputs()
+            and (self._rng is None or host_rng_state() == self._rng)
+            and bool(self._changing_writes() or self._changed_held())
+        )
+
+    def _changed_held(self) -> list[str]:
+        return [name for name, value, key in self._held if value_key(value) != key]
+
     def reason(self, who: str) -> str | None:
         """Why replays of the run would differ from eager (``who`` names the code: "forward", "the step"), or None."""
         names = {id(m): n or type(m).__name__ for n, m in self._module.named_modules()}
         written = sorted(
-            {f"{names.get(id(m), type(m).__name__)}.{attr}" for m, attr in self.writes}
+            {f"{names.get(id(m), type(m).__name__)}.{attr}" for m, attr in self._changing_writes()}
         )
         if written:
             return f"{who} assigns {', '.join(written)}; a replay would not repeat the assignment"
         mutated = self.written_inputs()
         if mutated:
             return f"{who} writes input {mutated[0]} in place; a replay would write its own copy"
-        changed = [name for name, value, key in self._held if value_key(value) != key]
+        changed = self._changed_held()
         if changed:
             return f"{who} changes {changed[0]} (a container or object the model holds); a replay would not"
         if self._rng is not None and host_rng_state() != self._rng:

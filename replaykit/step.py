@@ -50,12 +50,14 @@ from .ema import EMA
 from .errors import ReplayError, ReplayWarning, check_count
 from .guards import epoch as guard_epoch
 from .guards import gradient_hooks, host_dependence
+from .input_reads import InputReads, NewInputRead, Provenance
 from .layout import aligned_copy, aligned_key, copy_into
 from .lifecycle import Lifecycle, Lifecycled
 from .pool import MemoryPool, check_pool, storage_bytes
 from .probe import foreign_leaves
 from .protections import disabled_protections
 from .recorder import recorder_of
+from .recording_contexts import recording as recording_context
 from .retirement import GLOBAL_HOOKS, module_hooks
 from .side_effects import SideEffects
 from .signature import UnhashableArgument, signature, split_call
@@ -254,6 +256,9 @@ class TrainStep(Lifecycled):
             LossInputs(loss_fn, model) if replay and "loss_inputs" not in self.disabled else None
         )
         self._loss_key: tuple = ()
+        # host reads of input-derived values (a padding mask's .all()): learnt at recording, keyed per call
+        self._input_reads = InputReads(keyed="input_reads" not in self.disabled)
+        self._first_write = False  # a recording call dropped for a write into the model (once)
         self._walking, self._foreign = False, 0
         if self._loss_inputs is not None and self._loss_inputs.unwatched:
             warnings.warn(
@@ -378,7 +383,7 @@ class TrainStep(Lifecycled):
             return self._eager(phase, eager, args, kwargs)
         try:
             callargs = split_call(args, kwargs)
-            key = self._key(phase, state, callargs)
+            key = self._input_reads.key(self._key(phase, state, callargs), callargs.tensors)
         except UnhashableArgument as exc:
             return self._eager(phase, exc.reason, args, kwargs)
         if any(
@@ -559,9 +564,13 @@ class TrainStep(Lifecycled):
         verify = "verify_recording" not in self.disabled
         snapshot = self._snapshot(tensors=region.executes or verify)
 
+        # input-derived host reads are answered with this call's values; an unknown one stops the capture
+        reads = Provenance(static, self._input_reads.answers())
+
         def body() -> list[torch.Tensor]:
             a, kw = callargs.rebuild(static)
-            return [self._body(phase, a, kw)]
+            with reads:
+                return [self._body(phase, a, kw)]
 
         reference = None
         if (
@@ -577,7 +586,7 @@ class TrainStep(Lifecycled):
         effects = SideEffects(self.model, static, "host_rng" not in self.disabled)
         self._walking, self._foreign = "foreign_grads" not in self.disabled, 0
         try:
-            with effects:
+            with effects, recording_context("capture_branches" not in self.disabled):
                 (loss,) = region.capture(body)
         except BaseException as exc:
             self._walking = False
@@ -591,9 +600,16 @@ class TrainStep(Lifecycled):
                 exc, Exception
             ):  # KeyboardInterrupt: nothing of this call happened; record later
                 raise
+            if isinstance(exc, NewInputRead) and self._input_reads.learn(exc.program):
+                # a function of the batch alone: evaluated before choosing a recording from now on
+                self.journal.add(
+                    "refuse", call, "input_read", "an input-derived host read: keyed from now on"
+                )
+                return self(*args, **kwargs)
             self._retire(f"capture failed: {type(exc).__name__}: {exc}", call)
             return self(*args, **kwargs)
         self._walking = False
+        key = self._input_reads.settle(key, reads.reads)
         grads_out = [None if p.grad is None else p.grad for p in self._trainable]
         keep = [*(g for g in private if g is not None), *tensors_of(self.optimizer)]
         rec = StepRecording(region, static, loss, grads_out, keep)
@@ -615,6 +631,11 @@ class TrainStep(Lifecycled):
                     callargs.tensors[i].copy_(static[i])
             out = self._after(phase, rec)
             region.free()
+            if effects.writes_only() and not self._first_write:
+                # a write made once (config.problem_type at the first call): it stands, as eager's; record later
+                self._first_write = True
+                self.journal.add("refuse", call, "first_write", why)
+                return out
             self._retire(why, call)
             return out
         if reference is not None:

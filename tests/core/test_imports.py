@@ -116,12 +116,38 @@ def test_the_core_imports_only_torch() -> None:
     core = [
         p
         for p in PACKAGE.rglob("*.py")
-        if p.relative_to(PACKAGE).parts[0] not in ("testing", "workflow", "lightning.py")
+        if p.relative_to(PACKAGE).parts[0]
+        not in ("testing", "workflow", "lightning.py", "integrations")
     ]
     third_party = (
         set().union(*map(_imported_roots, core)) - set(sys.stdlib_module_names) - {"replaykit"}
     )
     assert third_party == {"torch"}
+
+
+def test_an_integration_imports_only_torch_and_its_library() -> None:
+    """``replaykit.integrations.<library>`` is loaded by the core only when that library is imported already."""
+    from replaykit.recording_contexts import INTEGRATIONS
+
+    for path in sorted((PACKAGE / "integrations").glob("*.py")):
+        roots = _imported_roots(path) - set(sys.stdlib_module_names) - {"replaykit"}
+        assert roots <= {"torch", path.stem}, path
+    assert {f"replaykit.integrations.{p.stem}" for p in (PACKAGE / "integrations").glob("*.py")} - {
+        "replaykit.integrations.__init__"
+    } == set(INTEGRATIONS.values())
+
+
+def test_recording_imports_no_library_that_is_not_imported() -> None:
+    """A recording loads an integration only for a library the user imported (transformers is not pulled in)."""
+    code = (
+        "import torch, replaykit as rk\n"
+        "m = torch.nn.Linear(3, 3); rk.capture(m, backend='emulated')\n"
+        "m(torch.randn(2, 3)).sum().backward()\n"
+        "step = rk.TrainStep(torch.nn.Linear(3, 3), lambda m, x: m(x).sum(),"
+        " torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1), backend='emulated', warmup=0)"
+    )
+    modules = _modules_after(code)
+    assert "transformers" not in modules and "replaykit.integrations.transformers" not in modules
 
 
 # the distribution that provides each import root

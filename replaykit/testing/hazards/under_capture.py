@@ -1,16 +1,24 @@
-"""Code that computes differently while a graph is being captured.
+"""Code that computes differently while a graph is being captured, or branches on its inputs' values.
 
 Libraries branch on ``torch.cuda.is_current_stream_capturing()`` (Hugging Face's
 ``is_tracing()`` and its mask builders); the emulated backend answers True while it records,
 so the CPU sees the same branch. Only an eager run of the recording call on the same state
-(the recording's verification) can tell the recorded work from eager's.
+(the recording's verification) can tell the recorded work from eager's. A library that has an
+integration (``replaykit.recording_contexts``) is told during a recording what eager sees, and
+takes eager's branch; the host read that branch makes (``if mask.all():``) is a function of the
+batch alone, keyed per call (``input_reads``): padded and unpadded batches get a recording each.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
-from .pattern import MLP, Pattern, loop, step_loop
+from replaykit.recording_contexts import register
+
+from .pattern import MLP, Arm, Extras, Pattern, loop, sgd, step_loop
 
 
 class CaptureAware(MLP):
@@ -23,6 +31,67 @@ class CaptureAware(MLP):
         except RuntimeError:  # a CPU-only build has no CUDA runtime to ask
             capturing = False
         return out * (1 + 2**-10) if capturing else out
+
+
+def _capturing() -> bool:
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except RuntimeError:
+        return False
+
+
+class Library:
+    """Stands for a library that asks whether a graph is being captured before a host read
+    (transformers' ``is_tracing()`` before ``padding_mask.all()``)."""
+
+    capturing = staticmethod(_capturing)
+
+
+@contextmanager
+def _eager_branches() -> Iterator[None]:
+    """This library's integration: during a recording it sees no capture (as transformers' does)."""
+    saved = Library.__dict__["capturing"]
+    Library.capturing = staticmethod(lambda: False)
+    try:
+        yield
+    finally:
+        Library.capturing = saved
+
+
+register("replaykit.testing.hazards.under_capture", _eager_branches)
+
+
+class MaskBranch(MLP):
+    """Skips the mask when nothing is padded (a host read of the input mask), as attention does."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if mask.all():
+            return out
+        return out * mask.unsqueeze(-1).to(out.dtype) * (1 + 2**-10)
+
+
+class LibraryMaskBranch(MLP):
+    """Like transformers' mask builders: under a capture the read is skipped and the masked path taken."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if not Library.capturing() and mask.all():
+            return out
+        return out * mask.unsqueeze(-1).to(out.dtype) * (1 + 2**-10)
+
+
+def _mask(arm: Arm, step: int) -> torch.Tensor:
+    """Every other batch has a padded row."""
+    mask = torch.ones(4, dtype=torch.bool, device=arm.device)
+    if step % 2:
+        mask[3] = False
+    return mask
+
+
+def _mask_steps(model: torch.nn.Module, arm: Arm, steps: int = 6) -> Extras:
+    step = arm.train_step(model, lambda m, x, mask: m(x, mask).pow(2).mean(), sgd(model))
+    return {f"loss{i}": step(arm.randn(4, 6), _mask(arm, i)).detach() for i in range(steps)}
 
 
 HAZARD = "under_capture"
@@ -43,6 +112,40 @@ PATTERNS: list[Pattern] = [
         lambda d: CaptureAware().to(d),
         lambda m, a: step_loop(m, a, steps=6),
         guard="verify_recording",
+        api="step",
+    ),
+    Pattern(
+        "input_mask_branch",
+        HAZARD,
+        "forward branches on its input mask's .all(), padded and unpadded batches alternating",
+        lambda d: MaskBranch().to(d),
+        lambda m, a: loop(m, a, steps=6, call=lambda m, x, i: m(x, _mask(a, i))),
+        guard="input_reads",
+    ),
+    Pattern(
+        "step_input_mask_branch",
+        HAZARD,
+        "forward branches on its input mask's .all(), whole step, padded and unpadded batches",
+        lambda d: MaskBranch().to(d),
+        _mask_steps,
+        guard="input_reads",
+        api="step",
+    ),
+    Pattern(
+        "library_capture_branch",
+        HAZARD,
+        "a library skips the mask's host read while a graph is captured (transformers' is_tracing)",
+        lambda d: LibraryMaskBranch().to(d),
+        lambda m, a: loop(m, a, steps=6, call=lambda m, x, i: m(x, _mask(a, i))),
+        guard="capture_branches",
+    ),
+    Pattern(
+        "step_library_capture_branch",
+        HAZARD,
+        "a library skips the mask's host read while a graph is captured, whole step",
+        lambda d: LibraryMaskBranch().to(d),
+        _mask_steps,
+        guard="capture_branches",
         api="step",
     ),
 ]

@@ -1,0 +1,372 @@
+"""Host reads that depend only on a call's inputs: a guard that keys the recording, not a retirement.
+
+A forward that asks ``if mask.all():`` reads device data on the host. A graph would
+freeze the answer given at capture, and a capture cannot even make the read (it would
+synchronise). But when the value read is a function of the call's input tensors alone
+(a padding mask's ``.all()``, a length, a max over input ids), it can be computed again
+for each new batch before a recording is chosen, and the recording keyed by it: a padded
+batch and an unpadded one get one recording each, and each follows eager's path.
+
+:class:`Provenance` is a ``TorchDispatchMode`` run around the recorded code (the probe's
+eager pass, a recording's capture). It follows every aten call: a result computed only
+from the call's input tensors and from factory ops with no tensor inputs (``arange``)
+is *input-derived*, and it keeps the small program (the aten calls from the inputs) that
+made it. Parameters, buffers, optimizer state, random ops and anything written in place
+are *state*. At each host read (``aten._local_scalar_dense``: ``.item()``, ``bool(t)``,
+``if t:``) of an input-derived tensor it answers from the values already computed for
+this call (no synchronisation inside a capture), or, in an eager pass, makes the read and
+notes the program. A read of state passes through: the backends refuse it as before.
+
+:class:`InputReads` keeps, per recording key, the programs found and the variants recorded
+(which reads, with which values). Each call evaluates that key's programs on the new
+inputs, one synchronisation for all of them, and picks the variant its values match; a key
+with no reads pays one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_leaves
+
+from .errors import ReplayError
+
+_READ = torch.ops.aten._local_scalar_dense.default
+
+
+class _Tag:
+    """A marker inside a program (compared by identity: no argument value can be mistaken for it)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+_IN = _Tag("input")  # a program's leaf: (_IN, position of the call's tensor)
+_LIST = _Tag("list")  # a list argument (a schema may want a list, not a tuple)
+_UNTRACKED = _Tag("untracked")
+#: Reads per recording key beyond which a step stops learning them (each one found costs a capture attempt).
+MAX_READS = 32
+_DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
+
+
+class NewInputRead(ReplayError):
+    """A recording met a host read of input-derived data that its key has no value for."""
+
+    def __init__(self, program: tuple) -> None:
+        super().__init__(
+            "the recorded code reads an input-derived value on the host that was not known before the recording"
+        )
+        self.program = program
+
+
+_mutated_cache: dict[Any, tuple[int, ...]] = {}
+
+
+def _mutated(func: Any) -> tuple[int, ...]:
+    """Positions of the arguments an aten op writes (in-place and ``out=`` variants)."""
+    found = _mutated_cache.get(func)
+    if found is None:
+        found = tuple(
+            i
+            for i, a in enumerate(func._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write
+        )
+        _mutated_cache[func] = found
+    return found
+
+
+def _written(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    schema = func._schema.arguments
+    out = []
+    for i in _mutated(func):
+        a = args[i] if i < len(args) else kwargs.get(schema[i].name)
+        out += [t for t in tree_leaves(a) if isinstance(t, torch.Tensor)]
+    return out
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+class Provenance(TorchDispatchMode):
+    """Follows which tensors are functions of the call's inputs alone, and answers their host reads.
+
+    ``sources``: the call's input tensors (positions as in the call). ``answers``: a value per
+    program known for this call. ``discover``: an eager pass (not capturing) may make an unknown
+    read itself and note it; otherwise an unknown input-derived read raises :class:`NewInputRead`.
+    After the run, ``reads`` lists ``(program, value)`` for each input-derived read, in order.
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[torch.Tensor],
+        answers: dict[tuple, Any] | None = None,
+        discover: bool = False,
+    ) -> None:
+        super().__init__()
+        self._sources = list(sources)
+        self._answers = answers or {}
+        self._discover = discover
+        self.reads: list[tuple[tuple, Any]] = []
+        self._nodes: dict[int, tuple] = {}
+        self._keep: list[torch.Tensor] = []  # the ids above stay theirs while the mode runs
+        self._storages: dict[int, int] = {}
+
+    def wrap(self, fn: Any) -> Any:
+        """``fn`` run under this mode at each call (a backend calls its forward several times)."""
+
+        def within(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+
+        return within
+
+    def __enter__(self) -> Provenance:
+        self._nodes, self._keep, self._storages, self.reads = {}, [], {}, []
+        for i, t in enumerate(self._sources):
+            self._track(t, (_IN, i))
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        self._nodes, self._keep, self._storages = {}, [], {}
+
+    def _track(self, t: torch.Tensor, node: tuple) -> None:
+        self._nodes[id(t)] = node
+        self._keep.append(t)
+        s = _storage(t)
+        self._storages[s] = self._storages.get(s, 0) + 1
+
+    def _untrack_storage(self, storage: int) -> None:
+        if storage not in self._storages:
+            return
+        for t in self._keep:
+            if id(t) in self._nodes and _storage(t) == storage:
+                del self._nodes[id(t)]
+        del self._storages[storage]
+
+    def _encode(self, a: Any) -> Any:
+        if isinstance(a, torch.Tensor):
+            node = self._nodes.get(id(a))
+            return _UNTRACKED if node is None else node
+        if isinstance(a, (list, tuple)):
+            items = tuple(self._encode(x) for x in a)
+            if any(x is _UNTRACKED for x in items):
+                return _UNTRACKED
+            return (_LIST, items) if isinstance(a, list) else items
+        if isinstance(a, torch.Generator):
+            return _UNTRACKED
+        return a
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is _READ and args and id(args[0]) in self._nodes:
+            return self._read(func, args[0])
+        out = func(*args, **kwargs)
+        if _mutated(func):
+            for t in _written(func, args, kwargs):
+                self._untrack_storage(_storage(t))
+            return out
+        if (
+            torch.Tag.nondeterministic_seeded in func.tags
+            or any(tag in func.tags for tag in _DATA_DEPENDENT)
+            or func._schema.name.split("::")[-1].startswith(("empty", "new_empty"))
+        ):
+            return out
+        enc_args = self._encode(args)
+        enc_kwargs = self._encode(tuple(sorted(kwargs.items())))
+        if enc_args is _UNTRACKED or enc_kwargs is _UNTRACKED:
+            return out
+        if isinstance(out, torch.Tensor):
+            self._track(out, (func, enc_args, enc_kwargs, None))
+        else:
+            for k, t in enumerate(tree_leaves(out)):
+                if isinstance(t, torch.Tensor):
+                    self._track(t, (func, enc_args, enc_kwargs, k))
+        return out
+
+    def _read(self, func: Any, t: torch.Tensor) -> Any:
+        program = (self._nodes[id(t)], t.dtype)
+        try:
+            hash(program)
+        except TypeError:  # an argument that cannot key (an object): a read of state, as before
+            return func(t)
+        if t.dtype.is_complex:
+            return func(t)
+        if program in self._answers:
+            value = self._answers[program]
+        elif self._discover:
+            with _disable_current_modes():
+                value = func(t)
+        else:
+            raise NewInputRead(program)
+        self.reads.append((program, value))
+        return value
+
+
+def _decode(a: Any, table: Sequence[torch.Tensor], memo: dict[int, torch.Tensor]) -> Any:
+    if type(a) is tuple:
+        if a and a[0] is _IN:
+            return table[a[1]]
+        if a and a[0] is _LIST:
+            return [_decode(x, table, memo) for x in a[1]]
+        if len(a) == 4 and isinstance(a[0], torch._ops.OpOverload):
+            return _run(a, table, memo)
+        return tuple(_decode(x, table, memo) for x in a)
+    return a
+
+
+def _run(node: tuple, table: Sequence[torch.Tensor], memo: dict[int, torch.Tensor]) -> Any:
+    found = memo.get(id(node))
+    if found is not None:
+        return found
+    func, args, kwargs, index = node
+    out = func(*_decode(args, table, memo), **dict(_decode(kwargs, table, memo)))
+    if index is not None:
+        out = tree_leaves(out)[index]
+    memo[id(node)] = out
+    return out
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """One element as int64: integers and bools by value, floats by their float64 bits (exact)."""
+    t = t.reshape(1)
+    if t.dtype.is_floating_point:
+        return t.to(torch.float64).view(torch.int64)
+    return t.to(torch.int64)
+
+
+def _value(raw: int, dtype: torch.dtype) -> Any:
+    """What ``aten._local_scalar_dense`` returns for that element."""
+    if dtype == torch.bool:
+        return bool(raw)
+    if dtype.is_floating_point:
+        return struct.unpack("<d", struct.pack("<q", raw))[0]
+    return raw
+
+
+def value_key(value: Any) -> Any:
+    """A read value as a key: floats by their bits (``-0.0`` is not ``0.0``, a NaN equals itself)."""
+    return value.hex() if isinstance(value, float) else value
+
+
+def evaluate(programs: Sequence[tuple], tensors: Sequence[torch.Tensor]) -> list[Any]:
+    """Each program's host value on ``tensors``: the aten calls again, below autograd and autocast,
+    then one synchronisation for all of them."""
+    memo: dict[int, torch.Tensor] = {}
+    devices = {t.device.type for t in tensors} | {"cpu"}
+    with torch.no_grad(), torch._C._AutoDispatchBelowAutograd():
+        ctxs = [torch.autocast(d, enabled=False) for d in devices if torch.is_autocast_enabled(d)]
+        for c in ctxs:
+            c.__enter__()
+        try:
+            results = [_run(node, tensors, memo) for node, _ in programs]
+        finally:
+            for c in reversed(ctxs):
+                c.__exit__(None, None, None)
+        if any(r.numel() != 1 for r in results):
+            raise ReplayError("an input read's program no longer yields one element")
+        device = results[0].device if results else torch.device("cpu")
+        flat = torch.cat([_bits(r).to(device) for r in results]).tolist()
+    return [_value(raw, dtype) for raw, (_, dtype) in zip(flat, programs, strict=True)]
+
+
+class _Site:
+    """One recording key's input reads: the programs found, and the variants recorded."""
+
+    __slots__ = ("programs", "variants")
+
+    def __init__(self) -> None:
+        self.programs: list[tuple] = []
+        self.variants: list[dict[int, Any]] = []  # per variant: program index -> value key
+
+    def add(self, program: tuple) -> int:
+        if program not in self.programs:
+            self.programs.append(program)
+        return self.programs.index(program)
+
+
+_NEW = "new input reads"
+
+
+class InputReads:
+    """Per recording key: evaluates the input-derived host reads on each call and keys by their values.
+
+    ``key(base, tensors)`` is called on every call (before a recording is chosen); after a
+    recording, ``settle(reads)`` gives the key it is stored under. ``keyed=False`` (the
+    protection switched off) still answers reads at recording, but does not key by them:
+    the recording call's values are frozen into the recording (the negative control).
+    """
+
+    def __init__(self, keyed: bool = True) -> None:
+        self._sites: dict[tuple, _Site] = {}
+        self._keyed = keyed
+        self._last: tuple[tuple, list[Any]] = ((), [])
+
+    def key(self, base: tuple, tensors: Sequence[torch.Tensor]) -> tuple:
+        """``base`` and, for a key with input reads, the variant this call's values match."""
+        site = self._sites.get(base) if self._sites else None
+        if site is None:
+            self._last = (base, [])
+            return base
+        try:
+            values = evaluate(site.programs, tensors) if site.programs else []
+        except (
+            Exception
+        ):  # a program that does not hold for these inputs: no recording matches them
+            self._last = (base, [])
+            return (*base, _NEW)
+        self._last = (base, values)
+        if not self._keyed:
+            return (*base, 0)
+        keys = [value_key(v) for v in values]
+        for i, variant in enumerate(site.variants):
+            if all(keys[p] == v for p, v in variant.items()):
+                return (*base, i)
+        return (*base, _NEW)
+
+    def answers(self) -> dict[tuple, Any]:
+        """The values computed for the last ``key`` call, by program: what a recording is answered."""
+        base, values = self._last
+        site = self._sites.get(base)
+        return {} if site is None else dict(zip(site.programs, values, strict=False))
+
+    def learn(self, program: tuple) -> bool:
+        """A program a recording met unknown: evaluate it from now on. False past ``MAX_READS``."""
+        base, _ = self._last
+        site = self._sites.setdefault(base, _Site())
+        if program in site.programs or len(site.programs) >= MAX_READS:
+            return False
+        site.programs.append(program)
+        return True
+
+    def settle(self, key: tuple, reads: Sequence[tuple[tuple, Any]]) -> tuple:
+        """The key a recording that made ``reads`` is stored under (``key`` when it made none and none are known)."""
+        base, _ = self._last
+        site = self._sites.get(base)
+        if site is None and not reads:
+            return key
+        if site is None:
+            site = self._sites[base] = _Site()
+        variant = {site.add(program): value_key(value) for program, value in reads}
+        if not self._keyed:
+            return (*base, 0)
+        if variant not in site.variants:
+            site.variants.append(variant)
+        return (*base, site.variants.index(variant))
+
+    @property
+    def active(self) -> bool:
+        """Whether any key has input reads (only those keys pay the per-call evaluation)."""
+        return bool(self._sites)
