@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from .bitwise import diff
+from .outputs import OutputTree, split_outputs
 from .snapshot import StateSnapshot, rng_states, tensor_attributes
 
 
@@ -63,14 +63,21 @@ class Shadow:
         ]
         self.leaves = [p.detach().requires_grad_(True) for p in params]
         try:
-            self.outputs, _ = tree_flatten(run(*self.inputs, params=self.leaves))
+            self.outputs, self.tree = split_outputs(run(*self.inputs, params=self.leaves))
             self.after = [(n, t.detach().clone()) for n, t in _state(module)]
         finally:
             snapshot.restore()
         self.snapshot = snapshot
 
-    def check_forward(self, module: nn.Module, outputs: Sequence[torch.Tensor]) -> str | None:
-        """The first difference between the replayed forward and eager, or None."""
+    def check_forward(
+        self, module: nn.Module, outputs: Sequence[torch.Tensor], tree: OutputTree | None = None
+    ) -> str | None:
+        """The first difference between the replayed forward and eager, or None; with ``tree``,
+        the recording's output structure and constants must be eager's too."""
+        if tree is not None:
+            difference = tree.difference(self.tree)
+            if difference is not None:
+                return difference
         pairs = [
             (f"output {i}", r.detach(), o)
             for i, (r, o) in enumerate(zip(self.outputs, outputs, strict=True))
