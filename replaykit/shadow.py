@@ -63,7 +63,9 @@ class Shadow:
         ]
         self.leaves = [p.detach().requires_grad_(True) for p in params]
         try:
-            self.outputs, self.tree = split_outputs(run(*self.inputs, params=self.leaves))
+            self.outputs, self.tree = split_outputs(
+                run(*self.inputs, params=self.leaves), strict=False
+            )
             self.after = [(n, t.detach().clone()) for n, t in _state(module)]
         finally:
             snapshot.restore()

@@ -13,6 +13,7 @@ from torch.utils._pytree import register_pytree_node, tree_flatten
 
 import replaykit as rk
 from replaykit.bitwise import diff_states
+from replaykit.outputs import split_outputs
 from replaykit.protections import negative_control
 
 
@@ -199,3 +200,21 @@ def test_an_object_leaf_without_the_probe_is_a_failed_capture_that_says_which(
         _, state, rec = _train(WithCache, device, backend=backend, unsafe_disable=("record_probe",))
     assert diff_states(eager, state) == []
     assert rec.retired and "DynamicCache at ['cache']" in rec.retire_reason
+
+
+def test_output_trees_compare_structure_and_constants_bitwise() -> None:
+    """What verification compares besides tensors: -0.0 is not 0.0, NaN is NaN, an object (eager's
+    reference may hold one) differs from anything but itself, and the structure must match."""
+    t = torch.zeros(1)
+
+    def tree(x: Any) -> Any:
+        return split_outputs({"y": t, "c": x}, strict=False)[1]
+
+    assert tree(0.0).difference(tree(0.0)) is None
+    assert tree(float("nan")).difference(tree(float("nan"))) is None
+    assert "-0.0" in tree(0.0).difference(tree(-0.0))
+    assert tree(1).difference(tree(True)) is not None  # 1 == True, but another type
+    assert tree(Cache(t)).difference(tree(Cache(t))) is not None
+    assert "structure" in tree(None).difference(split_outputs((t, None))[1])
+    with pytest.raises(rk.ReplayError, match="a Cache at \\['c'\\]"):
+        split_outputs({"y": t, "c": Cache(t)})
