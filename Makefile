@@ -8,6 +8,9 @@ TORCH_SPEC ?= torch==2.13.0
 # CUDA build: --no-deps keeps it from pulling a CUDA torch, and --target keeps it out of the venv's
 # site-packages (beside a CPU torch it breaks `import lightning`); the zoo finds it in zoo-site.
 ZOO_SPEC ?= torchvision==0.28.0 timm==1.0.31
+# The transformers zoo (replaykit/testing/zoo/hf.py): installed into the venv itself; it requires no
+# torch, so the CPU build stays (the version the H200 host has).
+HF_SPEC ?= transformers==5.17.0
 STAMP := $(VENV)/.installed
 
 .PHONY: venv test demo demo-core colab-sim gpu lint bench clean nbcheck nbstrip
@@ -18,7 +21,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[dev,testing,workflow,notebooks,transformers]"
+	$(BIN)/python -m pip install -q -e ".[dev,testing,workflow,notebooks]"
+	$(BIN)/python -c "import torch; print(torch.__version__)" > $(VENV)/.torch-version
+	$(BIN)/python -m pip install -q "$(HF_SPEC)"
+	$(BIN)/python -c "import torch; print(torch.__version__)" | cmp -s - $(VENV)/.torch-version \
+		|| (echo "installing $(HF_SPEC) changed torch" && exit 1)
 	rm -rf $(VENV)/zoo-site
 	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/zoo-site $(ZOO_SPEC)
 	touch $(STAMP)

@@ -20,12 +20,15 @@ is looked for once, before recording, on the same stand-ins the backends use:
   module kept in a plain dict): a recording would give them no gradient;
 - an output that is (a view of) an input: eager hands back the caller's memory, a replay
   a static copy;
+- an object among the outputs (a ``DynamicCache``, :mod:`replaykit.outputs`): a replay
+  cannot rebuild its identity and state;
 - a parameter cast several times under autocast (a head shared by FPN levels, ALBERT's
   block): eager's cast cache casts it once and sums its uses' gradients in the low
   precision, a recording (cache off, as a capture needs) per use, summed in float32.
 
 Most retire the recorder (they hold for every signature); a reused input, an output
-aliasing an input and a weight shared under autocast route only that signature eagerly.
+aliasing an input, an output object and a weight shared under autocast route only that
+signature eagerly.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from .guards import gradient_hooks
+from .outputs import OutputTree, objects, split_outputs
 from .side_effects import SideEffects
 from .signature import autocast_key
 
@@ -182,6 +186,16 @@ class _SavedParameters:
         return t
 
 
+def _output_refusal(result: Any, outputs: list[OutputTree] | None) -> Refusal | None:
+    """An object among the outputs routes the signature eagerly; else ``outputs`` gets their tree."""
+    found = objects(result)
+    if found:
+        return Refusal("signature", "output_object", f"forward returns {found[0]}")
+    if outputs is not None:
+        outputs.append(split_outputs(result)[1])
+    return None
+
+
 def probe(
     module: nn.Module,
     fn: Callable[..., Any],
@@ -191,12 +205,14 @@ def probe(
     host_rng: bool = True,
     saved_inputs: list[int] | None = None,
     multi_use: list[int] | None = None,
+    outputs: list[OutputTree] | None = None,
 ) -> Refusal | None:
     """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None.
 
     ``saved``, when given, receives the indices of the parameters the backward reads;
     ``saved_inputs`` those of the inputs it reads (eager raises if one changes in place before it);
-    ``multi_use`` those of the parameters read more than once (their gradient is a sum inside the call).
+    ``multi_use`` those of the parameters read more than once (their gradient is a sum inside the call);
+    ``outputs`` the structure and constant leaves of what the forward returned (:mod:`replaykit.outputs`).
     The caller snapshots and restores module state and RNG around this call.
     """
     if gradient_hooks(params) > 1:
@@ -220,7 +236,10 @@ def probe(
         inspector,
         torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack),
     ):
-        outs, _ = tree_flatten(fn(*static_inputs, params=leaves))
+        result = fn(*static_inputs, params=leaves)
+    outs, _ = tree_flatten(result)
+    rebuilt = _output_refusal(result, outputs)
+    del result
     if saved is not None:
         saved[:] = sorted(i for i in hooks.saved if i < len(leaves))
     if saved_inputs is not None:
@@ -239,6 +258,8 @@ def probe(
             f"{inspector.data_dependent[0]} reads tensor data on the host or has a data-dependent output shape "
             "(.item(), nonzero, a boolean mask): a graph would freeze it",
         )
+    if rebuilt is not None:
+        return rebuilt
     tensors = [o for o in outs if isinstance(o, torch.Tensor)]
     storages = {x.untyped_storage().data_ptr() for x in static_inputs}
     aliased = [i for i, o in enumerate(tensors) if o.untyped_storage().data_ptr() in storages]

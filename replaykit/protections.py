@@ -113,6 +113,11 @@ REGISTRY: dict[str, Protection] = {
             "a class attribute or a module-level value the captured forward reads is frozen at recording",
         ),
         Protection(
+            "output_constants",
+            "capture",
+            "what a forward returns besides tensors (None, numbers, a ModelOutput's fields) is taken from the recording unchecked: a value computed differently under capture replays that",
+        ),
+        Protection(
             "input_versions",
             "capture",
             "an input changed in place between a replayed forward and its backward goes unnoticed (eager raises)",

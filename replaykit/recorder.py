@@ -30,6 +30,7 @@ from .hold import Hold, PendingBackward
 from .input_reads import InputReads, Provenance
 from .layout import copy_into, same_layout
 from .lifecycle import Lifecycle, Lifecycled
+from .outputs import OutputTree
 from .pool import MemoryPool, check_pool, storage_bytes
 from .probe import probe
 from .protections import disabled_protections
@@ -278,6 +279,7 @@ class Recorder(Lifecycled):
         self._check_inputs = "input_versions" not in disabled
         self._key_state = "module_state" not in disabled  # flags, not a frozenset lookup per call
         self._exact_arguments = "argument_values" not in disabled
+        self._check_constants = "output_constants" not in disabled
         # the plain values the tree's own classes read outside it (class attributes, globals): keyed
         inputs = ForwardInputs(module) if "forward_inputs" not in disabled else None
         self._forward_inputs = inputs if inputs is not None and inputs.key() else None
@@ -560,6 +562,7 @@ class Recorder(Lifecycled):
         saved_inputs: list[int] = []  # the inputs it reads (none known without the probe)
         multi_use: list[int] = []  # the parameters it reads more than once
         reads = Provenance(static_inputs, discover=True)
+        probed: list[OutputTree] = []  # what the probe's forward returned besides tensors
         try:
             refusal = (
                 None
@@ -573,6 +576,7 @@ class Recorder(Lifecycled):
                     "host_rng" not in self.disabled,
                     saved_inputs,
                     multi_use,
+                    probed,
                 )
             )
             key = self._input_reads.settle(key, reads.reads)
@@ -607,6 +611,12 @@ class Recorder(Lifecycled):
             else:
                 self._retire(refusal.reason, call)
             return None
+        varying = self._varying_outputs(probed, recording)
+        if varying is not None:
+            recording.free()
+            self._refused[key] = self._not_recorded = "output_constant"
+            self.journal.add("refuse", call, "output_constant", varying)
+            return None
         self._recordings[key] = recording
         plan = self._plans[key] = _Plan(
             key,
@@ -627,6 +637,16 @@ class Recorder(Lifecycled):
         shapes = ", ".join("x".join(map(str, t.shape)) for t in callargs.tensors)
         self.journal.add("record", call, None, f"[{shapes}] recording {len(self._recordings)}")
         return plan
+
+    def _varying_outputs(self, probed: list[OutputTree], recording: Recording) -> str | None:
+        """The probe's call and the recorded one must return the same structure and constants
+        (:mod:`replaykit.outputs`): a replay hands back the recorded ones."""
+        if not probed or not self._check_constants:
+            return None
+        difference = probed[0].difference(recording.out_spec)
+        if difference is None:
+            return None
+        return f"{difference} (the probe's call, then the recording's): a replay would freeze one"
 
     def _static_inputs(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """Private copies of the inputs, in the caller's exact layout and with the caller's aliasing.
@@ -684,7 +704,7 @@ class Recorder(Lifecycled):
         outputs = _apply(step, callargs.tensors, recording.params)
         shadow = step.shadow
         if shadow is not None:
-            difference = shadow.check_forward(self.module, outputs)
+            difference = shadow.check_forward(self.module, outputs, recording.out_spec)
             self.journal.add("check", call, "forward", difference)
             if difference is not None:
                 del outputs, step  # the hold ends with the discarded graph

@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from .bitwise import diff
 from .layout import same_layout
+from .outputs import OutputTree, split_outputs
 from .signature import autocast_key
 from .snapshot import StateSnapshot, rng_states, tensor_attributes
 
@@ -83,7 +83,8 @@ class Shadow:
         self._autocast = [(d, autocast_key(d)) for d in ("cpu", "cuda")]
         try:
             with torch.enable_grad():
-                self.outputs = [o.detach() for o in tree_flatten(self._forward())[0]]
+                outputs, self.tree = split_outputs(self._forward(), strict=False)
+            self.outputs = [o.detach() for o in outputs]
             self.after = [(n, t.detach().clone()) for n, t in _state(module)]
         finally:
             snapshot.restore()
@@ -98,8 +99,15 @@ class Shadow:
                     stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled))
             return self._run(*self.inputs, params=self.leaves)
 
-    def check_forward(self, module: nn.Module, outputs: Sequence[torch.Tensor]) -> str | None:
-        """The first difference between the replayed forward and eager, or None."""
+    def check_forward(
+        self, module: nn.Module, outputs: Sequence[torch.Tensor], tree: OutputTree | None = None
+    ) -> str | None:
+        """The first difference between the replayed forward and eager, or None; with ``tree``,
+        the recording's output structure and constants must be eager's too."""
+        if tree is not None:
+            difference = tree.difference(self.tree)
+            if difference is not None:
+                return difference
         pairs = [
             (f"output {i}", r, o)
             for i, (r, o) in enumerate(zip(self.outputs, outputs, strict=True))
@@ -129,7 +137,7 @@ class Shadow:
         self.snapshot.restore()
         try:
             with torch.enable_grad():
-                outputs = tree_flatten(self._forward())[0]
+                outputs = split_outputs(self._forward(), strict=False)[0]
             again = first_difference(
                 (f"output {i} (eager rerun)", r, o.detach())
                 for i, (r, o) in enumerate(zip(self.outputs, outputs, strict=True))

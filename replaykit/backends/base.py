@@ -9,24 +9,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils._pytree import TreeSpec, tree_flatten
 
-from ..errors import ReplayError
+from ..outputs import OutputTree, split_outputs
 
 #: Runs the module's own forward on the static inputs and returns its output tree;
 #: ``fn(*inputs, params=leaves)`` runs it with ``leaves`` standing in for the parameters.
 ForwardFn = Callable[..., Any]
 
 
-def flatten_outputs(outputs: Any) -> tuple[list[torch.Tensor], TreeSpec]:
-    """Flatten a forward's output tree; every leaf must be a tensor."""
-    flat, spec = tree_flatten(outputs)
-    bad = sorted({type(x).__name__ for x in flat if not isinstance(x, torch.Tensor)})
-    if bad:
-        raise ReplayError(
-            f"forward returned non-tensor leaves ({', '.join(bad)}); only tensors can replay"
-        )
-    return flat, spec
+def flatten_outputs(outputs: Any) -> tuple[list[torch.Tensor], OutputTree]:
+    """A forward's output tensors and the rest of its tree (structure, constants); raises for an
+    object a replay cannot rebuild (:mod:`replaykit.outputs`)."""
+    return split_outputs(outputs)
 
 
 class Recording(ABC):
@@ -40,7 +34,7 @@ class Recording(ABC):
 
     static_inputs: list[torch.Tensor]
     static_outputs: list[torch.Tensor]
-    out_spec: TreeSpec
+    out_spec: OutputTree  # the outputs' structure and constant leaves
     differentiable: tuple[int, ...]
     params: list[torch.Tensor]
     static_grads: list[torch.Tensor | None]  # one per target (None: unreached, or not captured yet)
@@ -60,7 +54,7 @@ class Recording(ABC):
     def build_outputs(self, outputs: Sequence[torch.Tensor]) -> Any:
         """The forward's output tree from replayed flat outputs."""
         if self._builder is None:
-            self._builder = output_builder(self.out_spec)
+            self._builder = self.out_spec.builder()
         return self._builder(outputs)
 
     @abstractmethod
@@ -158,22 +152,6 @@ class Backend(ABC):
 
     def trim(self) -> None:  # noqa: B027 - optional hook
         """Give back cached memory no tensor uses (CUDA's caching allocator), before a recording grows its pool."""
-
-
-def output_builder(spec: TreeSpec) -> Callable[[Sequence[torch.Tensor]], Any]:
-    """A fast inverse of ``flatten_outputs`` for the common shapes (tensor, tuple, flat dict)."""
-    from torch.utils._pytree import LeafSpec, tree_unflatten
-
-    children = spec.children() if hasattr(spec, "children") else spec.children_specs
-    if isinstance(spec, LeafSpec) or spec.is_leaf():
-        return lambda outs: outs[0]
-    if all(c.is_leaf() for c in children):
-        if spec.type is tuple:
-            return tuple
-        if spec.type is dict:
-            keys = tuple(spec.context)
-            return lambda outs: dict(zip(keys, outs, strict=True))
-    return lambda outs: tree_unflatten(list(outs), spec)
 
 
 def grad_targets(

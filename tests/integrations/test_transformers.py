@@ -177,7 +177,9 @@ def test_padded_and_unpadded_batches_replay_bitwise_under_capture(
     same, recorder = _train_captured(name, backend, device, MIXED)
     assert same, recorder.journal.format()
     assert not recorder.retired and recorder.counts["record"] == 2, recorder.summary()
-    assert recorder.counts["replay"] >= len(MIXED) - 2, recorder.summary()
+    # each recording's call runs eagerly (BERT's tied embedding: a weight read twice is first used
+    # eagerly, watched for a second call), and BERT's first call writes its config once
+    assert recorder.counts["replay"] >= len(MIXED) - 3, recorder.summary()
 
 
 @pytest.mark.parametrize("api", ["step", "capture"])

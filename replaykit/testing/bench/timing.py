@@ -69,7 +69,8 @@ class TimedArm:
     """A model, its optimizer and how to call it.
 
     A batch is one input tensor (the loss: ``heads_loss`` over the heads), or, with ``loss``, an
-    ``(args, targets)`` pair called under ``context()`` (autocast), with ``scaler`` for fp16.
+    ``(args, targets)`` pair called under ``context()`` (autocast), with ``scaler`` for fp16;
+    ``args`` is a tuple, or a dict of keyword arguments (a transformers model's batch).
     """
 
     def __init__(
@@ -118,7 +119,9 @@ class TimedArm:
         else:
             args, targets = batch
             with self.context():
-                value = self.loss(self.call(*args), targets)
+                value = self.loss(
+                    self.call(**args) if isinstance(args, dict) else self.call(*args), targets
+                )
         if self.scaler is not None:
             self.scaler.scale(value).backward()
             self.scaler.step(self.opt)

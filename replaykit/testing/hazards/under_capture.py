@@ -94,6 +94,23 @@ def _mask_steps(model: torch.nn.Module, arm: Arm, steps: int = 6) -> Extras:
     return {f"loss{i}": step(arm.randn(4, 6), _mask(arm, i)).detach() for i in range(steps)}
 
 
+class CaptureFlag(MLP):
+    """Returns, beside its output, a host value computed while a stream captures (a library's
+    fast-path flag): a recording would hand back the captured value at every replay."""
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor | bool]:
+        out = super().forward(x)
+        try:
+            capturing = torch.cuda.is_current_stream_capturing()
+        except RuntimeError:  # a CPU-only build has no CUDA runtime to ask
+            capturing = False
+        return {"out": out, "fast_path": capturing}
+
+
+def _flag_loss(out: dict) -> torch.Tensor:
+    return out["out"].pow(2).mean() * (2.0 if out["fast_path"] else 1.0)
+
+
 HAZARD = "under_capture"
 
 PATTERNS: list[Pattern] = [
@@ -104,6 +121,14 @@ PATTERNS: list[Pattern] = [
         lambda d: CaptureAware().to(d),
         lambda m, a: loop(m, a, steps=5),
         guard="verify_recording",
+    ),
+    Pattern(
+        "capture_time_output_constant",
+        HAZARD,
+        "forward returns a host value computed under capture beside its output",
+        lambda d: CaptureFlag().to(d),
+        lambda m, a: loop(m, a, steps=5, loss=_flag_loss),
+        guard="output_constants",
     ),
     Pattern(
         "step_capture_time_branch",

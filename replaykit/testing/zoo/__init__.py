@@ -3,13 +3,16 @@
     from replaykit.testing import zoo
     module, make_batch, loss = zoo.build("resnet18")
     args, targets = make_batch(4, "cpu", torch.Generator().manual_seed(0))
-    loss(module(*args), targets).backward()
+    loss(zoo.invoke(module, args), targets).backward()
 
 ``MODELS`` maps a name to a :class:`ZooModel`, whose ``build()`` returns a
 :class:`~replaykit.testing.zoo.workload.Workload` ``(module, make_batch, loss)``. Everything is
-built from code at a tiny size (no weights are downloaded). torchvision and timm are
-imported only when a model that needs them is built (:mod:`.deps`); a model whose
-package is missing is reported by :func:`unavailable`, never silently dropped.
+built from code at a tiny size (no weights are downloaded). torchvision, timm and
+transformers are imported only when a model that needs them is built (:mod:`.deps`); a
+model whose package is missing is reported by :func:`unavailable`, never silently dropped.
+The transformers models (``hf_*``, :mod:`.hf`) take keyword arguments (``model(**batch)``,
+see :func:`~replaykit.testing.zoo.workload.invoke`); ``"transformers"`` names their tiny
+configs, ``"transformers_small"`` their small ones.
 :mod:`.run` trains each model eagerly and under replay and compares them bit for bit.
 """
 
@@ -17,21 +20,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 
-from . import deps, detection, language, timm_models, vision
-from .workload import Workload
+from . import deps, detection, hf, language, timm_models, vision
+from .workload import Workload, invoke
 
 
 @dataclass(frozen=True)
 class ZooModel:
-    """A zoo entry: what it is, what it exercises, what it needs, and its batch sizes (small, medium)."""
+    """A zoo entry: what it is, what it exercises, what it needs, and the benchmark's batch sizes."""
 
     name: str
     source: str  # "torchvision", "timm" or "torch"
     exercises: str
     builder: Callable[[], Workload]
     needs: tuple[str, ...] = ()
-    batches: tuple[int, int] = (8, 32)  # the benchmark's small and medium batch
+    batches: tuple[int, ...] = (8, 32)  # the benchmark's batches (small, medium)
 
     def build(self) -> Workload:
         return self.builder()
@@ -41,6 +45,24 @@ class ZooModel:
 
 _TV = ("torchvision",)
 _TIMM = ("torchvision", "timm")
+_HF = ("transformers",)
+
+
+def _transformers() -> list[ZooModel]:
+    """Each family at its tiny config (``hf_gpt2``) and its small one (``hf_gpt2_small``)."""
+    return [
+        ZooModel(
+            f"hf_{family}{'' if size == 'tiny' else '_' + size}",
+            "transformers",
+            f"{exercises} ({size} config)",
+            partial(builder, size),
+            _HF,
+            batches=(8,),
+        )
+        for size in hf.SIZES
+        for family, (builder, exercises) in hf.FAMILIES.items()
+    ]
+
 
 MODELS: dict[str, ZooModel] = {
     m.name: m
@@ -115,7 +137,14 @@ MODELS: dict[str, ZooModel] = {
         ZooModel(
             "timm_vit", "timm", "timm Attention (fused SDPA), drop path", timm_models.vit, _TIMM
         ),
+        *_transformers(),
     )
+}
+
+#: Names that stand for several models in :func:`names`.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "transformers": tuple(f"hf_{f}" for f in hf.FAMILIES),
+    "transformers_small": tuple(f"hf_{f}_small" for f in hf.FAMILIES),
 }
 
 #: The notebooks' default: two small models, quick on a CPU.
@@ -123,14 +152,16 @@ DEFAULT: tuple[str, ...] = ("resnet18", "transformer_lm")
 
 
 def names(chosen: Iterable[str] = DEFAULT) -> list[str]:
-    """The chosen names in registry order; ``"all"`` stands for every model. Unknown names raise."""
+    """The chosen names in registry order; ``"all"`` stands for every model, a :data:`GROUPS` name for
+    its models. Unknown names raise."""
     chosen = list(chosen)
     if "all" in chosen:
         return list(MODELS)
+    chosen = [m for n in chosen for m in GROUPS.get(n, (n,))]
     unknown = [n for n in chosen if n not in MODELS]
     if unknown:
         raise ValueError(
-            f"unknown zoo model(s) {unknown}; choose from {', '.join(MODELS)} or 'all'"
+            f"unknown zoo model(s) {unknown}; choose from {', '.join(MODELS)}, {', '.join(GROUPS)} or 'all'"
         )
     return [n for n in MODELS if n in chosen]
 
@@ -151,4 +182,14 @@ def build(name: str) -> Workload:
     return MODELS[name].build()
 
 
-__all__ = ["DEFAULT", "MODELS", "Workload", "ZooModel", "build", "names", "unavailable"]
+__all__ = [
+    "DEFAULT",
+    "GROUPS",
+    "MODELS",
+    "Workload",
+    "ZooModel",
+    "build",
+    "invoke",
+    "names",
+    "unavailable",
+]

@@ -1,11 +1,14 @@
-"""Zoo step times: eager vs ``torch.cuda.make_graphed_callables`` vs replaykit, per model × precision × batch.
+"""Zoo step times: eager vs ``torch.cuda.make_graphed_callables`` vs replaykit (``rk.capture``) vs
+``rk.TrainStep``, per model × precision × batch.
 
 The arms and their interleaved timing are :mod:`replaykit.testing.bench.timing`'s; a zoo step is
 forward, the model's loss, backward (a GradScaler for ``16-mixed``), SGD step and
-``zero_grad``, at each model's small and medium batch (``ZooModel.batches``). Autocast
-runs with its cast cache on for eager and replaykit, as users write it, and off for
-``make_graphed_callables``, which requires that. CUDA only: on a CPU there is nothing
-to compare with, and the notebook says so instead of timing.
+``zero_grad``, at each model's batches (``ZooModel.batches``); the ``replaykit step`` arm is
+the same step as one ``rk.TrainStep``. Autocast runs with its cast cache on for eager and
+replaykit, as users write it, and off for ``make_graphed_callables``, which requires that
+(and positional tensor arguments: a model called with keyword arguments, the transformers
+zoo, has no such arm). CUDA only: on a CPU there is nothing to compare with, and the
+notebook says so instead of timing.
 """
 
 from __future__ import annotations
@@ -13,18 +16,43 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
 from replaykit.recorder import capture
+from replaykit.step import TrainStep
 
 from ..bench import network, timing
 from . import MODELS, build, names, unavailable
 from .run import AUTOCAST
+from .workload import Loss, invoke
 
-ARMS = ("eager", "make_graphed_callables", "replaykit")
+ARMS = ("eager", "make_graphed_callables", "replaykit", "replaykit step")
+
+
+class StepArm(timing.TimedArm):
+    """The same step as one ``rk.TrainStep`` over the arm's model and optimizer (its autocast,
+    scaler, backward, SGD step and ``zero_grad`` inside the step)."""
+
+    def __init__(
+        self, name: str, model: torch.nn.Module, loss: Loss, precision: str, scaler, backend: str
+    ) -> None:
+        super().__init__(name, model, model, loss=loss, scaler=scaler)
+        self.release = TrainStep(
+            model,
+            lambda m, args, targets: loss(invoke(m, args), targets),
+            self.opt,
+            scaler=scaler,
+            precision=precision,
+            backend=backend,
+        )
+
+    def step(self, batch) -> None:
+        args, targets = batch
+        self.release(args, targets)
 
 
 def _context(
@@ -66,8 +94,9 @@ def bench_model(
     arms: list[timing.TimedArm] = []
     peaks: dict[str, tuple[float, float]] = {}
     out: list[timing.ArmResult] = []
+    keywords = isinstance(batches[0][0], dict)
     for arm_name in ARMS:
-        if arm_name == "make_graphed_callables" and device.type != "cuda":
+        if arm_name == "make_graphed_callables" and (device.type != "cuda" or keywords):
             continue
         mem0 = timing.peak_reset(device)
         model = copy.deepcopy(base)
@@ -84,6 +113,8 @@ def bench_model(
                 arm = timing.TimedArm(
                     arm_name, model, call, loss=loss, context=context, scaler=scaler
                 )
+            elif arm_name == "replaykit step":
+                arm = StepArm(arm_name, model, loss, precision, scaler, backend)
             elif arm_name == "replaykit":
                 rec = capture(model, backend=backend, warmup=3)
                 arm = timing.TimedArm(
@@ -131,7 +162,7 @@ def run(
     backend: str = "auto",
     progress: Callable[[timing.ArmResult], None] | None = None,
 ) -> list[timing.ArmResult]:
-    """Every model × precision at its small and medium batch."""
+    """Every model × precision at each of its batches."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda":
         from replaykit.determinism import enable_determinism
@@ -183,17 +214,36 @@ COLUMNS = (
 )
 
 
+REPLAYKIT_ARMS = ("replaykit", "replaykit step")
+
+
+def _replays(note: str) -> int:
+    """The replayed calls in a replaykit arm's note (``replays=N eager={...}``)."""
+    match = re.match(r"replays=(\d+)", note or "")
+    return int(match.group(1)) if match else 0
+
+
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """replaykit's ratios per row, whether it ended bitwise equal to eager everywhere, one line."""
-    mine = [r for r in rows if r["arm"] == "replaykit"]
+    """replaykit's ratios per row, whether it ended bitwise equal to eager everywhere, how many rows
+    replayed (an arm that ran eagerly is timed but not a speedup), one line."""
+    mine = [r for r in rows if r["arm"] in REPLAYKIT_ARMS]
     equal = all(r["equals_eager"] for r in mine if r.get("equals_eager") is not None)
-    timed = [
-        r
-        for r in mine
-        if r.get("speedup_vs_eager") == r.get("speedup_vs_eager") and "speedup_vs_eager" in r
-    ]
-    best = max(timed, key=lambda r: r["speedup_vs_eager"], default=None)
-    line = f"zoo bench: {len(mine)} replaykit rows; bitwise equal to eager: {equal}"
-    if best:
-        line += f"; best {best['speedup_vs_eager']:.2f}x eager ({best['size']})"
-    return {"line": line, "replaykit_equal": equal, "rows": rows}
+    replayed = [r for r in mine if _replays(r.get("note", "")) > 0]
+    parts = []
+    for arm in REPLAYKIT_ARMS:
+        ran = [r for r in mine if r["arm"] == arm]
+        done = [r for r in replayed if r["arm"] == arm]
+        timed = [r for r in done if r.get("speedup_vs_eager") == r.get("speedup_vs_eager")]
+        best = max(timed, key=lambda r: r.get("speedup_vs_eager", 0.0), default=None)
+        part = f"{arm}: {len(done)} of {len(ran)} rows replayed"
+        if best is not None and "speedup_vs_eager" in best:
+            part += f", best {best['speedup_vs_eager']:.2f}x eager ({best['size']})"
+        parts.append(part)
+    line = f"zoo bench: {'; '.join(parts)}; bitwise equal to eager: {equal}"
+    return {
+        "line": line,
+        "replaykit_equal": equal,
+        "replayed": len(replayed),
+        "replaykit_rows": len(mine),
+        "rows": rows,
+    }

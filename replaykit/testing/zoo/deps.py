@@ -1,4 +1,4 @@
-"""The zoo's optional imports: torchvision and timm, imported only when a zoo model is built.
+"""The zoo's optional imports: torchvision, timm and transformers, imported only when a zoo model is built.
 
 Where to look: the interpreter's own packages first, then a ``zoo-site`` folder beside
 them (``<sys.prefix>/zoo-site``, or ``$REPLAYKIT_ZOO_SITE``), which the Makefile fills
@@ -103,3 +103,16 @@ def timm() -> ModuleType:
     if importlib.util.find_spec("timm") is None:
         _use_site()
     return importlib.import_module("timm")
+
+
+def transformers() -> ModuleType:
+    """The transformers module, its logging quietened to errors (tiny configs warn about their token ids);
+    raises :class:`Unavailable` when it is not installed."""
+    why = missing("transformers")
+    if why:
+        raise Unavailable(why)
+    if importlib.util.find_spec("transformers") is None:
+        _use_site()
+    module = importlib.import_module("transformers")
+    module.logging.set_verbosity_error()
+    return module

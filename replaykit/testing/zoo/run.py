@@ -1,17 +1,19 @@
-"""The zoo's parity runner: each model × precision × accumulation trained eagerly and under replay.
+"""The zoo's parity runner: each model × precision × accumulation × API trained eagerly and under replay.
 
-The same plain PyTorch loop as :mod:`replaykit.testing.parity.trial` (seed, batches, SGD with
-momentum, gradient accumulation; autocast for ``16-mixed``/``bf16-mixed``, with a
-GradScaler for fp16), run three times from identical state: eager, eager again (parity
-presupposes that eager repeats itself), and with ``rk.capture(module)``. The end states
-(parameters, buffers, optimizer state, every optimizer step's gradients with their None
-pattern, losses, GradScaler scale) are compared with :func:`replaykit.bitwise.diff_states`.
+``api="capture"``: the same plain PyTorch loop as :mod:`replaykit.testing.parity.trial` (seed,
+batches, SGD with momentum, gradient accumulation; autocast for ``16-mixed``/``bf16-mixed``,
+with a GradScaler for fp16), run three times from identical state: eager, eager again
+(parity presupposes that eager repeats itself), and with ``rk.capture(module)``. The end
+states (parameters, buffers, optimizer state, every optimizer step's gradients with their
+None pattern, losses, GradScaler scale) are compared with :func:`replaykit.bitwise.diff_states`.
+``api="step"``: the same training as one ``rk.TrainStep`` (its eager twin, ``replay=False``,
+twice, then replayed), compared the same way (its gradients are None after every step).
 
 A row's verdict:
 
 - ``bitwise``: replayed and bitwise equal to eager;
 - ``eager: <reason>`` / ``retired: <reason>``: replaykit ran the model eagerly and said why
-  (bitwise equal too: checked);
+  (bitwise equal too: checked; not replayed, so never a pass by routing: ``replayed`` is False);
 - ``error: ReplayError: ...``: replaykit refused loudly;
 - ``DIFFERS: ...``: a silent difference, a bug (the notebook fails on it);
 - ``eager not repeatable: ...``: two eager runs differ, so parity means nothing here;
@@ -33,13 +35,17 @@ import torch
 from replaykit.bitwise import TensorDiff, diff_states
 from replaykit.errors import ReplayError, ReplayWarning
 from replaykit.recorder import capture
+from replaykit.step import TrainStep
 
 from ..parity.scenario import PRECISIONS, steady_steps
 from ..parity.trial import flat_state, grads
 from . import MODELS, build, names, unavailable
+from .workload import invoke
 
 State = dict[str, "torch.Tensor | None"]
 AUTOCAST = {"32": None, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
+#: ``capture``: network replay in a plain loop; ``step``: the whole step (``rk.TrainStep``)
+APIS = ("capture", "step")
 
 
 @dataclass(frozen=True)
@@ -55,10 +61,12 @@ class ZooCase:
     device: str = "cpu"
     backend: str = "auto"
     check_every: int = 0
+    api: str = "capture"
 
     @property
     def name(self) -> str:
-        return f"{self.model}/{self.precision}/acc{self.accumulation}"
+        step = "/step" if self.api == "step" else ""
+        return f"{self.model}/{self.precision}/acc{self.accumulation}{step}"
 
 
 @dataclass
@@ -106,9 +114,14 @@ def _refusals(rec) -> list[str]:
 
 
 def train(case: ZooCase, capture_kwargs: dict[str, Any] | None = None) -> ZooArm:
-    """Train ``case`` from its seed: eagerly when ``capture_kwargs`` is None, else under ``rk.capture``."""
+    """Train ``case`` from its seed: eagerly when ``capture_kwargs`` is None, else under replay
+    (``rk.capture``, or ``rk.TrainStep`` for ``api="step"``)."""
     if case.precision not in AUTOCAST:
         raise ValueError(f"unknown precision {case.precision!r}; choose from {PRECISIONS}")
+    if case.api not in APIS:
+        raise ValueError(f"unknown api {case.api!r}; choose from {APIS}")
+    if case.api == "step":
+        return _train_step(case, capture_kwargs)
     device_type = torch.device(case.device).type
     if device_type == "cuda":
         from replaykit.determinism import enable_determinism
@@ -140,7 +153,7 @@ def train(case: ZooCase, capture_kwargs: dict[str, Any] | None = None) -> ZooArm
                 with (
                     torch.autocast(device_type, dtype=dtype) if dtype is not None else nullcontext()
                 ):
-                    loss = loss_fn(module(*args), targets)
+                    loss = loss_fn(invoke(module, args), targets)
                 scaled = loss / case.accumulation
                 (scaler.scale(scaled) if scaler is not None else scaled).backward()
                 if (i + 1) % case.accumulation == 0:
@@ -173,6 +186,65 @@ def train(case: ZooCase, capture_kwargs: dict[str, Any] | None = None) -> ZooArm
         }
         arm.journal = rec.journal.format()
         rec.release()
+    return arm
+
+
+def _train_step(case: ZooCase, replay_kwargs: dict[str, Any] | None) -> ZooArm:
+    """:func:`train` through one ``rk.TrainStep``: its eager twin when ``replay_kwargs`` is None."""
+    device_type = torch.device(case.device).type
+    if device_type == "cuda":
+        from replaykit.determinism import enable_determinism
+
+        enable_determinism()
+    torch.manual_seed(case.seed)
+    module, make_batch, loss_fn = build(case.model)
+    module = module.to(case.device).train()
+    opt = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+    g = torch.Generator().manual_seed(1000 + case.seed)
+    batches = [
+        make_batch(case.batch, case.device, g) for _ in range(case.steps * case.accumulation)
+    ]
+    scaler = torch.amp.GradScaler(device_type) if case.precision == "16-mixed" else None
+    kwargs = dict(replay_kwargs or {})
+    step = TrainStep(
+        module,
+        lambda m, args, targets: loss_fn(invoke(m, args), targets),
+        opt,
+        scaler=scaler,
+        accumulate=case.accumulation,
+        precision=case.precision,
+        replay=replay_kwargs is not None,
+        **kwargs,
+    )
+    torch.manual_seed(case.seed + 1)
+    losses: list[torch.Tensor] = []
+    step_ms: list[float] = []
+    error = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ReplayWarning)
+            for args, targets in batches:
+                _sync(case.device)
+                t0 = time.perf_counter()
+                loss = step(args, targets)
+                _sync(case.device)
+                step_ms.append((time.perf_counter() - t0) * 1e3)
+                losses.append(loss.detach().float().cpu())
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    state: State = {k: None if v is None else v.cpu() for k, v in flat_state(module, opt).items()}
+    state["losses"] = torch.stack(losses) if losses else torch.zeros(0)
+    if scaler is not None:
+        state["scaler/scale"] = torch.tensor(scaler.get_scale(), dtype=torch.float64)
+    arm = ZooArm(state, step_ms=step_ms, error=error)
+    if replay_kwargs is not None:
+        arm.recorder = {
+            **step.journal.summary(),
+            "retired": step.retire_reason,
+            "refusals": _refusals(step),
+        }
+        arm.journal = step.journal.format()
+    step.release()
     return arm
 
 
@@ -225,11 +297,16 @@ def cases(
     models: Iterable[str],
     precisions: Iterable[str] = ("32",),
     accumulations: Iterable[int] = (1, 2),
+    apis: Iterable[str] = ("capture",),
     **common: Any,
 ) -> list[ZooCase]:
-    """model × precision × accumulation (``models`` may say ``"all"``)."""
+    """model × precision × accumulation × API (``models`` may say ``"all"`` or a group)."""
     return [
-        ZooCase(m, p, a, **common) for m in names(models) for p in precisions for a in accumulations
+        ZooCase(m, p, a, api=api, **common)
+        for m in names(models)
+        for p in precisions
+        for a in accumulations
+        for api in apis
     ]
 
 
@@ -273,7 +350,9 @@ def rows(results: Iterable[ZooResult]) -> list[dict[str, Any]]:
                 "source": MODELS[c.model].source,
                 "precision": c.precision,
                 "accumulation": c.accumulation,
+                "api": c.api,
                 "verdict": r.verdict,
+                "replayed": r.verdict == "bitwise",
                 "bitwise": bool(r.arms)
                 and not r.diffs
                 and not r.eager_diffs
@@ -299,6 +378,7 @@ def rows(results: Iterable[ZooResult]) -> list[dict[str, Any]]:
 
 COLUMNS = (
     "model",
+    "api",
     "precision",
     "accumulation",
     "verdict",
@@ -313,7 +393,8 @@ COLUMNS = (
 
 
 def summary(results: Iterable[ZooResult]) -> dict[str, Any]:
-    """Counts by verdict kind, the silent differences by name, and one line for a log."""
+    """Counts by verdict kind, the silent differences by name, how many rows replayed, one line for a
+    log. A row that ran eagerly (routed or retired) is equal to eager but not replayed."""
     results = list(results)
     kinds: dict[str, int] = {}
     for r in results:
@@ -322,9 +403,12 @@ def summary(results: Iterable[ZooResult]) -> dict[str, Any]:
     silent = [r.case.name for r in results if r.silent]
     failed = [r.case.name for r in results if r.failed]
     tally = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    replayed = sum(r.verdict == "bitwise" for r in results)
     return {
-        "line": f"zoo: {len(results)} rows: {tally}; silent differences: {len(silent)}",
+        "line": f"zoo: {len(results)} rows: {tally}; replayed {replayed} of {len(results)}; "
+        f"silent differences: {len(silent)}",
         "rows": len(results),
+        "replayed": replayed,
         "verdicts": kinds,
         "silent": silent,
         "failed": failed,
@@ -339,10 +423,14 @@ def build_parser():
         description="Train zoo models eagerly and under replay; print each row's verdict (exit 1 on a silent difference).",
     )
     p.add_argument(
-        "--models", nargs="+", default=["resnet18", "transformer_lm"], help="zoo models, or all"
+        "--models",
+        nargs="+",
+        default=["resnet18", "transformer_lm"],
+        help="zoo models, a group (transformers, transformers_small), or all",
     )
     p.add_argument("--precisions", nargs="+", default=["32"], choices=PRECISIONS)
     p.add_argument("--accumulations", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--apis", nargs="+", default=["capture"], choices=APIS)
     p.add_argument("--steps", type=int, default=3, help="optimizer steps per run")
     p.add_argument("--device", default="cpu")
     return p
@@ -353,10 +441,15 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     chosen = cases(
-        args.models, args.precisions, args.accumulations, steps=args.steps, device=args.device
+        args.models,
+        args.precisions,
+        args.accumulations,
+        args.apis,
+        steps=args.steps,
+        device=args.device,
     )
     results = list(run_matrix(chosen, progress=False))
-    print(tables.text(rows(results), COLUMNS[:8]))
+    print(tables.text(rows(results), COLUMNS[:9]))
     line = summary(results)
     print(line["line"])
     return 1 if line["failed"] else 0

@@ -9,8 +9,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-#: ``make_batch(batch_size, device, generator) -> (args, targets)``: ``module(*args)``, then ``loss(outputs, targets)``.
-MakeBatch = Callable[[int, "str | torch.device", torch.Generator], tuple[tuple[Any, ...], Any]]
+#: ``make_batch(batch_size, device, generator) -> (args, targets)``: ``invoke(module, args)``, then
+#: ``loss(outputs, targets)``. ``args`` is a tuple of positional arguments, or a dict of keyword
+#: arguments (transformers: ``model(**batch)``, the labels inside and ``targets`` None).
+MakeBatch = Callable[
+    [int, "str | torch.device", torch.Generator],
+    tuple["tuple[Any, ...] | dict[str, Any]", Any],
+]
 Loss = Callable[[Any, Any], torch.Tensor]
 
 
@@ -20,6 +25,11 @@ class Workload(NamedTuple):
     module: nn.Module
     make_batch: MakeBatch
     loss: Loss
+
+
+def invoke(module: Callable[..., Any], args: tuple[Any, ...] | dict[str, Any]) -> Any:
+    """Call ``module`` with a batch's arguments: keyword arguments for a dict, else positional."""
+    return module(**args) if isinstance(args, dict) else module(*args)
 
 
 def images(size: int, classes: int) -> MakeBatch:
