@@ -113,6 +113,11 @@ REGISTRY: dict[str, Protection] = {
             "an input changed in place between a replayed forward and its backward goes unnoticed (eager raises)",
         ),
         Protection(
+            "compiled_code",
+            "both",
+            "torch.compile'd frames run while the emulated tape records: their kernels bypass the dispatcher and a replay reads stale buffers",
+        ),
+        Protection(
             "hooks", "step", "module, gradient and optimizer hooks run at the recording call only"
         ),
         Protection(

@@ -23,6 +23,7 @@ from torch.nn.parameter import is_lazy
 
 from .backends import Backend, Recording, module_device, resolve_backend
 from .code_inputs import ForwardInputs
+from .compiled import CompileWatch, compiled_regions, refuse_cudagraphs
 from .copy_out import StaticAliases
 from .errors import ReplayError, ReplayWarning, check_count
 from .guards import host_dependence, tree_contains
@@ -269,6 +270,7 @@ class Recorder(Lifecycled):
             None  # the plan of the replayed call whose backward is pending
         )
         self._paused = 0
+        self._retry: tuple | None = None  # a signature whose recording dynamo's compilation aborted
         self._own_forward = "forward" in module.__dict__
         self._forward = module.forward
         module.forward = _RoutedForward(self, module)
@@ -355,6 +357,9 @@ class Recorder(Lifecycled):
             with life.lock:
                 plan = self._record(call, callargs, key)
             if plan is None:
+                if self._retry is key:  # dynamo compiled in the recording: this call compiles it
+                    self._retry = None
+                    return self._eager(call, self._refused.pop(key), args, kwargs)
                 return self._eager(call, self._refused.get(key, "retired"), args, kwargs)
         else:
             if not self._copy_out(call):
@@ -410,6 +415,13 @@ class Recorder(Lifecycled):
         ):  # refused on both backends: the emulated one mirrors what a graph can do
             self._retire(frozen, call)
             return None
+        if self.backend.name == "emulated" and "compiled_code" not in self.disabled:
+            regions = compiled_regions(self.module)
+            if (
+                regions
+            ):  # refused before the probe runs compiled code with stand-ins (see compiled.py)
+                self._retire(CompileWatch.unseen_reason(regions[0][0]), call)
+                return None
         snapshot = StateSnapshot(self.module)
         static_inputs = self._static_inputs(callargs.tensors)
         named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
@@ -420,6 +432,7 @@ class Recorder(Lifecycled):
         )  # the parameters the backward reads (all, unless the probe says)
         saved_inputs: list[int] = []  # the inputs it reads (none known without the probe)
         multi_use: list[int] = []  # the parameters it reads more than once
+        watch = CompileWatch(self.backend.name == "emulated", "compiled_code" not in self.disabled)
         try:
             refusal = (
                 None
@@ -436,9 +449,17 @@ class Recorder(Lifecycled):
                 )
             )
             if refusal is None:
-                recording = self.backend.record(fn, static_inputs, params, self.warmup)
+                with watch:
+                    recording = self.backend.record(fn, static_inputs, params, self.warmup)
+                watch.check()
         except Exception as exc:
             snapshot.restore()
+            if (
+                watch.recompiled()
+            ):  # the eager call is the compiled code's warm-up: record next time
+                self._refused[key] = "compiling"
+                self._retry = key
+                return None
             self._retire(f"capture failed: {type(exc).__name__}: {exc}", call, cause=exc)
             return None
         except (
@@ -875,6 +896,7 @@ def capture(
             f"{type(module).__name__} is already captured; call release() on its recorder first"
         )
     _refuse_nesting(module)
+    refuse_cudagraphs(module, "capture")
     lazy = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if is_lazy(t)]
     if lazy:
         raise ReplayError(

@@ -46,6 +46,7 @@ from torch import nn
 
 from .backends import Backend, Region, module_device, resolve_backend
 from .code_inputs import LossInputs
+from .compiled import CompileWatch, refuse_cudagraphs
 from .ema import EMA
 from .errors import ReplayError, ReplayWarning, check_count
 from .guards import epoch as guard_epoch
@@ -191,6 +192,8 @@ class TrainStep(Lifecycled):
             raise ReplayError(
                 "the model is captured by rk.capture already: a whole step records it itself"
             )
+        if replay:
+            refuse_cudagraphs(model, "TrainStep")
         self.disabled = disabled_protections(unsafe_disable, "step")
         self._trust = bool(trust_optimizer) or "optimizer_trust" in self.disabled
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
@@ -515,9 +518,11 @@ class TrainStep(Lifecycled):
 
         effects = SideEffects(self.model, static, "host_rng" not in self.disabled)
         self._walking, self._foreign = "foreign_grads" not in self.disabled, 0
+        watch = CompileWatch(self.backend.name == "emulated", "compiled_code" not in self.disabled)
         try:
-            with effects:
+            with effects, watch:
                 (loss,) = region.capture(body)
+            watch.check()
         except BaseException as exc:
             self._walking = False
             region.abort()
@@ -530,6 +535,12 @@ class TrainStep(Lifecycled):
                 exc, Exception
             ):  # KeyboardInterrupt: nothing of this call happened; record later
                 raise
+            if (
+                watch.recompiled()
+            ):  # the eager call is the compiled code's warm-up: record next time
+                self._micro += 1
+                self._calls += 1
+                return self._eager(phase, "compiling", args, kwargs)
             self._retire(f"capture failed: {type(exc).__name__}: {exc}", call)
             return self(*args, **kwargs)
         self._walking = False

@@ -1,0 +1,104 @@
+"""torch.compile'd models under replay: exact against the compiled twin, or eager with the reason.
+
+On the CPU the emulated tape cannot see inductor's C++ kernels: a recording over them is refused
+(protection ``compiled_code``), and the unsafe arm shows the silent difference it prevents. A
+dispatcher-visible backend (``backend="eager"``) shows the rest of the machinery on the CPU: a
+compilation that starts inside a recording aborts it, the call runs eagerly (``compiling``) and
+the next one records. On CUDA (``-m cuda``) inductor's kernels replay.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import replaykit as rk
+from replaykit.errors import ReplayError
+from replaykit.protections import negative_control
+from replaykit.testing.parity.compiled_trial import MLP, CompiledConfig, model_loss, trial
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles anew: dynamo's per-code recompile limit is not shared between tests."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("entry", ["step", "capture"])
+def test_inductor_model_replays_on_cuda_or_runs_eagerly_on_the_cpu(backend, device, entry):
+    result = trial(CompiledConfig(entry=entry, accumulate=2, device=device, backend=backend))
+    assert result.repeatable  # the compiled twin repeats itself: a difference would be replay's
+    assert result.equal, result.diffs[:3]
+    if backend == "emulated":
+        assert result.entry.retired and "torch.compile'd" in result.entry.retire_reason
+    else:
+        assert result.counts["replay"] > 0, result.summary
+
+
+def test_without_the_refusal_the_tape_replays_stale_inductor_buffers():
+    # (the step's unsafe arm is not reliably different at this size: dynamo recompiles under the tape)
+    result = trial(CompiledConfig(entry="capture", unsafe=negative_control("compiled_code")))
+    assert result.counts["replay"] > 0, result.summary
+    assert not result.equal  # silent: nothing retired, nothing warned
+
+
+@pytest.mark.parametrize("entry", ["step", "capture"])
+def test_a_compilation_inside_a_recording_aborts_it_and_the_next_call_records(entry):
+    # backend="eager" runs dynamo's graph through the dispatcher: the tape can replay it
+    cfg = CompiledConfig(
+        entry=entry, accumulate=2, steps=5, compile={"backend": "eager"}, unsafe=("compiled_code",)
+    )
+    result = trial(cfg)
+    assert result.equal, result.diffs[:3]
+    assert result.entry.eager_reasons["compiling"] >= 1, result.summary
+    assert result.counts["record"] >= 1 and result.counts["replay"] >= 1, result.summary
+
+
+def test_recording_leaves_the_model_compiled():
+    """Dynamo skips frames under a dispatch mode and marks their code skipped for good; the
+    tape's mode says it ignores compile internals, so the model stays compiled."""
+    ran = []
+
+    def counting(gm, example_inputs):
+        ran.append("compiled")
+        return gm.forward
+
+    torch.manual_seed(0)
+    model = MLP(1, 8)
+    compiled = torch.compile(model, backend=counting)
+    x, y = torch.randn(4, 8), torch.randint(0, 10, (4,))
+    step = rk.TrainStep(compiled, model_loss, torch.optim.SGD(model.parameters(), lr=0.1))
+    for _ in range(3):
+        step(x, y)
+    assert step.retired  # compiled_code: the emulated tape refuses compiled frames
+    from replaykit.compiled import CompileWatch
+
+    with CompileWatch(True) as watch, torch.no_grad():
+        compiled(x)
+    assert watch.frames >= 1, "the model no longer runs compiled code after a recording"
+
+
+@pytest.mark.parametrize("options", [{"mode": "reduce-overhead"}, {"backend": "cudagraphs"}])
+def test_compiled_with_its_own_cuda_graphs_is_refused(options):
+    model = MLP(1, 8)
+    compiled = torch.compile(model, **options)
+    with pytest.raises(ReplayError, match="CUDA graphs of its own"):
+        rk.TrainStep(compiled, model_loss, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ReplayError, match="CUDA graphs of its own"):
+        rk.capture(compiled)
+
+
+def test_enable_determinism_makes_inductor_deterministic():
+    import torch._inductor.config as inductor
+
+    saved = (inductor.deterministic, inductor.fallback_random, inductor.max_autotune)
+    try:
+        inductor.deterministic = inductor.fallback_random = False
+        inductor.max_autotune = True
+        rk.enable_determinism()
+        assert inductor.deterministic and inductor.fallback_random
+        assert not inductor.max_autotune
+    finally:
+        inductor.deterministic, inductor.fallback_random, inductor.max_autotune = saved
