@@ -13,7 +13,10 @@ plain loop with ``accumulate`` micro-batches per optimizer step).
 from __future__ import annotations
 
 import copy
+import itertools
+import json
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +104,7 @@ class CompiledConfig:
     compile: dict[str, Any] = field(default_factory=dict)
     steps: int = 3
     unsafe: tuple[str, ...] = ()
+    vocab: int = 64
 
 
 @dataclass
@@ -118,7 +122,11 @@ class CompiledResult:
 def make_model(cfg: CompiledConfig) -> nn.Module:
     torch.manual_seed(0)
     a, b = cfg.size
-    model = MLP(a, b) if cfg.model == "mlp" else CausalLM(a, b)
+    model = (
+        MLP(a, b)
+        if cfg.model == "mlp"
+        else CausalLM(a, b, heads=8 if b >= 256 else 4, vocab=cfg.vocab)
+    )
     return model.to(cfg.device)
 
 
@@ -130,8 +138,8 @@ def batches(cfg: CompiledConfig, n: int) -> list[tuple[torch.Tensor, torch.Tenso
             x = torch.randn(cfg.batch, cfg.size[1], generator=g)
             y = torch.randint(0, 10, (cfg.batch,), generator=g)
         else:
-            x = torch.randint(0, 64, (cfg.batch, cfg.seq), generator=g)
-            y = torch.randint(0, 64, (cfg.batch, cfg.seq), generator=g)
+            x = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq), generator=g)
+            y = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq), generator=g)
         out.append((x.to(cfg.device), y.to(cfg.device)))
     return out
 
@@ -197,3 +205,47 @@ def trial(cfg: CompiledConfig) -> CompiledResult:
         summary=entry.summary(),
         entry=entry,
     )
+
+
+def matrix(device: str = "cuda", backend: str = "cuda") -> list[dict[str, Any]]:
+    """The exactness matrix: MLP and causal LM, accumulation 1/2/4, fp32 and bf16, both entry points."""
+    rows = []
+    for entry, model, acc, precision in itertools.product(
+        ("step", "capture"), ("mlp", "lm"), (1, 2, 4), ("32", "bf16-mixed")
+    ):
+        cfg = CompiledConfig(
+            model=model,
+            entry=entry,
+            accumulate=acc,
+            precision=precision,
+            device=device,
+            backend=backend,
+            steps=4,
+        )
+        t0 = time.perf_counter()
+        torch._dynamo.reset()  # a fresh cache per cell: dynamo's recompile limit would fall back to eager
+        try:
+            r = trial(cfg)
+            row = {
+                "equal": r.equal,
+                "repeatable": r.repeatable,
+                "replays": r.counts["replay"],
+                "first_diff": r.diffs[0].name if r.diffs else None,
+                "summary": r.summary,
+            }
+        except Exception as exc:  # a cell that crashes is a row, not the end of the matrix
+            row = {"equal": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+        row.update(model=model, entry=entry, accumulate=acc, precision=precision)
+        row["seconds"] = round(time.perf_counter() - t0, 1)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+if __name__ == "__main__":
+    from ...determinism import enable_determinism
+
+    enable_determinism()
+    out = matrix()
+    ok = sum(r["equal"] and r.get("repeatable", False) and r.get("replays", 0) > 0 for r in out)
+    print(f"exact and replayed: {ok}/{len(out)}")
