@@ -40,7 +40,9 @@ def test_inductor_model_replays_on_cuda_or_runs_eagerly_on_the_cpu(backend, devi
 @pytest.mark.parametrize("entry", ["step", "capture"])
 def test_without_the_refusal_the_tape_replays_stale_inductor_buffers(entry):
     # steps=5: under the tape dynamo recompiles once (its function-mode guard), which aborts a recording
-    cfg = CompiledConfig(entry=entry, steps=5, unsafe=negative_control("compiled_code"))
+    cfg = CompiledConfig(
+        entry=entry, steps=5, repeat=False, unsafe=negative_control("compiled_code")
+    )
     result = trial(cfg)
     assert result.counts["replay"] > 0, result.summary
     assert not result.equal  # silent: nothing retired, nothing warned

@@ -26,10 +26,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ...bitwise import diff_states
 from ...step import TrainStep
-from ..parity.compiled_trial import CompiledConfig, batches, make_model, model_loss, optimizer
+from ..parity.compiled_trial import CompiledConfig, batches, make_model, optimizer
 from ..parity.end_state import module_state, optimizer_state
 
 ARMS = (
@@ -62,11 +63,24 @@ class Row:
     note: str
 
 
-def _loop(call: Callable[..., Any], opt: torch.optim.Optimizer, acc: int) -> Callable[..., Any]:
+class _Work:
+    """What every arm trains: a base model, its batches as ``(args, targets)`` and the loss of ``model(*args)``."""
+
+    def __init__(self, model: nn.Module, data: list[tuple[tuple, Any]], loss: Callable) -> None:
+        self.model, self.data, self.loss = model, data, loss
+
+    def step_loss(self, model: nn.Module, *batch: Any) -> torch.Tensor:
+        """``TrainStep``'s ``loss_fn``: the batch is the model's arguments, then the targets."""
+        return self.loss(model(*batch[:-1]), batch[-1])
+
+
+def _loop(
+    work: _Work, call: Callable[..., Any], opt: torch.optim.Optimizer, acc: int
+) -> Callable[..., Any]:
     n = [0]
 
-    def step(x: torch.Tensor, y: torch.Tensor) -> None:
-        loss = model_loss(call, x, y)
+    def step(*batch: Any) -> None:
+        loss = work.loss(call(*batch[:-1]), batch[-1])
         (loss / acc if acc > 1 else loss).backward()
         n[0] += 1
         if n[0] % acc == 0:
@@ -76,17 +90,41 @@ def _loop(call: Callable[..., Any], opt: torch.optim.Optimizer, acc: int) -> Cal
     return step
 
 
-def _arm(name: str, model: nn.Module, acc: int) -> tuple[Callable[..., Any], Any]:
+def _arm(name: str, work: _Work, model: nn.Module, acc: int) -> tuple[Callable[..., Any], Any]:
     opt = optimizer(model)
     if name == "eager":
-        return _loop(model, opt, acc), opt
+        return _loop(work, model, opt, acc), opt
     if name == "compile(reduce-overhead)":
-        return _loop(torch.compile(model, mode="reduce-overhead"), opt, acc), opt
+        return _loop(work, torch.compile(model, mode="reduce-overhead"), opt, acc), opt
     if name == "compile(default)":
-        return _loop(torch.compile(model), opt, acc), opt
+        return _loop(work, torch.compile(model), opt, acc), opt
     target = torch.compile(model) if name == "TrainStep(compile)" else model
-    step = TrainStep(target, model_loss, opt, accumulate=acc)
+    step = TrainStep(target, work.step_loss, opt, accumulate=acc)
     return step, opt
+
+
+class _Rng:
+    """One arm's generator states (CPU, and CUDA's default), swapped in around its calls."""
+
+    def __init__(self, device: str) -> None:
+        torch.manual_seed(2)
+        self.cuda = device == "cuda"
+        self.state = self._get()
+
+    def _get(self) -> tuple:
+        return torch.get_rng_state(), torch.cuda.get_rng_state() if self.cuda else None
+
+    def __enter__(self) -> None:
+        self.saved = self._get()
+        torch.set_rng_state(self.state[0])
+        if self.cuda:
+            torch.cuda.set_rng_state(self.state[1])
+
+    def __exit__(self, *exc: object) -> None:
+        self.state = self._get()
+        torch.set_rng_state(self.saved[0])
+        if self.cuda:
+            torch.cuda.set_rng_state(self.saved[1])
 
 
 def _sync(device: str) -> None:
@@ -96,28 +134,44 @@ def _sync(device: str) -> None:
 
 def bench_size(
     label: str,
-    cfg: CompiledConfig,
+    cfg: CompiledConfig | str,
     accumulate: int,
     warmup: int = 4,
     rounds: int = 5,
     per: int = 10,
     device: str = "cuda",
+    batch: int = 8,
 ) -> list[Row]:
-    """Every arm at one size; ``warmup`` optimizer steps (compilation, recording) are not timed.
-    ``device="cpu"`` is a smoke run (emulated TrainStep; the compiled arms run eagerly there)."""
+    """Every arm at one size (a :class:`CompiledConfig`, or a zoo model's name at ``batch``);
+    ``warmup`` optimizer steps (compilation, recording) are not timed. ``device="cpu"`` is a
+    smoke run (emulated TrainStep; the compiled arms run eagerly there)."""
     torch._dynamo.reset()  # a fresh cache per size: dynamo's recompile limit would fall back to eager
-    cfg = copy.copy(cfg)
-    cfg.accumulate, cfg.device = accumulate, device
-    base = make_model(cfg)
-    data = batches(cfg, (warmup + rounds * per) * accumulate)
+    n = (warmup + rounds * per) * accumulate
+    if isinstance(cfg, str):
+        from ..zoo import build
+
+        torch.manual_seed(0)
+        module, make_batch, loss = build(cfg)
+        g = torch.Generator().manual_seed(1)
+        work = _Work(module.to(device), [make_batch(batch, device, g) for _ in range(n)], loss)
+    else:
+        cfg = copy.copy(cfg)
+        cfg.accumulate, cfg.device = accumulate, device
+        work = _Work(make_model(cfg), [((x,), y) for x, y in batches(cfg, n)], model_loss_out)
+    base, data = work.model, [(*args, targets) for args, targets in work.data]
     arms: dict[str, tuple[Callable, torch.optim.Optimizer, nn.Module]] = {}
     notes: dict[str, str] = {}
+    rng: dict[
+        str, _Rng
+    ] = {}  # each arm draws its own random numbers (dropout) across interleaved rounds
     for name in ARMS:
         model = copy.deepcopy(base)
+        rng[name] = _Rng(device)
         try:
-            call, opt = _arm(name, model, accumulate)
-            for x, y in data[: warmup * accumulate]:
-                call(x, y)
+            call, opt = _arm(name, work, model, accumulate)
+            with rng[name]:
+                for b in data[: warmup * accumulate]:
+                    call(*b)
             _sync(device)
             arms[name] = (call, opt, model)
         except Exception as exc:  # reduce-overhead under accumulation: the table says so
@@ -128,12 +182,13 @@ def bench_size(
     for r in range(rounds):
         for name, (call, _, _) in list(arms.items()):
             try:
-                _sync(device)
-                t0 = time.perf_counter()
-                for x, y in timed[r * chunk : (r + 1) * chunk]:
-                    call(x, y)
-                _sync(device)
-                times[name].append((time.perf_counter() - t0) * 1e3 / chunk)
+                with rng[name]:
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    for b in timed[r * chunk : (r + 1) * chunk]:
+                        call(*b)
+                    _sync(device)
+                    times[name].append((time.perf_counter() - t0) * 1e3 / chunk)
             except Exception as exc:
                 notes[name] = f"raises: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
                 del arms[name]
@@ -166,13 +221,24 @@ def bench_size(
     return rows
 
 
+def model_loss_out(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over the last dimension of the model's output."""
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), y.reshape(-1))
+
+
 def run(
-    accumulates: tuple[int, ...] = (1, 2), sizes: dict[str, CompiledConfig] = SIZES
+    accumulates: tuple[int, ...] = (1, 2),
+    sizes: dict[str, CompiledConfig] = SIZES,
+    zoo: tuple[str, ...] = (),
+    zoo_batch: int = 32,
 ) -> list[Row]:
+    """The issue's sizes, then zoo models (``replaykit.testing.zoo.MODELS`` names) at ``zoo_batch``."""
     out = []
     for acc in accumulates:
         for label, cfg in sizes.items():
             out += bench_size(label, cfg, acc)
+        for name in zoo:
+            out += bench_size(f"{name} b{zoo_batch}", name, acc, batch=zoo_batch)
     return out
 
 
@@ -195,12 +261,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--accumulate", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--sizes", nargs="+", default=list(SIZES))
+    parser.add_argument("--zoo", nargs="*", default=[])
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     from ...determinism import enable_determinism
 
     enable_determinism()
-    rows = run(tuple(args.accumulate), {k: SIZES[k] for k in args.sizes})
+    rows = run(tuple(args.accumulate), {k: SIZES[k] for k in args.sizes}, tuple(args.zoo))
     print(markdown(rows))
     if args.json:
         with open(args.json, "w") as f:

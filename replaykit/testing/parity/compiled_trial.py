@@ -105,6 +105,7 @@ class CompiledConfig:
     steps: int = 3
     unsafe: tuple[str, ...] = ()
     vocab: int = 64
+    repeat: bool = True  # run the twin twice (repeatability); off: one twin, ``repeatable`` None
 
 
 @dataclass
@@ -112,7 +113,7 @@ class CompiledResult:
     """Replay against twin (``diffs``), twin against twin (``repeatable``), and the entry point."""
 
     equal: bool
-    repeatable: bool
+    repeatable: bool | None
     diffs: list[TensorDiff]
     counts: dict[str, int]
     summary: str
@@ -194,12 +195,12 @@ def trial(cfg: CompiledConfig) -> CompiledResult:
     """Twin, twin again, then the replayed run, all from the same weights and batches."""
     base = make_model(cfg)
     twin, _ = _run(cfg, base, replay=False)
-    again, _ = _run(cfg, base, replay=False)
+    again = _run(cfg, base, replay=False)[0] if cfg.repeat else None
     replayed, entry = _run(cfg, base, replay=True)
     diffs = diff_states(twin, replayed)
     return CompiledResult(
         equal=not diffs,
-        repeatable=not diff_states(twin, again),
+        repeatable=None if again is None else not diff_states(twin, again),
         diffs=diffs,
         counts=dict(entry.counts),
         summary=entry.summary(),
