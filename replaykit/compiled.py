@@ -120,11 +120,12 @@ class CompileWatch:
         def started(args: Any) -> None:
             compiles.append(str(getattr(args, "callback_trigger", "compile")).rsplit(".", 1)[-1])
 
-        self._start = started
-        dynamo.callback_handler.register_start_callback(started)
-        if self.watch_frames:
-            from torch._C._dynamo.eval_frame import set_guard_complete_hook
-
+        handler = getattr(dynamo, "callback_handler", None)
+        if hasattr(handler, "register_start_callback"):
+            handler.register_start_callback(started)
+            self._start = started
+        set_guard_complete_hook = getattr(dynamo.eval_frame, "set_guard_complete_hook", None)
+        if self.watch_frames and set_guard_complete_hook is not None:
             previous = None
 
             def ran(cache_hit: bool) -> bool:

@@ -46,7 +46,7 @@ from torch import nn
 
 from .backends import Backend, Region, module_device, resolve_backend
 from .code_inputs import LossInputs
-from .compiled import CompileWatch, refuse_cudagraphs
+from .compiled import CompileWatch, compiled_regions, refuse_cudagraphs
 from .ema import EMA
 from .errors import ReplayError, ReplayWarning, check_count
 from .guards import epoch as guard_epoch
@@ -492,6 +492,14 @@ class TrainStep(Lifecycled):
         frozen = host_dependence(self.model) or host_state(self.optimizer, self.device)
         if frozen is not None:
             return self._retire_eager(frozen, phase, args, kwargs)
+        if self.backend.name == "emulated" and "compiled_code" not in self.disabled:
+            regions = compiled_regions(
+                self.model
+            )  # the tape cannot see their kernels (compiled.py)
+            if regions:
+                return self._retire_eager(
+                    CompileWatch.unseen_reason(regions[0][0]), phase, args, kwargs
+                )
         if not self._recordings:
             self.lifecycle.first_record()
         # one static copy per distinct tensor: step(x, x) keeps `a is b` (nn.MultiheadAttention's
