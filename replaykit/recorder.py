@@ -416,10 +416,9 @@ class Recorder(Lifecycled):
             self._retire(frozen, call)
             return None
         if self.backend.name == "emulated" and "compiled_code" not in self.disabled:
+            # refused before the probe runs compiled code the tape cannot see (compiled.py)
             regions = compiled_regions(self.module)
-            if (
-                regions
-            ):  # refused before the probe runs compiled code with stand-ins (see compiled.py)
+            if regions:
                 self._retire(CompileWatch.unseen_reason(regions[0][0]), call)
                 return None
         snapshot = StateSnapshot(self.module)
@@ -454,9 +453,7 @@ class Recorder(Lifecycled):
                 watch.check()
         except Exception as exc:
             snapshot.restore()
-            if (
-                watch.recompiled()
-            ):  # the eager call is the compiled code's warm-up: record next time
+            if watch.recompiled():  # this call runs eagerly (compiling it); the next records
                 self._refused[key] = "compiling"
                 self._retry = key
                 return None

@@ -493,13 +493,10 @@ class TrainStep(Lifecycled):
         if frozen is not None:
             return self._retire_eager(frozen, phase, args, kwargs)
         if self.backend.name == "emulated" and "compiled_code" not in self.disabled:
-            regions = compiled_regions(
-                self.model
-            )  # the tape cannot see their kernels (compiled.py)
+            regions = compiled_regions(self.model)  # the tape cannot see their kernels
             if regions:
-                return self._retire_eager(
-                    CompileWatch.unseen_reason(regions[0][0]), phase, args, kwargs
-                )
+                why = CompileWatch.unseen_reason(regions[0][0])
+                return self._retire_eager(why, phase, args, kwargs)
         if not self._recordings:
             self.lifecycle.first_record()
         # one static copy per distinct tensor: step(x, x) keeps `a is b` (nn.MultiheadAttention's
@@ -543,9 +540,7 @@ class TrainStep(Lifecycled):
                 exc, Exception
             ):  # KeyboardInterrupt: nothing of this call happened; record later
                 raise
-            if (
-                watch.recompiled()
-            ):  # the eager call is the compiled code's warm-up: record next time
+            if watch.recompiled():  # this call runs eagerly (compiling it); the next records
                 self._micro += 1
                 self._calls += 1
                 return self._eager(phase, "compiling", args, kwargs)
