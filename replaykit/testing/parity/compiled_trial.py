@@ -17,6 +17,7 @@ import itertools
 import json
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,9 +178,10 @@ def _run(cfg: CompiledConfig, base: nn.Module, replay: bool) -> tuple[dict, Any]
         )
         dtype = _DTYPES[cfg.precision]
         for i, (x, y) in enumerate(data):
-            with torch.autocast(
-                cfg.device, dtype=dtype or torch.float32, enabled=dtype is not None
-            ):
+            autocast = (
+                torch.autocast(cfg.device, dtype=dtype) if dtype is not None else nullcontext()
+            )
+            with autocast:
                 loss = model_loss(compiled, x, y)
             (loss / cfg.accumulate if cfg.accumulate > 1 else loss).backward()
             losses.append(loss.detach().clone())
