@@ -121,6 +121,12 @@ class Provenance(TorchDispatchMode):
         self._keep: list[torch.Tensor] = []  # the ids above stay theirs while the mode runs
         self._storages: dict[int, int] = {}
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Compiled frames run under this mode (else dynamo skips them, and marks their code
+        skipped for good: a ``torch.compile``'d model would run uncompiled ever after)."""
+        return True
+
     def wrap(self, fn: Any) -> Any:
         """``fn`` run under this mode at each call (a backend calls its forward several times)."""
 

@@ -83,6 +83,12 @@ class _Inspector(TorchDispatchMode):
     Puts each private generator's state back afterwards (the probe must leave no trace).
     """
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Compiled frames run under this mode (else dynamo skips them, and marks their code
+        skipped for good: a ``torch.compile``'d model would run uncompiled ever after)."""
+        return True
+
     def __init__(self, leaves: Sequence[torch.Tensor] = ()) -> None:
         super().__init__()
         self.generators: list[str] = []

@@ -140,6 +140,11 @@ REGISTRY: dict[str, Protection] = {
             "takes (an explicit attention mask instead of is_causal)",
         ),
         Protection(
+            "compiled_code",
+            "both",
+            "torch.compile'd frames run while the emulated tape records: their kernels bypass the dispatcher and a replay reads stale buffers",
+        ),
+        Protection(
             "hooks", "step", "module, gradient and optimizer hooks run at the recording call only"
         ),
         Protection(

@@ -23,6 +23,7 @@ from torch.nn.parameter import is_lazy
 
 from .backends import Backend, Recording, module_device, resolve_backend
 from .code_inputs import ForwardInputs
+from .compiled import CompileWatch, compiled_regions, refuse_cudagraphs
 from .copy_out import StaticAliases
 from .errors import ReplayError, ReplayWarning, check_count
 from .guards import host_dependence, tree_contains
@@ -551,6 +552,12 @@ class Recorder(Lifecycled):
         ):  # refused on both backends: the emulated one mirrors what a graph can do
             self._retire(frozen, call)
             return None
+        if self.backend.name == "emulated" and "compiled_code" not in self.disabled:
+            # refused before the probe runs compiled code the tape cannot see (compiled.py)
+            regions = compiled_regions(self.module)
+            if regions:
+                self._retire(CompileWatch.unseen_reason(regions[0][0]), call)
+                return None
         snapshot = StateSnapshot(self.module)
         static_inputs = self._static_inputs(callargs.tensors)
         named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
@@ -563,6 +570,7 @@ class Recorder(Lifecycled):
         multi_use: list[int] = []  # the parameters it reads more than once
         reads = Provenance(static_inputs, discover=True)
         probed: list[OutputTree] = []  # what the probe's forward returned besides tensors
+        watch = CompileWatch(self.backend.name == "emulated", "compiled_code" not in self.disabled)
         try:
             refusal = (
                 None
@@ -586,10 +594,14 @@ class Recorder(Lifecycled):
                     reads.reads
                 ):  # the recording is answered the values the probe read: no sync inside it
                     fn = Provenance(static_inputs, dict(reads.reads)).wrap(fn)
-                with recording_context("capture_branches" not in self.disabled):
+                with recording_context("capture_branches" not in self.disabled), watch:
                     recording = self.backend.record(fn, static_inputs, params, self.warmup)
+                watch.check()
         except Exception as exc:
             snapshot.restore()
+            if watch.recompiled():  # this call runs eagerly (compiling it); the next records
+                self._not_recorded = "compiling"
+                return None
             self._retire(f"capture failed: {type(exc).__name__}: {exc}", call, cause=exc)
             return None
         except (
@@ -1082,6 +1094,7 @@ def capture(
             f"{type(module).__name__} is already captured; call release() on its recorder first"
         )
     _refuse_nesting(module)
+    refuse_cudagraphs(module, "capture")
     lazy = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if is_lazy(t)]
     if lazy:
         raise ReplayError(

@@ -46,6 +46,7 @@ from torch import nn
 
 from .backends import Backend, Region, module_device, resolve_backend
 from .code_inputs import LossInputs
+from .compiled import CompileWatch, compiled_regions, refuse_cudagraphs
 from .ema import EMA
 from .errors import ReplayError, ReplayWarning, check_count
 from .guards import epoch as guard_epoch
@@ -195,6 +196,8 @@ class TrainStep(Lifecycled):
             raise ReplayError(
                 "the model is captured by rk.capture already: a whole step records it itself"
             )
+        if replay:
+            refuse_cudagraphs(model, "TrainStep")
         self.disabled = disabled_protections(unsafe_disable, "step")
         self._trust = bool(trust_optimizer) or "optimizer_trust" in self.disabled
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
@@ -544,6 +547,11 @@ class TrainStep(Lifecycled):
         frozen = host_dependence(self.model) or host_state(self.optimizer, self.device)
         if frozen is not None:
             return self._retire_eager(frozen, phase, args, kwargs)
+        if self.backend.name == "emulated" and "compiled_code" not in self.disabled:
+            regions = compiled_regions(self.model)  # the tape cannot see their kernels
+            if regions:
+                why = CompileWatch.unseen_reason(regions[0][0])
+                return self._retire_eager(why, phase, args, kwargs)
         if not self._recordings:
             self.lifecycle.first_record()
         # one static copy per distinct tensor: step(x, x) keeps `a is b` (nn.MultiheadAttention's
@@ -585,9 +593,11 @@ class TrainStep(Lifecycled):
                 return eager
         effects = SideEffects(self.model, static, "host_rng" not in self.disabled)
         self._walking, self._foreign = "foreign_grads" not in self.disabled, 0
+        watch = CompileWatch(self.backend.name == "emulated", "compiled_code" not in self.disabled)
         try:
-            with effects, recording_context("capture_branches" not in self.disabled):
+            with effects, recording_context("capture_branches" not in self.disabled), watch:
                 (loss,) = region.capture(body)
+            watch.check()
         except BaseException as exc:
             self._walking = False
             region.abort()
@@ -606,6 +616,10 @@ class TrainStep(Lifecycled):
                     "refuse", call, "input_read", "an input-derived host read: keyed from now on"
                 )
                 return self(*args, **kwargs)
+            if watch.recompiled():  # this call runs eagerly (compiling it); the next records
+                self._micro += 1
+                self._calls += 1
+                return self._eager(phase, "compiling", args, kwargs)
             self._retire(f"capture failed: {type(exc).__name__}: {exc}", call)
             return self(*args, **kwargs)
         self._walking = False

@@ -183,6 +183,13 @@ class _TapeMode(TorchDispatchMode):
         super().__init__()
         self.tape = tape
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Dynamo runs compiled frames under this mode. Under a mode that does not say so it skips
+        them, and marks their code skipped for good: the user's ``torch.compile``'d model would run
+        uncompiled ever after (``compiled.CompileWatch`` refuses a recording they run in)."""
+        return True
+
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:

@@ -1,0 +1,155 @@
+"""torch.compile'd models under replay: exact against the compiled twin, or eager with the reason.
+
+On the CPU the emulated tape cannot see inductor's C++ kernels: a recording over them is refused
+(protection ``compiled_code``), and the unsafe arm shows the silent difference it prevents. A
+dispatcher-visible backend (``backend="eager"``) shows the rest of the machinery on the CPU: a
+compilation that starts inside a recording aborts it, the call runs eagerly (``compiling``) and
+the next one records. On CUDA (``-m cuda``) inductor's kernels replay.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import replaykit as rk
+from replaykit.compiled import CompileWatch
+from replaykit.errors import ReplayError
+from replaykit.protections import negative_control
+from replaykit.testing.parity.compiled_trial import MLP, CompiledConfig, model_loss, trial
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles anew: dynamo's per-code recompile limit is not shared between tests."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("entry", ["step", "capture"])
+def test_inductor_model_replays_on_cuda_or_runs_eagerly_on_the_cpu(backend, device, entry):
+    cfg = CompiledConfig(entry=entry, accumulate=2, device=device, backend=backend)
+    cfg.repeat = entry == "step" or backend == "cuda"  # the twin's repeatability: once on the CPU
+    result = trial(cfg)
+    assert (
+        result.repeatable is not False
+    )  # the compiled twin repeats itself: a difference is replay's
+    assert result.equal, result.diffs[:3]
+    if backend == "emulated":
+        assert result.entry.retired and "torch.compile'd" in result.entry.retire_reason
+    else:
+        assert result.counts["replay"] > 0, result.summary
+
+
+def test_without_the_refusal_the_tape_replays_stale_inductor_buffers():
+    # steps=5: under the tape dynamo recompiles once (its function-mode guard), which aborts a recording
+    cfg = CompiledConfig(
+        entry="step", steps=5, repeat=False, unsafe=negative_control("compiled_code")
+    )
+    result = trial(cfg)
+    assert result.counts["replay"] > 0, result.summary
+    assert not result.equal  # silent: nothing retired, nothing warned
+
+
+def test_a_captured_compiled_module_whose_backward_donates_buffers_retires_saying_so():
+    """rk.capture records the forward and the backward apart: inductor's compiled backward
+    donates its buffers, which a recording's backward cannot keep, so the capture fails and the
+    recorder retires with torch's words (exact: eager from then on)."""
+    cfg = CompiledConfig(entry="capture", steps=5, repeat=False, unsafe=("compiled_code",))
+    result = trial(cfg)
+    assert result.equal, result.diffs[:3]
+    assert result.entry.retired and "donated" in result.entry.retire_reason, result.summary
+
+
+@pytest.mark.parametrize("entry", ["step", "capture"])
+def test_a_compilation_inside_a_recording_aborts_it_and_the_next_call_records(entry):
+    # backend="eager" runs dynamo's graph through the dispatcher: the tape can replay it
+    # a TrainStep's verification runs the twin's body before it captures, which compiles there:
+    # without it the compilation meets the capture, the path under test
+    unsafe = ("compiled_code",) if entry == "capture" else ("compiled_code", "verify_recording")
+    cfg = CompiledConfig(
+        entry=entry, accumulate=2, steps=4, compile={"backend": "eager"}, unsafe=unsafe
+    )
+    result = trial(cfg)
+    assert result.equal, result.diffs[:3]
+    assert result.entry.eager_reasons["compiling"] >= 1, result.summary
+    assert result.counts["record"] >= 1 and result.counts["replay"] >= 1, result.summary
+
+
+def test_recording_leaves_the_model_compiled():
+    """Dynamo skips frames under a dispatch mode and marks their code skipped for good; the
+    tape's mode says it ignores compile internals, so the model stays compiled."""
+    torch.manual_seed(0)
+    model = MLP(1, 8)
+    compiled = torch.compile(model, backend="eager")  # dispatcher-visible: the tape may record it
+    x, y = torch.randn(4, 8), torch.randint(0, 10, (4,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = rk.TrainStep(compiled, model_loss, opt, unsafe_disable=("compiled_code",))
+    for _ in range(4):
+        step(x, y)
+    assert step.counts["record"] >= 1, step.summary()  # the tape ran the compiled frames
+    with CompileWatch(True) as watch, torch.no_grad():
+        compiled(x)
+    assert watch.frames >= 1, "the model no longer runs compiled code after a recording"
+
+
+@pytest.mark.parametrize("options", [{"mode": "reduce-overhead"}, {"backend": "cudagraphs"}])
+def test_compiled_with_its_own_cuda_graphs_is_refused(options):
+    model = MLP(1, 8)
+    compiled = torch.compile(model, **options)
+    with pytest.raises(ReplayError, match="CUDA graphs of its own"):
+        rk.TrainStep(compiled, model_loss, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ReplayError, match="CUDA graphs of its own"):
+        rk.capture(compiled)
+
+
+def test_enable_determinism_makes_inductor_deterministic():
+    import torch._inductor.config as inductor
+
+    saved = (inductor.deterministic, inductor.fallback_random, inductor.max_autotune)
+    try:
+        inductor.deterministic = inductor.fallback_random = False
+        inductor.max_autotune = True
+        rk.enable_determinism()
+        assert inductor.deterministic and inductor.fallback_random
+        assert not inductor.max_autotune
+    finally:
+        inductor.deterministic, inductor.fallback_random, inductor.max_autotune = saved
+
+
+@torch.compile
+def _scaled_gelu(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(x) * 1.5
+
+
+class _CallsCompiled(torch.nn.Module):
+    """A plain module whose forward calls a compiled function: no compiled module in the tree."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(_scaled_gelu(self.a(x)))
+
+
+@pytest.mark.parametrize("unsafe", [(), negative_control("compiled_code")])
+def test_a_compiled_function_inside_the_forward_is_seen_by_its_frames(unsafe):
+    def run(replay: bool) -> tuple[list[torch.Tensor], rk.TrainStep]:
+        torch.manual_seed(0)
+        model = _CallsCompiled()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        step = rk.TrainStep(model, model_loss, opt, replay=replay, unsafe_disable=unsafe)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(6):
+            step(torch.randn(4, 8, generator=g), torch.randint(0, 10, (4,), generator=g))
+        return [p.detach().clone() for p in model.parameters()], step
+
+    twin, _ = run(False)
+    replayed, step = run(True)
+    equal = all(map(torch.equal, twin, replayed))
+    if unsafe:
+        assert step.counts["replay"] > 0 and not equal, step.summary()  # silent without the refusal
+    else:
+        assert equal and step.retired and "torch.compile'd" in step.retire_reason, step.summary()
