@@ -27,7 +27,7 @@ import lightning as L
 import torch
 
 from replaykit.lightning import ReplayCallback
-from replaykit.protections import PROTECTIONS, negative_control
+from replaykit.protections import PROTECTIONS, in_scope, negative_control
 
 from ...bitwise import diff_states
 from ..tasks import make_datamodule, make_task
@@ -131,12 +131,34 @@ def _trainer(
     )
 
 
+#: The arm that replays the automatic-optimization step too (network replay + the optimizer step).
+STEP_ARM = "step"
+#: Prefix of the step arm with one of the optimizer step's protections switched off.
+STEP_UNSAFE = "step-unsafe:"
+
+
+def _callback(scenario: Scenario, arm: str) -> ReplayCallback:
+    """The replay callback an arm trains with."""
+    if arm.startswith(STEP_UNSAFE):
+        unsafe = negative_control(arm[len(STEP_UNSAFE) :])
+        return ReplayCallback("net", optimizer_step={"unsafe_disable": unsafe})
+    if arm == STEP_ARM:
+        return ReplayCallback("net", check_every=scenario.check_every, optimizer_step=True)
+    unsafe = negative_control(arm.split(":", 1)[1]) if arm.startswith("unsafe:") else ()
+    return ReplayCallback(
+        "net", unsafe_disable=unsafe, check_every=0 if unsafe else scenario.check_every
+    )
+
+
 def run_arm(scenario: Scenario, arm: str = "native") -> ArmOutcome:
-    """Train ``scenario`` once: ``native``, ``replay`` or ``unsafe:<protection>``."""
+    """Train ``scenario`` once: ``native``, ``replay``, ``step``, ``unsafe:<protection>`` or
+    ``step-unsafe:<protection>`` (one of the optimizer step's)."""
     if (
-        arm != "native"
-        and arm != "replay"
+        arm not in ("native", "replay", STEP_ARM)
         and not (arm.startswith("unsafe:") and arm[7:] in PROTECTIONS)
+        and not (
+            arm.startswith(STEP_UNSAFE) and arm[len(STEP_UNSAFE) :] in in_scope("optimizer_step")
+        )
     ):
         raise ValueError(f"unknown arm {arm!r}")
     _precision_args(scenario.precision, scenario.device)  # bad input fails here, not inside fit
@@ -165,10 +187,7 @@ def run_arm(scenario: Scenario, arm: str = "native") -> ArmOutcome:
     callbacks: list[L.Callback] = [trace, timer]
     replay: ReplayCallback | None = None
     if arm != "native":
-        unsafe = negative_control(arm.split(":", 1)[1]) if arm.startswith("unsafe:") else ()
-        replay = ReplayCallback(
-            "net", unsafe_disable=unsafe, check_every=0 if unsafe else scenario.check_every
-        )
+        replay = _callback(scenario, arm)
         callbacks.append(replay)
     if scenario.accumulation_schedule is not None:
         from lightning.pytorch.callbacks import GradientAccumulationScheduler
@@ -203,7 +222,12 @@ def run_arm(scenario: Scenario, arm: str = "native") -> ArmOutcome:
     for i, out in enumerate(task.kept_outputs):
         for k, v in out.items():
             state[f"kept/{i}/{k}"] = v.detach().cpu().clone()
-    summary = replay.summary().get("net") if replay is not None else None
+    summary = None
+    if replay is not None:
+        summaries = replay.summary()
+        summary = summaries.get("net")
+        if "optimizer_step" in summaries and summary is not None:
+            summary = {**summary, "optimizer_step": summaries["optimizer_step"]}
     return ArmOutcome(arm, state, summary, timer.ms, seconds, error)
 
 
