@@ -106,7 +106,7 @@ class OptimizerStep(Lifecycled):
             drop=lambda: (s := me()) is not None and s._drop_recordings(),
         )
         self.lifecycle.add_watch(OptimizerWatch(optimizer, scaler), "state_identity")
-        self._refusal = optimizer_refusal(optimizer, scaler, self.device, self._trust)
+        self._refusal = refusal(optimizer, scaler, self.device, self._trust)
         self._recordings: dict[tuple, _Recording] = {}
         self._refused: dict[tuple, str] = {}
         self._calls = 0
@@ -290,7 +290,20 @@ class OptimizerStep(Lifecycled):
         self._refused.clear()
         if not self.lifecycle.stopped():
             self._find_params()
-            self._refusal = optimizer_refusal(self.optimizer, self.scaler, self.device, self._trust)
+            self._refusal = refusal(self.optimizer, self.scaler, self.device, self._trust)
+
+
+def refusal(
+    optimizer: torch.optim.Optimizer, scaler: Any, device: torch.device, trust: bool
+) -> str | None:
+    """Why this optimizer step can never replay, or None: the whole step's refusals, and a tensor
+    ``lr`` kept on the CPU while the parameters live on a GPU (a graph would read it once)."""
+    why = optimizer_refusal(optimizer, scaler, device, trust)
+    if why is None and device.type == "cuda":
+        for lr in tensors_of(optimizer):
+            if lr.device.type == "cpu":
+                return "a tensor lr on the CPU: a CUDA graph reads it once; create it on the device"
+    return why
 
 
 def _run(body: Callable[[], Any]) -> list[torch.Tensor]:

@@ -119,6 +119,7 @@ def _trainer(
         max_steps=scenario.max_steps,
         accumulate_grad_batches=scenario.accumulation,
         gradient_clip_val=scenario.clip,
+        gradient_clip_algorithm=scenario.clip_algorithm,
         deterministic=True,
         logger=False,
         enable_progress_bar=False,
@@ -169,6 +170,7 @@ def run_arm(scenario: Scenario, arm: str = "native") -> ArmOutcome:
             scenario.task,
             optimizer=scenario.optimizer,
             scheduler=scenario.scheduler,
+            sched_interval=scenario.sched_interval,
             ema=scenario.ema,
             channels_last=scenario.layout == "channels_last",
             probe=scenario.probe,
@@ -243,3 +245,8 @@ def run_scenario(scenario: Scenario, arms: Iterable[str] = ("native", "replay"))
 def unsafe_arms(scenario: Scenario) -> list[str]:
     """The unsafe arms whose protection the scenario exercises."""
     return [f"unsafe:{p}" for p in scenario.exercised()]
+
+
+def step_unsafe_arms(scenario: Scenario) -> list[str]:
+    """The step arm's unsafe arms whose protection the scenario exercises."""
+    return [f"{STEP_UNSAFE}{p}" for p in scenario.step_exercised()]
