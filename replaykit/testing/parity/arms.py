@@ -110,10 +110,17 @@ def _trainer(
 ) -> L.Trainer:
     for name in ("lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    layout: dict[str, Any] = {
+        "devices": scenario.devices,
+        "strategy": "ddp" if scenario.devices > 1 else "auto",
+    }
+    if scenario.one_device and scenario.devices > 1:
+        from .one_device import one_device_trainer_args
+
+        layout = one_device_trainer_args(scenario.devices)
     return L.Trainer(
         accelerator="gpu" if scenario.device.startswith("cuda") else "cpu",
-        devices=scenario.devices,
-        strategy="ddp" if scenario.devices > 1 else "auto",
+        **layout,
         use_distributed_sampler=False,  # the datamodule shards its fixed batches by rank itself
         max_epochs=epochs,
         max_steps=scenario.max_steps,

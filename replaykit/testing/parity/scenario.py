@@ -52,6 +52,7 @@ class Scenario:
     devices: int = (
         1  # processes (DDP when > 1: launched by replaykit.testing.parity.ddp under torchrun)
     )
+    one_device: bool = False  # DDP with every rank on one device over gloo (the one-GPU stand-in)
     check_every: int = (
         0  # the replay arm's shadow check: every N-th replayed call against eager (0: off)
     )
