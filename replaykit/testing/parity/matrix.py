@@ -40,31 +40,44 @@ def automatic_matrix(
     precisions: Iterable[str] = ("32", "bf16-mixed"),
     accumulations: Iterable[int] = (1, 2, 4),
     layouts: Iterable[str] = ("contiguous", "channels_last"),
+    partial_layouts: Iterable[str] = ("partial_last", "partial_between"),
+    partial_accumulation: int = 2,
     n_train: int = 48,
     **common: Any,
 ) -> list[Scenario]:
-    """The automatic-optimization step arm's matrix: task x precision x accumulation x layout, each
-    with clipping (norm and value alternating by accumulation), one scheduler variant per task.
+    """The automatic-optimization step arm's matrix: task x precision x accumulation x layout, plus
+    the partial-batch layouts at one accumulation (4 x 3 x (3 x 2 + 2) = 96 with every precision).
 
-    12 batches of 4 give accumulation 4 three optimizer steps: a warm-up, a recording, a replay.
-    ``16-mixed`` (GradScaler) replays with a fused optimizer only; on a GPU pass
-    ``precisions=PRECISIONS, optimizer="sgd-fused"``.
+    Clipping alternates norm and value by accumulation. 12 batches of 4 give accumulation 4 three
+    optimizer steps: a warm-up, a recording, a replay. ``16-mixed`` (GradScaler) replays with a
+    fused optimizer only (``optimizer="sgd-fused"``: a tensor lr on the device), which Lightning
+    does not let clip (the fused step unscales internally): those scenarios run unclipped.
     """
-    out = []
-    for t, p, a, lay in itertools.product(tasks, precisions, accumulations, layouts):
-        clip = {1: (0.5, "norm"), 2: (0.05, "value"), 4: (1.0, "norm")}.get(a, (None, "norm"))
-        out.append(
-            Scenario(
-                task=t,
-                precision=p,
-                accumulation=a,
-                layout=lay,
-                n_train=n_train,
-                clip=clip[0],
-                clip_algorithm=clip[1],
-                **common,
-            )
+    clips = {1: (0.5, "norm"), 2: (0.05, "value"), 4: (1.0, "norm")}
+    fused = str(common.get("optimizer", "sgd")).endswith("-fused")
+
+    def one(t: str, p: str, a: int, lay: str) -> Scenario:
+        clip, algorithm = clips.get(a, (None, "norm"))
+        if p == "16-mixed" and fused:
+            clip = None
+        partial = lay.startswith("partial")
+        return Scenario(
+            task=t,
+            precision=p,
+            accumulation=a,
+            layout=lay,
+            n_train=n_train - 2 if partial else n_train,
+            clip=clip,
+            clip_algorithm=algorithm,
+            **common,
         )
+
+    tasks, precisions = list(tasks), list(precisions)
+    out = [one(*c) for c in itertools.product(tasks, precisions, accumulations, layouts)]
+    out += [
+        one(t, p, partial_accumulation, lay)
+        for t, p, lay in itertools.product(tasks, precisions, partial_layouts)
+    ]
     return out
 
 
