@@ -24,8 +24,10 @@ every route, as for ``rk.capture`` and ``rk.TrainStep``.
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Callable, Hashable
+from functools import partial, reduce
 from typing import Any
 
 import torch
@@ -33,7 +35,7 @@ from torch import nn
 
 from .backends import Region, resolve_backend
 from .errors import ReplayError, check_count
-from .layout import aligned_copy, alignment
+from .layout import ALIGNMENT, aligned_copy, alignment
 from .lifecycle import Lifecycle, Lifecycled
 from .protections import disabled_protections
 from .side_effects import SideEffects
@@ -50,7 +52,18 @@ from .step_guards import (
 
 __all__ = ["OptimizerStep"]
 
+_PTR = torch.Tensor.data_ptr
+_STRIDE = torch.Tensor.stride
+_IS_NONE = partial(operator.is_, None)
 _NO_LOSS = torch.zeros(())  # end_state names a loss; an optimizer step has none
+_SCALARS = (float, int, bool, str, type(None), torch.Tensor)  # a tensor is keyed by identity anyway
+
+
+def _immutable(value: Any) -> bool:
+    """Whether a hyperparameter's identity stands for its value (``betas``: a tuple of floats)."""
+    if isinstance(value, tuple):
+        return all(isinstance(v, _SCALARS) for v in value)
+    return isinstance(value, _SCALARS)
 
 
 class _Recording:
@@ -115,6 +128,8 @@ class OptimizerStep(Lifecycled):
         self._keyed_state = "module_state" not in self.disabled
         self._grads_in = "grad_inputs" not in self.disabled
         self._verify = "verify_recording" not in self.disabled
+        self._hyper_cache: tuple | None = None
+        self._align_mask = ALIGNMENT.get(self.device.type, 512) - 1
 
     def _find_params(self) -> None:
         """The optimizer's parameters (again after a re-record: a group may have been added)."""
@@ -189,14 +204,33 @@ class OptimizerStep(Lifecycled):
         return None
 
     def _key(self, state: Any, key: tuple, grads: list, present: list) -> tuple:
-        """Host values, the gradients' None pattern and layout (a recording's buffers mirror them)."""
+        """Host values, the gradients' None pattern and layout (a recording's buffers mirror them).
+
+        Autograd gives a gradient its parameter's shape and dtype; strides and address alignment
+        (a view into a bucket) may differ, so they key. Kept to C-level maps: it runs every step.
+        """
         hyper = (
             hyper_key(self.optimizer, (*key, scaler_key(self.scaler))) if self._keyed_hyper else ()
         )
-        layout = tuple(
-            None if g is None else (g.shape, g.stride(), g.dtype, alignment(g)) for g in grads
-        )
-        return (state if self._keyed_state else None, hyper, layout)
+        nones = len(grads) - len(present)
+        pattern = tuple(map(_IS_NONE, grads)) if nones else None
+        misaligned = reduce(operator.or_, map(_PTR, present)) & self._align_mask
+        aligned = tuple(map(alignment, present)) if misaligned else 0
+        strides = tuple(map(_STRIDE, present))
+        return (state if self._keyed_state else None, hyper, pattern, strides, aligned)
+
+    def _hyper(self, key: tuple) -> tuple:
+        """:func:`~replaykit.step_guards.hyper_key`, reused while every group holds the very same
+        value objects (kept alive here, so an id cannot be reused) and none is mutable in place."""
+        extra = (*key, scaler_key(self.scaler))
+        ids = tuple(id(v) for g in self.optimizer.param_groups for v in g.values())
+        cached = self._hyper_cache
+        if cached is not None and cached[0] == ids and cached[1] == extra:
+            return cached[3]
+        values = [v for g in self.optimizer.param_groups for k, v in g.items() if k != "params"]
+        hyper = hyper_key(self.optimizer, extra)
+        self._hyper_cache = (ids, extra, values, hyper) if all(map(_immutable, values)) else None
+        return hyper
 
     def _eager(self, body: Callable[[], Any], reason: str | None) -> None:
         if reason is not None:
