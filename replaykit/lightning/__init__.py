@@ -185,7 +185,9 @@ def whole_step(
 
     Lightning's automatic optimization runs ``training_step`` (with ``self.log``'s host-side
     bookkeeping) inside a closure that the precision plugin calls from ``optimizer.step``;
-    a graph would freeze that Python. So the whole step lives in ``training_step``::
+    a graph would freeze that Python (under automatic optimization,
+    ``ReplayCallback(..., optimizer_step=True)`` replays the network and the optimizer step as
+    separate graphs around it). One graph for the whole step lives in ``training_step``::
 
         def __init__(self):
             super().__init__()
