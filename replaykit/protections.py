@@ -18,7 +18,7 @@ class Protection(NamedTuple):
     """One protection: its ``unsafe_disable`` name, the entry points it guards, what goes wrong without it."""
 
     name: str
-    scope: str  # "capture", "step" or "both"
+    scope: str  # "capture", "step", "optimizer_step" or "both"
     without: str
 
 
@@ -168,6 +168,11 @@ REGISTRY: dict[str, Protection] = {
             "optimizer, scaler and EMA state tensors replaced (load_state_dict, add_param_group) replay the old ones",
         ),
         Protection(
+            "grad_inputs",
+            "optimizer_step",
+            "the replayed optimizer step reads the gradients of its recording call, not the parameters' current .grad",
+        ),
+        Protection(
             "host_values",
             "step",
             "the optimizer's, scaler's and clip's host values (a float lr) are not keyed: a changed one replays the old",
@@ -179,9 +184,16 @@ REGISTRY: dict[str, Protection] = {
 PROTECTIONS: tuple[str, ...] = tuple(REGISTRY)
 
 
+#: Step protections the replayed optimizer step (``replaykit.optimizer_step``) applies as well.
+SHARED: dict[str, tuple[str, ...]] = {
+    "optimizer_step": ("host_values", "state_identity", "optimizer_trust")
+}
+
+
 def in_scope(scope: str) -> tuple[str, ...]:
-    """The protections an entry point (``capture`` or ``step``) can switch off."""
-    return tuple(n for n, p in REGISTRY.items() if p.scope in (scope, "both"))
+    """The protections an entry point (``capture``, ``step`` or ``optimizer_step``) can switch off."""
+    shared = SHARED.get(scope, ())
+    return tuple(n for n, p in REGISTRY.items() if p.scope in (scope, "both") or n in shared)
 
 
 def negative_control(*names: str) -> tuple[str, ...]:

@@ -47,6 +47,7 @@ from torch import nn
 from .backends import Backend, Region, module_device, resolve_backend
 from .code_inputs import LossInputs
 from .compiled import CompileWatch, compiled_regions, refuse_cudagraphs
+from .distributed import ddp_refusal
 from .ema import EMA
 from .errors import ReplayError, ReplayWarning, check_count
 from .guards import epoch as guard_epoch
@@ -340,7 +341,9 @@ class TrainStep(Lifecycled):
                 *(p for g in self.optimizer.param_groups for p in g["params"]),
             ]
         )
-        self._refusal = optimizer_refusal(self.optimizer, self.scaler, self.device, self._trust)
+        self._refusal = ddp_refusal(self.model) or optimizer_refusal(
+            self.optimizer, self.scaler, self.device, self._trust
+        )
         self._rg = ()
         self._refresh_trainable()
 

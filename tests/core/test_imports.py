@@ -117,7 +117,7 @@ def test_the_core_imports_only_torch() -> None:
         p
         for p in PACKAGE.rglob("*.py")
         if p.relative_to(PACKAGE).parts[0]
-        not in ("testing", "workflow", "lightning.py", "integrations")
+        not in ("testing", "workflow", "lightning", "integrations")
     ]
     third_party = (
         set().union(*map(_imported_roots, core)) - set(sys.stdlib_module_names) - {"replaykit"}

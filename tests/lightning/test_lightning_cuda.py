@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from replaykit.lightning import ReplayCallback
-from replaykit.testing.parity.arms import run_scenario, unsafe_arms
+from replaykit.testing.parity.arms import run_scenario, step_unsafe_arms, unsafe_arms
 from replaykit.testing.parity.scenario import Scenario
 from replaykit.testing.tasks import make_datamodule, make_task
 
@@ -63,3 +63,24 @@ def _leftover(cuda_device: str, replay: bool) -> int:
 
 def test_cuda_fit_leaves_no_more_memory_than_native(cuda_device: str) -> None:
     assert _leftover(cuda_device, replay=True) == _leftover(cuda_device, replay=False)
+
+
+@pytest.mark.parametrize("precision", ["32", "16-mixed", "bf16-mixed"])
+@pytest.mark.parametrize("accumulation", [1, 4])
+def test_cuda_automatic_step_parity(cuda_device: str, precision: str, accumulation: int) -> None:
+    """ReplayCallback(optimizer_step=True) on a GPU: the optimizer step a CUDA graph, bitwise native."""
+    scenario = Scenario(
+        task="detection",
+        precision=precision,
+        accumulation=accumulation,
+        device=cuda_device,
+        optimizer="sgd-fused",  # a tensor lr on the device; the GradScaler's skip stays on it
+        n_train=48,
+        clip=None
+        if precision == "16-mixed"
+        else 0.5,  # Lightning: no clipping with a fused scaler step
+        scheduler="cosine",
+    )
+    result = run_scenario(scenario, ["step", *step_unsafe_arms(scenario)])
+    assert result.passed, {a: [d.name for d in ds][:5] for a, ds in result.diffs.items()}
+    assert result.arms["step"].recorder["optimizer_step"]["replay"] >= 1

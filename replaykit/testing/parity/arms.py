@@ -27,7 +27,7 @@ import lightning as L
 import torch
 
 from replaykit.lightning import ReplayCallback
-from replaykit.protections import PROTECTIONS, negative_control
+from replaykit.protections import PROTECTIONS, in_scope, negative_control
 
 from ...bitwise import diff_states
 from ..tasks import make_datamodule, make_task
@@ -110,15 +110,23 @@ def _trainer(
 ) -> L.Trainer:
     for name in ("lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    layout: dict[str, Any] = {
+        "devices": scenario.devices,
+        "strategy": "ddp" if scenario.devices > 1 else "auto",
+    }
+    if scenario.one_device and scenario.devices > 1:
+        from .one_device import one_device_trainer_args
+
+        layout = one_device_trainer_args(scenario.devices)
     return L.Trainer(
         accelerator="gpu" if scenario.device.startswith("cuda") else "cpu",
-        devices=scenario.devices,
-        strategy="ddp" if scenario.devices > 1 else "auto",
+        **layout,
         use_distributed_sampler=False,  # the datamodule shards its fixed batches by rank itself
         max_epochs=epochs,
         max_steps=scenario.max_steps,
         accumulate_grad_batches=scenario.accumulation,
         gradient_clip_val=scenario.clip,
+        gradient_clip_algorithm=scenario.clip_algorithm,
         deterministic=True,
         logger=False,
         enable_progress_bar=False,
@@ -131,12 +139,34 @@ def _trainer(
     )
 
 
+#: The arm that replays the automatic-optimization step too (network replay + the optimizer step).
+STEP_ARM = "step"
+#: Prefix of the step arm with one of the optimizer step's protections switched off.
+STEP_UNSAFE = "step-unsafe:"
+
+
+def _callback(scenario: Scenario, arm: str) -> ReplayCallback:
+    """The replay callback an arm trains with."""
+    if arm.startswith(STEP_UNSAFE):
+        unsafe = negative_control(arm[len(STEP_UNSAFE) :])
+        return ReplayCallback("net", optimizer_step={"unsafe_disable": unsafe})
+    if arm == STEP_ARM:
+        return ReplayCallback("net", check_every=scenario.check_every, optimizer_step=True)
+    unsafe = negative_control(arm.split(":", 1)[1]) if arm.startswith("unsafe:") else ()
+    return ReplayCallback(
+        "net", unsafe_disable=unsafe, check_every=0 if unsafe else scenario.check_every
+    )
+
+
 def run_arm(scenario: Scenario, arm: str = "native") -> ArmOutcome:
-    """Train ``scenario`` once: ``native``, ``replay`` or ``unsafe:<protection>``."""
+    """Train ``scenario`` once: ``native``, ``replay``, ``step``, ``unsafe:<protection>`` or
+    ``step-unsafe:<protection>`` (one of the optimizer step's)."""
     if (
-        arm != "native"
-        and arm != "replay"
+        arm not in ("native", "replay", STEP_ARM)
         and not (arm.startswith("unsafe:") and arm[7:] in PROTECTIONS)
+        and not (
+            arm.startswith(STEP_UNSAFE) and arm[len(STEP_UNSAFE) :] in in_scope("optimizer_step")
+        )
     ):
         raise ValueError(f"unknown arm {arm!r}")
     _precision_args(scenario.precision, scenario.device)  # bad input fails here, not inside fit
@@ -147,6 +177,7 @@ def run_arm(scenario: Scenario, arm: str = "native") -> ArmOutcome:
             scenario.task,
             optimizer=scenario.optimizer,
             scheduler=scenario.scheduler,
+            sched_interval=scenario.sched_interval,
             ema=scenario.ema,
             channels_last=scenario.layout == "channels_last",
             probe=scenario.probe,
@@ -165,10 +196,7 @@ def run_arm(scenario: Scenario, arm: str = "native") -> ArmOutcome:
     callbacks: list[L.Callback] = [trace, timer]
     replay: ReplayCallback | None = None
     if arm != "native":
-        unsafe = negative_control(arm.split(":", 1)[1]) if arm.startswith("unsafe:") else ()
-        replay = ReplayCallback(
-            "net", unsafe_disable=unsafe, check_every=0 if unsafe else scenario.check_every
-        )
+        replay = _callback(scenario, arm)
         callbacks.append(replay)
     if scenario.accumulation_schedule is not None:
         from lightning.pytorch.callbacks import GradientAccumulationScheduler
@@ -203,7 +231,12 @@ def run_arm(scenario: Scenario, arm: str = "native") -> ArmOutcome:
     for i, out in enumerate(task.kept_outputs):
         for k, v in out.items():
             state[f"kept/{i}/{k}"] = v.detach().cpu().clone()
-    summary = replay.summary().get("net") if replay is not None else None
+    summary = None
+    if replay is not None:
+        summaries = replay.summary()
+        summary = summaries.get("net")
+        if "optimizer_step" in summaries and summary is not None:
+            summary = {**summary, "optimizer_step": summaries["optimizer_step"]}
     return ArmOutcome(arm, state, summary, timer.ms, seconds, error)
 
 
@@ -219,3 +252,8 @@ def run_scenario(scenario: Scenario, arms: Iterable[str] = ("native", "replay"))
 def unsafe_arms(scenario: Scenario) -> list[str]:
     """The unsafe arms whose protection the scenario exercises."""
     return [f"unsafe:{p}" for p in scenario.exercised()]
+
+
+def step_unsafe_arms(scenario: Scenario) -> list[str]:
+    """The step arm's unsafe arms whose protection the scenario exercises."""
+    return [f"{STEP_UNSAFE}{p}" for p in scenario.step_exercised()]

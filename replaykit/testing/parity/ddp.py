@@ -36,12 +36,15 @@ from .scenario import ArmOutcome, Scenario, ScenarioResult, quiet_replay_warning
 
 
 def launch(
-    scenario: Scenario, arm: str, out_dir: Path, timeout: float = 600
-) -> list[dict[str, Any]]:
-    """Run one arm as ``scenario.devices`` processes; returns each rank's saved outcome."""
+    scenario: Scenario, arm: str | tuple[str, ...], out_dir: Path, timeout: float = 600
+) -> Any:
+    """Run one arm (or several, one after another in the same processes) as ``scenario.devices``
+    processes; returns each rank's saved outcome (per arm, for several). A job that outlives
+    ``timeout`` (a hung collective) is killed and raises saying so."""
+    arms = (arm,) if isinstance(arm, str) else tuple(arm)
     out_dir.mkdir(parents=True, exist_ok=True)
-    spec = out_dir / f"{arm.replace(':', '_')}.json"
-    spec.write_text(json.dumps({"scenario": dataclasses.asdict(scenario), "arm": arm}))
+    spec = out_dir / f"{'+'.join(a.replace(':', '_') for a in arms)}.json"
+    spec.write_text(json.dumps({"scenario": dataclasses.asdict(scenario), "arms": arms}))
     cmd = [
         sys.executable,
         "-m",
@@ -54,47 +57,75 @@ def launch(
         str(spec),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(
+            f"{'+'.join(arms)} arm(s) of {scenario.name} x{scenario.devices} did not finish in "
+            f"{timeout:.0f} s (a hung collective?); the processes were killed:\n"
+            f"{(exc.stderr or b'')[-3000:]!r}"
+        ) from None
     if proc.returncode != 0:
         raise RuntimeError(
-            f"{arm} arm failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+            f"{'+'.join(arms)} arm(s) failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
         )
-    return [
-        torch.load(out_dir / f"{spec.stem}.rank{r}.pt", weights_only=False)
-        for r in range(scenario.devices)
-    ]
+    saved = {
+        a: [
+            torch.load(out_dir / f"{spec.stem}.{_file(a)}.rank{r}.pt", weights_only=False)
+            for r in range(scenario.devices)
+        ]
+        for a in arms
+    }
+    return saved[arms[0]] if isinstance(arm, str) else saved
 
 
-def compare(scenario: Scenario, arms: tuple[str, ...] = ("native", "replay")) -> dict[str, Any]:
-    """Every arm against native, rank by rank, and the ranks' weights against each other."""
+def _file(arm: str) -> str:
+    return arm.replace(":", "_")
+
+
+def compare(
+    scenario: Scenario, arms: tuple[str, ...] = ("native", "replay"), timeout: float = 600
+) -> dict[str, Any]:
+    """Every arm against native, rank by rank, and the ranks' weights against each other (every
+    arm runs in one job: the processes start once)."""
     with tempfile.TemporaryDirectory() as tmp:
-        outcomes = {arm: launch(scenario, arm, Path(tmp)) for arm in arms}
+        outcomes = launch(scenario, tuple(arms), Path(tmp), timeout)
     native = outcomes["native"]
     diffs: dict[str, list[list[TensorDiff]]] = {
         arm: [diff_states(n["state"], o["state"]) for n, o in zip(native, ranks, strict=True)]
         for arm, ranks in outcomes.items()
         if arm != "native"
     }
-    weights = [
-        {k: v for k, v in o["state"].items() if k.startswith("param/")} for o in outcomes["replay"]
-    ]
-    ranks_agree = all(not diff_states(weights[0], w) for w in weights[1:])
+    replaying = [a for a in outcomes if a in ("replay", "step")]
+    ranks_agree = all(_ranks_agree(outcomes[a]) for a in replaying)
     errors = {arm: [o["error"] for o in ranks] for arm, ranks in outcomes.items()}
-    replays = [(o["recorder"] or {}).get("replay", 0) for o in outcomes["replay"]]
+    replays = [(o["recorder"] or {}).get("replay", 0) for a in replaying for o in outcomes[a]]
+    step_replays = [
+        (o["recorder"] or {}).get("optimizer_step", {}).get("replay", 0)
+        for o in outcomes.get("step", [])
+    ]
     equal = all(not d for ranks in diffs.values() for d in ranks)
     return {
         "scenario": scenario.name,
         "ok": equal
         and ranks_agree
         and not any(e for es in errors.values() for e in es)
-        and min(replays) > 0,
+        and min(replays, default=0) > 0
+        and min(step_replays, default=1) > 0,
         "equal": equal,
         "diffs": diffs,
         "ranks_agree": ranks_agree,
         "recorders": {arm: [o["recorder"] for o in ranks] for arm, ranks in outcomes.items()},
+        "step_replays": step_replays,
         "errors": errors,
         "steps": [int(o["state"]["progress/global_step"]) for o in outcomes["native"]],
     }
+
+
+def _ranks_agree(ranks: list[dict[str, Any]]) -> bool:
+    """DDP's promise: every rank ends with the same weights."""
+    weights = [{k: v for k, v in o["state"].items() if k.startswith("param/")} for o in ranks]
+    return all(not diff_states(weights[0], w) for w in weights[1:])
 
 
 def run_scenario(
@@ -106,7 +137,7 @@ def run_scenario(
     """
     names = ("native", *[a for a in arms if a != "native"])
     with tempfile.TemporaryDirectory() as tmp:
-        per_rank = {arm: launch(scenario, arm, Path(tmp)) for arm in names}
+        per_rank = launch(scenario, names, Path(tmp))
     native = per_rank["native"]
     outcomes, diffs = {}, {}
     for arm, ranks in per_rank.items():
@@ -120,11 +151,9 @@ def run_scenario(
                 for r, (n, o) in enumerate(zip(native, ranks, strict=True))
                 for d in diff_states(n["state"], o["state"])
             ]
-    weights = [
-        {k: v for k, v in o["state"].items() if k.startswith("param/")} for o in per_rank["replay"]
-    ]
-    if any(diff_states(weights[0], w) for w in weights[1:]):
-        diffs["replay"].append(TensorDiff("ranks/disagree", "values"))
+    for arm in names:
+        if arm in ("replay", "step") and not _ranks_agree(per_rank[arm]):
+            diffs[arm].append(TensorDiff("ranks/disagree", "values"))
     return ScenarioResult(scenario, outcomes, diffs)
 
 
@@ -137,12 +166,13 @@ def _worker(spec_path: Path) -> None:
         }
     )
     quiet_replay_warnings()
-    outcome = run_arm(scenario, spec["arm"])
     rank = int(os.environ.get("RANK", "0"))
-    torch.save(
-        {"state": outcome.state, "recorder": outcome.recorder, "error": outcome.error},
-        spec_path.with_name(f"{spec_path.stem}.rank{rank}.pt"),
-    )
+    for arm in spec["arms"]:
+        outcome = run_arm(scenario, arm)
+        torch.save(
+            {"state": outcome.state, "recorder": outcome.recorder, "error": outcome.error},
+            spec_path.with_name(f"{spec_path.stem}.{_file(arm)}.rank{rank}.pt"),
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,6 +185,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--accumulation", type=int, default=2)
     ap.add_argument("--devices", type=int, default=2)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument(
+        "--one-device",
+        action="store_true",
+        help="every rank on the first device over gloo (the stand-in for a host with one GPU)",
+    )
+    ap.add_argument("--n-train", type=int, default=None, help="training samples (all ranks)")
+    ap.add_argument("--clip", type=float, default=None)
+    ap.add_argument("--optimizer", default="sgd")
+    ap.add_argument("--arms", default="native,replay", help="comma-separated: native,replay,step")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds before the job is killed")
     args = ap.parse_args(argv)
     if args.worker:
         _worker(args.worker)
@@ -165,11 +205,17 @@ def main(argv: list[str] | None = None) -> int:
         accumulation=args.accumulation,
         devices=args.devices,
         device=args.device,
+        one_device=args.one_device,
+        n_train=args.n_train,
+        clip=args.clip,
+        optimizer=args.optimizer,
     )
-    result = compare(scenario)
+    result = compare(scenario, tuple(args.arms.split(",")), args.timeout)
     print(
-        f"{result['scenario']} x{args.devices}: ok={result['ok']}; replay equal to native on every rank: "
-        f"{result['equal']}; ranks agree: {result['ranks_agree']}; optimizer steps per rank: {result['steps']}"
+        f"{result['scenario']} x{args.devices} ({'one device, gloo' if args.one_device else 'ddp'}, "
+        f"arms {args.arms}): ok={result['ok']}; replay equal to native on every rank: "
+        f"{result['equal']}; ranks agree: {result['ranks_agree']}; optimizer steps per rank: {result['steps']}; "
+        f"replayed optimizer steps per rank (step arm): {result['step_replays']}"
     )
     print(
         json.dumps({"recorders": result["recorders"], "errors": result["errors"]}, default=str)[

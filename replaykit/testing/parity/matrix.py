@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from typing import Any
 
-from .arms import run_scenario, unsafe_arms
+from .arms import STEP_ARM, run_scenario, step_unsafe_arms, unsafe_arms
 from .scenario import PRECISIONS, Scenario, ScenarioResult, steady_steps
 
 
@@ -35,10 +35,62 @@ def matrix(
     return out
 
 
+def automatic_matrix(
+    tasks: Iterable[str] = ("detection", "pose", "oriented", "segmentation"),
+    precisions: Iterable[str] = ("32", "bf16-mixed"),
+    accumulations: Iterable[int] = (1, 2, 4),
+    layouts: Iterable[str] = ("contiguous", "channels_last"),
+    partial_layouts: Iterable[str] = ("partial_last", "partial_between"),
+    partial_accumulation: int = 2,
+    n_train: int = 48,
+    **common: Any,
+) -> list[Scenario]:
+    """The automatic-optimization step arm's matrix: task x precision x accumulation x layout, plus
+    the partial-batch layouts at one accumulation (4 x 3 x (3 x 2 + 2) = 96 with every precision).
+
+    Clipping alternates norm and value by accumulation. 12 batches of 4 give accumulation 4 three
+    optimizer steps: a warm-up, a recording, a replay. ``16-mixed`` (GradScaler) replays with a
+    fused optimizer only (``optimizer="sgd-fused"``: a tensor lr on the device), which Lightning
+    does not let clip (the fused step unscales internally): those scenarios run unclipped.
+    """
+    clips = {1: (0.5, "norm"), 2: (0.05, "value"), 4: (1.0, "norm")}
+    fused = str(common.get("optimizer", "sgd")).endswith("-fused")
+
+    def one(t: str, p: str, a: int, lay: str) -> Scenario:
+        clip, algorithm = clips.get(a, (None, "norm"))
+        if p == "16-mixed" and fused:
+            clip = None
+        partial = lay.startswith("partial")
+        return Scenario(
+            task=t,
+            precision=p,
+            accumulation=a,
+            layout=lay,
+            n_train=n_train - 2 if partial else n_train,
+            clip=clip,
+            clip_algorithm=algorithm,
+            **common,
+        )
+
+    tasks, precisions = list(tasks), list(precisions)
+    out = [one(*c) for c in itertools.product(tasks, precisions, accumulations, layouts)]
+    out += [
+        one(t, p, partial_accumulation, lay)
+        for t, p, lay in itertools.product(tasks, precisions, partial_layouts)
+    ]
+    return out
+
+
 def run_matrix(
-    scenarios: Iterable[Scenario], with_unsafe: bool = False, progress: bool = True
+    scenarios: Iterable[Scenario],
+    with_unsafe: bool = False,
+    progress: bool = True,
+    arm: str = "replay",
 ) -> Iterator[ScenarioResult]:
-    """Run scenarios one by one (a tqdm bar when ``progress``), yielding each result as it comes."""
+    """Run scenarios one by one (a tqdm bar when ``progress``), yielding each result as it comes.
+
+    ``arm``: ``replay`` (network replay) or ``step`` (network replay and the optimizer step under
+    automatic optimization), each with its own unsafe arms."""
     scenarios = list(scenarios)
     bar = None
     if progress:
@@ -47,7 +99,8 @@ def run_matrix(
         bar = tqdm(total=len(scenarios), desc="parity", unit="case")
     try:
         for scenario in scenarios:
-            arms = ["replay", *(unsafe_arms(scenario) if with_unsafe else [])]
+            unsafe = step_unsafe_arms if arm == STEP_ARM else unsafe_arms
+            arms = [arm, *(unsafe(scenario) if with_unsafe else [])]
             if scenario.devices > 1:  # each arm as DDP processes under torchrun
                 from .ddp import run_scenario as run_ddp  # torch.distributed only when asked
 
@@ -77,8 +130,8 @@ def summary(results: Iterable[ScenarioResult]) -> dict[str, Any]:
     """Counts for a run's summary.json, and the one line an engineering log quotes."""
     results = list(results)
     table = rows(results)
-    replay = [r for r in table if r["arm"] == "replay"]
-    unsafe = [r for r in table if r["arm"] != "replay"]
+    replay = [r for r in table if r["arm"] in ("replay", STEP_ARM)]
+    unsafe = [r for r in table if r["arm"] not in ("replay", STEP_ARM)]
     diverged = [r for r in unsafe if not r["equal"]]
     line = (
         f"{sum(r.passed for r in results)}/{len(results)} scenarios passed; replay arm: "
@@ -95,6 +148,13 @@ def summary(results: Iterable[ScenarioResult]) -> dict[str, Any]:
         "unsafe_diverged": len(diverged),
         "unsafe_cases": len(unsafe),
     }
+
+
+def _must_diverge(scenario: Scenario, arm: str) -> bool:
+    kind, _, name = arm.partition(":")
+    if kind == "unsafe":
+        return name in scenario.exercised()
+    return kind == "step-unsafe" and name in scenario.step_exercised()
 
 
 def _median_steady(ms: list[float]) -> float:
@@ -117,9 +177,7 @@ def rows(results: Iterable[ScenarioResult]) -> list[dict[str, Any]]:
                     **{k: v for k, v in asdict(r.scenario).items() if k not in ("device",)},
                     "scenario": r.scenario.name,
                     "arm": name,
-                    "expected": "diverge"
-                    if name.startswith("unsafe:") and name[7:] in r.scenario.exercised()
-                    else "equal",
+                    "expected": "diverge" if _must_diverge(r.scenario, name) else "equal",
                     "equal": r.equal(name),
                     "ok": r.ok(name),
                     "tensors_differing": len(diffs),
@@ -133,6 +191,10 @@ def rows(results: Iterable[ScenarioResult]) -> list[dict[str, Any]]:
                     "eager_reasons": rec.get("eager_reasons", {}),
                     "backward_reasons": rec.get("backward_reasons", {}),
                     "retired": rec.get("retired"),
+                    "step_replays": (rec.get("optimizer_step") or {}).get("replay", 0),
+                    "step_eager_reasons": (rec.get("optimizer_step") or {}).get(
+                        "eager_reasons", {}
+                    ),
                     "native_step_ms": _median_steady(native.step_ms),
                     "arm_step_ms": _median_steady(arm.step_ms),
                     "error": arm.error or native.error,
@@ -157,6 +219,8 @@ _KEYS = (
     "eager_reasons",
     "backward_reasons",
     "retired",
+    "step_replays",
+    "step_eager_reasons",
     "native_step_ms",
     "arm_step_ms",
     "error",

@@ -33,7 +33,9 @@ class Scenario:
     n_train: int | None = None  # batches come from the layout when None
     max_steps: int = -1  # optimizer steps; -1: one epoch
     clip: float | None = None
+    clip_algorithm: str = "norm"  # "norm" or "value"
     scheduler: str | None = None
+    sched_interval: str = "step"  # "step" or "epoch"
     ema: float | None = None
     optimizer: str = "sgd"
     validate: bool = False
@@ -50,6 +52,7 @@ class Scenario:
     devices: int = (
         1  # processes (DDP when > 1: launched by replaykit.testing.parity.ddp under torchrun)
     )
+    one_device: bool = False  # DDP with every rank on one device over gloo (the one-GPU stand-in)
     check_every: int = (
         0  # the replay arm's shadow check: every N-th replayed call against eager (0: off)
     )
@@ -61,6 +64,10 @@ class Scenario:
             "overflow": self.overflow_step is not None,
             "ema": self.ema is not None,
             "clip": self.clip is not None,
+            "clip-value": self.clip is not None and self.clip_algorithm == "value",
+            "epoch-sched": self.scheduler is not None and self.sched_interval == "epoch",
+            "fused": self.optimizer.endswith("-fused"),
+            "adamw": self.optimizer.startswith("adamw"),
             "sched": self.scheduler is not None,
             "val": self.validate,
             "acc-schedule": self.accumulation_schedule is not None,
@@ -78,6 +85,16 @@ class Scenario:
         out = ["copy_out"] if self.accumulation > 1 and aliasing else []
         if self.probe in EXERCISES:
             out.append(EXERCISES[self.probe])
+        return tuple(out)
+
+    def step_exercised(self) -> tuple[str, ...]:
+        """The optimizer step's protections whose absence this scenario can expose (the step arm's)."""
+        fused = self.optimizer.endswith("-fused")
+        if self.precision == "16-mixed" and not fused:
+            return ()  # GradScaler.step with a non-fused optimizer: the step runs eagerly, with its reason
+        out = ["grad_inputs"]  # every replayed step reads new gradients
+        if self.scheduler is not None and not fused:
+            out.append("host_values")  # a float lr the scheduler changes
         return tuple(out)
 
 
@@ -118,6 +135,11 @@ class ScenarioResult:
         if arm == "native":
             return self.arms[arm].error is None
         if arm.startswith("unsafe:") and arm.split(":", 1)[1] in self.scenario.exercised():
+            return not self.equal(arm)
+        if (
+            arm.startswith("step-unsafe:")
+            and arm.split(":", 1)[1] in self.scenario.step_exercised()
+        ):
             return not self.equal(arm)
         return self.equal(arm)
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from replaykit.testing.tasks.data import Batch
 
-OPTIMIZERS = ("sgd", "adamw")
+OPTIMIZERS = ("sgd", "adamw", "sgd-fused", "adamw-fused")
 #: Diagnostic probes for the parity harness: each makes one replay protection matter.
 PROBES = (None, "two_forwards", "keep_outputs", "drop_head")
 SCHEDULERS = (None, "step", "cosine")
@@ -43,12 +43,13 @@ class TaskModule(L.LightningModule):
 
     Args:
         lr: learning rate.
-        optimizer: ``"sgd"`` (momentum 0.9) or ``"adamw"``; weights of conv/linear layers
+        optimizer: ``"sgd"`` (momentum 0.9) or ``"adamw"``, ``-fused`` for the fused step with a tensor lr; weights of conv/linear layers
             get ``weight_decay``, biases and norms none (two parameter groups).
         weight_decay: see ``optimizer``.
         scheduler: None, ``"step"`` (halve every ``sched_period // 2`` steps) or
             ``"cosine"`` (period ``sched_period``); stepped once per optimizer step.
         sched_period: see ``scheduler``.
+        sched_interval: ``"step"`` or ``"epoch"``: when Lightning steps the scheduler.
         ema: None, or the decay of an exponential moving average of ``net.state_dict()``,
             updated after each batch on which the optimizer stepped. Kept in ``ema_state``.
         channels_last: feed ``net`` channels-last inputs.
@@ -68,6 +69,7 @@ class TaskModule(L.LightningModule):
         weight_decay: float = 1e-4,
         scheduler: str | None = None,
         sched_period: int = 4,
+        sched_interval: str = "step",
         ema: float | None = None,
         channels_last: bool = False,
         probe: str | None = None,
@@ -85,6 +87,9 @@ class TaskModule(L.LightningModule):
         self.save_hyperparameters()
         self.lr, self.optimizer_name, self.weight_decay = lr, optimizer, weight_decay
         self.scheduler_name, self.sched_period = scheduler, sched_period
+        if sched_interval not in ("step", "epoch"):
+            raise ValueError(f"sched_interval must be 'step' or 'epoch', got {sched_interval!r}")
+        self.sched_interval = sched_interval
         self.ema_decay, self.channels_last = ema, channels_last
         self.ema_state: dict[str, torch.Tensor] | None = None
         self.probe, self.overflow_step = probe, overflow_step
@@ -157,10 +162,18 @@ class TaskModule(L.LightningModule):
             {"params": no_decay, "weight_decay": 0.0},
         ]
         groups = [g for g in groups if g["params"]]
-        if self.optimizer_name == "sgd":
-            opt: torch.optim.Optimizer = torch.optim.SGD(groups, lr=self.lr, momentum=0.9)
+        # "-fused": a fused step with a tensor lr, which a scheduler updates in place (a recorded
+        # optimizer step reads it at every replay; a float lr is baked into the recording)
+        fused = self.optimizer_name.endswith("-fused")
+        kw: dict[str, Any] = (
+            {"fused": True, "lr": torch.tensor(self.lr, device=self.device)}
+            if fused
+            else {"lr": self.lr}
+        )
+        if self.optimizer_name.startswith("sgd"):
+            opt: torch.optim.Optimizer = torch.optim.SGD(groups, momentum=0.9, **kw)
         else:
-            opt = torch.optim.AdamW(groups, lr=self.lr)
+            opt = torch.optim.AdamW(groups, **kw)
         if self.scheduler_name is None:
             return opt
         if self.scheduler_name == "step":
@@ -171,7 +184,10 @@ class TaskModule(L.LightningModule):
             sched = torch.optim.lr_scheduler.CosineAnnealingLR(
                 opt, T_max=self.sched_period, eta_min=self.lr * 0.01
             )
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return {
+            "optimizer": opt,
+            "lr_scheduler": {"scheduler": sched, "interval": self.sched_interval},
+        }
 
     # -- EMA ----------------------------------------------------------------------------------
 

@@ -91,3 +91,27 @@ def test_cuda_ddp_two_gpus(scenario: Scenario) -> None:
     )
     assert all(not d for d in result["diffs"]["replay"]) and result["ranks_agree"], result
     assert all(r["replay"] >= 1 for r in result["recorders"]["replay"])
+
+
+@pytest.mark.ddp
+@pytest.mark.parametrize("accumulation,n_train", [(1, 24), (2, 48)])
+def test_ddp_network_replay_and_automatic_step_match_native_on_every_rank(
+    accumulation: int, n_train: int
+) -> None:
+    scenario = Scenario(accumulation=accumulation, devices=2, n_train=n_train, clip=0.5)
+    result = compare(scenario, ("native", "replay", "step"), timeout=180)
+    assert result["ok"] and result["equal"] and result["ranks_agree"], result["diffs"]
+    assert all(n >= 1 for n in result["step_replays"]), result["step_replays"]
+
+
+@pytest.mark.ddp
+def test_plain_torch_ddp_trainstep_refuses_and_capture_with_optimizer_step_is_exact() -> None:
+    from replaykit.testing.parity.plain_ddp import compare as plain
+
+    result = plain(world=2, steps=6, timeout=120)
+    assert result["equal"] and result["ranks_agree"], result["diffs"]
+    assert result["replays"]["trainstep"] == [0, 0]
+    assert all(
+        "DistributedDataParallel: its reducer" in s for s in result["summaries"]["trainstep"]
+    )
+    assert min(result["replays"]["capture+step"]) >= 1

@@ -1,6 +1,6 @@
 """``ReplayCallback``: replay submodules of a LightningModule inside ordinary ``Trainer.fit``.
 
-    cb = ReplayCallback("net", backend="auto", **capture_kwargs)
+    cb = ReplayCallback("net", backend="auto", optimizer_step=True, **capture_kwargs)
     trainer = L.Trainer(callbacks=[cb], accumulate_grad_batches=2, precision="16-mixed")
     trainer.fit(model, datamodule)
     cb.recorders["net"].journal
@@ -12,6 +12,12 @@ journals. Everything Lightning does around the network stays native: the loss, A
 autocast and GradScaler (a skipped overflow step included), gradient clipping,
 accumulation (also changed between or during fits), schedulers, validation (eval mode
 routes eager), checkpoints.
+
+``optimizer_step=True`` (automatic optimization) replays the optimizer step too: gradient
+clipping, the GradScaler's step and update and the optimizer's update become one more
+recording (:mod:`replaykit.lightning.automatic`); ``cb.optimizer_step`` is its
+:class:`~replaykit.optimizer_step.OptimizerStep` with its journal. A dict instead of True
+passes arguments to it (``{"unsafe_disable": [...]}``).
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ import lightning as L
 import torch
 from torch import nn
 
-from .errors import ReplayError
-from .recorder import Recorder, capture
+from ..errors import ReplayError
+from ..optimizer_step import OptimizerStep
+from ..recorder import Recorder, capture
 
 
 def resolve(root: nn.Module, path: str) -> nn.Module:
@@ -64,7 +71,13 @@ def unsupported(trainer: L.Trainer) -> str | None:
 class ReplayCallback(L.Callback):
     """Record and replay the named submodules during every ``fit``."""
 
-    def __init__(self, *paths: str, backend: str = "auto", **capture_kwargs: Any) -> None:
+    def __init__(
+        self,
+        *paths: str,
+        backend: str = "auto",
+        optimizer_step: bool | dict[str, Any] = False,
+        **capture_kwargs: Any,
+    ) -> None:
         if not paths:
             raise ReplayError(
                 "ReplayCallback needs at least one attribute path, e.g. ReplayCallback('net')"
@@ -75,6 +88,20 @@ class ReplayCallback(L.Callback):
         self.capture_kwargs = {"backend": backend, **capture_kwargs}
         self.recorders: dict[str, Recorder] = {}
         self.fits = 0
+        self.step_kwargs: dict[str, Any] | None = (
+            None
+            if optimizer_step is False
+            else {
+                "backend": backend,
+                **(optimizer_step if isinstance(optimizer_step, dict) else {}),
+            }
+        )
+        #: the last fit's replayed optimizer step (``optimizer_step=True``); None when it could not be set up
+        self.optimizer_step: OptimizerStep | None = None
+        #: why the optimizer step is not replayed in the last fit, or None
+        self.optimizer_step_refusal: str | None = None
+        self._native_precision: Any = None
+        self._trainer: Any = None
 
     @property
     def state_key(self) -> str:
@@ -91,6 +118,35 @@ class ReplayCallback(L.Callback):
         if reason is not None:  # the same on every rank: no rank replays while another runs eager
             for rec in self.recorders.values():
                 rec.retire(reason)
+        if self.step_kwargs is not None:
+            self._install_step(trainer, pl_module, reason)
+
+    def _install_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, unsupported_reason: str | None
+    ) -> None:
+        """Put the replaying precision plugin in place of the trainer's for this fit."""
+        from .automatic import replayed_precision
+
+        self.optimizer_step, self.optimizer_step_refusal = None, None
+        optimizers = trainer.optimizers
+        if not pl_module.automatic_optimization:
+            why = "manual optimization: use whole_step for the whole step"
+        elif len(optimizers) != 1:
+            why = f"{len(optimizers)} optimizers: the replayed optimizer step takes one"
+        else:
+            why = unsupported_reason
+        if why is not None:
+            self.optimizer_step_refusal = why
+            return
+        native = trainer.strategy.precision_plugin
+        self.optimizer_step = OptimizerStep(
+            optimizers[0],
+            scaler=getattr(native, "scaler", None),
+            name=f"ReplayCallback optimizer step ({type(optimizers[0]).__name__})",
+            **self.step_kwargs,
+        )
+        self._native_precision, self._trainer = native, trainer
+        trainer.strategy.precision_plugin = replayed_precision(native, self.optimizer_step)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._release()
@@ -102,13 +158,24 @@ class ReplayCallback(L.Callback):
     def _release(self) -> None:
         for rec in self.recorders.values():
             rec.release()
+        if self.optimizer_step is not None:
+            self.optimizer_step.release()
+        if self._trainer is not None:  # the trainer gets its own precision plugin back
+            self._trainer.strategy.precision_plugin = self._native_precision
+            self._trainer = self._native_precision = None
 
     def summary(self) -> dict[str, dict]:
-        """Each recorder's journal summary and retirement, for tables."""
-        return {
+        """Each recorder's journal summary and retirement (and the optimizer step's), for tables."""
+        out = {
             path: {**rec.journal.summary(), "retired": rec.retire_reason}
             for path, rec in self.recorders.items()
         }
+        if self.optimizer_step is not None:
+            step = self.optimizer_step
+            out["optimizer_step"] = {**step.journal.summary(), "retired": step.retire_reason}
+        elif self.optimizer_step_refusal is not None:
+            out["optimizer_step"] = {"refused": self.optimizer_step_refusal}
+        return out
 
 
 def whole_step(
@@ -118,7 +185,9 @@ def whole_step(
 
     Lightning's automatic optimization runs ``training_step`` (with ``self.log``'s host-side
     bookkeeping) inside a closure that the precision plugin calls from ``optimizer.step``;
-    a graph would freeze that Python. So the whole step lives in ``training_step``::
+    a graph would freeze that Python (under automatic optimization,
+    ``ReplayCallback(..., optimizer_step=True)`` replays the network and the optimizer step as
+    separate graphs around it). One graph for the whole step lives in ``training_step``::
 
         def __init__(self):
             super().__init__()
@@ -136,7 +205,7 @@ def whole_step(
     Precision, scaler and clipping are the TrainStep's (``precision=``, ``scaler=``,
     ``max_norm=``), not the Trainer's: keep ``Trainer(precision="32")``.
     """
-    from .step import TrainStep
+    from ..step import TrainStep
 
     if pl_module.automatic_optimization:
         raise ReplayError(

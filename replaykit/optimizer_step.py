@@ -1,0 +1,346 @@
+"""The optimizer step alone, recorded and replayed: clipping, the GradScaler's step and update, the update.
+
+A training loop that keeps its own forward and backward (Lightning's automatic optimization
+runs ``training_step`` and ``backward`` inside a closure whose Python must run) can still
+replay what follows the backward::
+
+    opt_step = OptimizerStep(optimizer, scaler=scaler)
+    loss.backward()
+    opt_step(lambda: (clip_grad_norm_(params, 1.0), scaler.step(optimizer), scaler.update()),
+             key=("norm", 1.0))
+
+``body`` is the eager code of the step: it reads the parameters' ``.grad`` and writes the
+parameters, the optimizer's and scaler's state and (clipping, unscaling) the gradients in
+place. Autograd makes new gradient tensors every step, so a recording reads *its own*
+gradient buffers: before each replay the current gradients are copied in, after it the
+clipped or unscaled values are copied back (``grad_inputs``). Everything else a recording
+reads by address (parameters, optimizer and scaler state, a tensor ``lr``) is read again at
+every replay; host values it bakes in (a float ``lr``, the clip threshold in ``key``, the
+scaler's growth settings) key the recordings (``host_values``); replaced state re-records
+(``state_identity``). Each new recording is verified once against the body run eagerly on
+the same state (``verify_recording``). One :class:`~replaykit.lifecycle.Lifecycle` decides
+every route, as for ``rk.capture`` and ``rk.TrainStep``.
+"""
+
+from __future__ import annotations
+
+import operator
+import weakref
+from collections.abc import Callable, Hashable
+from functools import partial, reduce
+from typing import Any
+
+import torch
+from torch import nn
+
+from .backends import Region, resolve_backend
+from .errors import ReplayError, check_count
+from .layout import ALIGNMENT, aligned_copy, alignment
+from .lifecycle import Lifecycle, Lifecycled
+from .protections import disabled_protections
+from .side_effects import SideEffects
+from .step_check import StepSnapshot, difference, end_state, unique
+from .step_guards import (
+    OptimizerWatch,
+    host_state,
+    hyper_key,
+    optimizer_hooks,
+    optimizer_refusal,
+    scaler_key,
+    tensors_of,
+)
+
+__all__ = ["OptimizerStep"]
+
+_PTR = torch.Tensor.data_ptr
+_STRIDE = torch.Tensor.stride
+_IS_NONE = partial(operator.is_, None)
+_NO_LOSS = torch.zeros(())  # end_state names a loss; an optimizer step has none
+_SCALARS = (float, int, bool, str, type(None), torch.Tensor)  # a tensor is keyed by identity anyway
+
+
+def _immutable(value: Any) -> bool:
+    """Whether a hyperparameter's identity stands for its value (``betas``: a tuple of floats)."""
+    if isinstance(value, tuple):
+        return all(isinstance(v, _SCALARS) for v in value)
+    return isinstance(value, _SCALARS)
+
+
+class _Recording:
+    """One key's region, its gradient buffers and what its key names by identity (kept alive)."""
+
+    __slots__ = ("grads", "keep", "region")
+
+    def __init__(self, region: Region, grads: list[torch.Tensor], keep: list) -> None:
+        self.region, self.grads, self.keep = region, grads, keep
+
+
+class OptimizerStep(Lifecycled):
+    """Replays an optimizer step's body (clip, scaler, update) from graphs; see the module docstring."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        scaler: Any = None,
+        backend: str = "auto",
+        warmup: int = 1,
+        max_recordings: int = 8,
+        max_rerecords: int = 8,
+        strict: bool = False,
+        trust_optimizer: bool = False,
+        unsafe_disable: tuple[str, ...] | list[str] | str = (),
+        name: str | None = None,
+    ) -> None:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ReplayError(
+                f"OptimizerStep takes a torch.optim.Optimizer, not {type(optimizer).__name__}"
+            )
+        check_count("warmup", warmup, 0)
+        check_count("max_recordings", max_recordings, 1)
+        check_count("max_rerecords", max_rerecords, 0)
+        self.disabled = disabled_protections(unsafe_disable, "optimizer_step")
+        self.optimizer, self.scaler = optimizer, scaler
+        self.params: list[torch.Tensor] = []
+        self._find_params()
+        # the lifecycle watches the stepped parameters (storages swapped, .data replaced)
+        self._holder = nn.ParameterList([p for p in self.params if isinstance(p, nn.Parameter)])
+        self.device = self.params[0].device if self.params else torch.device("cpu")
+        self.backend = resolve_backend(backend, self._holder)
+        self.warmup, self.max_recordings = warmup, max_recordings
+        self._trust = bool(trust_optimizer) or "optimizer_trust" in self.disabled
+        me = weakref.ref(self)
+        self.lifecycle = Lifecycle(
+            name or f"OptimizerStep({type(optimizer).__name__})",
+            self._holder,
+            strict=strict,
+            disabled=self.disabled,
+            max_rerecords=max_rerecords,
+            drop=lambda: (s := me()) is not None and s._drop_recordings(),
+        )
+        self.lifecycle.add_watch(OptimizerWatch(optimizer, scaler), "state_identity")
+        self._refusal = refusal(optimizer, scaler, self.device, self._trust)
+        self._recordings: dict[tuple, _Recording] = {}
+        self._refused: dict[tuple, str] = {}
+        self._calls = 0
+        self._steps = 0
+        self._keyed_hyper = "host_values" not in self.disabled
+        self._keyed_state = "module_state" not in self.disabled
+        self._grads_in = "grad_inputs" not in self.disabled
+        self._verify = "verify_recording" not in self.disabled
+        self._hyper_cache: tuple | None = None
+        self._align_mask = ALIGNMENT.get(self.device.type, 512) - 1
+
+    def _find_params(self) -> None:
+        """The optimizer's parameters (again after a re-record: a group may have been added)."""
+        self.params = unique([p for g in self.optimizer.param_groups for p in g["params"]])
+
+    @property
+    def refusal(self) -> str | None:
+        """Why this optimizer/scaler pair never replays (every call then runs eagerly with it), or None."""
+        return self._refusal
+
+    def run_eager(self, body: Callable[[], Any], reason: str) -> None:
+        """Run ``body`` eagerly with ``reason`` journaled: the caller knows a replay would be wrong."""
+        self._calls += 1
+        self._eager(body, reason)
+
+    @property
+    def recordings(self) -> int:
+        """How many recordings are held now."""
+        return len(self._recordings)
+
+    def __repr__(self) -> str:
+        return f"<OptimizerStep {self.backend.name} {self.recordings} recordings {self.counts}>"
+
+    # ----------------------------------------------------------------- the call
+    def __call__(self, body: Callable[[], Any], key: tuple[Hashable, ...] = ()) -> None:
+        """Run ``body`` (one optimizer step over the current ``.grad``): replayed, recorded or eager.
+
+        ``key``: the host values ``body`` bakes in besides the optimizer's and scaler's own
+        (the clip threshold and algorithm); a changed key records anew.
+        """
+        self._calls += 1
+        call, life = self._calls, self.lifecycle
+        stopped = life.stopped()
+        if stopped is not None:
+            return self._eager(body, stopped)
+        if self._refusal is not None:
+            return self._eager(body, self._refusal)
+        if self._steps < self.warmup:
+            return self._eager(body, "warmup")
+        if not life.owns_thread():
+            with life.lock:
+                return self._eager(body, "thread")
+        mode = life.mode()
+        if mode is not None:
+            return self._eager(body, mode)
+        if optimizer_hooks(self.optimizer):
+            return self._eager(body, "hooks")
+        state, eager = life.gate(call, bool(self._recordings))
+        if eager is not None:
+            return self._eager(body, eager)
+        grads = [p.grad for p in self.params]
+        present = [g for g in grads if g is not None]
+        if not present:
+            return self._eager(body, "no gradients")
+        full = self._key(state, key, grads, present)
+        rec = self._recordings.get(full)
+        if rec is None:
+            refused = self._refused.get(full)
+            if refused is not None:
+                return self._eager(body, refused)
+            if len(self._recordings) >= self.max_recordings:
+                return self._eager(body, "budget")
+            with life.lock:
+                return self._record(body, full, grads)
+        if self._grads_in:
+            torch._foreach_copy_(rec.grads, present)
+        rec.region.replay()
+        if self._grads_in:
+            torch._foreach_copy_(present, rec.grads)
+        self._steps += 1
+        self.journal.tick("replay", call, "optimizer_step")
+        return None
+
+    def _key(self, state: Any, key: tuple, grads: list, present: list) -> tuple:
+        """Host values, the gradients' None pattern and layout (a recording's buffers mirror them).
+
+        Autograd gives a gradient its parameter's shape and dtype; strides and address alignment
+        (a view into a bucket) may differ, so they key. Kept to C-level maps: it runs every step.
+        """
+        hyper = (
+            hyper_key(self.optimizer, (*key, scaler_key(self.scaler))) if self._keyed_hyper else ()
+        )
+        nones = len(grads) - len(present)
+        pattern = tuple(map(_IS_NONE, grads)) if nones else None
+        misaligned = reduce(operator.or_, map(_PTR, present)) & self._align_mask
+        aligned = tuple(map(alignment, present)) if misaligned else 0
+        strides = tuple(map(_STRIDE, present))
+        return (state if self._keyed_state else None, hyper, pattern, strides, aligned)
+
+    def _hyper(self, key: tuple) -> tuple:
+        """:func:`~replaykit.step_guards.hyper_key`, reused while every group holds the very same
+        value objects (kept alive here, so an id cannot be reused) and none is mutable in place."""
+        extra = (*key, scaler_key(self.scaler))
+        ids = tuple(id(v) for g in self.optimizer.param_groups for v in g.values())
+        cached = self._hyper_cache
+        if cached is not None and cached[0] == ids and cached[1] == extra:
+            return cached[3]
+        values = [v for g in self.optimizer.param_groups for k, v in g.items() if k != "params"]
+        hyper = hyper_key(self.optimizer, extra)
+        self._hyper_cache = (ids, extra, values, hyper) if all(map(_immutable, values)) else None
+        return hyper
+
+    def _eager(self, body: Callable[[], Any], reason: str | None) -> None:
+        if reason is not None:
+            self.lifecycle.eager(self._calls, reason)
+        body()
+        self._steps += 1
+
+    # ----------------------------------------------------------------- record
+    def _record(self, body: Callable[[], Any], key: tuple, grads: list) -> None:
+        """Record ``body`` over private gradient buffers, verify it against eager, keep it."""
+        call = self._calls
+        frozen = host_state(self.optimizer, self.device)
+        if frozen is not None:
+            self.lifecycle.retire(frozen, call)
+            return self._eager(body, "retired")
+        if not self._recordings:
+            self.lifecycle.first_record()
+        static = [None if g is None else aligned_copy(g) for g in grads]
+        buffers = [s for s in static if s is not None]
+        for p, s in zip(self.params, static, strict=True):
+            p.grad = s
+        region = self.backend.region(buffers)
+        snapshot = StepSnapshot(
+            self._holder, self.optimizer, self.scaler, None, self.params, tensors=True
+        )
+        effects = SideEffects(self._holder, buffers, "host_rng" not in self.disabled)
+        try:
+            with effects:
+                region.capture(lambda: _run(body))
+        except Exception as exc:
+            region.abort()
+            snapshot.restore()
+            self._give_back(grads, static)
+            self.lifecycle.retire(f"capture failed: {type(exc).__name__}: {exc}", call)
+            return self._eager(body, "retired")
+        why = effects.reason("the optimizer step")
+        if why is not None:  # the body ran once, as eager's does; the recording is not kept
+            region.free()
+            self._give_back(grads, static)
+            self._steps += 1
+            self.lifecycle.retire(why, call)
+            return None
+        if self._verify:
+            found = self._against_eager(snapshot, body)
+            self.journal.add("check", call, "recording", found)
+            if found is not None:  # eager's work stands; this key runs eagerly from now on
+                region.free()
+                self._refused[key] = "diverged"
+                self.journal.add(
+                    "refuse", call, "diverged", f"the recording differs from eager: {found}"
+                )
+                self._give_back(grads, static)
+                self._steps += 1
+                return None
+        keep = tensors_of(self.optimizer)
+        self._recordings[key] = _Recording(region, buffers, keep)
+        self.journal.add("record", call, "optimizer_step", f"recording {len(self._recordings)}")
+        self._give_back(grads, static)
+        self._steps += 1
+        return None
+
+    def _against_eager(self, snapshot: StepSnapshot, body: Callable[[], Any]) -> str | None:
+        """The recorded work's end state against ``body`` run eagerly from ``snapshot``; eager's stays."""
+        state = (self._holder, self.optimizer, self.scaler, None, self.params)
+        replayed = end_state(*state, _NO_LOSS, clone=True)
+        snapshot.restore()
+        body()
+        return difference(replayed, end_state(*state, _NO_LOSS, clone=False))
+
+    def _give_back(self, grads: list, static: list) -> None:
+        """The parameters get their own gradient tensors back, with the step's values (clipped, unscaled)."""
+        with torch.no_grad():
+            for p, g, s in zip(self.params, grads, static, strict=True):
+                if g is not None:
+                    g.copy_(s)
+                p.grad = g
+
+    # ----------------------------------------------------------------- stop
+    def retire(self, reason: str = "retired by the user") -> None:
+        """Run eagerly for good: recordings are freed."""
+        self.lifecycle.retire(reason, self._calls, user=True)
+
+    def release(self) -> None:
+        """Free every recording; later calls run eagerly (reason ``released``). Not a retirement."""
+        self.lifecycle.release(self._calls)
+
+    def _drop_recordings(self) -> None:
+        for rec in self._recordings.values():
+            rec.region.free()
+        self._recordings.clear()
+        self._refused.clear()
+        if not self.lifecycle.stopped():
+            self._find_params()
+            self._refusal = refusal(self.optimizer, self.scaler, self.device, self._trust)
+
+
+def refusal(
+    optimizer: torch.optim.Optimizer, scaler: Any, device: torch.device, trust: bool
+) -> str | None:
+    """Why this optimizer step can never replay, or None: the whole step's refusals, and a tensor
+    ``lr`` kept on the CPU while the parameters live on a GPU (a graph would read it once)."""
+    why = optimizer_refusal(optimizer, scaler, device, trust)
+    if why is None and device.type == "cuda":
+        for lr in tensors_of(optimizer):
+            if lr.device.type == "cpu":
+                return "a tensor lr on the CPU: a CUDA graph reads it once; create it on the device"
+    return why
+
+
+def _run(body: Callable[[], Any]) -> list[torch.Tensor]:
+    """``body`` inside a region: it returns nothing the region hands out."""
+    body()
+    return []
