@@ -65,6 +65,16 @@ def _backend_of(m: nn.Module) -> Any:
     return cb
 
 
+def aot_compiled(model: nn.Module) -> str | None:
+    """The first compiled module whose backend goes through AOT autograd (inductor, the default;
+    ``aot_eager``), whose compiled backward donates its buffers and so cannot run twice; None
+    when every compiled module's backend is dynamo's plain ``eager``."""
+    for name, m in compiled_regions(model):
+        if getattr(_backend_of(m), "compiler_name", None) != "eager":
+            return name
+    return None
+
+
 def _uses_cudagraphs(m: nn.Module) -> bool:
     backend = _backend_of(m)
     if getattr(backend, "compiler_name", None) == "cudagraphs":

@@ -23,7 +23,7 @@ from torch.nn.parameter import is_lazy
 
 from .backends import Backend, Recording, module_device, resolve_backend
 from .code_inputs import ForwardInputs
-from .compiled import CompileWatch, compiled_regions, refuse_cudagraphs
+from .compiled import CompileWatch, aot_compiled, compiled_regions, refuse_cudagraphs
 from .copy_out import StaticAliases
 from .errors import ReplayError, ReplayWarning, check_count
 from .guards import host_dependence, tree_contains
@@ -558,6 +558,16 @@ class Recorder(Lifecycled):
             if regions:
                 self._retire(CompileWatch.unseen_reason(regions[0][0]), call)
                 return None
+        compiled = aot_compiled(self.module)
+        if compiled is not None:
+            # measured on the H200: a recording's backward runs inductor's compiled backward again
+            # (the exact and verified backwards), which raises for the buffers it donates
+            self._retire(
+                f"{compiled} is torch.compile'd: its compiled backward donates its buffers, which network "
+                "replay's backward cannot run again; use rk.TrainStep over the compiled model (it replays it)",
+                call,
+            )
+            return None
         snapshot = StateSnapshot(self.module)
         static_inputs = self._static_inputs(callargs.tensors)
         named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]

@@ -36,7 +36,7 @@ def test_inductor_model_replays_on_cuda_or_runs_eagerly_on_the_cpu(backend, devi
         result.repeatable is not False
     )  # the compiled twin repeats itself: a difference is replay's
     assert result.equal, result.diffs[:3]
-    if backend == "emulated":
+    if backend == "emulated" or entry == "capture":  # capture: see the donated-buffers test
         assert result.entry.retired and "torch.compile'd" in result.entry.retire_reason
     else:
         assert result.counts["replay"] > 0, result.summary
@@ -53,13 +53,13 @@ def test_without_the_refusal_the_tape_replays_stale_inductor_buffers():
 
 
 def test_a_captured_compiled_module_whose_backward_donates_buffers_retires_saying_so():
-    """rk.capture records the forward and the backward apart: inductor's compiled backward
-    donates its buffers, which a recording's backward cannot keep, so the capture fails and the
-    recorder retires with torch's words (exact: eager from then on)."""
+    """rk.capture runs a recording's backward again (its exact and verified backwards), and
+    inductor's compiled backward donates its buffers: on the H200 that raised in the training loop.
+    The recorder retires before recording, naming the way that works (rk.TrainStep)."""
     cfg = CompiledConfig(entry="capture", steps=5, repeat=False, unsafe=("compiled_code",))
     result = trial(cfg)
     assert result.equal, result.diffs[:3]
-    assert result.entry.retired and "donated" in result.entry.retire_reason, result.summary
+    assert result.entry.retired and "donates" in result.entry.retire_reason, result.summary
 
 
 @pytest.mark.parametrize("entry", ["step", "capture"])
