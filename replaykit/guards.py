@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
+import weakref
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterator
 from enum import Enum
@@ -48,6 +49,22 @@ _SKIP = frozenset(
 _epoch = itertools.count(1)
 _state = {"epoch": 0}  # bumped (from the counter) on every watched write
 _watched: Counter[int] = Counter()  # id(module) or id(parameter) -> number of guards watching it
+#: the object behind each watched id: an id outlives its object (a guard never closed, its model
+#: collected), and a new object given that id (a loss module built inside a forward) is not watched
+_objects: dict[int, weakref.ref] = {}
+
+
+def _watch(obj: Any) -> int:
+    _watched[id(obj)] += 1
+    _objects[id(obj)] = weakref.ref(obj)
+    return id(obj)
+
+
+def _is_watched(obj: Any) -> bool:
+    ref = _objects.get(id(obj)) if id(obj) in _watched else None
+    return ref is not None and ref() is obj
+
+
 _local = threading.local()  # .writes: list of (module, name) while a probe listens
 
 
@@ -118,7 +135,7 @@ _original_delattr = nn.Module.__delattr__
 
 def _setattr(self: nn.Module, name: str, value: Any) -> None:
     _original_setattr(self, name, value)
-    if id(self) in _watched:
+    if _is_watched(self):
         _bump()
         writes = getattr(_local, "writes", None)
         if writes is not None:
@@ -127,7 +144,7 @@ def _setattr(self: nn.Module, name: str, value: Any) -> None:
 
 def _delattr(self: nn.Module, name: str) -> None:
     _original_delattr(self, name)
-    if id(self) in _watched:
+    if _is_watched(self):
         _bump()
 
 
@@ -136,7 +153,7 @@ def _watch_hooks(register: Any) -> Any:
 
     def wrapper(self: torch.Tensor, hook: Any) -> Any:
         handle = register(self, hook)
-        if id(self) in _watched:
+        if _is_watched(self):
             _bump()
         return handle
 
@@ -387,18 +404,15 @@ class ModuleGuard:
         """Take the tree as it is now as the reference for identities (done while no recording exists)."""
         self._unwatch()
         for _, m in hidden_modules(self._module):  # their writes bump the epoch too
-            _watched[id(m)] += 1
-            self._ids.append(id(m))
+            self._ids.append(_watch(m))
         mods = list(self._names())
         for _, m in mods:
             _swap_dicts(m, True)
-            _watched[id(m)] += 1
-            self._ids.append(id(m))
+            self._ids.append(_watch(m))
         self._params = {(n, k): t for n, m in mods for k, t in m._parameters.items()}
         for t in self._params.values():
             if t is not None:
-                _watched[id(t)] += 1
-                self._ids.append(id(t))
+                self._ids.append(_watch(t))
         self._buffers = {(n, k): t for n, m in mods for k, t in m._buffers.items()}
         self._submodules = {n: id(m) for n, m in mods}
         self._hooks = _hook_count(mods)
@@ -474,6 +488,7 @@ class ModuleGuard:
             _watched[i] -= 1
             if _watched[i] <= 0:
                 del _watched[i]
+                _objects.pop(i, None)
         self._ids = []
 
     def close(self) -> None:
