@@ -464,14 +464,7 @@ class Recorder(Lifecycled):
         the two calls, so that signature runs eagerly (exact: every call so far was)."""
         if self._plans.get(plan.key) is not plan:
             return
-        if plan.multi_use:
-            reason = "reentrant_shared_weight"
-            why = (
-                f"its recording reads {plan.multi_use[0]} more than once (gradient summation order)"
-            )
-        else:
-            reason = "autocast_shared_region"
-            why = "both calls run under autocast, which casts each parameter once for both in eager"
+        reason, why = _reentry_reason(plan)
         self._drop_plan(plan.key)
         self._refused[plan.key] = reason
         self.journal.add(
@@ -493,29 +486,17 @@ class Recorder(Lifecycled):
         plan = self._pending_plan
         if plan is None or plan.key in self._refused or not self._reentry_said:
             return
-        if plan.multi_use:
-            reason = "reentrant_shared_weight"
-            why = (
-                f"the recording reads {plan.multi_use[0]} more than once: this step's gradient of it may "
-                "differ from eager in the last bits (summation order)"
-            )
-        elif (
+        if not plan.multi_use and not (
             plan.autocast
             and torch.is_autocast_enabled(self._device_kind)
             and torch.is_autocast_cache_enabled()
         ):
-            reason = "autocast_shared_region"
-            why = (
-                "both calls run under autocast, where eager casts each parameter once for the region and sums "
-                "the two calls' gradients in the low precision: this step's gradients may differ from eager in "
-                "the last bits"
-            )
-        else:
             return
+        reason, why = _reentry_reason(plan)
         self._refused[plan.key] = reason
         detail = (
-            f"{self.module_name} is called again while a replayed call's backward is pending, and {why}; "
-            "the signature runs eagerly from now on"
+            f"{self.module_name} is called again while a replayed call's backward is pending, and {why}: "
+            "this step's gradients may differ from eager in the last bits; the signature runs eagerly from now on"
         )
         self.journal.add("warned", call, reason, detail)
         warnings.warn(f"replaykit: {detail}", ReplayWarning, stacklevel=4)
@@ -1031,6 +1012,19 @@ def stand_ins(
     finally:
         for d, k, v in entries:
             dict.__setitem__(d, k, v)
+
+
+def _reentry_reason(plan: _Plan) -> tuple[str, str]:
+    """Why a second call before a backward shares work with the first in eager (``reentry.py``)."""
+    if plan.multi_use:
+        return (
+            "reentrant_shared_weight",
+            f"its recording reads {plan.multi_use[0]} more than once (gradient summation order)",
+        )
+    return (
+        "autocast_shared_region",
+        "both calls run under autocast, which casts each parameter once for both in eager",
+    )
 
 
 def _device_kind(module: nn.Module, backend: Backend) -> str:
