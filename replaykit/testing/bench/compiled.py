@@ -141,6 +141,7 @@ def bench_size(
     per: int = 10,
     device: str = "cuda",
     batch: int = 8,
+    arms: tuple[str, ...] = ARMS,
 ) -> list[Row]:
     """Every arm at one size (a :class:`CompiledConfig`, or a zoo model's name at ``batch``);
     ``warmup`` optimizer steps (compilation, recording) are not timed. ``device="cpu"`` is a
@@ -164,7 +165,7 @@ def bench_size(
     rng: dict[
         str, _Rng
     ] = {}  # each arm draws its own random numbers (dropout) across interleaved rounds
-    for name in ARMS:
+    for name in arms:
         model = copy.deepcopy(base)
         rng[name] = _Rng(device)
         try:
@@ -196,7 +197,7 @@ def bench_size(
     medians = {n: statistics.median(t) for n, t in times.items() if t and n in arms}
     ro = medians.get("compile(reduce-overhead)")
     rows = []
-    for name in ARMS:
+    for name in arms:
         ref = REFERENCE.get(name)
         equal = None
         if ref is not None and name in states and ref in states:
@@ -231,14 +232,15 @@ def run(
     sizes: dict[str, CompiledConfig] = SIZES,
     zoo: tuple[str, ...] = (),
     zoo_batch: int = 32,
+    arms: tuple[str, ...] = ARMS,
 ) -> list[Row]:
     """The issue's sizes, then zoo models (``replaykit.testing.zoo.MODELS`` names) at ``zoo_batch``."""
     out = []
     for acc in accumulates:
         for label, cfg in sizes.items():
-            out += bench_size(label, cfg, acc)
+            out += bench_size(label, cfg, acc, arms=arms)
         for name in zoo:
-            out += bench_size(f"{name} b{zoo_batch}", name, acc, batch=zoo_batch)
+            out += bench_size(f"{name} b{zoo_batch}", name, acc, batch=zoo_batch, arms=arms)
     return out
 
 
@@ -263,11 +265,17 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=list(SIZES))
     parser.add_argument("--zoo", nargs="*", default=[])
     parser.add_argument("--json", default=None)
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     args = parser.parse_args()
     from ...determinism import enable_determinism
 
     enable_determinism()
-    rows = run(tuple(args.accumulate), {k: SIZES[k] for k in args.sizes}, tuple(args.zoo))
+    rows = run(
+        tuple(args.accumulate),
+        {k: SIZES[k] for k in args.sizes},
+        tuple(args.zoo),
+        arms=tuple(args.arms),
+    )
     print(markdown(rows))
     if args.json:
         with open(args.json, "w") as f:

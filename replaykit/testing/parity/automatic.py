@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precisions", default=",".join(PRECISIONS))
     ap.add_argument("--accumulations", default="1,2,4")
     ap.add_argument("--tasks", default="detection,pose,oriented,segmentation")
-    ap.add_argument("--optimizer", default="sgd-fused")
+    ap.add_argument("--optimizer", default="auto", help="auto: sgd, fused under 16-mixed")
     ap.add_argument("--shard", default="0/1", help="i/n: every n-th scenario from the i-th")
     ap.add_argument("--unsafe", choices=("none", "first", "all"), default="first")
     ap.add_argument("--json", type=Path, default=None)
@@ -82,6 +82,12 @@ def _report(table: list[dict]) -> int:
         for reason, count in r["step_eager_reasons"].items():
             reasons[reason] = reasons.get(reason, 0) + count
     print("  optimizer step eager reasons:", reasons)
+    retired: dict[str, int] = {}
+    for r in step:
+        if r.get("step_retired"):
+            retired[r["step_retired"]] = retired.get(r["step_retired"], 0) + 1
+    for why, count in retired.items():
+        print(f"  optimizer step retired ({count}): {why}")
     return 0 if not failed else 1
 
 

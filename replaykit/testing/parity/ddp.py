@@ -157,6 +157,16 @@ def run_scenario(
     return ScenarioResult(scenario, outcomes, diffs)
 
 
+def _brief(summary: dict[str, Any]) -> str:
+    """A journal summary's replays, eager reasons and retirement (the optimizer step's too)."""
+    keys = ("record", "replay", "eager_reasons", "retired")
+    out = {k: summary.get(k) for k in keys}
+    step = summary.get("optimizer_step")
+    if step:
+        out["optimizer_step"] = {k: step.get(k) for k in (*keys, "refused")}
+    return json.dumps(out, default=str)
+
+
 def _worker(spec_path: Path) -> None:
     spec = json.loads(spec_path.read_text())
     scenario = Scenario(
@@ -217,11 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{result['equal']}; ranks agree: {result['ranks_agree']}; optimizer steps per rank: {result['steps']}; "
         f"replayed optimizer steps per rank (step arm): {result['step_replays']}"
     )
-    print(
-        json.dumps({"recorders": result["recorders"], "errors": result["errors"]}, default=str)[
-            :3000
-        ]
-    )
+    for arm, ranks in result["recorders"].items():
+        for rank, rec in enumerate(ranks):
+            if rec:
+                print(f"  {arm} rank {rank}: {_brief(rec)}")
+    print(json.dumps({"errors": result["errors"]}, default=str)[:3000])
     return 0 if result["ok"] else 1
 
 

@@ -49,16 +49,20 @@ def automatic_matrix(
     the partial-batch layouts at one accumulation (4 x 3 x (3 x 2 + 2) = 96 with every precision).
 
     Clipping alternates norm and value by accumulation. 12 batches of 4 give accumulation 4 three
-    optimizer steps: a warm-up, a recording, a replay. ``16-mixed`` (GradScaler) replays with a
-    fused optimizer only (``optimizer="sgd-fused"``: a tensor lr on the device), which Lightning
-    does not let clip (the fused step unscales internally): those scenarios run unclipped.
+    optimizer steps: a warm-up, a recording, a replay. ``optimizer="auto"``: plain SGD, except
+    under ``16-mixed``, whose GradScaler replays with a fused optimizer only (a non-fused
+    ``scaler.step`` reads ``found_inf`` on the host). Lightning's mixed precision does not let a
+    fused optimizer clip (it unscales internally): scenarios with one run unclipped.
     """
     clips = {1: (0.5, "norm"), 2: (0.05, "value"), 4: (1.0, "norm")}
-    fused = str(common.get("optimizer", "sgd")).endswith("-fused")
+    chosen = str(common.pop("optimizer", "auto"))
 
     def one(t: str, p: str, a: int, lay: str) -> Scenario:
         clip, algorithm = clips.get(a, (None, "norm"))
-        if p == "16-mixed" and fused:
+        optimizer = chosen
+        if optimizer == "auto":
+            optimizer = "sgd-fused" if p == "16-mixed" else "sgd"
+        if p != "32" and optimizer.endswith("-fused"):
             clip = None
         partial = lay.startswith("partial")
         return Scenario(
@@ -69,6 +73,7 @@ def automatic_matrix(
             n_train=n_train - 2 if partial else n_train,
             clip=clip,
             clip_algorithm=algorithm,
+            optimizer=optimizer,
             **common,
         )
 
@@ -195,6 +200,7 @@ def rows(results: Iterable[ScenarioResult]) -> list[dict[str, Any]]:
                     "step_eager_reasons": (rec.get("optimizer_step") or {}).get(
                         "eager_reasons", {}
                     ),
+                    "step_retired": (rec.get("optimizer_step") or {}).get("retired"),
                     "native_step_ms": _median_steady(native.step_ms),
                     "arm_step_ms": _median_steady(arm.step_ms),
                     "error": arm.error or native.error,
@@ -221,6 +227,7 @@ _KEYS = (
     "retired",
     "step_replays",
     "step_eager_reasons",
+    "step_retired",
     "native_step_ms",
     "arm_step_ms",
     "error",
