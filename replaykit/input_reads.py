@@ -30,9 +30,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
+from .dispatch import WatchingMode, written, written_positions
 from .errors import ReplayError
 
 _READ = torch.ops.aten._local_scalar_dense.default
@@ -68,36 +69,11 @@ class NewInputRead(ReplayError):
         self.program = program
 
 
-_mutated_cache: dict[Any, tuple[int, ...]] = {}
-
-
-def _mutated(func: Any) -> tuple[int, ...]:
-    """Positions of the arguments an aten op writes (in-place and ``out=`` variants)."""
-    found = _mutated_cache.get(func)
-    if found is None:
-        found = tuple(
-            i
-            for i, a in enumerate(func._schema.arguments)
-            if a.alias_info is not None and a.alias_info.is_write
-        )
-        _mutated_cache[func] = found
-    return found
-
-
-def _written(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    schema = func._schema.arguments
-    out = []
-    for i in _mutated(func):
-        a = args[i] if i < len(args) else kwargs.get(schema[i].name)
-        out += [t for t in tree_leaves(a) if isinstance(t, torch.Tensor)]
-    return out
-
-
 def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
-class Provenance(TorchDispatchMode):
+class Provenance(WatchingMode):
     """Follows which tensors are functions of the call's inputs alone, and answers their host reads.
 
     ``sources``: the call's input tensors (positions as in the call). ``answers``: a value per
@@ -120,12 +96,6 @@ class Provenance(TorchDispatchMode):
         self._nodes: dict[int, tuple] = {}
         self._keep: list[torch.Tensor] = []  # the ids above stay theirs while the mode runs
         self._storages: dict[int, int] = {}
-
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        """Compiled frames run under this mode (else dynamo skips them, and marks their code
-        skipped for good: a ``torch.compile``'d model would run uncompiled ever after)."""
-        return True
 
     def wrap(self, fn: Any) -> Any:
         """``fn`` run under this mode at each call (a backend calls its forward several times)."""
@@ -179,9 +149,9 @@ class Provenance(TorchDispatchMode):
         kwargs = kwargs or {}
         if func is _READ and args and id(args[0]) in self._nodes:
             return self._read(func, args[0])
-        out = func(*args, **kwargs)
-        if _mutated(func):
-            for t in _written(func, args, kwargs):
+        out = self.run(func, args, kwargs)
+        if written_positions(func):
+            for t in written(func, args, kwargs):
                 self._untrack_storage(_storage(t))
             return out
         if (

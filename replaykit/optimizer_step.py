@@ -256,7 +256,9 @@ class OptimizerStep(Lifecycled):
         snapshot = StepSnapshot(
             self._holder, self.optimizer, self.scaler, None, self.params, tensors=True
         )
-        effects = SideEffects(self._holder, buffers, "host_rng" not in self.disabled)
+        # the body writes its gradient buffers in place by design (clipping, unscaling):
+        # ``grad_inputs`` copies them back, so they are not inputs whose writes a replay would lose
+        effects = SideEffects(self._holder, (), "host_rng" not in self.disabled)
         try:
             with effects:
                 region.capture(lambda: _run(body))

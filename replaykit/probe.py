@@ -39,9 +39,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from .dispatch import WatchingMode
 from .guards import gradient_hooks
 from .outputs import OutputTree, objects, split_outputs
 from .side_effects import SideEffects
@@ -77,17 +77,11 @@ def _boolean_mask(func: Any, args: tuple) -> bool:
     )
 
 
-class _Inspector(TorchDispatchMode):
+class _Inspector(WatchingMode):
     """Notes aten ops a graph cannot repeat: private generators, host reads, data-dependent shapes.
 
     Puts each private generator's state back afterwards (the probe must leave no trace).
     """
-
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        """Compiled frames run under this mode (else dynamo skips them, and marks their code
-        skipped for good: a ``torch.compile``'d model would run uncompiled ever after)."""
-        return True
 
     def __init__(self, leaves: Sequence[torch.Tensor] = ()) -> None:
         super().__init__()
@@ -122,7 +116,7 @@ class _Inspector(TorchDispatchMode):
         ):
             i = self._leaves[id(args[0])]
             self.casts[i] = self.casts.get(i, 0) + 1
-        return func(*args, **kwargs)
+        return self.run(func, args, kwargs)
 
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)

@@ -42,9 +42,9 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ..dispatch import WatchingMode
 from ..errors import ReplayError
 
 _aten = torch.ops.aten
@@ -176,19 +176,12 @@ class _HostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-class _TapeMode(TorchDispatchMode):
+class _TapeMode(WatchingMode):
     """Appends each aten call to the tape; refuses what a capture could not replay."""
 
     def __init__(self, tape: Tape) -> None:
         super().__init__()
         self.tape = tape
-
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        """Dynamo runs compiled frames under this mode. Under a mode that does not say so it skips
-        them, and marks their code skipped for good: the user's ``torch.compile``'d model would run
-        uncompiled ever after (``compiled.CompileWatch`` refuses a recording they run in)."""
-        return True
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
@@ -197,7 +190,7 @@ class _TapeMode(TorchDispatchMode):
         why = untapeable(func, args, kwargs)
         if why is not None:
             raise ReplayError(why)
-        out = func(*args, **kwargs)
+        out = self.run(func, args, kwargs)
         self.tape._append(func, args, kwargs, out)
         return out
 

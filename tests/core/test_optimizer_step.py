@@ -17,6 +17,7 @@ from replaykit.protections import negative_control
 def _train(
     replay: bool,
     *,
+    backend: str = "emulated",
     unsafe: tuple[str, ...] = (),
     optimizer: str = "sgd",
     clip: str | None = "norm",
@@ -24,15 +25,17 @@ def _train(
     reload_at: int | None = None,
     steps: int = 6,
 ) -> tuple[nn.Module, OptimizerStep | None, list[torch.Tensor]]:
+    device = "cuda" if backend == "cuda" else "cpu"
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(device)
     if optimizer == "sgd":
         opt: torch.optim.Optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     else:
-        opt = torch.optim.AdamW(net.parameters(), lr=torch.tensor(0.01), fused=True)
+        lr = torch.tensor(0.01, device=device)
+        opt = torch.optim.AdamW(net.parameters(), lr=lr, fused=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        step = OptimizerStep(opt, unsafe_disable=unsafe) if replay else None
+        step = OptimizerStep(opt, unsafe_disable=unsafe, backend=backend) if replay else None
     g = torch.Generator().manual_seed(1)
     held = []
     for i in range(steps):
@@ -42,7 +45,7 @@ def _train(
         if reload_at == i:  # a checkpoint loaded mid-run: new state tensors
             opt.load_state_dict(copy.deepcopy(opt.state_dict()))
         opt.zero_grad()
-        net(torch.randn(5, 8, generator=g)).pow(2).sum().backward()
+        net(torch.randn(5, 8, generator=g).to(device)).pow(2).sum().backward()
 
         def body() -> None:
             if clip == "norm":
@@ -77,36 +80,43 @@ def _equal(a: nn.Module, b: nn.Module) -> bool:
 @pytest.mark.parametrize(
     "optimizer,clip", [("sgd", "norm"), ("sgd", "value"), ("adamw", None), ("adamw", "norm")]
 )
-def test_replayed_optimizer_step_equals_eager(optimizer: str, clip: str | None) -> None:
-    eager, _, held_e = _train(False, optimizer=optimizer, clip=clip)
-    mine, step, held_r = _train(True, optimizer=optimizer, clip=clip)
+def test_replayed_optimizer_step_equals_eager(
+    optimizer: str, clip: str | None, backend: str
+) -> None:
+    """Clipping writes the gradients in place (``_foreach_mul_``): by design, not a lost write."""
+    eager, _, held_e = _train(False, optimizer=optimizer, clip=clip, backend=backend)
+    mine, step, held_r = _train(True, optimizer=optimizer, clip=clip, backend=backend)
     assert step is not None and step.counts["replay"] == 4 and step.counts["record"] == 1
     assert _equal(eager, mine)
     assert all(torch.equal(a, b) for a, b in zip(held_e, held_r, strict=True))
 
 
-def test_without_grad_inputs_the_replay_reads_the_recording_calls_gradients() -> None:
-    eager, _, _ = _train(False)
-    mine, step, _ = _train(True, unsafe=negative_control("grad_inputs"))
+def test_without_grad_inputs_the_replay_reads_the_recording_calls_gradients(backend: str) -> None:
+    eager, _, _ = _train(False, backend=backend)
+    mine, step, _ = _train(True, unsafe=negative_control("grad_inputs"), backend=backend)
     assert step is not None and step.counts["replay"] == 4
     assert not _equal(eager, mine)
 
 
-def test_a_float_lr_changed_records_anew_and_diverges_unkeyed() -> None:
+def test_a_float_lr_changed_records_anew_and_diverges_unkeyed(backend: str) -> None:
     lr_at = {3: 0.05, 4: 0.02}
-    eager, _, _ = _train(False, lr_at=lr_at)
-    mine, step, _ = _train(True, lr_at=lr_at)
+    eager, _, _ = _train(False, lr_at=lr_at, backend=backend)
+    mine, step, _ = _train(True, lr_at=lr_at, backend=backend)
     assert step is not None and step.counts["record"] == 3 and _equal(eager, mine)
-    unsafe, step, _ = _train(True, lr_at=lr_at, unsafe=negative_control("host_values"))
+    unsafe, step, _ = _train(
+        True, lr_at=lr_at, unsafe=negative_control("host_values"), backend=backend
+    )
     assert step is not None and step.counts["record"] == 1 and not _equal(eager, unsafe)
 
 
-def test_reloaded_optimizer_state_records_anew_and_diverges_unwatched() -> None:
-    eager, _, _ = _train(False, reload_at=3)
-    mine, step, _ = _train(True, reload_at=3)
+def test_reloaded_optimizer_state_records_anew_and_diverges_unwatched(backend: str) -> None:
+    eager, _, _ = _train(False, reload_at=3, backend=backend)
+    mine, step, _ = _train(True, reload_at=3, backend=backend)
     assert step is not None and step.counts["rerecord"] == 1 and _equal(eager, mine)
     assert step.counts["replay"] >= 1
-    unsafe, step, _ = _train(True, reload_at=3, unsafe=negative_control("state_identity"))
+    unsafe, step, _ = _train(
+        True, reload_at=3, unsafe=negative_control("state_identity"), backend=backend
+    )
     assert step is not None and not _equal(eager, unsafe)
 
 

@@ -114,3 +114,35 @@ def test_strict_raises_instead_of_eager(backend: str, device: str, route: str) -
         else:
             model(x)
     rec.release()
+
+
+class _WritesInput(torch.nn.Module):
+    """Normalises its input in place, the way a user's preprocessing might."""
+
+    def __init__(self, foreach: bool) -> None:
+        super().__init__()
+        self.lin, self.foreach = torch.nn.Linear(4, 2), foreach
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.foreach:
+            torch._foreach_mul_([x], 0.5)
+        else:
+            x.mul_(0.5)
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["mul_", "foreach_mul_"])
+def test_a_forward_writing_its_input_retires_at_the_first_call(
+    backend: str, device: str, foreach: bool
+) -> None:
+    """The caller's tensor is written at every call, as eager writes it. A foreach op bumps no
+    version counter under a dispatch mode (the probe's, the tape's): the write would go to the
+    recording's own copy, the caller's tensor left unchanged at the first call."""
+    torch.manual_seed(0)
+    model = _WritesInput(foreach).to(device)
+    rec = rk.capture(model, backend=backend)
+    for _ in range(3):
+        x = torch.ones(3, 4, device=device)
+        model(x).sum().backward()
+        assert torch.equal(x, torch.full_like(x, 0.5))
+    assert rec.retire_reason is not None and "writes input 0 in place" in rec.retire_reason

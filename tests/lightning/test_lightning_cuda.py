@@ -65,25 +65,7 @@ def test_cuda_fit_leaves_no_more_memory_than_native(cuda_device: str) -> None:
     assert _leftover(cuda_device, replay=True) == _leftover(cuda_device, replay=False)
 
 
-@pytest.mark.parametrize(
-    "precision",
-    [
-        pytest.param(
-            "32",
-            marks=pytest.mark.xfail(
-                reason="on the H200 (11e42d2) the replayed optimizer step retired under the automatic loop: "
-                "exact, not replayed (issue 21 open)"
-            ),
-        ),
-        "16-mixed",
-        pytest.param(
-            "bf16-mixed",
-            marks=pytest.mark.xfail(
-                reason="Lightning's MixedPrecision refuses clipping with a fused optimizer on CUDA, natively too"
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("precision", ["32", "16-mixed", "bf16-mixed"])
 @pytest.mark.parametrize("accumulation", [1, 4])
 def test_cuda_automatic_step_parity(cuda_device: str, precision: str, accumulation: int) -> None:
     """ReplayCallback(optimizer_step=True) on a GPU: the optimizer step a CUDA graph, bitwise native."""
@@ -92,11 +74,11 @@ def test_cuda_automatic_step_parity(cuda_device: str, precision: str, accumulati
         precision=precision,
         accumulation=accumulation,
         device=cuda_device,
-        optimizer="sgd-fused",  # a tensor lr on the device; the GradScaler's skip stays on it
+        # a GradScaler replays with a fused optimizer only, which Lightning's mixed precision
+        # does not let clip; plain SGD clips under 32 and bf16-mixed
+        optimizer="sgd-fused" if precision == "16-mixed" else "sgd",
         n_train=48,
-        clip=None
-        if precision == "16-mixed"
-        else 0.5,  # Lightning: no clipping with a fused scaler step
+        clip=None if precision == "16-mixed" else 0.5,
         scheduler="cosine",
     )
     result = run_scenario(scenario, ["step", *step_unsafe_arms(scenario)])
