@@ -141,7 +141,7 @@ def bench_size(
     per: int = 10,
     device: str = "cuda",
     batch: int = 8,
-    arms: tuple[str, ...] = ARMS,
+    names: tuple[str, ...] = ARMS,
 ) -> list[Row]:
     """Every arm at one size (a :class:`CompiledConfig`, or a zoo model's name at ``batch``);
     ``warmup`` optimizer steps (compilation, recording) are not timed. ``device="cpu"`` is a
@@ -165,7 +165,7 @@ def bench_size(
     rng: dict[
         str, _Rng
     ] = {}  # each arm draws its own random numbers (dropout) across interleaved rounds
-    for name in arms:
+    for name in names:
         model = copy.deepcopy(base)
         rng[name] = _Rng(device)
         try:
@@ -197,7 +197,7 @@ def bench_size(
     medians = {n: statistics.median(t) for n, t in times.items() if t and n in arms}
     ro = medians.get("compile(reduce-overhead)")
     rows = []
-    for name in arms:
+    for name in names:
         ref = REFERENCE.get(name)
         equal = None
         if ref is not None and name in states and ref in states:
@@ -238,9 +238,9 @@ def run(
     out = []
     for acc in accumulates:
         for label, cfg in sizes.items():
-            out += bench_size(label, cfg, acc, arms=arms)
+            out += bench_size(label, cfg, acc, names=arms)
         for name in zoo:
-            out += bench_size(f"{name} b{zoo_batch}", name, acc, batch=zoo_batch, arms=arms)
+            out += bench_size(f"{name} b{zoo_batch}", name, acc, batch=zoo_batch, names=arms)
     return out
 
 
