@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import pathlib
 import statistics
 import time
 from collections.abc import Callable
@@ -233,14 +234,25 @@ def run(
     zoo: tuple[str, ...] = (),
     zoo_batch: int = 32,
     arms: tuple[str, ...] = ARMS,
+    device: str = "cuda",
+    **timing: int,
 ) -> list[Row]:
-    """The issue's sizes, then zoo models (``replaykit.testing.zoo.MODELS`` names) at ``zoo_batch``."""
+    """The issue's sizes, then zoo models (``replaykit.testing.zoo.MODELS`` names) at ``zoo_batch``;
+    ``timing``: :func:`bench_size`'s ``warmup``, ``rounds``, ``per``."""
     out = []
     for acc in accumulates:
         for label, cfg in sizes.items():
-            out += bench_size(label, cfg, acc, names=arms)
+            out += bench_size(label, cfg, acc, names=arms, device=device, **timing)
         for name in zoo:
-            out += bench_size(f"{name} b{zoo_batch}", name, acc, batch=zoo_batch, names=arms)
+            out += bench_size(
+                f"{name} b{zoo_batch}",
+                name,
+                acc,
+                batch=zoo_batch,
+                names=arms,
+                device=device,
+                **timing,
+            )
     return out
 
 
@@ -259,23 +271,102 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def run_isolated(
+    accumulates: tuple[int, ...] = (1, 2),
+    sizes: tuple[str, ...] = tuple(SIZES),
+    zoo: tuple[str, ...] = (),
+    arms: tuple[str, ...] = ARMS,
+    device: str = "cuda",
+    **timing: int,
+) -> list[Row]:
+    """:func:`run`, one process per accumulation and size (a size's arms side by side within it).
+
+    On the H200 (torch 2.11) a second size started in a process whose first size ran
+    reduce-overhead's CUDA graphs beside replaykit's crashed with an illegal memory access at its
+    first CUDA call (not under ``CUDA_LAUNCH_BLOCKING=1``, nor with one size per process): not
+    diagnosed. A process that fails leaves rows saying so.
+    """
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    import replaykit
+
+    root = str(
+        pathlib.Path(replaykit.__file__).resolve().parents[1]
+    )  # the tree the caller imported
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+    }
+    jobs = [("--sizes", k) for k in sizes] + [("--zoo", z) for z in zoo]
+    rows: list[Row] = []
+    for acc in accumulates:
+        for flag, name in jobs:
+            with tempfile.TemporaryDirectory() as tmp:
+                out = pathlib.Path(tmp) / "rows.json"
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "replaykit.testing.bench.compiled",
+                    "--accumulate",
+                    str(acc),
+                    flag,
+                    name,
+                ]
+                cmd += ["--zoo"] if flag == "--sizes" else ["--sizes"]
+                cmd += ["--arms", *arms, "--json", str(out), "--one-process", "--device", device]
+                cmd += [f"--{k}={v}" for k, v in timing.items()]
+                done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                if done.returncode != 0 or not out.exists():
+                    tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:160]
+                    label = name if flag == "--sizes" else f"{name} b32"
+                    rows += [
+                        Row(label, a, acc, None, None, None, None, f"crashed: {tail}") for a in arms
+                    ]
+                    continue
+                rows += [Row(**r) for r in json.loads(out.read_text())]
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--accumulate", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--sizes", nargs="+", default=list(SIZES))
+    parser.add_argument("--sizes", nargs="*", default=list(SIZES))
     parser.add_argument("--zoo", nargs="*", default=[])
     parser.add_argument("--json", default=None)
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument("--device", default="cuda")
+    for knob in ("warmup", "rounds", "per"):
+        parser.add_argument(f"--{knob}", type=int, default=None)
+    parser.add_argument(
+        "--one-process", action="store_true", help="every size in this process (see run_isolated)"
+    )
     args = parser.parse_args()
     from ...determinism import enable_determinism
 
-    enable_determinism()
-    rows = run(
-        tuple(args.accumulate),
-        {k: SIZES[k] for k in args.sizes},
-        tuple(args.zoo),
-        arms=tuple(args.arms),
-    )
+    timing = {k: getattr(args, k) for k in ("warmup", "rounds", "per") if getattr(args, k)}
+    if args.one_process or len(args.accumulate) * (len(args.sizes) + len(args.zoo)) <= 1:
+        if args.device == "cuda":
+            enable_determinism()
+        rows = run(
+            tuple(args.accumulate),
+            {k: SIZES[k] for k in args.sizes},
+            tuple(args.zoo),
+            arms=tuple(args.arms),
+            device=args.device,
+            **timing,
+        )
+    else:
+        rows = run_isolated(
+            tuple(args.accumulate),
+            tuple(args.sizes),
+            tuple(args.zoo),
+            tuple(args.arms),
+            args.device,
+            **timing,
+        )
     print(markdown(rows))
     if args.json:
         with open(args.json, "w") as f:
