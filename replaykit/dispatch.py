@@ -7,7 +7,8 @@ plain ``TorchDispatchMode`` do not:
 - Under any dispatch mode, a foreach op's in-place write (``torch._foreach_mul_``, which
   ``clip_grad_norm_`` uses) bumps no version counter; outside one, and on a capturing CUDA
   stream, it does. A check of inputs written in place would then pass on the CPU and fail on a
-  GPU. :meth:`WatchingMode.run` bumps what the op left unbumped.
+  GPU, and a forward writing its input with one would lose that write unseen.
+  :meth:`WatchingMode.run` bumps what a foreach op left unbumped.
 - Dynamo skips compiled frames under a mode that does not declare
   ``ignore_compile_internals``, and marks their code skipped for good: a ``torch.compile``'d
   model would run uncompiled ever after.
@@ -24,6 +25,8 @@ from torch.utils._pytree import tree_leaves
 __all__ = ["WatchingMode", "written", "written_positions"]
 
 _POSITIONS: dict[Any, tuple[int, ...]] = {}
+_FOREACH_WRITES: set[Any] = set()
+_OTHER_OPS: set[Any] = set()
 
 
 def written_positions(func: Any) -> tuple[int, ...]:
@@ -62,9 +65,16 @@ class WatchingMode(TorchDispatchMode):
 
     @staticmethod
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
-        """``func(*args, **kwargs)``, with the version counters of what it wrote bumped."""
-        if not written_positions(func):
-            return func(*args, **kwargs)
+        """``func(*args, **kwargs)``; a foreach op's writes get the version bump they get outside a
+        mode. Only foreach ops: other ops with written arguments (batch norm's running statistics
+        in cuDNN's kernel) bump nothing outside a mode either, and must not here."""
+        if func not in _FOREACH_WRITES:
+            if func in _OTHER_OPS:
+                return func(*args, **kwargs)
+            if not (func.__name__.startswith("_foreach_") and written_positions(func)):
+                _OTHER_OPS.add(func)
+                return func(*args, **kwargs)
+            _FOREACH_WRITES.add(func)
         targets = written(func, args, kwargs)
         before = [t._version for t in targets]
         out = func(*args, **kwargs)

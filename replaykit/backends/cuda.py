@@ -174,7 +174,7 @@ class CudaRecording(Recording):
             ):
                 outs = forward()
         except BaseException:
-            end_failed_capture(device)
+            end_failed_capture(device, pool)
             raise
         self.differentiable = differentiable_indices(outs)
         self.static_outputs = outs
@@ -251,7 +251,7 @@ class CudaRecording(Recording):
                 )
         except Exception as exc:  # the eager path stays exact; the journal says why
             self.capture_error = f"{type(exc).__name__}: {exc}"
-            end_failed_capture(self._device)
+            end_failed_capture(self._device, self._pool)
             return False
         finally:
             self._hooks.release = False
@@ -291,15 +291,21 @@ class CudaRecording(Recording):
         self._hooks = _SavedHooks()
 
 
-def end_failed_capture(device: torch.device) -> None:
-    """Put the CUDA generators back after a capture that raised.
+def end_failed_capture(device: torch.device, pool: tuple[int, int]) -> None:
+    """Put the CUDA generators and the pool back after a capture that raised.
 
     ``torch.cuda.graph`` marks the default generator as capturing at the start and
     unmarks it at a clean end; a capture that raises can leave the mark, and every
     later random op in the process then fails with "Offset increment outside graph
     capture encountered unexpectedly" (seen on the H200). An empty capture runs the
-    generators' prologue and epilogue again and clears it.
+    generators' prologue and epilogue again and clears it. A capture whose end raised
+    (a host read invalidated it) also leaves the allocator routing into ``pool``: the
+    next capture into it, this entry point's or another's sharing it, failed with
+    "beginAllocateToPool: already recording to mempool_id" (seen on the H200).
     """
+    with contextlib.suppress(RuntimeError):  # "not currently recording": the end ran
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        torch._C._cuda_endAllocateToPool(index, pool)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "the CUDA graph is empty"
         with contextlib.suppress(
@@ -383,7 +389,7 @@ class CudaRegion(Region):
         self.graph.replay()
 
     def abort(self) -> None:
-        end_failed_capture(self.device)
+        end_failed_capture(self.device, self.pool)
 
     def free(self) -> None:
         self.graph = None

@@ -26,3 +26,32 @@ def test_a_failed_backward_capture_leaves_the_generator_usable(cuda_device: str)
         assert torch.equal(p.grad, q.grad)
     assert rec.counts["replay"] == 2
     rec.release()
+
+
+def test_a_failed_capture_leaves_the_shared_pool_usable(cuda_device: str) -> None:
+    """A capture invalidated by a host read ends with an error, which left the allocator routing
+    into the pool: the next capture into it (another step sharing the ``rk.MemoryPool``, or this
+    step capturing again, watched) failed with 'already recording to mempool_id'."""
+    pool = rk.MemoryPool()
+
+    def loss_fn(m, x):
+        out = m(x).square().mean()
+        return out * 2 if bool(m.weight.sum() > 0) else out  # a host read of the model's state
+
+    torch.manual_seed(0)
+    reads = nn.Linear(4, 4).to(cuda_device)
+    plain = nn.Linear(4, 4).to(cuda_device)
+    first = rk.TrainStep(reads, loss_fn, torch.optim.SGD(reads.parameters(), lr=0.1), pool=pool)
+    second = rk.TrainStep(
+        plain,
+        lambda m, x: m(x).square().mean(),
+        torch.optim.SGD(plain.parameters(), lr=0.1),
+        pool=pool,
+    )
+    x = torch.randn(8, 4, device=cuda_device)
+    for _ in range(3):
+        first(x)
+    assert first.retire_reason is not None and "capture failed" in first.retire_reason
+    for _ in range(3):
+        second(x)
+    assert second.counts["record"] == 1 and second.counts["replay"] >= 1, second.summary()

@@ -32,7 +32,7 @@ def _train(
         opt: torch.optim.Optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     else:
         lr = torch.tensor(0.01, device=device)
-        opt = torch.optim.AdamW(net.parameters(), lr=lr, fused=True)
+        opt = torch.optim.AdamW(net.parameters(), lr=lr, fused=True, capturable=device == "cuda")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         step = OptimizerStep(opt, unsafe_disable=unsafe, backend=backend) if replay else None
