@@ -49,6 +49,7 @@ class MemoryPool:
 
     def __init__(self) -> None:
         self._handles: dict[torch.device, tuple[int, int]] = {}
+        self._spent: dict[torch.device, list[tuple[int, int]]] = {}
         self._users: list[weakref.ref] = []
         self._holder: weakref.ref | None = None
         self.emulated = False  # set when an emulated backend joins: claims then overwrite
@@ -62,6 +63,14 @@ class MemoryPool:
             with torch.cuda.device(device):
                 self._handles[device] = torch.cuda.graph_pool_handle()
         return self._handles[device]
+
+    def renew(self, device: torch.device, handle: tuple[int, int]) -> None:
+        """A failed capture left ``handle`` unusable for captures (the CUDA backend says when):
+        every user's later captures on ``device`` go to a new pool."""
+        if self._handles.get(device) == handle:
+            self._spent.setdefault(device, []).append(handle)
+            with torch.cuda.device(device):
+                self._handles[device] = torch.cuda.graph_pool_handle()
 
     def join(self, user: PoolUser) -> None:
         """``user`` records into this pool from now on."""
@@ -101,7 +110,9 @@ class MemoryPool:
     def reserved_bytes(self, device: torch.device) -> int | None:
         """Bytes the CUDA caching allocator holds in this pool on ``device`` (None: no pool there)."""
         handle = self._handles.get(device)
-        return None if handle is None else pool_reserved(device, handle)
+        if handle is None:
+            return None
+        return sum(pool_reserved(device, h) for h in (handle, *self._spent.get(device, ())))
 
 
 def pool_reserved(device: torch.device, handle: tuple[int, int]) -> int:

@@ -124,7 +124,9 @@ class CudaRecording(Recording):
         warmup: int,
         pool: tuple[int, int],
         device: torch.device,
+        spent: Callable[[tuple[int, int]], None] = lambda pool: None,
     ) -> None:
+        self._spent = spent  # told when a failed capture leaves the pool's id unusable
         self.static_inputs = static_inputs
         self.params = params
         leaves = [p.detach().requires_grad_(True) for p in params]
@@ -174,7 +176,8 @@ class CudaRecording(Recording):
             ):
                 outs = forward()
         except BaseException:
-            end_failed_capture(device, pool)
+            if end_failed_capture(device, pool):
+                spent(pool)
             raise
         self.differentiable = differentiable_indices(outs)
         self.static_outputs = outs
@@ -251,7 +254,8 @@ class CudaRecording(Recording):
                 )
         except Exception as exc:  # the eager path stays exact; the journal says why
             self.capture_error = f"{type(exc).__name__}: {exc}"
-            end_failed_capture(self._device, self._pool)
+            if end_failed_capture(self._device, self._pool):
+                self._spent(self._pool)
             return False
         finally:
             self._hooks.release = False
@@ -291,21 +295,28 @@ class CudaRecording(Recording):
         self._hooks = _SavedHooks()
 
 
-def end_failed_capture(device: torch.device, pool: tuple[int, int]) -> None:
-    """Put the CUDA generators and the pool back after a capture that raised.
+def end_failed_capture(device: torch.device, pool: tuple[int, int]) -> bool:
+    """Put the CUDA generators back after a capture that raised; True when ``pool`` must not be
+    captured into again.
 
     ``torch.cuda.graph`` marks the default generator as capturing at the start and
     unmarks it at a clean end; a capture that raises can leave the mark, and every
     later random op in the process then fails with "Offset increment outside graph
     capture encountered unexpectedly" (seen on the H200). An empty capture runs the
-    generators' prologue and epilogue again and clears it. A capture whose end raised
-    (a host read invalidated it) also leaves the allocator routing into ``pool``: the
-    next capture into it, this entry point's or another's sharing it, failed with
-    "beginAllocateToPool: already recording to mempool_id" (seen on the H200).
+    generators' prologue and epilogue again and clears it.
+
+    A capture invalidated by CUDA (a host read inside it) raises in ``capture_end`` before
+    the device and the pinned-host allocators stop routing into ``pool``: the next capture
+    into it failed with "beginAllocateToPool: already recording to mempool_id" (seen on the
+    H200). The device allocator's routing is ended here; the host allocator's has no Python
+    handle, so the pool's id is spent and later captures take a new one (``True``).
     """
-    with contextlib.suppress(RuntimeError):  # "not currently recording": the end ran
-        index = device.index if device.index is not None else torch.cuda.current_device()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
         torch._C._cuda_endAllocateToPool(index, pool)
+        spent = True  # it was still routing: capture_end raised before ending it
+    except RuntimeError:  # "not currently recording": the capture ended cleanly
+        spent = False
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "the CUDA graph is empty"
         with contextlib.suppress(
@@ -316,6 +327,7 @@ def end_failed_capture(device: torch.device, pool: tuple[int, int]) -> None:
         with torch.cuda.device(device), torch.cuda.graph(graph):
             pass
         graph.reset()
+    return spent
 
 
 def _layout(grads: Sequence[torch.Tensor | None]) -> tuple:
@@ -333,10 +345,32 @@ class CudaBackend(Backend):
         if device.type != "cuda":
             raise ReplayError(f"backend='cuda' needs the module on a CUDA device, not {device}")
         self.device = device
-        self.pool = pool.handle(device) if pool is not None else torch.cuda.graph_pool_handle()
+        self._shared = pool
+        self._own = None if pool is not None else torch.cuda.graph_pool_handle()
+        self._spent_pools: list[tuple[int, int]] = []
+
+    @property
+    def pool(self) -> tuple[int, int]:
+        """The pool new captures go to (a shared ``MemoryPool``'s, read each time: it may renew)."""
+        if self._shared is not None:
+            return self._shared.handle(self.device)
+        assert self._own is not None
+        return self._own
+
+    def spend(self, handle: tuple[int, int]) -> None:
+        """A failed capture left ``handle`` unusable for captures: new ones take a new pool
+        (recordings already in it keep their memory there)."""
+        if self._shared is not None:
+            self._shared.renew(self.device, handle)
+        elif self._own == handle:
+            self._spent_pools.append(handle)
+            with torch.cuda.device(self.device):
+                self._own = torch.cuda.graph_pool_handle()
 
     def pool_reserved(self) -> int | None:
-        return pool_reserved(self.device, self.pool)
+        if self._shared is not None:
+            return self._shared.reserved_bytes(self.device)
+        return sum(pool_reserved(self.device, h) for h in (self.pool, *self._spent_pools))
 
     def record(
         self,
@@ -349,10 +383,12 @@ class CudaBackend(Backend):
             if t.device != self.device:
                 raise ReplayError(f"input on {t.device}, recorder on {self.device}")
         with torch.cuda.device(self.device):
-            return CudaRecording(fn, static_inputs, params, warmup, self.pool, self.device)
+            return CudaRecording(
+                fn, static_inputs, params, warmup, self.pool, self.device, self.spend
+            )
 
     def region(self, fixed: Sequence[torch.Tensor]) -> Region:
-        return CudaRegion(self.device, self.pool)
+        return CudaRegion(self.device, self.pool, self.spend)
 
     def trim(self) -> None:
         with torch.cuda.device(self.device):
@@ -368,9 +404,15 @@ class CudaRegion(Region):
 
     executes = False
 
-    def __init__(self, device: torch.device, pool: tuple) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        pool: tuple,
+        spent: Callable[[tuple[int, int]], None] = lambda pool: None,
+    ) -> None:
         self.device = device
         self.pool = pool
+        self._spent = spent
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def capture(self, body: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
@@ -389,7 +431,8 @@ class CudaRegion(Region):
         self.graph.replay()
 
     def abort(self) -> None:
-        end_failed_capture(self.device, self.pool)
+        if end_failed_capture(self.device, self.pool):
+            self._spent(self.pool)
 
     def free(self) -> None:
         self.graph = None
