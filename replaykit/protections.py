@@ -105,7 +105,7 @@ REGISTRY: dict[str, Protection] = {
         Protection(
             "host_rng",
             "both",
-            "a recorded call that drew from Python's or numpy's RNG replays the first draw for ever",
+            "a recorded call that drew from Python's or numpy's RNG, or from torch's CPU generator beside a GPU model, replays the first draw for ever",
         ),
         Protection(
             "forward_inputs",

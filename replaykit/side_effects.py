@@ -10,7 +10,8 @@ forward, or the whole step's recording call)
 - changes a container or plain object the model holds (``self.log.append(...)``),
 
 replays would silently not do it again. Nor would a replay draw again from Python's
-``random`` or numpy's global RNG (mixup's lambda, LayerDrop): it repeats the first draw.
+``random``, numpy's global RNG (mixup's lambda, LayerDrop) or, beside a GPU model, torch's CPU
+generator (transformers' LayerDrop draws ``torch.rand([])`` on the host): it repeats the first draw.
 :class:`SideEffects` watches one run for all of these; both entry points ask it the same question.
 """
 
@@ -49,6 +50,10 @@ class SideEffects:
     ) -> None:
         self._module = module
         self._rng = host_rng_state() if host_rng else None
+        # torch's CPU generator is the device's when the model is on the CPU (the emulated tape
+        # replays its draws); beside a GPU model it is host state a CUDA graph never advances
+        on_gpu = any(t.device.type != "cpu" for t in (*module.parameters(), *module.buffers()))
+        self._cpu_rng = torch.default_generator.get_state() if host_rng and on_gpu else None
         self._inputs = list(inputs)
         self._versions = [x._version for x in self._inputs]
         self._held = held_values(module)
@@ -90,6 +95,10 @@ class SideEffects:
         return (
             not self.written_inputs()
             and (self._rng is None or host_rng_state() == self._rng)
+            and (
+                self._cpu_rng is None
+                or torch.equal(torch.default_generator.get_state(), self._cpu_rng)
+            )
             and bool(self._changing_writes() or self._changed_held())
         )
 
@@ -112,4 +121,11 @@ class SideEffects:
             return f"{who} changes {changed[0]} (a container or object the model holds); a replay would not"
         if self._rng is not None and host_rng_state() != self._rng:
             return f"{who} draws from Python's random or numpy's global RNG; a replay would repeat the first draw"
+        if self._cpu_rng is not None and not torch.equal(
+            torch.default_generator.get_state(), self._cpu_rng
+        ):
+            return (
+                f"{who} draws from torch's CPU generator beside a GPU model (torch.rand([]) on the "
+                "host, as LayerDrop does); a replay would repeat the first draw"
+            )
         return None

@@ -616,3 +616,41 @@ def test_a_capture_time_branch_is_caught_at_recording(backend, device, unsafe):
     assert step.eager_reasons["diverged"] == 3 and not step.retired
     refusal = next(e for e in step.journal if e.kind == "refuse")
     assert refusal.detail.startswith("the recording differs from eager: loss")
+
+
+class _TorchLayerDrop(SmallNet):
+    """transformers' LayerDrop: ``torch.rand([])`` drawn on the host and compared there."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        if torch.rand([]) < 0.5:  # a CPU draw, read on the host
+            h = h * 0.5
+        return self.head(h)
+
+
+@pytest.mark.parametrize("unsafe", [False, True], ids=["guarded", "unguarded"])
+def test_a_cpu_generator_draw_beside_a_gpu_model_retires(backend, device, unsafe):
+    """Beside a GPU model torch's CPU generator is host state: a CUDA graph freezes the branch the
+    first draw took and never advances the generator. (On the CPU the draw is the device's and
+    its host read is what the tape refuses.) Exact either way: the step retires."""
+    if unsafe and backend != "cuda":
+        pytest.skip("the frozen draw exists beside a GPU model only")
+
+    def build(replay):
+        model = _TorchLayerDrop().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        kw = {"unsafe_disable": ("host_rng",)} if unsafe else {}
+        return {"model": model, "opt": opt, "step": TrainStep(model, _ce, opt, replay=replay, **kw)}
+
+    def drive(env, g):
+        out = [env["step"](*_batches(g, device)) for _ in range(8)]
+        return [*out, torch.tensor(float(torch.rand([])))]  # where the CPU stream stands
+
+    diffs, step = _pair(build, drive, device)
+    if unsafe:
+        assert diffs, step.summary()
+        return
+    assert not diffs, diffs[:3]
+    assert step.retire_reason is not None and step.counts["replay"] == 0, step.summary()
+    if backend == "cuda":
+        assert "CPU generator" in step.retire_reason

@@ -132,7 +132,8 @@ def run(size: Size, device: str = "cuda", steps: int = 100) -> list[dict[str, An
         elif arm == "lightning eager":
             module, cbs = _Auto(net), []
         elif arm == "lightning + network replay":
-            module, cbs = _Auto(net), [ReplayCallback("net")]
+            cb = ReplayCallback("net")
+            module, cbs = _Auto(net), [cb]
         elif arm == AUTOMATIC:
             cb = ReplayCallback("net", optimizer_step=True)
             module, cbs = _Auto(net), [cb]
@@ -140,9 +141,12 @@ def run(size: Size, device: str = "cuda", steps: int = 100) -> list[dict[str, An
             module, cbs = _Whole(net), []
         t = _fit(module, data, device, cbs)
         row = {"size": size.name, "arm": arm, "median_ms": statistics.median(t), "steps": len(t)}
-        if arm == AUTOMATIC:  # what replayed: network and optimizer step
-            row["net_replays"] = cb.summary()["net"]["replay"]
-            row["step_replays"] = cb.summary()["optimizer_step"]["replay"]
+        if arm in (AUTOMATIC, "lightning + network replay"):  # what replayed, and why not
+            summary = cb.summary()
+            row["net_replays"] = summary["net"]["replay"]
+            row["net_eager"] = summary["net"].get("eager_reasons", {})
+            if arm == AUTOMATIC:
+                row["step_replays"] = summary["optimizer_step"]["replay"]
         out.append(row)
     if device == "cuda":
         net = DetectionNet(width=size.width, depth=size.depth).to(device)
@@ -187,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", default=None, help="write the rows and lines here")
     args = ap.parse_args(argv)
+    if args.device == "cuda":  # eager must repeat itself, or each recording's check refuses it
+        from ...determinism import enable_determinism
+
+        enable_determinism()
     sizes = [s for s in SIZES if s.name in args.sizes.split(",")]
     results = []
     for size in sizes:
