@@ -50,6 +50,23 @@ class LayerDrop(nn.Module):
         return self.head(x)
 
 
+class TorchLayerDrop(LayerDrop):
+    """transformers' LayerDrop (Whisper, BART): ``torch.rand([])`` drawn on the host, compared there."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            if self.training and torch.rand([]) < self.p:
+                continue
+            x = x + torch.relu(block(x))
+        return self.head(x)
+
+
+TORCH_RAND_CPU = (
+    "on the CPU torch's generator is the device's and its host read is what the tape refuses (the "
+    "step retires there, exact); beside a GPU model a CUDA graph freezes the first draw's branch"
+)
+
+
 class NumpyNoise(nn.Module):
     """Feature noise whose scale is drawn from numpy's global RNG in forward."""
 
@@ -192,6 +209,16 @@ PATTERNS: list[Pattern] = [
         _seeded(lambda m, a: step_loop(m, a, steps=6)),
         guard="host_rng",
         api="step",
+    ),
+    Pattern(
+        "step_layerdrop_torch_rand",
+        HAZARD,
+        "LayerDrop decided by torch.rand([]) on the host (transformers' Whisper, BART), whole step",
+        lambda d: TorchLayerDrop().to(d),
+        _seeded(lambda m, a: step_loop(m, a, steps=6)),
+        guard="host_rng",
+        api="step",
+        cuda_only=TORCH_RAND_CPU,
     ),
     Pattern(
         "numpy_noise_in_forward",
