@@ -56,14 +56,6 @@ _PTR = torch.Tensor.data_ptr
 _STRIDE = torch.Tensor.stride
 _IS_NONE = partial(operator.is_, None)
 _NO_LOSS = torch.zeros(())  # end_state names a loss; an optimizer step has none
-_SCALARS = (float, int, bool, str, type(None), torch.Tensor)  # a tensor is keyed by identity anyway
-
-
-def _immutable(value: Any) -> bool:
-    """Whether a hyperparameter's identity stands for its value (``betas``: a tuple of floats)."""
-    if isinstance(value, tuple):
-        return all(isinstance(v, _SCALARS) for v in value)
-    return isinstance(value, _SCALARS)
 
 
 class _Recording:
@@ -128,7 +120,6 @@ class OptimizerStep(Lifecycled):
         self._keyed_state = "module_state" not in self.disabled
         self._grads_in = "grad_inputs" not in self.disabled
         self._verify = "verify_recording" not in self.disabled
-        self._hyper_cache: tuple | None = None
         self._align_mask = ALIGNMENT.get(self.device.type, 512) - 1
 
     def _find_params(self) -> None:
@@ -218,19 +209,6 @@ class OptimizerStep(Lifecycled):
         aligned = tuple(map(alignment, present)) if misaligned else 0
         strides = tuple(map(_STRIDE, present))
         return (state if self._keyed_state else None, hyper, pattern, strides, aligned)
-
-    def _hyper(self, key: tuple) -> tuple:
-        """:func:`~replaykit.step_guards.hyper_key`, reused while every group holds the very same
-        value objects (kept alive here, so an id cannot be reused) and none is mutable in place."""
-        extra = (*key, scaler_key(self.scaler))
-        ids = tuple(id(v) for g in self.optimizer.param_groups for v in g.values())
-        cached = self._hyper_cache
-        if cached is not None and cached[0] == ids and cached[1] == extra:
-            return cached[3]
-        values = [v for g in self.optimizer.param_groups for k, v in g.items() if k != "params"]
-        hyper = hyper_key(self.optimizer, extra)
-        self._hyper_cache = (ids, extra, values, hyper) if all(map(_immutable, values)) else None
-        return hyper
 
     def _eager(self, body: Callable[[], Any], reason: str | None) -> None:
         if reason is not None:
