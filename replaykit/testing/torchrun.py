@@ -14,6 +14,21 @@ import signal
 import subprocess
 import sys
 
+#: The jobs running now (several threads may each wait on one).
+_LIVE: set[subprocess.Popen] = set()
+
+
+def stop_jobs_on_sigterm() -> None:
+    """Make SIGTERM (a ``timeout`` around the driver) stop every running job before the driver
+    exits: torchrun's process is in a session of its own and would outlive the driver."""
+
+    def stop(signum: int, frame: object) -> None:
+        for proc in list(_LIVE):
+            proc.terminate()
+        raise SystemExit(f"stopped by signal {signum}: {len(_LIVE)} torchrun job(s) stopped")
+
+    signal.signal(signal.SIGTERM, stop)
+
 
 def torchrun(module: str, args: list[str], nproc: int, timeout: float, what: str) -> str:
     """Run ``python -m module *args`` as ``nproc`` torchrun processes; returns their stdout.
@@ -39,6 +54,7 @@ def torchrun(module: str, args: list[str], nproc: int, timeout: float, what: str
         env=env,
         start_new_session=True,
     )
+    _LIVE.add(proc)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -47,6 +63,8 @@ def torchrun(module: str, args: list[str], nproc: int, timeout: float, what: str
             f"{what} did not finish in {timeout:.0f} s (a hung collective?); the processes were "
             f"stopped:\n{stderr[-3000:]}"
         ) from None
+    finally:
+        _LIVE.discard(proc)
     if proc.returncode != 0:
         raise RuntimeError(
             f"{what} failed (exit {proc.returncode}):\n{stdout[-2000:]}\n{stderr[-4000:]}"

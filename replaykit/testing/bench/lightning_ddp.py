@@ -40,7 +40,7 @@ import torch
 from ...lightning import ReplayCallback
 from ..nets import DetectionNet
 from ..parity.one_device import one_device_trainer_args
-from ..torchrun import torchrun
+from ..torchrun import stop_jobs_on_sigterm, torchrun
 from .lightning_step import AutoModule, fit_step_ms
 from .timing import SIZES
 
@@ -80,7 +80,6 @@ def _rank_rows(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
     rank = int(os.environ.get("RANK", "0"))
     device = spec["device"]
-    layout = _layout(spec["devices"], spec["one_device"])
     # where Lightning puts this rank's module: its own GPU, the first under --one-device
     local = 0 if spec["one_device"] else int(os.environ.get("LOCAL_RANK", "0"))
     dev = torch.device(f"cuda:{local}" if device == "cuda" else "cpu")
@@ -100,6 +99,7 @@ def _rank_rows(spec: dict[str, Any]) -> list[dict[str, Any]]:
                 cb = ReplayCallback("net", optimizer_step=arm == STEP)
                 cbs.append(cb)
             module = AutoModule(net)
+            layout = _layout(spec["devices"], spec["one_device"])  # a strategy serves one Trainer
             t = fit_step_ms(module, data, device, cbs, use_distributed_sampler=False, **layout)
             row = {
                 "size": size.name,
@@ -198,7 +198,7 @@ def run(
 
 def _transport(device: str, one_device: bool) -> str:
     if one_device:
-        return f"every rank on {device}:0 over gloo"
+        return f"every rank on {'cuda:0' if device == 'cuda' else 'the CPU'} over gloo"
     return "nccl" if device == "cuda" else "gloo"
 
 
@@ -243,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         _worker(args.worker)
         return 0
+    stop_jobs_on_sigterm()
     try:
         results = run(
             args.sizes.split(","),

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from ...bitwise import TensorDiff, diff_states
-from ..torchrun import torchrun
+from ..torchrun import stop_jobs_on_sigterm, torchrun
 from .arms import STEP_ARM, STEP_UNSAFE, run_arm
 from .ddp_matrix import UNSAFE_ARM, arm_report, ddp_scenarios, line, markdown, passed, total
 from .scenario import ArmOutcome, Scenario, ScenarioResult, quiet_replay_warnings
@@ -233,15 +233,7 @@ def matrix_main(args: argparse.Namespace) -> int:
         f"{transport}), {args.jobs} job(s) at a time, {args.timeout:.0f} s per job",
         flush=True,
     )
-    rows = run_matrix(
-        scenarios,
-        jobs=args.jobs,
-        timeout=args.timeout,
-        unsafe=not args.no_unsafe,
-        report=lambda r: print(line(r), flush=True),
-    )
-    summary = total(rows)
-    print(summary, flush=True)
+    stop_jobs_on_sigterm()
     meta = {
         "task": args.task,
         "devices": args.devices,
@@ -251,6 +243,19 @@ def matrix_main(args: argparse.Namespace) -> int:
         "timeout_s": args.timeout,
         "torch": torch.__version__,
     }
+    done: list[dict[str, Any]] = []
+
+    def report(row: dict[str, Any]) -> None:
+        print(line(row), flush=True)
+        done.append(row)
+        if args.json is not None:  # what finished survives a driver stopped later
+            args.json.write_text(json.dumps({**meta, "partial": True, "rows": done}, default=str))
+
+    rows = run_matrix(
+        scenarios, jobs=args.jobs, timeout=args.timeout, unsafe=not args.no_unsafe, report=report
+    )
+    summary = total(rows)
+    print(summary, flush=True)
     if args.json is not None:
         args.json.write_text(
             json.dumps({**meta, "line": summary, "rows": rows}, indent=1, default=str)
