@@ -38,7 +38,9 @@ ARMS = (
 RAW = "raw step graph"
 
 
-class _Stamps(L.Callback):
+class Stamps(L.Callback):
+    """A synchronized timestamp at every ``on_train_batch_end``: step times from their differences."""
+
     def __init__(self) -> None:
         self.t: list[float] = []
 
@@ -48,7 +50,9 @@ class _Stamps(L.Callback):
         self.t.append(time.perf_counter())
 
 
-class _Auto(L.LightningModule):
+class AutoModule(L.LightningModule):
+    """Automatic optimization of ``net``: the heads' loss, SGD with momentum (fused on CUDA)."""
+
     def __init__(self, net: nn.Module) -> None:
         super().__init__()
         self.net = net
@@ -62,14 +66,14 @@ class _Auto(L.LightningModule):
         )
 
 
-class _Floor(_Auto):
+class _Floor(AutoModule):
     """One parameter: what Lightning's loop costs per step by itself."""
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         return (self.net.weight * batch[0].mean()).square().sum()
 
 
-class _Whole(_Auto):
+class _Whole(AutoModule):
     def __init__(self, net: nn.Module) -> None:
         super().__init__(net)
         self.automatic_optimization = False
@@ -81,14 +85,20 @@ class _Whole(_Auto):
         self.step(batch[0])
 
 
-def _fit(
-    module: L.LightningModule, data: torch.Tensor, device: str, callbacks: list
+def fit_step_ms(
+    module: L.LightningModule,
+    data: torch.Tensor,
+    device: str,
+    callbacks: list,
+    **trainer_args: Any,
 ) -> list[float]:
-    stamps = _Stamps()
+    """One epoch over ``data``'s batches; the steady step times in ms (the first fifth, which
+    records, left out). ``trainer_args`` replace the single-device layout (``devices=1``)."""
+    stamps = Stamps()
     trainer = L.Trainer(
         max_epochs=1,
         accelerator="gpu" if device == "cuda" else "cpu",
-        devices=1,
+        **({"devices": 1} | trainer_args),
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -130,16 +140,16 @@ def run(size: Size, device: str = "cuda", steps: int = 100) -> list[dict[str, An
         if arm == "lightning floor":
             module, cbs = _Floor(nn.Linear(1, 1, bias=False)), []
         elif arm == "lightning eager":
-            module, cbs = _Auto(net), []
+            module, cbs = AutoModule(net), []
         elif arm == "lightning + network replay":
             cb = ReplayCallback("net")
-            module, cbs = _Auto(net), [cb]
+            module, cbs = AutoModule(net), [cb]
         elif arm == AUTOMATIC:
             cb = ReplayCallback("net", optimizer_step=True)
-            module, cbs = _Auto(net), [cb]
+            module, cbs = AutoModule(net), [cb]
         else:
             module, cbs = _Whole(net), []
-        t = _fit(module, data, device, cbs)
+        t = fit_step_ms(module, data, device, cbs)
         row = {"size": size.name, "arm": arm, "median_ms": statistics.median(t), "steps": len(t)}
         if arm in (AUTOMATIC, "lightning + network replay"):  # what replayed, and why not
             summary = cb.summary()

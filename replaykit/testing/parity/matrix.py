@@ -10,7 +10,13 @@ from dataclasses import asdict
 from typing import Any
 
 from .arms import STEP_ARM, run_scenario, step_unsafe_arms, unsafe_arms
-from .scenario import PRECISIONS, Scenario, ScenarioResult, steady_steps
+from .scenario import (
+    PRECISIONS,
+    Scenario,
+    ScenarioResult,
+    automatic_step_choice,
+    steady_steps,
+)
 
 
 def matrix(
@@ -54,16 +60,10 @@ def automatic_matrix(
     ``scaler.step`` reads ``found_inf`` on the host). Lightning's mixed precision does not let a
     fused optimizer clip (it unscales internally): scenarios with one run unclipped.
     """
-    clips = {1: (0.5, "norm"), 2: (0.05, "value"), 4: (1.0, "norm")}
     chosen = str(common.pop("optimizer", "auto"))
 
     def one(t: str, p: str, a: int, lay: str) -> Scenario:
-        clip, algorithm = clips.get(a, (None, "norm"))
-        optimizer = chosen
-        if optimizer == "auto":
-            optimizer = "sgd-fused" if p == "16-mixed" else "sgd"
-        if p != "32" and optimizer.endswith("-fused"):
-            clip = None
+        optimizer, clip, algorithm = automatic_step_choice(p, a, chosen)
         partial = lay.startswith("partial")
         return Scenario(
             task=t,

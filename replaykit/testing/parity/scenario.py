@@ -21,6 +21,33 @@ PRECISIONS: tuple[str, ...] = ("32", "16-mixed", "bf16-mixed")
 EXERCISES = {"two_forwards": "hold", "keep_outputs": "live_outputs", "drop_head": "none_pattern"}
 
 
+#: The automatic step arm's clipping by accumulation: norm and value alternate.
+AUTOMATIC_CLIPS: dict[int, tuple[float, str]] = {
+    1: (0.5, "norm"),
+    2: (0.05, "value"),
+    4: (1.0, "norm"),
+}
+
+
+def automatic_step_choice(
+    precision: str, accumulation: int, optimizer: str = "auto"
+) -> tuple[str, float | None, str]:
+    """The automatic step arm's optimizer, clip value and clip algorithm for a scenario (the
+    single-process matrix and the DDP matrix share it).
+
+    ``optimizer="auto"``: plain SGD, except under ``16-mixed``, whose GradScaler replays with a
+    fused optimizer only (a non-fused ``scaler.step`` reads ``found_inf`` on the host).
+    Lightning's mixed precision does not let a fused optimizer clip (it unscales internally):
+    such scenarios run unclipped.
+    """
+    clip, algorithm = AUTOMATIC_CLIPS.get(accumulation, (None, "norm"))
+    if optimizer == "auto":
+        optimizer = "sgd-fused" if precision == "16-mixed" else "sgd"
+    if precision != "32" and optimizer.endswith("-fused"):
+        clip = None
+    return optimizer, clip, algorithm
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One training configuration of the parity matrix."""
