@@ -107,12 +107,9 @@ def test_a_generator_held_by_the_model_draws_as_eager_when_the_step_retires() ->
     assert step.retired and "private torch.Generator" in step.retire_reason, step.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a generator that loss_fn closes over is in no snapshot; eager's half of the "
-    "verification and the retried capture advance it before the eager rerun",
-)
 def test_a_generator_loss_fn_closes_over_draws_as_eager() -> None:
+    """Found where loss_fn's host values are (its closure), and put back with the step's state."""
+
     def noisy(gen: torch.Generator):
         def loss_fn(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return (m(x + 0.1 * torch.randn(x.shape, generator=gen)) - y).pow(2).mean()
