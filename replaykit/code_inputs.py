@@ -73,6 +73,7 @@ class LossInputs:
         self._seen: set[int] = set()
         self._attributes: set[tuple[int, str]] = set()  # (module, attribute) keyed already
         self._sources: list[tuple[str, Callable[[], Any]]] = []
+        self._raw: list[Callable[[], Any]] = []  # the same sources' values as they are
         self.unwatched: list[str] = []
         if loss_fn is not None:
             self._walk(loss_fn, "loss_fn", 0)
@@ -112,6 +113,20 @@ class LossInputs:
     # ----------------------------------------------------------------- finding the sources
     def _add(self, name: str, get: Callable[[], Any]) -> None:
         self._sources.append((name, lambda: self._value(get())))
+        self._raw.append(get)
+
+    def generators(self) -> list[torch.Generator]:
+        """The private ``torch.Generator`` objects ``loss_fn`` reads: a rerun of the body (after
+        verification's eager half, a capture retried) must find them as the first run did."""
+        found: dict[int, torch.Generator] = {}
+        for get in self._raw:
+            try:
+                value = get()
+            except Exception:  # named in ``unwatched`` already
+                continue
+            if isinstance(value, torch.Generator):
+                found.setdefault(id(value), value)
+        return list(found.values())
 
     def _value(self, value: Any) -> Any:
         if isinstance(value, nn.Module):

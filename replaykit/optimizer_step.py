@@ -246,6 +246,22 @@ class OptimizerStep(Lifecycled):
             self._give_back(grads, static)
             self.lifecycle.retire(f"capture failed: {type(exc).__name__}: {exc}", call)
             return self._eager(body, "retired")
+        rebound = [
+            i
+            for i, (p, s) in enumerate(zip(self.params, static, strict=True))
+            if p.grad is not s and "grad_rebind" not in self.disabled
+        ]
+        if rebound:  # the body's new .grad tensors: grad_inputs copies back into the buffers only
+            region.free()
+            snapshot.restore()
+            for p, g in zip(self.params, grads, strict=True):
+                p.grad = g  # their values before the step: the body runs again, eagerly
+            self.lifecycle.retire(
+                f"the optimizer step assigns a new .grad to parameter(s) {rebound[:4]} (e.g. "
+                "p.grad = p.grad * s); a replay would leave the gradient it was given",
+                call,
+            )
+            return self._eager(body, "retired")
         why = effects.reason("the optimizer step")
         if why is not None:  # the body ran once, as eager's does; the recording is not kept
             region.free()

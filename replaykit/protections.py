@@ -173,6 +173,11 @@ REGISTRY: dict[str, Protection] = {
             "the replayed optimizer step reads the gradients of its recording call, not the parameters' current .grad",
         ),
         Protection(
+            "grad_rebind",
+            "optimizer_step",
+            "a step body assigning a new .grad (p.grad = p.grad * s) leaves the parameters the gradient it was given at replay",
+        ),
+        Protection(
             "host_values",
             "step",
             "the optimizer's, scaler's and clip's host values (a float lr) are not keyed: a changed one replays the old",

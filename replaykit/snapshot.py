@@ -44,6 +44,9 @@ class StateSnapshot:
         )
         self._rng = rng_states(held + params) if tensors else None
         self._host_rng = host_rng_state() if tensors else None
+        # private generators the model holds: a rerun (the twin after a verification, a capture
+        # retried) must draw the numbers the first run drew, as the default generator does
+        self._generators = [(g, g.get_state()) for g in _generators(module)] if tensors else []
         self._attributes = [(m, _plain_attributes(m)) for m in module.modules()]
         self._contents = [
             (v, _contents(v))
@@ -71,6 +74,8 @@ class StateSnapshot:
                     p.grad = grad
                 if grad is not None:
                     grad.data.copy_(value)
+        for g, state in self._generators:
+            g.set_state(state)
         if self._host_rng is not None:
             set_host_rng_state(self._host_rng)
         if self._rng is not None:
@@ -87,6 +92,20 @@ _INTERNAL = ("_parameters", "_buffers", "_modules", "forward", "_replaykit_recor
 def _plain_attributes(module: nn.Module) -> dict:
     """The module's own attribute bindings, containers and hooks aside."""
     return {k: v for k, v in module.__dict__.items() if k not in _INTERNAL and "hooks" not in k}
+
+
+def _generators(module: nn.Module) -> list[torch.Generator]:
+    """The ``torch.Generator`` objects the module tree holds as attributes (or in a held container)."""
+    found: dict[int, torch.Generator] = {}
+    for m in module.modules():
+        for v in _plain_attributes(m).values():
+            items = (
+                v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else (v,)
+            )
+            for g in items:
+                if isinstance(g, torch.Generator):
+                    found.setdefault(id(g), g)
+    return list(found.values())
 
 
 def _mutable(value: object) -> bool:
@@ -130,8 +149,20 @@ def _put_back(value: object, contents: object) -> None:
 
 
 def tensor_attributes(module: nn.Module) -> list[torch.Tensor]:
-    """Tensors held as plain attributes (neither parameters nor buffers) anywhere in the tree."""
-    return [v for m in module.modules() for v in m.__dict__.values() if isinstance(v, torch.Tensor)]
+    """Tensors held as plain attributes (neither parameters nor buffers) anywhere in the tree, and
+    those held in a list, tuple, deque or dict attribute: a forward that writes one in place
+    (a running sum kept as ``self.stats = [t]``) changes state a rerun must find as it was."""
+    found: dict[int, torch.Tensor] = {}
+    for m in module.modules():
+        for v in _plain_attributes(m).values():  # not _parameters/_buffers: those are kept already
+            if isinstance(v, torch.Tensor):
+                found.setdefault(id(v), v)
+            elif isinstance(v, (list, tuple, deque, dict)):
+                items = v.values() if isinstance(v, dict) else v
+                for t in items:
+                    if isinstance(t, torch.Tensor) and not isinstance(t, nn.Parameter):
+                        found.setdefault(id(t), t)
+    return list(found.values())
 
 
 def rng_states(

@@ -443,8 +443,9 @@ class TrainStep(Lifecycled):
         return loss
 
     def _snapshot(self, tensors: bool) -> StepSnapshot:
+        generators = self._loss_inputs.generators() if self._loss_inputs is not None else ()
         return StepSnapshot(
-            self.model, self.optimizer, self.scaler, self.ema, self._trainable, tensors
+            self.model, self.optimizer, self.scaler, self.ema, self._trainable, tensors, generators
         )
 
     def _against_eager(

@@ -58,8 +58,11 @@ class StepSnapshot:
         ema: Any,
         grads_of: Sequence[torch.Tensor],
         tensors: bool,
+        generators: Sequence[torch.Generator] = (),
     ) -> None:
         self._model = StateSnapshot(model, tensors=tensors)
+        # private generators outside the model (one loss_fn closes over): drawn again by a rerun
+        self._generators = [(g, g.get_state()) for g in generators] if tensors else []
         extra = ema.tensors() if ema is not None and tensors else ()
         state = unique(state_tensors(optimizer, scaler, extra)) if tensors else []
         self._values = [(t, t.detach().clone()) for t in state]
@@ -99,6 +102,8 @@ class StepSnapshot:
                 p.grad = grad
                 if grad is not None:
                     grad.data.copy_(value)
+        for g, state in self._generators:
+            g.set_state(state)
         restore_scaler(self._scaler, self._scaler_state)
 
 

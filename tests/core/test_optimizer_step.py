@@ -131,3 +131,40 @@ def test_refusals_and_bad_input() -> None:
     p.grad = torch.ones(2)
     step(opt.step)
     assert step.counts["replay"] == 0 and "tensor lr" in next(iter(step.eager_reasons))
+
+
+def _rebinding(
+    replay: bool, backend: str, unsafe: tuple[str, ...] = ()
+) -> tuple[list[torch.Tensor], OptimizerStep | None]:
+    """A step body that scales gradients by assigning new tensors (``p.grad = p.grad * 0.5``)."""
+    torch.manual_seed(0)
+    device = "cuda" if backend == "cuda" else "cpu"
+    net = nn.Linear(4, 2).to(device)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step = OptimizerStep(opt, unsafe_disable=unsafe, backend=backend) if replay else None
+    g = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        opt.zero_grad()
+        net(torch.randn(3, 4, generator=g).to(device)).pow(2).sum().backward()
+
+        def body() -> None:
+            for p in net.parameters():
+                p.grad = p.grad * 0.5
+            opt.step()
+
+        body() if step is None else step(body)
+    return [*net.parameters(), *(p.grad for p in net.parameters())], step
+
+
+def test_a_body_assigning_new_gradients_retires_and_stays_exact(backend: str) -> None:
+    """grad_inputs copies the step's values back into the buffers it recorded with; a gradient the
+    body rebinds is another tensor: the parameters' .grad kept the unscaled values, silently."""
+    eager, _ = _rebinding(False, backend)
+    mine, step = _rebinding(True, backend)
+    assert step is not None and step.retired and "new .grad" in step.retire_reason
+    assert all(torch.equal(a, b) for a, b in zip(eager, mine, strict=True))
+    unsafe, step = _rebinding(True, backend, negative_control("grad_rebind"))
+    assert step is not None and step.counts["replay"] > 0
+    assert not all(torch.equal(a, b) for a, b in zip(eager, unsafe, strict=True))

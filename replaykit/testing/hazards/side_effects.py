@@ -289,6 +289,8 @@ PATTERNS: list[Pattern] = [
         lambda d: Noisy(d).to(d),
         _noisy,
         guard="record_probe",
+        cuda_only="the tape refuses a private generator by itself: without the probe the capture "
+        "fails, the generator is put back with the rest of the state, and the call retires exactly",
     ),
     Pattern(
         "tensor_attribute_updated",
