@@ -206,13 +206,16 @@ def probe(
     saved_inputs: list[int] | None = None,
     multi_use: list[int] | None = None,
     outputs: list[OutputTree] | None = None,
+    written: list[int] | None = None,
 ) -> Refusal | None:
     """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None.
 
     ``saved``, when given, receives the indices of the parameters the backward reads;
     ``saved_inputs`` those of the inputs it reads (eager raises if one changes in place before it);
     ``multi_use`` those of the parameters read more than once (their gradient is a sum inside the call);
-    ``outputs`` the structure and constant leaves of what the forward returned (:mod:`replaykit.outputs`).
+    ``outputs`` the structure and constant leaves of what the forward returned (:mod:`replaykit.outputs`);
+    ``written`` those of the parameters the forward writes in place (a weight decayed under no_grad):
+    a verification's rerun must find them as the call found them.
     The caller snapshots and restores module state and RNG around this call.
     """
     if gradient_hooks(params) > 1:
@@ -220,7 +223,8 @@ def probe(
             "module",
             f"gradient hooks on {gradient_hooks(params)} parameters would run in another order than eager",
         )
-    leaves = [p.detach().requires_grad_(True) for p in params]
+    leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the version counters
+    versions = [p._version for p in params]
     effects = SideEffects(module, static_inputs, host_rng)
     inspector = _Inspector(leaves)
     hooks = _SavedParameters([*leaves, *static_inputs])
@@ -240,6 +244,10 @@ def probe(
     outs, _ = tree_flatten(result)
     rebuilt = _output_refusal(result, outputs)
     del result
+    if written is not None:
+        written[:] = [
+            i for i, (p, v) in enumerate(zip(params, versions, strict=True)) if p._version != v
+        ]
     if saved is not None:
         saved[:] = sorted(i for i in hooks.saved if i < len(leaves))
     if saved_inputs is not None:

@@ -110,6 +110,7 @@ class _Plan:
         "saved_inputs",
         "shadow",
         "verified",
+        "written",
     )
 
     def __init__(
@@ -133,6 +134,7 @@ class _Plan:
         self.shadow: Shadow | None = (
             None  # the recording call's eager forward, made before the capture
         )
+        self.written: list[int] = []  # parameters the forward writes in place (their positions)
         self.saved = saved  # the parameters its backward reads: their versions are checked
         self.saved_inputs = saved_inputs  # the inputs (positions) it reads: likewise
         self.all_differentiable = recording.differentiable == tuple(
@@ -439,7 +441,11 @@ class Recorder(Lifecycled):
         return self._replay(call, plan, callargs, args, kwargs)
 
     def _early_shadow(
-        self, callargs: CallArgs, params: list[torch.Tensor], snapshot: StateSnapshot
+        self,
+        callargs: CallArgs,
+        params: list[torch.Tensor],
+        snapshot: StateSnapshot,
+        written: list[torch.Tensor],
     ) -> Shadow | None:
         """The verification's eager forward, run after the probe and before the warm-up and capture,
         from the state before the call: eager's activations come and go before the recording's
@@ -449,7 +455,11 @@ class Recorder(Lifecycled):
         snapshot.restore()  # what the probe changed (statistics, RNG) is put back first
         # an error here is the recording's: it retires with "capture failed: ..."
         return Shadow(
-            self.module, partial(self._run_forward, callargs, params), callargs.tensors, params
+            self.module,
+            partial(self._run_forward, callargs, params),
+            callargs.tensors,
+            params,
+            written,
         )
 
     def _first_use_call(self, call: int, plan: _Plan, args: tuple, kwargs: dict) -> Any:
@@ -559,6 +569,7 @@ class Recorder(Lifecycled):
         )  # the parameters the backward reads (all, unless the probe says)
         saved_inputs: list[int] = []  # the inputs it reads (none known without the probe)
         multi_use: list[int] = []  # the parameters it reads more than once
+        written: list[int] = []  # the parameters it writes in place
         reads = Provenance(static_inputs, discover=True)
         probed: list[OutputTree] = []  # what the probe's forward returned besides tensors
         watch = CompileWatch(self.backend.name == "emulated", "compiled_code" not in self.disabled)
@@ -576,11 +587,14 @@ class Recorder(Lifecycled):
                     saved_inputs,
                     multi_use,
                     probed,
+                    written,
                 )
             )
             key = self._input_reads.settle(key, reads.reads)
             if refusal is None:
-                shadow = self._early_shadow(callargs, params, snapshot)
+                shadow = self._early_shadow(
+                    callargs, params, snapshot, [params[i] for i in written]
+                )
                 if (
                     reads.reads
                 ):  # the recording is answered the values the probe read: no sync inside it
@@ -629,6 +643,7 @@ class Recorder(Lifecycled):
             self._guard_outputs,
         )
         plan.shadow = shadow
+        plan.written = list(written)
         twice = set(multi_use)
         plan.autocast = (
             torch.is_autocast_enabled(self._device_kind) and torch.is_autocast_cache_enabled()
@@ -703,6 +718,7 @@ class Recorder(Lifecycled):
                 partial(self._run_forward, callargs, recording.params),
                 callargs.tensors,
                 recording.params,
+                [recording.params[i] for i in plan.written],
             )
         outputs = _apply(step, callargs.tensors, recording.params)
         shadow = step.shadow

@@ -66,8 +66,12 @@ class Shadow:
         run: Callable[..., Any],
         inputs: Sequence[torch.Tensor],
         params: Sequence[torch.Tensor],
+        written: Sequence[torch.Tensor] = (),
     ) -> None:
-        snapshot = StateSnapshot(module, parameters=False)  # the eager run differentiates stand-ins
+        # the eager run differentiates stand-ins: only the parameters the forward writes in place
+        # (``written``, found by the probe) change, and those are kept to be put back
+        self._written = list(written)
+        snapshot = StateSnapshot(module, parameters=False, extra=self._written)
         stand_ins: dict[
             int, torch.Tensor
         ] = {}  # one per distinct tensor: `q is k` stays true, as in eager
@@ -133,7 +137,8 @@ class Shadow:
             return [None] * len(targets), None
         if [p._version for p in self._params] != self._versions:
             return None, None
-        now = StateSnapshot(module, parameters=False)  # the state as the replay (and since) left it
+        # the state as the replay (and since) left it
+        now = StateSnapshot(module, parameters=False, extra=self._written)
         self.snapshot.restore()
         try:
             with torch.enable_grad():

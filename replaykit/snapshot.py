@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import sys
 from collections import deque
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -26,13 +27,24 @@ class StateSnapshot:
     ``tensors=False`` keeps only the attributes and containers: after a CUDA capture that
     raised, only the body's Python ran (a capture executes no kernels). ``parameters=False``
     leaves parameters and ``.grad`` out: a run on stand-ins of the parameters (the shadow
-    check) changes neither, and copying them would double the parameters' memory at the peak.
+    check) changes neither, and copying them would double the parameters' memory at the peak;
+    ``extra``: the parameters it does change (a forward writing a weight in place), kept then.
     """
 
-    def __init__(self, module: nn.Module, tensors: bool = True, parameters: bool = True) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        tensors: bool = True,
+        parameters: bool = True,
+        extra: Sequence[torch.Tensor] = (),
+    ) -> None:
         params = list(module.parameters()) if tensors else []
         held = (
-            [*(params if parameters else []), *module.buffers(), *tensor_attributes(module)]
+            [
+                *(params if parameters else extra),
+                *module.buffers(),
+                *tensor_attributes(module),
+            ]
             if tensors
             else []
         )
