@@ -94,6 +94,25 @@ def _mask_steps(model: torch.nn.Module, arm: Arm, steps: int = 6) -> Extras:
     return {f"loss{i}": step(arm.randn(4, 6), _mask(arm, i)).detach() for i in range(steps)}
 
 
+def _cpu_mask_steps(model: torch.nn.Module, arm: Arm, steps: int = 6) -> Extras:
+    """The mask stays on the CPU (a collate function's): its read is a host read that a CUDA capture
+    does not refuse, so only the input-read watch keys it there."""
+    step = arm.train_step(
+        model, lambda m, x, mask: m(x, mask.to(x.device)).pow(2).mean(), sgd(model)
+    )
+    return {f"loss{i}": step(arm.randn(4, 6), _mask(arm, i).cpu()).detach() for i in range(steps)}
+
+
+class CpuMaskBranch(MLP):
+    """Reads its CPU mask on the host first (a length or padding check), then moves it."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if bool(mask.all()):  # on the CPU: no device sync, nothing for a capture to refuse
+            return out
+        return out * mask.unsqueeze(-1).to(out.dtype) * (1 + 2**-10)
+
+
 class CaptureFlag(MLP):
     """Returns, beside its output, a host value computed while a stream captures (a library's
     fast-path flag): a recording would hand back the captured value at every replay."""
@@ -153,6 +172,15 @@ PATTERNS: list[Pattern] = [
         "forward branches on its input mask's .all(), whole step, padded and unpadded batches",
         lambda d: MaskBranch().to(d),
         _mask_steps,
+        guard="input_reads",
+        api="step",
+    ),
+    Pattern(
+        "step_cpu_mask_branch",
+        HAZARD,
+        "forward branches on a CPU mask's .all() (read on the host, moved after), whole step",
+        lambda d: CpuMaskBranch().to(d),
+        _cpu_mask_steps,
         guard="input_reads",
         api="step",
     ),
