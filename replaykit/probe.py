@@ -41,7 +41,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from .dispatch import WatchingMode
+from .dispatch import WatchingMode, written_positions
+from .dispatch import written as written_by
 from .guards import gradient_hooks
 from .outputs import OutputTree, objects, split_outputs
 from .side_effects import SideEffects
@@ -93,6 +94,9 @@ class _Inspector(WatchingMode):
         self.casts: dict[
             int, int
         ] = {}  # leaf index -> dtype casts of that leaf (autocast's, when on)
+        self.storages: set[int] = (
+            set()
+        )  # the storages written in place (a parameter's, by any view)
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
@@ -116,6 +120,12 @@ class _Inspector(WatchingMode):
         ):
             i = self._leaves[id(args[0])]
             self.casts[i] = self.casts.get(i, 0) + 1
+        if written_positions(func):
+            self.storages.update(
+                t.untyped_storage().data_ptr()
+                for t in written_by(func, args, kwargs)
+                if t.device.type != "meta"
+            )
         return self.run(func, args, kwargs)
 
     def __exit__(self, *exc: object) -> None:
@@ -206,7 +216,7 @@ def probe(
     saved_inputs: list[int] | None = None,
     multi_use: list[int] | None = None,
     outputs: list[OutputTree] | None = None,
-    written: list[int] | None = None,
+    written: list[torch.Tensor] | None = None,
 ) -> Refusal | None:
     """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None.
 
@@ -214,7 +224,8 @@ def probe(
     ``saved_inputs`` those of the inputs it reads (eager raises if one changes in place before it);
     ``multi_use`` those of the parameters read more than once (their gradient is a sum inside the call);
     ``outputs`` the structure and constant leaves of what the forward returned (:mod:`replaykit.outputs`);
-    ``written`` those of the parameters the forward writes in place (a weight decayed under no_grad):
+    ``written`` the module's parameters, trainable or frozen, whose storage the forward writes in
+    place (a weight decayed under no_grad, a momentum encoder, a write through ``.data`` or a view):
     a verification's rerun must find them as the call found them.
     The caller snapshots and restores module state and RNG around this call.
     """
@@ -223,8 +234,7 @@ def probe(
             "module",
             f"gradient hooks on {gradient_hooks(params)} parameters would run in another order than eager",
         )
-    leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the version counters
-    versions = [p._version for p in params]
+    leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the storages
     effects = SideEffects(module, static_inputs, host_rng)
     inspector = _Inspector(leaves)
     hooks = _SavedParameters([*leaves, *static_inputs])
@@ -244,9 +254,11 @@ def probe(
     outs, _ = tree_flatten(result)
     rebuilt = _output_refusal(result, outputs)
     del result
-    if written is not None:
+    if written is not None:  # by storage: ``.data`` has a version counter of its own
         written[:] = [
-            i for i, (p, v) in enumerate(zip(params, versions, strict=True)) if p._version != v
+            p
+            for p in module.parameters()
+            if p.numel() and p.untyped_storage().data_ptr() in inspector.storages
         ]
     if saved is not None:
         saved[:] = sorted(i for i in hooks.saved if i < len(leaves))

@@ -134,7 +134,7 @@ class _Plan:
         self.shadow: Shadow | None = (
             None  # the recording call's eager forward, made before the capture
         )
-        self.written: list[int] = []  # parameters the forward writes in place (their positions)
+        self.written: list[torch.Tensor] = []  # parameters the forward writes in place
         self.saved = saved  # the parameters its backward reads: their versions are checked
         self.saved_inputs = saved_inputs  # the inputs (positions) it reads: likewise
         self.all_differentiable = recording.differentiable == tuple(
@@ -569,7 +569,7 @@ class Recorder(Lifecycled):
         )  # the parameters the backward reads (all, unless the probe says)
         saved_inputs: list[int] = []  # the inputs it reads (none known without the probe)
         multi_use: list[int] = []  # the parameters it reads more than once
-        written: list[int] = []  # the parameters it writes in place
+        written: list[torch.Tensor] = []  # the parameters it writes in place (frozen ones too)
         reads = Provenance(static_inputs, discover=True)
         probed: list[OutputTree] = []  # what the probe's forward returned besides tensors
         watch = CompileWatch(self.backend.name == "emulated", "compiled_code" not in self.disabled)
@@ -592,9 +592,7 @@ class Recorder(Lifecycled):
             )
             key = self._input_reads.settle(key, reads.reads)
             if refusal is None:
-                shadow = self._early_shadow(
-                    callargs, params, snapshot, [params[i] for i in written]
-                )
+                shadow = self._early_shadow(callargs, params, snapshot, written)
                 if (
                     reads.reads
                 ):  # the recording is answered the values the probe read: no sync inside it
@@ -718,7 +716,7 @@ class Recorder(Lifecycled):
                 partial(self._run_forward, callargs, recording.params),
                 callargs.tensors,
                 recording.params,
-                [recording.params[i] for i in plan.written],
+                plan.written,
             )
         outputs = _apply(step, callargs.tensors, recording.params)
         shadow = step.shadow

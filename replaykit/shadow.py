@@ -82,17 +82,26 @@ class Shadow:
         ]
         self.leaves = [p.detach().requires_grad_(True) for p in params]
         self._params = list(params)
-        self._versions = [p._version for p in params]
+        self._versions: list[int] | None = None  # as the replayed forward leaves them
         self._run = run
         self._autocast = [(d, autocast_key(d)) for d in ("cpu", "cuda")]
         try:
             with torch.enable_grad():
                 outputs, self.tree = split_outputs(self._forward(), strict=False)
             self.outputs = [o.detach() for o in outputs]
-            self.after = [(n, t.detach().clone()) for n, t in _state(module)]
+            self.after = [(n, t.detach().clone()) for n, t in self._state(module)]
         finally:
             snapshot.restore()
         self.snapshot = snapshot
+
+    def _state(self, module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+        """What the forward leaves besides its outputs: buffers, attributes, RNG, and the
+        parameters it writes in place."""
+        if not self._written:
+            return _state(module)
+        names = {id(p): n for n, p in module.named_parameters()}
+        written = [(f"parameter {names.get(id(p), '?')} (written)", p) for p in self._written]
+        return [*_state(module), *written]
 
     def _forward(self) -> Any:
         """Eager's forward on the stand-ins, under the autocast state of the forward call (the
@@ -108,6 +117,8 @@ class Shadow:
     ) -> str | None:
         """The first difference between the replayed forward and eager, or None; with ``tree``,
         the recording's output structure and constants must be eager's too."""
+        # a parameter changed after this (one the backward does not read): eager's rerun vouches for nothing
+        self._versions = [p._version for p in self._params]
         if tree is not None:
             difference = tree.difference(self.tree)
             if difference is not None:
@@ -116,7 +127,7 @@ class Shadow:
             (f"output {i}", r, o)
             for i, (r, o) in enumerate(zip(self.outputs, outputs, strict=True))
         ]
-        now = dict(_state(module))
+        now = dict(self._state(module))
         pairs += [(n, t, now.get(n)) for n, t in self.after]
         return first_difference(pairs)
 
@@ -129,13 +140,13 @@ class Shadow:
         """Eager's gradients for the inputs requiring grad, then the parameters, and whether the
         rerun of eager's forward differed from the first run (then no gradient can be trusted).
 
-        ``(None, None)``: a parameter changed in place since the forward (one the backward does not
-        read: eager allows it), so eager's forward cannot be rerun; nothing was compared.
+        ``(None, None)``: a parameter changed in place since the replayed forward (one the backward
+        does not read: eager allows it), so eager's forward cannot be rerun; nothing was compared.
         """
         targets = [x for x in self.inputs if x.requires_grad] + self.leaves
         if all(g is None for g in grads):
             return [None] * len(targets), None
-        if [p._version for p in self._params] != self._versions:
+        if self._versions is None or [p._version for p in self._params] != self._versions:
             return None, None
         # the state as the replay (and since) left it
         now = StateSnapshot(module, parameters=False, extra=self._written)

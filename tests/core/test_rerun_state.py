@@ -183,3 +183,68 @@ def test_a_forward_writing_its_parameters_ends_like_eager_under_capture() -> Non
     for (name, a), b in zip(model.state_dict().items(), twin.state_dict().values(), strict=True):
         assert torch.equal(a, b), (name, rec.journal.format())
     assert rec.counts["replay"] == 3, rec.journal.format()
+
+
+def test_a_forward_writing_its_parameters_is_verified_once() -> None:
+    """The rerun at the backward was skipped for ever (the parameters' versions had moved since
+    the shadow began), so the gradients were never compared and every replay ran eager's forward
+    again as a new check."""
+    torch.manual_seed(0)
+    model = _Decaying()
+    rec = rk.capture(model, backend="emulated")
+    for x, y in _batches(4):
+        (model(x) - y).pow(2).mean().backward()
+    checks = [(e.call, e.reason, e.detail) for e in rec.journal if e.kind == "check"]
+    assert checks == [(1, "forward", None), (1, "backward", None)], rec.journal.format()
+    assert rec.counts["replay"] == 3, rec.journal.format()
+
+
+class _MomentumEncoder(nn.Module):
+    """MoCo / BYOL / DINO: a frozen key encoder follows the query encoder inside the forward, and a
+    queue of keys is rolled in a buffer."""
+
+    def __init__(self, through_data: bool) -> None:
+        super().__init__()
+        self.q, self.out = nn.Linear(4, 4), nn.Linear(8, 2)
+        self.k = nn.Linear(4, 4).requires_grad_(False)
+        self.through_data = through_data
+        self.register_buffer("queue", torch.zeros(4, 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.through_data:  # the old idiom: .data has a version counter of its own
+            for pk, pq in zip(self.k.parameters(), self.q.parameters(), strict=True):
+                pk.data.mul_(0.9).add_(pq.data, alpha=0.1)
+        else:
+            with torch.no_grad():
+                for pk, pq in zip(self.k.parameters(), self.q.parameters(), strict=True):
+                    pk.lerp_(pq, 0.1)
+        with torch.no_grad():
+            self.queue.copy_(torch.roll(self.queue, 1, 1))
+            self.queue[:, 0] = self.k(x).mean(0)
+        q = self.q(x)
+        return self.out(torch.cat([q, (q @ self.queue)[:, :4]], 1))
+
+
+@pytest.mark.parametrize("through_data", [False, True], ids=["no_grad", "data"])
+def test_a_forward_updating_a_frozen_encoder_ends_like_eager_under_capture(
+    through_data: bool,
+) -> None:
+    """Frozen parameters have no stand-ins: the verification's eager forward wrote them for real
+    and nothing put them back, so the first replay wrote them a second time (off eager for good)."""
+    torch.manual_seed(0)
+    model = _MomentumEncoder(through_data)
+    twin = copy.deepcopy(model)
+    rec = rk.capture(model, backend="emulated")
+    opt, opt_t = (torch.optim.SGD(m.parameters(), lr=0.5) for m in (model, twin))
+    for x, y in _batches(4):
+        out, ref = model(x), twin(x)
+        assert torch.equal(out, ref), rec.journal.format()
+        (out - y).pow(2).mean().backward()
+        (ref - y).pow(2).mean().backward()
+        for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+            assert (p.grad is None) == (q.grad is None)
+            assert p.grad is None or torch.equal(p.grad, q.grad), rec.journal.format()
+        opt.step(), opt_t.step(), opt.zero_grad(), opt_t.zero_grad()
+    for (name, a), b in zip(model.state_dict().items(), twin.state_dict().values(), strict=True):
+        assert torch.equal(a, b), (name, rec.journal.format())
+    assert rec.counts["replay"] == 3, rec.journal.format()
