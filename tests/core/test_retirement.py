@@ -3,6 +3,7 @@ reason, one warning), with parity either way."""
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -281,3 +282,51 @@ def test_a_graph_kept_after_release_pins_no_static_memory() -> None:
     assert kept.grad_fn is not None
     assert static_input() is None and static_output() is None
     del kept
+
+
+class _LazyHead(nn.Module):
+    """Creates its head at its first call; the head's initial weights come from torch's CPU
+    generator. ``draws``: a CPU draw at every call too (noise added to the input)."""
+
+    def __init__(self, draws: bool = False) -> None:
+        super().__init__()
+        self.body, self.draws = nn.Linear(4, 4), draws
+        self.head: nn.Module | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.head is None:
+            self.head = nn.Linear(4, 2).to(x.device)  # drawn on the CPU, then moved
+        if self.draws:
+            x = x + torch.rand(4).to(x.device)
+        return self.head(self.body(x).relu())
+
+
+@pytest.mark.parametrize("draws", [False, True], ids=["first_call", "every_call"])
+def test_a_cpu_draw_beside_a_first_write_runs_that_call_eagerly(
+    backend: str, device: str, draws: bool
+) -> None:
+    """Beside a GPU model, the draws a submodule created at the first call makes are part of that
+    write: the call runs eagerly and the next records (it retired: 'forward assigns head'). A draw
+    that recurs is found alone at the next call and retires. On the CPU the draws are the device's
+    (the tape replays them): the same parity, replaying."""
+    torch.manual_seed(0)
+    model = _LazyHead(draws).to(device)
+    twin = copy.deepcopy(model)
+    rec = rk.capture(model, backend=backend)
+    g = torch.Generator().manual_seed(1)
+    for i in range(4):
+        x = torch.randn(3, 4, generator=g).to(device)
+        torch.manual_seed(10 + i)
+        out = model(x)
+        torch.manual_seed(10 + i)
+        ref = twin(x)
+        assert torch.equal(out, ref), rec.journal.format()
+        out.square().sum().backward()
+        ref.square().sum().backward()
+        for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+            assert torch.equal(p.grad, q.grad), rec.journal.format()
+    if draws and backend == "cuda":
+        assert rec.retired and "CPU generator" in rec.retire_reason, rec.summary()
+    else:
+        assert not rec.retired and dict(rec.eager_reasons) == {"first_write": 1}, rec.summary()
+        assert rec.counts["replay"] == 2, rec.summary()
