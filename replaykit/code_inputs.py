@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from .guards import cell_filled, value_key
+from .snapshot import held_state
 
 _DEPTH = 3  # functions reached through functions: helpers of helpers, not the whole program
 #: guarded by the step itself, or by identity (a tensor's memory is what a graph reads)
@@ -116,17 +117,17 @@ class LossInputs:
         self._raw.append(get)
 
     def generators(self) -> list[torch.Generator]:
-        """The private ``torch.Generator`` objects ``loss_fn`` reads: a rerun of the body (after
-        verification's eager half, a capture retried) must find them as the first run did."""
-        found: dict[int, torch.Generator] = {}
-        for get in self._raw:
+        """The private ``torch.Generator`` objects ``loss_fn`` reads, held directly or in what its
+        sources hold (a default argument, a partial's keywords, a callable criterion's attribute,
+        a dict in a closed-over object): a rerun of the body (after verification's eager half, a
+        capture retried) must find them as the first run did."""
+        values: dict[str, Any] = {}
+        for i, get in enumerate(self._raw):
             try:
-                value = get()
+                values[str(i)] = get()
             except Exception:  # named in ``unwatched`` already
                 continue
-            if isinstance(value, torch.Generator):
-                found.setdefault(id(value), value)
-        return list(found.values())
+        return held_state([values])[1]
 
     def _value(self, value: Any) -> Any:
         if isinstance(value, nn.Module):

@@ -12,7 +12,8 @@ from __future__ import annotations
 import random
 import sys
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from types import FunctionType, MethodType, ModuleType
 
 import torch
 from torch import nn
@@ -107,17 +108,53 @@ def _plain_attributes(module: nn.Module) -> dict:
 
 
 def _generators(module: nn.Module) -> list[torch.Generator]:
-    """The ``torch.Generator`` objects the module tree holds as attributes (or in a held container)."""
-    found: dict[int, torch.Generator] = {}
-    for m in module.modules():
-        for v in _plain_attributes(m).values():
-            items = (
-                v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else (v,)
-            )
-            for g in items:
-                if isinstance(g, torch.Generator):
-                    found.setdefault(id(g), g)
-    return list(found.values())
+    """The ``torch.Generator`` objects the module tree holds (see :func:`held_state`)."""
+    return held_state(_plain_attributes(m) for m in module.modules())[1]
+
+
+#: how far into containers and plain objects held state is looked for (a bank's queue, an
+#: augmentation object's generator); a library's objects (a Trainer, an optimizer) are not entered
+_DEPTH = 4
+_LIBRARIES = frozenset({"torch", "numpy", "lightning", "pytorch_lightning", "lightning_fabric"})
+_ATOMS = (str, bytes, int, float, complex, bool, type(None), type, ModuleType, FunctionType)
+
+
+def held_state(
+    roots: Iterable[dict],
+) -> tuple[list[torch.Tensor], list[torch.Generator]]:
+    """The tensors (parameters aside) and generators reachable from the values of ``roots`` (a
+    module's plain attributes, a function's closure) through lists, tuples, deques, sets, dicts and
+    plain objects (``self.bank = Bank()``, ``self.aug = Augment()`` holding a generator): a
+    rerun must find each as the first run found it. Modules are not entered (walked as modules)."""
+    tensors: dict[int, torch.Tensor] = {}
+    generators: dict[int, torch.Generator] = {}
+    seen: set[int] = set()
+    todo: list[tuple[object, int]] = [(v, _DEPTH) for root in roots for v in root.values()]
+    while todo:
+        value, depth = todo.pop()
+        if isinstance(value, torch.Tensor):
+            if not isinstance(value, nn.Parameter):
+                tensors.setdefault(id(value), value)
+            continue
+        if isinstance(value, torch.Generator):
+            generators.setdefault(id(value), value)
+            continue
+        if depth == 0 or id(value) in seen or isinstance(value, (nn.Module, MethodType, *_ATOMS)):
+            continue
+        seen.add(id(value))
+        if isinstance(value, dict):
+            items: Iterable[object] = list(value.values())
+        elif isinstance(value, (list, tuple, deque, set, frozenset)):
+            items = list(value)
+        elif (
+            hasattr(value, "__dict__")
+            and type(value).__module__.partition(".")[0] not in _LIBRARIES
+        ):
+            items = list(vars(value).values())
+        else:
+            continue
+        todo += [(v, depth - 1) for v in items]
+    return list(tensors.values()), list(generators.values())
 
 
 def _mutable(value: object) -> bool:
@@ -162,19 +199,11 @@ def _put_back(value: object, contents: object) -> None:
 
 def tensor_attributes(module: nn.Module) -> list[torch.Tensor]:
     """Tensors held as plain attributes (neither parameters nor buffers) anywhere in the tree, and
-    those held in a list, tuple, deque or dict attribute: a forward that writes one in place
-    (a running sum kept as ``self.stats = [t]``) changes state a rerun must find as it was."""
-    found: dict[int, torch.Tensor] = {}
-    for m in module.modules():
-        for v in _plain_attributes(m).values():  # not _parameters/_buffers: those are kept already
-            if isinstance(v, torch.Tensor):
-                found.setdefault(id(v), v)
-            elif isinstance(v, (list, tuple, deque, dict)):
-                items = v.values() if isinstance(v, dict) else v
-                for t in items:
-                    if isinstance(t, torch.Tensor) and not isinstance(t, nn.Parameter):
-                        found.setdefault(id(t), t)
-    return list(found.values())
+    those held in containers or plain objects (:func:`held_state`): a forward that writes one in
+    place (a running sum kept as ``self.stats = [t]``, a queue in ``self.bank``) changes state a
+    rerun must find as it was."""
+    # not _parameters/_buffers: those are kept already
+    return held_state(_plain_attributes(m) for m in module.modules())[0]
 
 
 def rng_states(

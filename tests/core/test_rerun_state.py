@@ -9,6 +9,7 @@ with the same code run eagerly.
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -248,3 +249,111 @@ def test_a_forward_updating_a_frozen_encoder_ends_like_eager_under_capture(
     for (name, a), b in zip(model.state_dict().items(), twin.state_dict().values(), strict=True):
         assert torch.equal(a, b), (name, rec.journal.format())
     assert rec.counts["replay"] == 3, rec.journal.format()
+
+
+class _Bank:
+    """A plain object the model holds: a queue of keys and a running sum."""
+
+    def __init__(self) -> None:
+        self.queue, self.stats = torch.zeros(4, 6), {"sum": [torch.zeros(4)]}
+
+
+class _Banked(nn.Module):
+    """Writes tensors held deeper than a list attribute: in a plain object, in a dict's list."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.bank = nn.Linear(4, 2), _Bank()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.bank.queue.copy_(torch.roll(self.bank.queue, 1, 1))
+            self.bank.queue[:, 0] = x.mean(0)
+            self.bank.stats["sum"][0].add_(x.sum(0))
+        return self.lin(x * self.bank.stats["sum"][0] + self.bank.queue.sum(1))
+
+
+class _Augment:
+    """A callable augmentation object holding its own generator."""
+
+    def __init__(self) -> None:
+        self.gen = torch.Generator().manual_seed(4)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 0.1 * torch.randn(x.shape, generator=self.gen)
+
+
+class _Augmented(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.aug = nn.Linear(4, 2), _Augment()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(self.aug(x))
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_tensors_held_in_a_plain_object_keep_parity(accumulate: int) -> None:
+    step = _steps_match(_Banked(), _loss, accumulate)
+    assert step.counts["replay"] > 0 and not step.retired, step.summary()
+
+
+def test_tensors_held_in_a_plain_object_keep_parity_under_capture() -> None:
+    torch.manual_seed(0)
+    model = _Banked()
+    twin = copy.deepcopy(model)
+    rec = rk.capture(model, backend="emulated")
+    for x, y in _batches(5):
+        out, ref = model(x), twin(x)
+        assert torch.equal(out, ref), rec.journal.format()
+        (out - y).pow(2).mean().backward()
+        (ref - y).pow(2).mean().backward()
+    assert torch.equal(model.bank.queue, twin.bank.queue)
+    assert torch.equal(model.bank.stats["sum"][0], twin.bank.stats["sum"][0])
+    assert rec.counts["replay"] > 0, rec.summary()
+
+
+def test_a_generator_held_by_an_object_of_the_model_draws_as_eager() -> None:
+    step = _steps_match(_Augmented(), _loss)
+    assert step.retired and "private torch.Generator" in step.retire_reason, step.summary()
+
+
+def _default_argument():
+    def loss_fn(m, x, y, gen=torch.Generator().manual_seed(7)):  # noqa: B008 - the pattern tested
+        return (m(x + 0.1 * torch.randn(x.shape, generator=gen)) - y).pow(2).mean()
+
+    return loss_fn
+
+
+def _partial():
+    def loss_fn(m, x, y, gen):
+        return (m(x + 0.1 * torch.randn(x.shape, generator=gen)) - y).pow(2).mean()
+
+    return functools.partial(loss_fn, gen=torch.Generator().manual_seed(7))
+
+
+class _Criterion:
+    def __init__(self) -> None:
+        self.gens = {"noise": torch.Generator().manual_seed(7)}
+
+    def __call__(self, m, x, y):
+        return (m(x + 0.1 * torch.randn(x.shape, generator=self.gens["noise"])) - y).pow(2).mean()
+
+
+def _closed_over_object():
+    held = _Criterion()
+
+    def loss_fn(m, x, y):
+        return held(m, x, y)
+
+    return loss_fn
+
+
+@pytest.mark.parametrize(
+    "make", [_default_argument, _partial, _Criterion, _closed_over_object], ids=lambda f: f.__name__
+)
+def test_a_generator_loss_fn_reaches_draws_as_eager(make) -> None:
+    """Found in what loss_fn's sources hold, not only a closure cell holding it directly."""
+    torch.manual_seed(0)
+    step = _steps_match(nn.Linear(4, 2), make(), twin_loss_fn=make())
+    assert step.retired and "private torch.Generator" in step.retire_reason, step.summary()
