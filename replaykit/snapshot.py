@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import sys
+import weakref
 from collections import deque
 from collections.abc import Iterable, Sequence
 from types import FunctionType, MethodType, ModuleType
@@ -116,6 +117,7 @@ def _generators(module: nn.Module) -> list[torch.Generator]:
 #: augmentation object's generator); a library's objects (a Trainer, an optimizer) are not entered
 _DEPTH = 4
 _LIBRARIES = frozenset({"torch", "numpy", "lightning", "pytorch_lightning", "lightning_fabric"})
+_PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
 _ATOMS = (str, bytes, int, float, complex, bool, type(None), type, ModuleType, FunctionType)
 
 
@@ -132,6 +134,8 @@ def held_state(
     todo: list[tuple[object, int]] = [(v, _DEPTH) for root in roots for v in root.values()]
     while todo:
         value, depth = todo.pop()
+        if type(value) in _PROXIES:  # a weak proxy: not held (and a dead one raises on any look)
+            continue
         if isinstance(value, torch.Tensor):
             if not isinstance(value, nn.Parameter):
                 tensors.setdefault(id(value), value)
@@ -146,11 +150,11 @@ def held_state(
             items: Iterable[object] = list(value.values())
         elif isinstance(value, (list, tuple, deque, set, frozenset)):
             items = list(value)
-        elif (
-            hasattr(value, "__dict__")
-            and type(value).__module__.partition(".")[0] not in _LIBRARIES
-        ):
-            items = list(vars(value).values())
+        elif type(value).__module__.partition(".")[0] not in _LIBRARIES:
+            try:  # a plain object; one without __dict__ (or a dead weakref proxy) holds nothing here
+                items = list(vars(value).values())
+            except Exception:
+                continue
         else:
             continue
         todo += [(v, depth - 1) for v in items]
