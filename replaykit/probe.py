@@ -94,9 +94,8 @@ class _Inspector(WatchingMode):
         self.casts: dict[
             int, int
         ] = {}  # leaf index -> dtype casts of that leaf (autocast's, when on)
-        self.storages: set[int] = (
-            set()
-        )  # the storages written in place (a parameter's, by any view)
+        # the storages written in place: a parameter's, through any view or ``.data``
+        self.storages: set[int] = set()
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
@@ -124,7 +123,7 @@ class _Inspector(WatchingMode):
             self.storages.update(
                 t.untyped_storage().data_ptr()
                 for t in written_by(func, args, kwargs)
-                if t.device.type != "meta"
+                if t.layout == torch.strided and t.device.type != "meta"  # a sparse one has none
             )
         return self.run(func, args, kwargs)
 
