@@ -149,10 +149,16 @@ def test_a_call_from_another_thread_routes_eager(backend: str, device: str) -> N
 
 
 def test_two_threads_training_concurrently_get_eager_values(backend: str, device: str) -> None:
-    """Each thread's gradients equal eager's for its inputs, or a clear ReplayError; nothing silent."""
+    """Each thread's gradients equal eager's for its inputs, or a clear ReplayError; nothing silent.
+
+    The parameters are taken once, as an optimizer holds them: while the owner thread records, the
+    tree's ``_parameters`` hold stand-ins for a moment, and ``model.parameters()`` read then by
+    another thread returns those (a torch error in that thread, not a silent value; README, Threads).
+    """
     torch.manual_seed(0)
     model, twin = MLP().to(device), MLP().to(device)
     twin.load_state_dict(model.state_dict())
+    params = list(model.parameters())
     rec = rk.capture(model, backend=backend)
     inputs = [[torch.randn(4, 6, device=device) for _ in range(6)] for _ in range(2)]
     results: list[list[tuple[torch.Tensor, ...] | None]] = [[], []]
@@ -165,9 +171,7 @@ def test_two_threads_training_concurrently_get_eager_values(backend: str, device
             for x in inputs[k]:
                 try:
                     out = model(x)
-                    results[k].append(
-                        torch.autograd.grad(out.pow(2).sum(), list(model.parameters()))
-                    )
+                    results[k].append(torch.autograd.grad(out.pow(2).sum(), params))
                 except rk.ReplayError:
                     results[k].append(None)
         except BaseException as exc:
