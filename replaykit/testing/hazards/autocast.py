@@ -26,6 +26,7 @@ from .pattern import (
     Extras,
     Pattern,
     sgd,
+    step_loop,
 )
 
 
@@ -75,6 +76,28 @@ PATTERNS: list[Pattern] = [
         lambda d: SharedHead().to(d),
         lambda m, a: _autocast_loop(m, a, calls=1),
         guard="record_probe",
+    ),
+    Pattern(
+        "step_autocast_shared_weight",
+        "autocast",
+        "a head applied three times in one forward, whole step under bf16-mixed",
+        lambda d: SharedHead().to(d),
+        lambda m, a: step_loop(m, a, steps=5, precision="bf16-mixed"),
+        api="step",  # one graph runs the region as eager does (cast cache on): no guard needed
+    ),
+    Pattern(
+        "step_autocast_two_calls_one_region",
+        "autocast",
+        "loss_fn calls the model twice in one bf16-mixed region, one backward, whole step",
+        lambda d: OneHead().to(d),
+        lambda m, a: step_loop(
+            m,
+            a,
+            loss_fn=lambda m, x: (m(x) + m(x * 0.5)).pow(2).mean(),
+            steps=5,
+            precision="bf16-mixed",
+        ),
+        api="step",
     ),
     Pattern(
         "autocast_two_calls_one_region",

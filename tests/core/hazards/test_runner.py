@@ -137,6 +137,36 @@ def test_the_catalogue_covers_every_hazard_class_with_unique_names() -> None:
     assert {g for p in PATTERNS if p.guard for g in p.guard.split("+")} <= known
 
 
+#: hazard classes without patterns for an entry point, and why (a new class must name its gaps)
+NOT_APPLICABLE = {
+    (
+        "hook_order",
+        "step",
+    ): "a whole step with module or gradient hooks runs eagerly (step_python: hooks)",
+    ("two_backwards", "step"): "a whole step runs its own single backward",
+}
+#: classes whose Lightning whole-step patterns are still to be written (the gap, said here)
+NO_LIGHTNING_YET = {
+    "backend_diffs",
+    "hook_order",
+    "inputs",
+    "lifecycle",
+    "parameters",
+    "side_effects",
+    "two_backwards",
+    "under_capture",
+}
+
+
+def test_every_hazard_class_has_patterns_for_each_entry_point_it_applies_to() -> None:
+    have = {(p.hazard, p.api) for p in PATTERNS}
+    for hazard in HAZARDS:
+        for api in ("capture", "step"):
+            if (hazard, api) not in NOT_APPLICABLE:
+                assert (hazard, api) in have, (hazard, api)
+        assert ((hazard, "whole_step") in have) != (hazard in NO_LIGHTNING_YET), hazard
+
+
 def test_the_cli_exits_1_on_a_failure_and_writes_json(
     monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
