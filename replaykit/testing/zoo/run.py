@@ -25,12 +25,13 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from replaykit.bitwise import TensorDiff, diff_states
 from replaykit.errors import ReplayError, ReplayWarning
@@ -122,21 +123,9 @@ def train(case: ZooCase, capture_kwargs: dict[str, Any] | None = None) -> ZooArm
         raise ValueError(f"unknown api {case.api!r}; choose from {APIS}")
     if case.api == "step":
         return _train_step(case, capture_kwargs)
+    module, loss_fn, opt, batches, scaler = _setup(case)
     device_type = torch.device(case.device).type
-    if device_type == "cuda":
-        from replaykit.determinism import enable_determinism
-
-        enable_determinism()  # parity presupposes that eager repeats itself
-    torch.manual_seed(case.seed)
-    module, make_batch, loss_fn = build(case.model)
-    module = module.to(case.device).train()
-    opt = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-    g = torch.Generator().manual_seed(1000 + case.seed)
-    batches = [
-        make_batch(case.batch, case.device, g) for _ in range(case.steps * case.accumulation)
-    ]
     dtype = AUTOCAST[case.precision]
-    scaler = torch.amp.GradScaler(device_type) if case.precision == "16-mixed" else None
     rec = capture(module, **capture_kwargs) if capture_kwargs is not None else None
     torch.manual_seed(case.seed + 1)  # dropout and stochastic depth draw alike in every arm
     state: State = {}
@@ -172,39 +161,15 @@ def train(case: ZooCase, capture_kwargs: dict[str, Any] | None = None) -> ZooArm
                 losses.append(loss.detach().float().cpu())
     except Exception as exc:  # an arm that raises is a row with its error, not a crashed matrix
         error = f"{type(exc).__name__}: {exc}"
-    state.update({k: None if v is None else v.cpu() for k, v in flat_state(module, opt).items()})
-    state = {k: None if v is None else v.cpu() for k, v in state.items()}
-    state["losses"] = torch.stack(losses) if losses else torch.zeros(0)
-    if scaler is not None:
-        state["scaler/scale"] = torch.tensor(scaler.get_scale(), dtype=torch.float64)
-    arm = ZooArm(state, step_ms=step_ms, error=error)
+    arm = _finish(module, opt, state, losses, scaler, step_ms, error, rec)
     if rec is not None:
-        arm.recorder = {
-            **rec.journal.summary(),
-            "retired": rec.retire_reason,
-            "refusals": _refusals(rec),
-        }
-        arm.journal = rec.journal.format()
         rec.release()
     return arm
 
 
 def _train_step(case: ZooCase, replay_kwargs: dict[str, Any] | None) -> ZooArm:
     """:func:`train` through one ``rk.TrainStep``: its eager twin when ``replay_kwargs`` is None."""
-    device_type = torch.device(case.device).type
-    if device_type == "cuda":
-        from replaykit.determinism import enable_determinism
-
-        enable_determinism()
-    torch.manual_seed(case.seed)
-    module, make_batch, loss_fn = build(case.model)
-    module = module.to(case.device).train()
-    opt = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-    g = torch.Generator().manual_seed(1000 + case.seed)
-    batches = [
-        make_batch(case.batch, case.device, g) for _ in range(case.steps * case.accumulation)
-    ]
-    scaler = torch.amp.GradScaler(device_type) if case.precision == "16-mixed" else None
+    module, loss_fn, opt, batches, scaler = _setup(case)
     kwargs = dict(replay_kwargs or {})
     step = TrainStep(
         module,
@@ -232,19 +197,55 @@ def _train_step(case: ZooCase, replay_kwargs: dict[str, Any] | None) -> ZooArm:
                 losses.append(loss.detach().float().cpu())
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
-    state: State = {k: None if v is None else v.cpu() for k, v in flat_state(module, opt).items()}
+    arm = _finish(module, opt, {}, losses, scaler, step_ms, error, step if step.replay else None)
+    step.release()
+    return arm
+
+
+def _setup(case: ZooCase) -> tuple[nn.Module, Callable, torch.optim.Optimizer, list, Any]:
+    """What every arm of a case trains: the model, its loss, SGD, the batches, a GradScaler for fp16."""
+    device_type = torch.device(case.device).type
+    if device_type == "cuda":
+        from replaykit.determinism import enable_determinism
+
+        enable_determinism()  # parity presupposes that eager repeats itself
+    torch.manual_seed(case.seed)
+    module, make_batch, loss_fn = build(case.model)
+    module = module.to(case.device).train()
+    opt = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+    g = torch.Generator().manual_seed(1000 + case.seed)
+    batches = [
+        make_batch(case.batch, case.device, g) for _ in range(case.steps * case.accumulation)
+    ]
+    scaler = torch.amp.GradScaler(device_type) if case.precision == "16-mixed" else None
+    return module, loss_fn, opt, batches, scaler
+
+
+def _finish(
+    module: nn.Module,
+    opt: torch.optim.Optimizer,
+    state: State,
+    losses: list[torch.Tensor],
+    scaler: Any,
+    step_ms: list[float],
+    error: str | None,
+    entry: Any,
+) -> ZooArm:
+    """The arm's end state on the CPU (per-step gradients in ``state``, then the model and optimizer,
+    the losses, the scaler's scale) and, for a replaying ``entry``, its journal."""
+    state = {**state, **flat_state(module, opt)}
+    state = {k: None if v is None else v.cpu() for k, v in state.items()}
     state["losses"] = torch.stack(losses) if losses else torch.zeros(0)
     if scaler is not None:
         state["scaler/scale"] = torch.tensor(scaler.get_scale(), dtype=torch.float64)
     arm = ZooArm(state, step_ms=step_ms, error=error)
-    if replay_kwargs is not None:
+    if entry is not None:
         arm.recorder = {
-            **step.journal.summary(),
-            "retired": step.retire_reason,
-            "refusals": _refusals(step),
+            **entry.journal.summary(),
+            "retired": entry.retire_reason,
+            "refusals": _refusals(entry),
         }
-        arm.journal = step.journal.format()
-    step.release()
+        arm.journal = entry.journal.format()
     return arm
 
 
