@@ -25,8 +25,7 @@ from torch.utils._pytree import tree_leaves
 __all__ = ["WatchingMode", "written", "written_positions"]
 
 _POSITIONS: dict[Any, tuple[int, ...]] = {}
-_FOREACH_WRITES: set[Any] = set()
-_OTHER_OPS: set[Any] = set()
+_FOREACH_WRITES: dict[Any, bool] = {}  # per op: a foreach op that writes an argument
 
 
 def written_positions(func: Any) -> tuple[int, ...]:
@@ -68,13 +67,12 @@ class WatchingMode(TorchDispatchMode):
         """``func(*args, **kwargs)``; a foreach op's writes get the version bump they get outside a
         mode. Only foreach ops: other ops with written arguments (batch norm's running statistics
         in cuDNN's kernel) bump nothing outside a mode either, and must not here."""
-        if func not in _FOREACH_WRITES:
-            if func in _OTHER_OPS:
-                return func(*args, **kwargs)
-            if not (func.__name__.startswith("_foreach_") and written_positions(func)):
-                _OTHER_OPS.add(func)
-                return func(*args, **kwargs)
-            _FOREACH_WRITES.add(func)
+        bump = _FOREACH_WRITES.get(func)
+        if bump is None:
+            bump = func.__name__.startswith("_foreach_") and bool(written_positions(func))
+            _FOREACH_WRITES[func] = bump
+        if not bump:
+            return func(*args, **kwargs)
         targets = written(func, args, kwargs)
         before = [t._version for t in targets]
         out = func(*args, **kwargs)
