@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from typing import Any
 
 import pytest
 import torch
@@ -55,6 +56,19 @@ def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(torch.randn(3, 4, generator=g), torch.randn(3, 2, generator=g)) for _ in range(n)]
 
 
+def _captured_beside_eager(model: nn.Module) -> tuple[nn.Module, Any]:
+    """Train ``model`` captured and an eager copy on the same batches, outputs equal at each
+    call; returns the copy, for the end-state comparison, and the recorder."""
+    twin = copy.deepcopy(model)
+    rec = rk.capture(model, backend="emulated")
+    for x, y in _batches(5):
+        out, ref = model(x), twin(x)
+        assert torch.equal(out, ref), rec.journal.format()
+        (out - y).pow(2).mean().backward()
+        (ref - y).pow(2).mean().backward()
+    return twin, rec
+
+
 def _steps_match(model: nn.Module, loss_fn, accumulate: int = 1, twin_loss_fn=None) -> rk.TrainStep:
     torch.manual_seed(0)
     twin = copy.deepcopy(model)
@@ -86,13 +100,7 @@ def test_a_tensor_held_in_a_list_and_written_in_place_keeps_parity(
 def test_a_tensor_held_in_a_list_keeps_parity_under_capture(foreach: bool) -> None:
     torch.manual_seed(0)
     model = _Held(foreach)
-    twin = copy.deepcopy(model)
-    rec = rk.capture(model, backend="emulated")
-    for x, y in _batches(5):
-        out, ref = model(x), twin(x)
-        assert torch.equal(out, ref), rec.journal.format()
-        (out - y).pow(2).mean().backward()
-        (ref - y).pow(2).mean().backward()
+    twin, rec = _captured_beside_eager(model)
     assert torch.equal(model.held[0], twin.held[0])
     assert all(
         torch.equal(p.grad, q.grad)
@@ -301,13 +309,7 @@ def test_tensors_held_in_a_plain_object_keep_parity(accumulate: int) -> None:
 def test_tensors_held_in_a_plain_object_keep_parity_under_capture() -> None:
     torch.manual_seed(0)
     model = _Banked()
-    twin = copy.deepcopy(model)
-    rec = rk.capture(model, backend="emulated")
-    for x, y in _batches(5):
-        out, ref = model(x), twin(x)
-        assert torch.equal(out, ref), rec.journal.format()
-        (out - y).pow(2).mean().backward()
-        (ref - y).pow(2).mean().backward()
+    twin, rec = _captured_beside_eager(model)
     assert torch.equal(model.bank.queue, twin.bank.queue)
     assert torch.equal(model.bank.stats["sum"][0], twin.bank.stats["sum"][0])
     assert rec.counts["replay"] > 0, rec.summary()
