@@ -246,11 +246,11 @@ class OptimizerStep(Lifecycled):
             self._give_back(grads, static)
             self.lifecycle.retire(f"capture failed: {type(exc).__name__}: {exc}", call)
             return self._eager(body, "retired")
-        rebound = [
-            i
-            for i, (p, s) in enumerate(zip(self.params, static, strict=True))
-            if p.grad is not s and "grad_rebind" not in self.disabled
-        ]
+        rebound = (
+            [i for i, (p, s) in enumerate(zip(self.params, static, strict=True)) if p.grad is not s]
+            if "grad_rebind" not in self.disabled
+            else []
+        )
         if rebound:  # the body's new .grad tensors: grad_inputs copies back into the buffers only
             region.free()
             snapshot.restore()
