@@ -22,6 +22,7 @@ without the protection (``unsafe_disable=["shared_pool"]``) then sees the differ
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Iterable
 from typing import Protocol
@@ -49,6 +50,7 @@ class MemoryPool:
 
     def __init__(self) -> None:
         self._handles: dict[torch.device, tuple[int, int]] = {}
+        self._anchors: dict[torch.device, object] = {}  # open_pool's graph per handle
         self._spent: dict[torch.device, list[tuple[int, int]]] = {}
         self._users: list[weakref.ref] = []
         self._holder: weakref.ref | None = None
@@ -60,8 +62,7 @@ class MemoryPool:
     def handle(self, device: torch.device) -> tuple[int, int]:
         """The CUDA graph pool of ``device`` (one per device, made at first use)."""
         if device not in self._handles:
-            with torch.cuda.device(device):
-                self._handles[device] = torch.cuda.graph_pool_handle()
+            self._handles[device], self._anchors[device] = open_pool(device)
         return self._handles[device]
 
     def renew(self, device: torch.device, handle: tuple[int, int]) -> None:
@@ -69,8 +70,7 @@ class MemoryPool:
         every user's later captures on ``device`` go to a new pool."""
         if self._handles.get(device) == handle:
             self._spent.setdefault(device, []).append(handle)
-            with torch.cuda.device(device):
-                self._handles[device] = torch.cuda.graph_pool_handle()
+            self._handles[device], self._anchors[device] = open_pool(device)
 
     def join(self, user: PoolUser) -> None:
         """``user`` records into this pool from now on."""
@@ -113,6 +113,25 @@ class MemoryPool:
         if handle is None:
             return None
         return sum(pool_reserved(device, h) for h in (handle, *self._spent.get(device, ())))
+
+
+def open_pool(device: torch.device) -> tuple[tuple[int, int], torch.cuda.CUDAGraph]:
+    """A new CUDA graph pool's handle, and an empty graph captured into it that keeps it open.
+
+    The caching allocator counts a pool's graphs; when the last one is reset while a block of
+    the pool is still live (a handed-out loss, a gradient), the pool lingers with a count of
+    zero and the next capture into it fails ("use_count > 0 INTERNAL ASSERT", seen on the H200
+    when a step re-recorded after its only recording was dropped). The anchor graph holds one
+    count for as long as its owner keeps the handle; dropping it lets the pool go.
+    """
+    with torch.cuda.device(device):
+        handle = torch.cuda.graph_pool_handle()
+        anchor = torch.cuda.CUDAGraph()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "the CUDA graph is empty"
+            with torch.cuda.graph(anchor, pool=handle):
+                pass
+    return handle, anchor
 
 
 def pool_reserved(device: torch.device, handle: tuple[int, int]) -> int:

@@ -800,6 +800,7 @@ class TrainStep(Lifecycled):
         for rec in self._recordings.values():
             rec.region.free()
         self._recordings.clear()
+        self.backend.free()
         self._refused.clear()
         self._storages, self._baseline = [], []
         self._handed = []

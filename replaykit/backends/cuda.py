@@ -36,7 +36,7 @@ import torch
 
 from ..errors import ReplayError
 from ..layout import compact, compact_size
-from ..pool import MemoryPool, pool_reserved
+from ..pool import MemoryPool, open_pool, pool_reserved
 from ..signature import autocast_key
 from .base import (
     Backend,
@@ -346,7 +346,8 @@ class CudaBackend(Backend):
             raise ReplayError(f"backend='cuda' needs the module on a CUDA device, not {device}")
         self.device = device
         self._shared = pool
-        self._own = None if pool is not None else torch.cuda.graph_pool_handle()
+        self._own: tuple[int, int] | None = None  # opened at the first capture
+        self._anchor: torch.cuda.CUDAGraph | None = None  # keeps _own open (open_pool)
         self._spent_pools: list[tuple[int, int]] = []
 
     @property
@@ -354,7 +355,8 @@ class CudaBackend(Backend):
         """The pool new captures go to (a shared ``MemoryPool``'s, read each time: it may renew)."""
         if self._shared is not None:
             return self._shared.handle(self.device)
-        assert self._own is not None
+        if self._own is None:
+            self._own, self._anchor = open_pool(self.device)
         return self._own
 
     def spend(self, handle: tuple[int, int]) -> None:
@@ -364,13 +366,14 @@ class CudaBackend(Backend):
             self._shared.renew(self.device, handle)
         elif self._own == handle:
             self._spent_pools.append(handle)
-            with torch.cuda.device(self.device):
-                self._own = torch.cuda.graph_pool_handle()
+            self._own, self._anchor = open_pool(self.device)
 
     def pool_reserved(self) -> int | None:
         if self._shared is not None:
             return self._shared.reserved_bytes(self.device)
-        return sum(pool_reserved(self.device, h) for h in (self.pool, *self._spent_pools))
+        return sum(
+            pool_reserved(self.device, h) for h in (self._own, *self._spent_pools) if h is not None
+        )
 
     def record(
         self,
@@ -389,6 +392,12 @@ class CudaBackend(Backend):
 
     def region(self, fixed: Sequence[torch.Tensor]) -> Region:
         return CudaRegion(self.device, self.pool, self.spend)
+
+    def free(self) -> None:
+        """Close the own pool (its recordings are freed): what is left of it goes when its last
+        tensor does, and a later recording opens a new one. A shared ``MemoryPool`` stays open."""
+        self._own, self._anchor = None, None
+        self._spent_pools = []
 
     def trim(self) -> None:
         with torch.cuda.device(self.device):

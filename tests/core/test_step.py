@@ -654,3 +654,45 @@ def test_a_cpu_generator_draw_beside_a_gpu_model_retires(backend, device, unsafe
     assert step.retire_reason is not None and step.counts["replay"] == 0, step.summary()
     if backend == "cuda":
         assert "CPU generator" in step.retire_reason
+
+
+def test_a_step_that_re_records_keeps_replaying_with_its_old_losses_held(
+    backend: str, device: str
+) -> None:
+    """Unfreezing a layer re-records every recording (the old pool's graphs all go) while the
+    losses handed out before are still held: the new recordings replay, bitwise with eager."""
+
+    def run(replay: bool) -> tuple[list[torch.Tensor], nn.Module, rk.TrainStep | None]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(device)
+        model[0].requires_grad_(False)
+        opt = torch.optim.SGD(model[2].parameters(), lr=0.1)
+
+        def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+            return m(x).square().mean()
+
+        step = rk.TrainStep(model, loss_fn, opt, backend=backend) if replay else None
+        losses = []
+        g = torch.Generator().manual_seed(1)
+        for i in range(12):
+            if i == 5:
+                model[0].requires_grad_(True)
+                opt.add_param_group({"params": list(model[0].parameters())})
+            x = torch.randn(16, 8, generator=g).to(device)
+            if step is not None:
+                losses.append(step(x))
+            else:
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(model, x)
+                loss.backward()
+                opt.step()
+                losses.append(loss.detach())
+        return losses, model, step
+
+    eager_losses, eager, _ = run(False)
+    losses, model, step = run(True)
+    assert step is not None and not step.retired, step.summary()
+    assert step.counts["record"] == 2 and step.counts["replay"] >= 3, step.summary()
+    assert all(torch.equal(a, b) for a, b in zip(losses, eager_losses, strict=True))
+    for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+        assert torch.equal(p, q)

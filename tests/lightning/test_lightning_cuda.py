@@ -86,3 +86,22 @@ def test_cuda_automatic_step_parity(cuda_device: str, precision: str, accumulati
     result = run_scenario(scenario, ["step", *step_unsafe_arms(scenario)])
     assert result.passed, {a: [d.name for d in ds][:5] for a, ds in result.diffs.items()}
     assert result.arms["step"].recorder["optimizer_step"]["replay"] >= 1
+
+
+def test_cuda_automatic_step_resumes_from_a_checkpoint_and_keeps_replaying(
+    cuda_device: str,
+) -> None:
+    """fit(ckpt_path=...) under ReplayCallback(optimizer_step=True) on a GPU: the resumed fit's
+    optimizer step (fused SGD, its state from the checkpoint) replays, bitwise native."""
+    scenario = Scenario(
+        task="pose",
+        accumulation=2,
+        resume=True,
+        optimizer="sgd-fused",
+        clip=1.0,
+        device=cuda_device,
+    )
+    result = run_scenario(scenario, ["step"])
+    assert result.passed, {a: [d.name for d in ds][:5] for a, ds in result.diffs.items()}
+    resumed = result.arms["step"].recorder["optimizer_step"]  # the last (resumed) fit's
+    assert resumed["replay"] >= 1, resumed

@@ -289,8 +289,10 @@ PATTERNS: list[Pattern] = [
         lambda d: Noisy(d).to(d),
         _noisy,
         guard="record_probe",
-        cuda_only="the tape refuses a private generator by itself: without the probe the capture "
-        "fails, the generator is put back with the rest of the state, and the call retires exactly",
+        unsafe_never="both backends refuse a private generator by themselves (the tape; on the H200, "
+        "torch's 'increase offset for a CUDA generator not in capture mode'): without the probe the "
+        "capture fails, the generator is put back with the rest of the state, and the call retires "
+        "exactly. The probe retires it before a capture is tried; tensor_attribute_with_grad is its control",
     ),
     Pattern(
         "tensor_attribute_updated",
@@ -406,7 +408,7 @@ PATTERNS: list[Pattern] = [
         "torch.manual_seed inside forward (not an aten op)",
         lambda d: Seeded().to(d),
         lambda m, a: loop(m, a, steps=4),
-        guard="verify_recording",
+        guard="verify_recording+host_rng",  # beside a GPU model host_rng sees the reseed first
     ),
     # the tape replays the recompute's generator rewind as a CUDA graph does
     Pattern(

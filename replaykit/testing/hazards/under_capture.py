@@ -183,6 +183,8 @@ PATTERNS: list[Pattern] = [
         _cpu_mask_steps,
         guard="input_reads",
         api="step",
+        cpu_only="a CUDA capture refuses the unpinned mask's copy to the GPU by itself (seen on the "
+        "H200): the step retires exactly with or without the watch",
     ),
     Pattern(
         "library_capture_branch",
