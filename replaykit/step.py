@@ -800,7 +800,8 @@ class TrainStep(Lifecycled):
         for rec in self._recordings.values():
             rec.region.free()
         self._recordings.clear()
-        self.backend.free()
+        if self.backend is not None:  # None: the eager twin (replay=False)
+            self.backend.free()
         self._refused.clear()
         self._storages, self._baseline = [], []
         self._handed = []

@@ -696,3 +696,20 @@ def test_a_step_that_re_records_keeps_replaying_with_its_old_losses_held(
     assert all(torch.equal(a, b) for a, b in zip(losses, eager_losses, strict=True))
     for p, q in zip(model.parameters(), eager.parameters(), strict=True):
         assert torch.equal(p, q)
+
+
+def test_the_eager_twin_releases_and_keeps_running(device: str) -> None:
+    """``replay=False`` has no backend: release() (the zoo's eager arm calls it) must not need one."""
+    model = nn.Linear(4, 2).to(device)
+    step = rk.TrainStep(
+        model,
+        lambda m, x: m(x).square().mean(),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        replay=False,
+    )
+    x = torch.randn(3, 4, device=device)
+    step(x)
+    step.release()
+    before = model.weight.detach().clone()
+    step(x)  # the twin still trains
+    assert not torch.equal(model.weight, before)
