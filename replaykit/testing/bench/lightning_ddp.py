@@ -133,6 +133,12 @@ def _worker(spec_path: Path) -> None:
 
         for name in ("lightning.pytorch", "lightning.fabric"):
             logging.getLogger(name).setLevel(logging.ERROR)
+        if (
+            spec["device"] == "cuda"
+        ):  # eager must repeat itself, or each recording's check refuses it
+            from ...determinism import enable_determinism
+
+            enable_determinism()
         rows = _rank_rows(spec)
     spec_path.with_name(f"rank{rank}.json").write_text(json.dumps(rows, default=str))
     import torch.distributed as dist
@@ -186,7 +192,13 @@ def run(
                 "per_rank_ms": [p[arm]["median_ms"] for p in per_rank],
                 **{
                     k: [p[arm].get(k) for p in per_rank]
-                    for k in ("net_replays", "step_replays", "step_eager_reasons", "step_retired")
+                    for k in (
+                        "net_replays",
+                        "net_eager_reasons",
+                        "step_replays",
+                        "step_eager_reasons",
+                        "step_retired",
+                    )
                     if k in per_rank[0][arm]
                 },
             }
