@@ -262,6 +262,7 @@ class TrainStep(Lifecycled):
         self._loss_key: tuple = ()
         # host reads of input-derived values (a padding mask's .all()): learnt at recording, keyed per call
         self._input_reads = InputReads(keyed="input_reads" not in self.disabled)
+        self._watch_reads = False  # set once a capture without the watch failed (see _record)
         self._first_write = False  # a recording call dropped for a write into the model (once)
         self._walking, self._foreign = False, 0
         if self._loss_inputs is not None and self._loss_inputs.unwatched:
@@ -576,11 +577,22 @@ class TrainStep(Lifecycled):
         verify = "verify_recording" not in self.disabled
         snapshot = self._snapshot(tensors=region.executes or verify)
 
-        # input-derived host reads are answered with this call's values; an unknown one stops the capture
-        reads = Provenance(static, self._input_reads.answers())
+        # input-derived host reads are answered with this call's values; an unknown one stops the
+        # capture. The watch is a dispatch mode, and under any dispatch mode autograd keeps one more
+        # activation alive at the backward's peak: a pool that much larger for good. So it watches
+        # only once a capture without it has failed (a host read of GPU data fails a CUDA capture by
+        # itself), and always where a host read would not fail: a CPU input, the emulated tape.
+        watched = (
+            self._watch_reads
+            or self.backend.name != "cuda"
+            or any(t.device.type == "cpu" for t in static)
+        )
+        reads = Provenance(static, self._input_reads.answers()) if watched else None
 
         def body() -> list[torch.Tensor]:
             a, kw = callargs.rebuild(static)
+            if reads is None:
+                return [self._body(phase, a, kw)]
             with reads:
                 return [self._body(phase, a, kw)]
 
@@ -624,10 +636,19 @@ class TrainStep(Lifecycled):
                 self._micro += 1
                 self._calls += 1
                 return self._eager(phase, "compiling", args, kwargs)
+            if reads is None:  # perhaps a host read of the batch: captured again, watched
+                self._watch_reads = True
+                self.journal.add(
+                    "refuse",
+                    call,
+                    "input_read",
+                    f"capture failed ({type(exc).__name__}): again, watching input-derived host reads",
+                )
+                return self(*args, **kwargs)
             self._retire(f"capture failed: {type(exc).__name__}: {exc}", call)
             return self(*args, **kwargs)
         self._walking = False
-        key = self._input_reads.settle(key, reads.reads)
+        key = self._input_reads.settle(key, () if reads is None else reads.reads)
         grads_out = [None if p.grad is None else p.grad for p in self._trainable]
         keep = [*(g for g in private if g is not None), *tensors_of(self.optimizer)]
         rec = StepRecording(region, static, loss, grads_out, keep)
