@@ -111,7 +111,11 @@ def test_a_length_read_unkeyed_replays_the_first_length():
     assert not same, rec.summary()
 
 
-def test_a_length_read_keys_a_whole_step(backend, device):
+@pytest.mark.parametrize("lengths_on", ["device", "cpu"])
+def test_a_length_read_keys_a_whole_step(backend, device, lengths_on):
+    """``cpu``: the lengths stay on the CPU (a collate function's) beside a batch on the device; a
+    host read of a CPU tensor does not fail a CUDA capture, so such a call is watched from its first
+    capture (a GPU-only call is captured unwatched until a capture fails)."""
     torch.manual_seed(0)
     model = Lengths().to(device)
     twin = copy.deepcopy(model)
@@ -125,37 +129,13 @@ def test_a_length_read_keys_a_whole_step(backend, device):
     step = rk.TrainStep(model, loss_fn, opt(model), backend=backend, accumulate=2)
     eager = rk.TrainStep(twin, loss_fn, opt(twin), replay=False, accumulate=2)
     for i in range(10):
-        x, lengths = torch.randn(2, 6, 4, device=device), _lengths(i // 2, device)
+        x = torch.randn(2, 6, 4, device=device)
+        lengths = _lengths(i // 2, device if lengths_on == "device" else "cpu")
         assert torch.equal(step(x, lengths), eager(x, lengths)), step.journal.format()
     assert all(
         torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters(), strict=True)
     )
     assert step.counts["replay"] >= 4 and not step.retired, step.summary()
-
-
-def test_a_length_on_the_cpu_keys_a_whole_step_on_any_device(backend, device):
-    """The lengths stay on the CPU (a collate function's) beside a batch on the device: a host read
-    of a CPU tensor does not fail a CUDA capture, so the whole step watches such a call from its
-    first capture (a GPU-only call is captured unwatched until a capture fails)."""
-    torch.manual_seed(0)
-    model = Lengths().to(device)
-    twin = copy.deepcopy(model)
-
-    def opt(m):
-        return torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-
-    def loss_fn(m, x, lengths):
-        return m(x, lengths).pow(2).mean()
-
-    step = rk.TrainStep(model, loss_fn, opt(model), backend=backend)
-    eager = rk.TrainStep(twin, loss_fn, opt(twin), replay=False)
-    for i in range(8):
-        x, lengths = torch.randn(2, 6, 4, device=device), _lengths(i // 2, "cpu")
-        assert torch.equal(step(x, lengths), eager(x, lengths)), step.journal.format()
-    assert all(
-        torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters(), strict=True)
-    )
-    assert step.counts["record"] == 2 and step.counts["replay"] >= 4, step.summary()
 
 
 @pytest.mark.parametrize("api", ["capture", "step"])
