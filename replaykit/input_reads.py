@@ -54,6 +54,9 @@ class _Tag:
 _IN = _Tag("input")  # a program's leaf: (_IN, position of the call's tensor)
 _LIST = _Tag("list")  # a list argument (a schema may want a list, not a tuple)
 _UNTRACKED = _Tag("untracked")
+_DRAW = _Tag(
+    "draw"
+)  # a host draw's place in a program's node: (_DRAW, its order among the run's draws)
 #: Reads per recording key beyond which a step stops learning them (each one found costs a capture attempt).
 MAX_READS = 32
 _DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
@@ -87,12 +90,16 @@ class Provenance(WatchingMode):
         sources: Sequence[torch.Tensor],
         answers: dict[tuple, Any] | None = None,
         discover: bool = False,
+        draws: bool = False,
     ) -> None:
         super().__init__()
         self._sources = list(sources)
         self._answers = answers or {}
         self._discover = discover
+        self._host_draws = draws
         self.reads: list[tuple[tuple, Any]] = []
+        self.draws: list[tuple] = []  # host draws (``draws=True``), in the order the run made them
+        self.escaped = False  # a host draw's value reached anything but input-derived computations
         self._nodes: dict[int, tuple] = {}
         self._keep: list[torch.Tensor] = []  # the ids above stay theirs while the mode runs
         self._storages: dict[int, int] = {}
@@ -108,13 +115,14 @@ class Provenance(WatchingMode):
 
     def __enter__(self) -> Provenance:
         self._nodes, self._keep, self._storages, self.reads = {}, [], {}, []
+        self.draws, self.escaped, self._drawn = [], False, set()
         for i, t in enumerate(self._sources):
             self._track(t, (_IN, i))
         return super().__enter__()
 
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
-        self._nodes, self._keep, self._storages = {}, [], {}
+        self._nodes, self._keep, self._storages, self._drawn = {}, [], {}, set()
 
     def _track(self, t: torch.Tensor, node: tuple) -> None:
         self._nodes[id(t)] = node
@@ -150,26 +158,39 @@ class Provenance(WatchingMode):
         if func is _READ and args and id(args[0]) in self._nodes:
             return self._read(func, args[0])
         out = self.run(func, args, kwargs)
+        drawn = bool(self._drawn) and any(
+            id(t) in self._drawn for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
+        )
         if written_positions(func):
             for t in written(func, args, kwargs):
                 self._untrack_storage(_storage(t))
+            self.escaped |= drawn
+            return out
+        if self._host_draws and _host_draw(func, args, kwargs, out):
+            node = (func, self._encode(args), self._encode(tuple(sorted(kwargs.items()))), None)
+            node = (*node[:3], (_DRAW, len(self.draws)))
+            self.draws.append(node)
+            self._track(out, node)
+            self._drawn.add(id(out))
             return out
         if (
             torch.Tag.nondeterministic_seeded in func.tags
             or any(tag in func.tags for tag in _DATA_DEPENDENT)
             or func._schema.name.split("::")[-1].startswith(("empty", "new_empty"))
         ):
+            self.escaped |= drawn
             return out
         enc_args = self._encode(args)
         enc_kwargs = self._encode(tuple(sorted(kwargs.items())))
         if enc_args is _UNTRACKED or enc_kwargs is _UNTRACKED:
+            self.escaped |= drawn  # a draw mixed with the model's state: a replay would repeat it
             return out
-        if isinstance(out, torch.Tensor):
-            self._track(out, (func, enc_args, enc_kwargs, None))
-        else:
-            for k, t in enumerate(tree_leaves(out)):
-                if isinstance(t, torch.Tensor):
-                    self._track(t, (func, enc_args, enc_kwargs, k))
+        outs = [out] if isinstance(out, torch.Tensor) else tree_leaves(out)
+        for k, t in enumerate(outs):
+            if isinstance(t, torch.Tensor):
+                self._track(t, (func, enc_args, enc_kwargs, None if t is out else k))
+                if drawn:
+                    self._drawn.add(id(t))
         return out
 
     def _read(self, func: Any, t: torch.Tensor) -> Any:
@@ -191,7 +212,21 @@ class Provenance(WatchingMode):
         return value
 
 
-def _decode(a: Any, table: Sequence[torch.Tensor], memo: dict[int, torch.Tensor]) -> Any:
+def _host_draw(func: Any, args: tuple, kwargs: dict, out: Any) -> bool:
+    """A draw from torch's default CPU generator made from no tensor (``torch.rand([])`` on the
+    host): the source of a value a forward may read (LayerDrop's decision)."""
+    return (
+        torch.Tag.nondeterministic_seeded in func.tags
+        and isinstance(out, torch.Tensor)
+        and out.device.type == "cpu"
+        and kwargs.get("generator") is None
+        and not any(
+            isinstance(a, (torch.Tensor, torch.Generator)) for a in tree_leaves((args, kwargs))
+        )
+    )
+
+
+def _decode(a: Any, table: Sequence[torch.Tensor], memo: dict[Any, torch.Tensor]) -> Any:
     if type(a) is tuple:
         if a and a[0] is _IN:
             return table[a[1]]
@@ -203,15 +238,17 @@ def _decode(a: Any, table: Sequence[torch.Tensor], memo: dict[int, torch.Tensor]
     return a
 
 
-def _run(node: tuple, table: Sequence[torch.Tensor], memo: dict[int, torch.Tensor]) -> Any:
-    found = memo.get(id(node))
+def _run(node: tuple, table: Sequence[torch.Tensor], memo: dict[Any, torch.Tensor]) -> Any:
+    func, args, kwargs, index = node
+    draw = type(index) is tuple  # (_DRAW, k): one draw per k, whichever program names it
+    key = index if draw else id(node)
+    found = memo.get(key)
     if found is not None:
         return found
-    func, args, kwargs, index = node
     out = func(*_decode(args, table, memo), **dict(_decode(kwargs, table, memo)))
-    if index is not None:
+    if index is not None and not draw:
         out = tree_leaves(out)[index]
-    memo[id(node)] = out
+    memo[key] = out
     return out
 
 
@@ -237,16 +274,21 @@ def value_key(value: Any) -> Any:
     return value.hex() if isinstance(value, float) else value
 
 
-def evaluate(programs: Sequence[tuple], tensors: Sequence[torch.Tensor]) -> list[Any]:
+def evaluate(
+    programs: Sequence[tuple], tensors: Sequence[torch.Tensor], draws: Sequence[tuple] = ()
+) -> list[Any]:
     """Each program's host value on ``tensors``: the aten calls again, below autograd and autocast,
-    then one synchronisation for all of them."""
-    memo: dict[int, torch.Tensor] = {}
+    then one synchronisation for all of them. ``draws`` (host draws) are made first, in their
+    order: torch's CPU generator advances as the recorded code's draws advanced it."""
+    memo: dict[Any, torch.Tensor] = {}
     devices = {t.device.type for t in tensors} | {"cpu"}
     with torch.no_grad(), torch._C._AutoDispatchBelowAutograd():
         ctxs = [torch.autocast(d, enabled=False) for d in devices if torch.is_autocast_enabled(d)]
         for c in ctxs:
             c.__enter__()
         try:
+            for node in draws:
+                _run(node, tensors, memo)
             results = [_run(node, tensors, memo) for node, _ in programs]
         finally:
             for c in reversed(ctxs):
@@ -261,11 +303,12 @@ def evaluate(programs: Sequence[tuple], tensors: Sequence[torch.Tensor]) -> list
 class _Site:
     """One recording key's input reads: the programs found, and the variants recorded."""
 
-    __slots__ = ("programs", "variants")
+    __slots__ = ("draws", "programs", "variants")
 
     def __init__(self) -> None:
         self.programs: list[tuple] = []
         self.variants: list[dict[int, Any]] = []  # per variant: program index -> value key
+        self.draws: list[tuple] = []  # the host draws every variant makes, in order
 
     def add(self, program: tuple) -> int:
         if program not in self.programs:
@@ -289,20 +332,29 @@ class InputReads:
         self._sites: dict[tuple, _Site] = {}
         self._keyed = keyed
         self._last: tuple[tuple, list[Any]] = ((), [])
+        self._drawn_to: torch.Tensor | None = None  # the CPU generator after the last key's draws
 
     def key(self, base: tuple, tensors: Sequence[torch.Tensor]) -> tuple:
         """``base`` and, for a key with input reads, the variant this call's values match."""
         site = self._sites.get(base) if self._sites else None
+        self._drawn_to = None
         if site is None:
             self._last = (base, [])
             return base
+        start = torch.default_generator.get_state() if site.draws else None
         try:
-            values = evaluate(site.programs, tensors) if site.programs else []
+            values = (
+                evaluate(site.programs, tensors, site.draws) if site.programs or site.draws else []
+            )
         except (
             Exception
         ):  # a program that does not hold for these inputs: no recording matches them
             self._last = (base, [])
             return (*base, _NEW)
+        finally:
+            if start is not None:  # the call itself draws (eager) or advance() moves it (a replay)
+                self._drawn_to = torch.default_generator.get_state()
+                torch.default_generator.set_state(start)
         self._last = (base, values)
         if not self._keyed:
             return (*base, 0)
@@ -317,6 +369,34 @@ class InputReads:
         base, values = self._last
         site = self._sites.get(base)
         return {} if site is None else dict(zip(site.programs, values, strict=False))
+
+    @property
+    def drawn_to(self) -> torch.Tensor | None:
+        """torch's CPU generator state after the last key's host draws (None: it has none): where
+        eager's draws leave it, so where a replay must."""
+        return self._drawn_to
+
+    def advance(self) -> None:
+        """After a replay: torch's CPU generator where eager's host draws would have left it."""
+        if self._drawn_to is not None:
+            torch.default_generator.set_state(self._drawn_to)
+
+    def learn_draws(self, reads: Sequence[tuple[tuple, Any]], draws: Sequence[tuple]) -> bool:
+        """An eager run's host draws and the reads made of them: drawn and evaluated before
+        choosing a recording from now on. False past ``MAX_READS``."""
+        base, _ = self._last
+        site = self._sites.setdefault(base, _Site())
+        programs = [p for p, _ in reads if p not in site.programs]
+        if len(site.programs) + len(programs) > MAX_READS:
+            return False
+        site.programs += programs
+        site.draws = list(draws)
+        return True
+
+    def draws_match(self, draws: Sequence[tuple]) -> bool:
+        """Whether a run made exactly the host draws the last key evaluated (none if it has none)."""
+        site = self._sites.get(self._last[0])
+        return list(draws) == (site.draws if site is not None else [])
 
     def learn(self, program: tuple) -> bool:
         """A program a recording met unknown: evaluate it from now on. False past ``MAX_READS``."""

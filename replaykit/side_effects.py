@@ -46,14 +46,23 @@ class SideEffects:
     """Watches one run of recorded code (``with SideEffects(model, inputs) as effects: ...``)."""
 
     def __init__(
-        self, module: nn.Module, inputs: Sequence[torch.Tensor], host_rng: bool = True
+        self,
+        module: nn.Module,
+        inputs: Sequence[torch.Tensor],
+        host_rng: bool = True,
+        drawn_to: torch.Tensor | None = None,
     ) -> None:
         self._module = module
         self._rng = host_rng_state() if host_rng else None
         # torch's CPU generator is the device's when the model is on the CPU (the emulated tape
-        # replays its draws); beside a GPU model it is host state a CUDA graph never advances
+        # replays its draws); beside a GPU model it is host state a CUDA graph never advances.
+        # ``drawn_to``: where the draws the entry point makes before a replay leave it (input_reads)
         on_gpu = any(t.device.type != "cpu" for t in (*module.parameters(), *module.buffers()))
-        self._cpu_rng = torch.default_generator.get_state() if host_rng and on_gpu else None
+        self._cpu_rng = (
+            (drawn_to if drawn_to is not None else torch.default_generator.get_state())
+            if host_rng and on_gpu
+            else None
+        )
         self._inputs = list(inputs)
         self._versions = [x._version for x in self._inputs]
         self._held = held_values(module)
@@ -102,8 +111,15 @@ class SideEffects:
     def _changed_held(self) -> list[str]:
         return [name for name, value, key in self._held if value_key(value) != key]
 
-    def reason(self, who: str) -> str | None:
-        """Why replays of the run would differ from eager (``who`` names the code: "forward", "the step"), or None."""
+    def host_draws(self) -> bool:
+        """Whether the run left torch's CPU generator elsewhere than expected (beside a GPU model)."""
+        return self._cpu_rng is not None and not torch.equal(
+            torch.default_generator.get_state(), self._cpu_rng
+        )
+
+    def reason(self, who: str, host_draws: bool = True) -> str | None:
+        """Why replays of the run would differ from eager (``who`` names the code: "forward", "the
+        step"), or None. ``host_draws=False``: all but the CPU generator's (:meth:`host_draws`)."""
         names = {id(m): n or type(m).__name__ for n, m in self._module.named_modules()}
         written = sorted(
             {f"{names.get(id(m), type(m).__name__)}.{attr}" for m, attr in self._changing_writes()}
@@ -118,9 +134,7 @@ class SideEffects:
             return f"{who} changes {changed[0]} (a container or object the model holds); a replay would not"
         if self._rng is not None and host_rng_state() != self._rng:
             return f"{who} draws from Python's random or numpy's global RNG; a replay would repeat the first draw"
-        if self._cpu_rng is not None and not torch.equal(
-            torch.default_generator.get_state(), self._cpu_rng
-        ):
+        if host_draws and self.host_draws():
             return (
                 f"{who} draws from torch's CPU generator beside a GPU model (torch.rand([]) on the "
                 "host, as LayerDrop does); a replay would repeat the first draw. What you can "

@@ -264,6 +264,7 @@ class TrainStep(Lifecycled):
         self._input_reads = InputReads(keyed="input_reads" not in self.disabled)
         self._watch_reads = False  # set once a capture without the watch failed (see _record)
         self._first_write = False  # a recording call dropped for a write into the model (once)
+        self._learn_draws = False  # set at the first host draw seen: the next reference learns them
         self._walking, self._foreign = False, 0
         if self._loss_inputs is not None and self._loss_inputs.unwatched:
             warnings.warn(
@@ -419,6 +420,7 @@ class TrainStep(Lifecycled):
         for static, x in zip(rec.static_inputs, callargs.tensors, strict=True):
             copy_into(static, x)
         rec.region.replay()
+        self._input_reads.advance()  # the CPU generator where eager's host draws leave it
         self.journal.tick("replay", call, phase)
         return self._after(phase, rec)
 
@@ -432,6 +434,7 @@ class TrainStep(Lifecycled):
         for static, x in zip(rec.static_inputs, callargs.tensors, strict=True):
             copy_into(static, x)
         rec.region.replay()
+        self._input_reads.advance()
         self.journal.tick("replay", call, phase)
         found, loss = self._against_eager(snapshot, rec.loss, phase, args, kwargs)
         self.journal.add("check", call, "step", found)
@@ -587,7 +590,8 @@ class TrainStep(Lifecycled):
             or self.backend.name != "cuda"
             or any(t.device.type == "cpu" for t in static)
         )
-        reads = Provenance(static, self._input_reads.answers()) if watched else None
+        drawing = self._input_reads.drawn_to is not None  # its key's host draws are made before it
+        reads = Provenance(static, self._input_reads.answers(), draws=drawing) if watched else None
 
         def body() -> list[torch.Tensor]:
             a, kw = callargs.rebuild(static)
@@ -603,11 +607,15 @@ class TrainStep(Lifecycled):
             reference, why, eager = self._reference(snapshot, callargs, phase, args, kwargs)
             if why is not None:  # that eager run was this call's work: it stands
                 region.free()
-                self._retire(why, call)
+                if isinstance(why, _Learning):
+                    self.journal.add("refuse", call, "host_draws", why)
+                else:
+                    self._retire(why, call)
                 if phase in ("step", "last"):
                     self._stepped()
                 return eager
-        effects = SideEffects(self.model, static, "host_rng" not in self.disabled)
+        drawn_to = self._input_reads.drawn_to
+        effects = SideEffects(self.model, static, "host_rng" not in self.disabled, drawn_to)
         self._walking, self._foreign = "foreign_grads" not in self.disabled, 0
         watch = CompileWatch(self.backend.name == "emulated", "compiled_code" not in self.disabled)
         try:
@@ -653,6 +661,12 @@ class TrainStep(Lifecycled):
         keep = [*(g for g in private if g is not None), *tensors_of(self.optimizer)]
         rec = StepRecording(region, static, loss, grads_out, keep)
         why = effects.reason("the step")
+        if (
+            why is None
+            and reads is not None
+            and (reads.escaped or not self._input_reads.draws_match(reads.draws))
+        ):
+            why = _HOST_DRAWS_CHANGED
         if why is None and self._foreign:
             why = (
                 f"loss_fn reaches {self._foreign} tensor(s) requiring grad outside the model and the optimizer (a second "
@@ -711,14 +725,27 @@ class TrainStep(Lifecycled):
         """
         assert self.backend is not None
         self.backend.trim()  # warm-up's cache (a side stream's blocks serve no other stream)
-        effects = SideEffects(self.model, callargs.tensors, "host_rng" not in self.disabled)
+        drawn_to = self._input_reads.drawn_to
+        effects = SideEffects(
+            self.model, callargs.tensors, "host_rng" not in self.disabled, drawn_to
+        )
+        # host draws seen before (beside a GPU model) and none known for this key: find them and
+        # what is read of them (a dispatch mode: this eager run only)
+        learning = self._learn_draws and drawn_to is None and "input_reads" not in self.disabled
+        found = Provenance(callargs.tensors, discover=True, draws=True) if learning else None
         self._walking, self._foreign = "foreign_grads" not in self.disabled, 0
         try:
-            with effects:
+            with effects, found if found is not None else contextlib.nullcontext():
                 eager = self._body(phase, args, kwargs)
         finally:
             self._walking = False
         why = effects.reason("the step")
+        if (
+            why is not None
+            and drawn_to is None
+            and effects.reason("the step", host_draws=False) is None
+        ):
+            why = self._host_draws(found) or why
         if why is None and self._foreign:
             why = (
                 f"loss_fn reaches {self._foreign} tensor(s) requiring grad outside the model and the optimizer (a second "
@@ -735,6 +762,27 @@ class TrainStep(Lifecycled):
         snapshot.restore()
         self.backend.trim()
         return reference, None, eager
+
+    def _host_draws(self, found: Provenance | None) -> _Learning | None:
+        """The reference run's only effect was a draw from torch's CPU generator: learn the draws
+        (``found``, this run's) and the reads made of them, or, at first sight, watch the next
+        recording call's run for them. None: they cannot be keyed (a draw reaching the computation)."""
+        if "input_reads" in self.disabled or "host_rng" in self.disabled:
+            return None
+        if found is None:
+            if self._learn_draws:
+                return None
+            self._learn_draws = True
+            return _Learning("host draws: the next recording call learns them")
+        if found.escaped or not found.draws:
+            return None
+        if not self._input_reads.learn_draws(found.reads, found.draws):
+            return None
+        self._watch_reads = True  # the capture answers their reads
+        return _Learning(
+            f"{len(found.draws)} host draw(s), {len(found.reads)} read(s) of them: drawn before "
+            "choosing a recording from now on"
+        )
 
     def _after(self, phase: str, rec: StepRecording) -> torch.Tensor:
         """Leave the gradients as eager would and hand back a copy of the loss."""
@@ -829,6 +877,15 @@ class TrainStep(Lifecycled):
         if not self.lifecycle.stopped():
             self._find_params()
 
+
+class _Learning(str):
+    """A recording call's reference run stands as the call while host draws are learnt (not a retirement)."""
+
+
+_HOST_DRAWS_CHANGED = (
+    "the step's draws from torch's CPU generator changed, or a drawn value reached its computation; "
+    "a replay would repeat the first draw"
+)
 
 _streams: dict[torch.device, Any] = {}
 

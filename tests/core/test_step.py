@@ -628,29 +628,45 @@ class _TorchLayerDrop(SmallNet):
         return self.head(h)
 
 
-@pytest.mark.parametrize("unsafe", [False, True], ids=["guarded", "unguarded"])
-def test_a_cpu_generator_draw_beside_a_gpu_model_retires(backend, device, unsafe):
-    """Beside a GPU model torch's CPU generator is host state: a CUDA graph freezes the branch the
-    first draw took and never advances the generator. (On the CPU the draw is the device's and
-    its host read is what the tape refuses.) Exact either way: the step retires."""
-    if unsafe and backend != "cuda":
+class _TorchNoise(SmallNet):
+    """A CPU draw that reaches the computation (a 0-dim CPU tensor scales GPU activations)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x) * (1 + torch.rand([])))
+
+
+@pytest.mark.parametrize("arm", ["guarded", "unguarded", "escaped"])
+def test_a_cpu_generator_draw_beside_a_gpu_model_is_drawn_before_the_replay(backend, device, arm):
+    """Beside a GPU model torch's CPU generator is host state a CUDA graph never advances, and a
+    graph would freeze the branch the first draw took. A draw read on the host only (LayerDrop)
+    is learnt: each call draws it before choosing a recording, keyed by the branch, and leaves the
+    generator where eager does. A draw reaching the computation retires. On the CPU backend the
+    draw is the device's: the tape repeats it at each replay, and refuses its host read."""
+    if arm == "unguarded" and backend != "cuda":
         pytest.skip("the frozen draw exists beside a GPU model only")
 
     def build(replay):
-        model = _TorchLayerDrop().to(device)
+        model = (_TorchNoise if arm == "escaped" else _TorchLayerDrop)().to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        kw = {"unsafe_disable": ("host_rng",)} if unsafe else {}
+        kw = {"unsafe_disable": ("host_rng",)} if arm == "unguarded" else {}
         return {"model": model, "opt": opt, "step": TrainStep(model, _ce, opt, replay=replay, **kw)}
 
     def drive(env, g):
-        out = [env["step"](*_batches(g, device)) for _ in range(8)]
+        out = [env["step"](*_batches(g, device)) for _ in range(12)]
         return [*out, torch.tensor(float(torch.rand([])))]  # where the CPU stream stands
 
     diffs, step = _pair(build, drive, device)
-    if unsafe:
+    if arm == "unguarded":
         assert diffs, step.summary()
         return
     assert not diffs, diffs[:3]
+    if backend == "cuda" and arm == "guarded":
+        assert not step.retired and step.counts["replay"] >= 4, step.summary()
+        assert step.counts["record"] == 2, step.summary()  # one recording per branch
+        return
+    if backend != "cuda" and arm == "escaped":  # the tape draws again at each replay, as the device
+        assert not step.retired and step.counts["replay"] >= 4, step.summary()
+        return
     assert step.retire_reason is not None and step.counts["replay"] == 0, step.summary()
     if backend == "cuda":
         assert "CPU generator" in step.retire_reason
