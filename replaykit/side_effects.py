@@ -138,8 +138,8 @@ class SideEffects:
             return (
                 f"{who} draws from torch's CPU generator beside a GPU model (torch.rand([]) on the "
                 "host, as LayerDrop does); a replay would repeat the first draw. What you can "
-                "change: draw with the model's device instead, in tensor ops (never read on the "
-                "host). transformers' LayerDrop (Whisper, BART, Wav2Vec2, ...) draws this way in "
-                "every training forward whatever `layerdrop` is: those models run eagerly, exact"
+                "change: draw with the model's device, in tensor ops; a draw read on the host "
+                "only (transformers' LayerDrop: Whisper, BART, ...) replays under rk.TrainStep, "
+                "which draws it before each replay"
             )
         return None
