@@ -215,7 +215,9 @@ PATTERNS: list[Pattern] = [
         HAZARD,
         "LayerDrop decided by torch.rand([]) on the host (transformers' Whisper, BART), whole step",
         lambda d: TorchLayerDrop().to(d),
-        _seeded(lambda m, a: step_loop(m, a, steps=6)),
+        # beside a GPU model the step learns the draws (two eager calls), then records each branch
+        # pattern once (3 blocks: up to 8): enough steps to replay some
+        _seeded(lambda m, a: step_loop(m, a, steps=16)),
         guard="host_rng",
         api="step",
         cuda_only=TORCH_RAND_CPU,
