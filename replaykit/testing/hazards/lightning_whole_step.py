@@ -379,6 +379,38 @@ def _critic_loss(module: nn.Module, arm: Arm) -> Extras:
     )
 
 
+# --------------------------------------------------------------------------- side effects, lifecycle
+class Counting(Fitted):
+    """Its loss method counts its calls on ``self`` and weights odd and even steps apart."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__(net)
+        self.calls = 0
+
+    def counted_loss(self, net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1  # Python a replay would not run: the weight would stay the recording's
+        return net(x).pow(2).mean() * (1.0 + self.calls % 2)
+
+
+def _counted(module: nn.Module, arm: Arm) -> Extras:
+    return fit(module, arm, loss_of=lambda m: m.counted_loss)
+
+
+def _unfreeze_at(step: int) -> Callable[[nn.Module, Arm], Extras]:
+    """Fine-tuning's unfreeze schedule: fc1 frozen until ``step``, then trained by the same optimizer."""
+
+    def train(module: nn.Module, arm: Arm) -> Extras:
+        module.net.fc1.requires_grad_(False)
+
+        def before(m: Fitted, i: int) -> None:
+            if i == step:
+                m.net.fc1.requires_grad_(True)
+
+        return fit(module, arm, steps=8, before=before)
+
+    return train
+
+
 # --------------------------------------------------------------------------- autograd modes
 @contextlib.contextmanager
 def _anomaly_restored() -> Iterator[None]:
@@ -666,6 +698,23 @@ PATTERNS: list[Pattern] = [
         "Trainer(precision='bf16-mixed') around a whole step (whose own precision stays '32')",
         fitted(SharedHead),
         lambda m, a: fit(m, a, loss_fn=_smooth_l1, trainer_kwargs={"precision": "bf16-mixed"}),
+        api=API,
+    ),
+    Pattern(
+        "whole_step_loss_method_counts_on_self",
+        "side_effects",
+        "loss_fn is a LightningModule method that counts its calls on self and weights by them",
+        fitted(MLP, Counting),
+        _counted,
+        guard="loss_inputs",
+        api=API,
+    ),
+    Pattern(
+        "whole_step_unfreeze_mid_fit",
+        "lifecycle",
+        "training_step unfreezes the first layer at batch 3 (an unfreeze schedule)",
+        fitted(),
+        _unfreeze_at(3),
         api=API,
     ),
 ]

@@ -150,9 +150,7 @@ NO_LIGHTNING_YET = {
     "backend_diffs",
     "hook_order",
     "inputs",
-    "lifecycle",
     "parameters",
-    "side_effects",
     "two_backwards",
     "under_capture",
 }
