@@ -54,6 +54,7 @@ def test_the_whole_step_patterns_replay_most_of_the_time_and_never_fail() -> Non
         "whole_step_bf16_mixed",
         "whole_step_trainer_bf16_mixed",
         "whole_step_unfreeze_mid_fit",  # re-recorded when the layer thaws
+        "whole_step_head_replaced_mid_fit",  # re-recorded for the new head's parameters
     }, replayed
 
 

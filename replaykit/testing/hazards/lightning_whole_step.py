@@ -411,6 +411,19 @@ def _unfreeze_at(step: int) -> Callable[[nn.Module, Arm], Extras]:
     return train
 
 
+def _head_replaced_at(step: int) -> Callable[[nn.Module, Arm], Extras]:
+    """A new task head swapped in mid-fit (new parameters the optimizer was not given)."""
+
+    def train(module: nn.Module, arm: Arm) -> Extras:
+        def before(m: Fitted, i: int) -> None:
+            if i == step:
+                m.net.fc2 = nn.Linear(8, 3).to(m.net.fc1.weight.device)
+
+        return fit(module, arm, steps=8, before=before)
+
+    return train
+
+
 # --------------------------------------------------------------------------- autograd modes
 @contextlib.contextmanager
 def _anomaly_restored() -> Iterator[None]:
@@ -715,6 +728,15 @@ PATTERNS: list[Pattern] = [
         "training_step unfreezes the first layer at batch 3 (an unfreeze schedule)",
         fitted(),
         _unfreeze_at(3),
+        api=API,
+    ),
+    Pattern(
+        "whole_step_head_replaced_mid_fit",
+        "parameters",
+        "training_step assigns a new head (net.fc2 = nn.Linear(...)) at batch 3",
+        fitted(),
+        _head_replaced_at(3),
+        guard="param_identity",
         api=API,
     ),
 ]

@@ -150,7 +150,6 @@ NO_LIGHTNING_YET = {
     "backend_diffs",
     "hook_order",
     "inputs",
-    "parameters",
     "two_backwards",
     "under_capture",
 }
