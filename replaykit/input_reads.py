@@ -167,8 +167,8 @@ class Provenance(WatchingMode):
             self.escaped |= drawn
             return out
         if self._host_draws and _host_draw(func, args, kwargs, out):
-            node = (func, self._encode(args), self._encode(tuple(sorted(kwargs.items()))), None)
-            node = (*node[:3], (_DRAW, len(self.draws)))
+            kw = self._encode(tuple(sorted(kwargs.items())))
+            node = (func, self._encode(args), kw, (_DRAW, len(self.draws)))
             self.draws.append(node)
             self._track(out, node)
             self._drawn.add(id(out))

@@ -590,8 +590,12 @@ class TrainStep(Lifecycled):
             or self.backend.name != "cuda"
             or any(t.device.type == "cpu" for t in static)
         )
-        drawing = self._input_reads.drawn_to is not None  # its key's host draws are made before it
-        reads = Provenance(static, self._input_reads.answers(), draws=drawing) if watched else None
+        drawn_to = self._input_reads.drawn_to  # not None: its key's host draws are made before it
+        reads = (
+            Provenance(static, self._input_reads.answers(), draws=drawn_to is not None)
+            if watched
+            else None
+        )
 
         def body() -> list[torch.Tensor]:
             a, kw = callargs.rebuild(static)
@@ -614,7 +618,6 @@ class TrainStep(Lifecycled):
                 if phase in ("step", "last"):
                     self._stepped()
                 return eager
-        drawn_to = self._input_reads.drawn_to
         effects = SideEffects(self.model, static, "host_rng" not in self.disabled, drawn_to)
         self._walking, self._foreign = "foreign_grads" not in self.disabled, 0
         watch = CompileWatch(self.backend.name == "emulated", "compiled_code" not in self.disabled)
