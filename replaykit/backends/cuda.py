@@ -38,6 +38,7 @@ from ..errors import ReplayError
 from ..layout import compact, compact_size
 from ..pool import MemoryPool, open_pool, pool_reserved
 from ..signature import autocast_key
+from . import workspaces
 from .base import (
     Backend,
     ForwardFn,
@@ -151,6 +152,10 @@ class CudaRecording(Recording):
                 )
 
         current = torch.cuda.current_stream(device)
+        # eager's workspaces and cached blocks go first, so the warm-up's never add to them
+        torch.cuda.synchronize(device)
+        workspaces.clear()
+        torch.cuda.empty_cache()
         side = torch.cuda.Stream(device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
@@ -163,8 +168,9 @@ class CudaRecording(Recording):
                 del outs
         current.wait_stream(side)
         torch.cuda.synchronize(device)
-        # the side stream's cached blocks serve no later allocation on another stream: give them back
-        # before the capture grows the pool, so the two never add up (once per recording)
+        # the side stream's cached blocks (its cuBLAS workspace too) serve no later allocation on
+        # another stream: give them back before the capture grows the pool, so the two never add up
+        workspaces.clear()
         torch.cuda.empty_cache()
 
         self._fwd = torch.cuda.CUDAGraph()
@@ -172,6 +178,7 @@ class CudaRecording(Recording):
         try:
             with (
                 torch.autograd.graph.saved_tensors_hooks(self._hooks.pack, self._hooks.unpack),
+                workspaces.own_workspaces(),
                 torch.cuda.graph(self._fwd, pool=pool),
             ):
                 outs = forward()
@@ -242,6 +249,7 @@ class CudaRecording(Recording):
         try:
             with (
                 torch.cuda.device(self._device),
+                workspaces.own_workspaces(),
                 torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"),
                 torch.autocast("cuda", enabled=False),
             ):
@@ -402,6 +410,7 @@ class CudaBackend(Backend):
     def trim(self) -> None:
         with torch.cuda.device(self.device):
             torch.cuda.synchronize(self.device)
+            workspaces.clear()  # a warm-up stream's, eager's: the capture makes its own in the pool
             torch.cuda.empty_cache()
 
 
@@ -428,6 +437,7 @@ class CudaRegion(Region):
         graph = torch.cuda.CUDAGraph()
         with (
             torch.cuda.device(self.device),
+            workspaces.own_workspaces(),
             torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"),
         ):
             outs = body()

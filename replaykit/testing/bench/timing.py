@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from ...backends import workspaces
 from ...bitwise import diff_states
 
 
@@ -146,12 +147,14 @@ class MemoryBase(NamedTuple):
 
 
 def peak_reset(device: torch.device) -> MemoryBase:
-    """Start a peak-memory window (cached blocks given back first, so the arm pays for its own);
+    """Start a peak-memory window (cached blocks and cuBLAS's workspaces given back first, so the
+    arm pays for its own: a workspace an earlier arm made would be free to the next one);
     returns the baseline for :func:`peak_mib` and :func:`peak_reserved_mib`."""
     if device.type != "cuda":
         return MemoryBase(0.0, 0.0)
     gc.collect()
     torch.cuda.synchronize(device)
+    workspaces.clear()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     return MemoryBase(torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device))
