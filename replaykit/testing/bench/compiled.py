@@ -69,10 +69,18 @@ class _Work:
 
     def __init__(self, model: nn.Module, data: list[tuple[tuple, Any]], loss: Callable) -> None:
         self.model, self.data, self.loss = model, data, loss
+        self.step_loss = _step_loss(loss)
 
-    def step_loss(self, model: nn.Module, *batch: Any) -> torch.Tensor:
-        """``TrainStep``'s ``loss_fn``: the batch is the model's arguments, then the targets."""
-        return self.loss(model(*batch[:-1]), batch[-1])
+
+def _step_loss(loss: Callable) -> Callable[..., torch.Tensor]:
+    """``TrainStep``'s ``loss_fn``: the batch is the model's arguments, then the targets. A closure
+    over ``loss`` alone: a bound method of the object holding every batch would have the step key
+    that whole list at every call (what ``loss_fn`` can read): 0.2 ms for 54 batches on a CPU."""
+
+    def step_loss(model: nn.Module, *batch: Any) -> torch.Tensor:
+        return loss(model(*batch[:-1]), batch[-1])
+
+    return step_loss
 
 
 def _loop(

@@ -115,7 +115,7 @@ from .outcome import (
 )
 from .pattern import APIS, MLP, Arm, Extras, Pattern, loop, step_loop
 from .report import coverage, rows, summary, table, verdict
-from .runner import TIMEOUT_S, end_state, main, run_all, run_pattern, shows_unsafe
+from .runner import TIMEOUT_S, end_state, main, run_all, run_pattern, runs_in_child, shows_unsafe
 
 __all__ = [
     "APIS",
@@ -153,6 +153,7 @@ __all__ = [
     "rows",
     "run_all",
     "run_pattern",
+    "runs_in_child",
     "shows_unsafe",
     "step_loop",
     "summary",

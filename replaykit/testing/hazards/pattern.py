@@ -103,8 +103,11 @@ class Pattern:
     ``"whole_step"`` (the same step built by ``replaykit.lightning.whole_step`` in a ``Trainer.fit``).
     ``may_hang``: the pattern has hung in native code somewhere (a CUDA capture, a lock
     in the autograd engine), where no in-process deadline can stop it: the runner runs
-    it in a child process it can kill. ``timeout_s``: its deadline per run, if not the
-    runner's default.
+    it in a child process it can kill. ``may_fault``: without its guard a CUDA replay reads
+    memory freed after the capture (a reassigned tensor attribute); where the allocator gave
+    that memory back to the driver the read faults, and an illegal address poisons the whole
+    process's CUDA context (seen on the H200): its unsafe CUDA arm runs in a child process too.
+    ``timeout_s``: its deadline per run, if not the runner's default.
     """
 
     name: str
@@ -123,6 +126,7 @@ class Pattern:
     tags: tuple[str, ...] = field(default=())
     api: str = "capture"
     may_hang: bool = False
+    may_fault: bool = False
     timeout_s: float | None = None
 
     def __post_init__(self) -> None:

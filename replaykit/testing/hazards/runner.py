@@ -123,15 +123,22 @@ def run_pattern(
     """Classify ``pattern`` on ``backend``; ``unsafe`` switches its guard off in the replay arm.
 
     ``timeout`` (default: the pattern's ``timeout_s``, else :data:`TIMEOUT_S`) bounds both
-    arms together; past it the outcome is ``hang``. A ``may_hang`` pattern runs in a child
-    process (:func:`.deadline.run_child`), which is killed at the deadline.
+    arms together; past it the outcome is ``hang``. A ``may_hang`` pattern (and a ``may_fault``
+    one's unsafe CUDA arm) runs in a child process (:func:`.deadline.run_child`), which is
+    killed at the deadline.
     """
     seconds = timeout or pattern.timeout_s or TIMEOUT_S
     if unsafe and pattern.guard is None:
         raise ValueError(f"pattern {pattern.name!r} names no guard to switch off")
-    if pattern.may_hang:
+    if runs_in_child(pattern, backend, unsafe):
         return _run_in_child(pattern, backend, unsafe, seconds)
     return _run_here(pattern, backend, unsafe, seconds)
+
+
+def runs_in_child(pattern: Pattern, backend: str, unsafe: bool) -> bool:
+    """Whether this run needs a process of its own: a native hang no deadline here could stop,
+    or a fault that would poison this process's CUDA context for every later pattern."""
+    return pattern.may_hang or (unsafe and backend == "cuda" and pattern.may_fault)
 
 
 def _outcome(

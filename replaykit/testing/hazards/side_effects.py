@@ -301,6 +301,7 @@ PATTERNS: list[Pattern] = [
         lambda d: RunningCentre().to(d),
         _with_attr("centre"),
         guard="record_probe",
+        may_fault=True,  # unguarded, the replay reads the centre the last call replaced (freed)
     ),
     Pattern(
         "moe_aux_loss_attribute",

@@ -315,6 +315,19 @@ def test_a_native_hang_is_killed_with_its_child_and_is_a_failure() -> None:
     assert time.perf_counter() - start < 120
 
 
+def test_a_may_fault_patterns_unsafe_cuda_arm_alone_runs_in_a_child() -> None:
+    """An unguarded replay that reads freed memory faulted on the H200 and poisoned the notebook's
+    process for every later pattern: that arm (only that one) gets a process of its own."""
+    from replaykit.testing.hazards import runs_in_child
+    from replaykit.testing.hazards.catalogue import PATTERNS
+
+    faulting = next(p for p in PATTERNS if p.name == "tensor_attribute_updated")
+    assert runs_in_child(faulting, "cuda", unsafe=True)
+    assert not runs_in_child(faulting, "cuda", unsafe=False)
+    assert not runs_in_child(faulting, "emulated", unsafe=True)
+    assert runs_in_child(IN_A_CHILD[0], "emulated", unsafe=False)  # may_hang: always
+
+
 # --------------------------------------------------------------------------- the summary
 def test_replay_coverage_counts_realistic_guarded_runs_per_api_and_backend(monkeypatch) -> None:
     from replaykit.testing.hazards import report
