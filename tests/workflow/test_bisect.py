@@ -293,7 +293,8 @@ def test_cli(
 ) -> None:
     path, shas = repo
     base = ["--repo", str(path), "-m", "", "--runs-dir", str(tmp_path / "runs"), "--no-progress"]
-    assert cli.bisect([*base, "--good", shas[2], "--bad", shas[4]]) == 0
+    # adjacent endpoints: two runs, no search step (test_bisect_finds_... covers the search)
+    assert cli.bisect([*base, "--good", shas[2], "--bad", shas[3]]) == 0
     out = capsys.readouterr().out
     assert f"First bad commit: {shas[3][:7]} subtract instead of adding" in out
     assert cli.bisect([*base, "--good", shas[4], "--bad", shas[2]]) == 2
