@@ -145,8 +145,12 @@ class Worker:
         self.proc: subprocess.Popen[bytes] | None = None
         self._err: Any = None
         self._buffer = b""
+        self._lock = threading.Lock()
 
     def _start(self) -> subprocess.Popen[bytes]:
+        self.close()  # one that died between requests
+        if self._err is not None:
+            self._err.close()
         self._err = tempfile.TemporaryFile("w+b")  # noqa: SIM115 - lives as long as the child
         self._buffer = b""
         self.proc = subprocess.Popen(
@@ -176,7 +180,11 @@ class Worker:
 
     def request(self, args: list[str], seconds: float, start_s: float = 120.0) -> ChildResult:
         """Run ``args`` in the child: killed ``seconds`` after it is ready, or ``start_s`` after the
-        request if it never gets there (a fresh child imports first)."""
+        request if it never gets there (a fresh child imports first). One request at a time."""
+        with self._lock:
+            return self._request(args, seconds, start_s)
+
+    def _request(self, args: list[str], seconds: float, start_s: float) -> ChildResult:
         proc = self.proc if self.proc is not None and self.proc.poll() is None else self._start()
         assert proc.stdin is not None
         err_from = self._err.seek(0, os.SEEK_END)
@@ -210,7 +218,7 @@ class Worker:
         return ChildResult(status, out, err, code)
 
     def close(self) -> int | None:
-        """End the child (killed if it does not leave at the end of its input); its exit code."""
+        """Kill the child (it holds no state worth a graceful exit); its exit code."""
         proc, self.proc = self.proc, None
         if proc is None:
             return None
