@@ -41,7 +41,7 @@ from replaykit.workflow.errors import WorkflowError
 from replaykit.workflow.index import INDEX_COLUMNS, index_rows, new_folder, write_index
 from replaykit.workflow.interpreters import probe, same_interpreter
 from replaykit.workflow.kernels import jupyter_path, kernel_name, register_kernel
-from replaykit.workflow.runs import check_parameters
+from replaykit.workflow.runs import check_parameters, torch_asked_once
 from replaykit.workflow.trees import DEFAULT_TREE, PreparedTree, TreeSpec, prepare_tree
 
 __all__ = ["ENV_FAILED", "BatchResult", "BatchSpec", "load_spec", "run_batch"]
@@ -314,7 +314,7 @@ def run_batch(spec: BatchSpec, runs_dir: Path = Path("runs"), progress: bool = T
             unit="run",
             disable=not progress,
         )
-        with bar, jupyter_path(kernels / "share" / "jupyter"):
+        with bar, jupyter_path(kernels / "share" / "jupyter"), torch_asked_once():
             for env in spec.environments:
                 bar.set_postfix_str(f"{env.name}: {'building' if env.built else 'registering'}")
                 env_rec, python, kernel = _prepare_env(env, venvs_dir, kernels)

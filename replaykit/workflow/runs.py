@@ -15,6 +15,7 @@ runner's own fingerprint) and ``results.json`` (merged into the summary under
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -22,6 +23,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -373,13 +375,36 @@ def _has_parameters_cell(nb: Any) -> bool:
     return any("parameters" in _tags(c) for c in nb.cells)
 
 
+_torch_memo: dict[str, dict[str, Any] | None] | None = None
+"""Each kernel interpreter's ``torch_of`` while :func:`torch_asked_once` is active, else None."""
+
+
+@contextlib.contextmanager
+def torch_asked_once() -> Iterator[None]:
+    """Within: each kernel interpreter's torch and device are asked once, not per run (``torch_of``
+    imports torch in a subprocess: 1-2 s a run). For a batch: a run never installs torch (the
+    bootstraps keep it), so an environment's torch does not change between its cells."""
+    global _torch_memo
+    outer, _torch_memo = _torch_memo, {} if _torch_memo is None else _torch_memo
+    try:
+        yield
+    finally:
+        _torch_memo = outer
+
+
 def folder_fingerprint(runner_fp: dict[str, Any], kernel: str) -> dict[str, Any]:
     """The fingerprint a run folder is named after: the runner's, with torch and device of the
     kernel's interpreter when that is another one (a batch environment: its torch, not the runner's)."""
     python = kernel_executable(kernel)
     if not python or os.path.abspath(python) == os.path.abspath(sys.executable):
         return runner_fp
-    other = torch_of(python)
+    if _torch_memo is None:
+        other = torch_of(python)
+    else:
+        key = os.path.abspath(python)
+        if key not in _torch_memo:
+            _torch_memo[key] = torch_of(python)
+        other = _torch_memo[key]
     return {**runner_fp, **other} if other else runner_fp
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -206,15 +207,21 @@ def test_bisect_finds_the_breaking_commit_around_a_skip(
     )  # the good end first
 
 
+def _assert_refused(folder: Path, message: str, good: str, bad: str) -> None:
+    """A refused bisect kept its endpoint runs and named no commit."""
+    index = json.loads((folder / "index.json").read_text())
+    assert index["result"]["first_bad"] is None and index["result"]["candidates"] == []
+    assert index["result"]["conclusion"] == f"No verdict: {index['result']['refused']}"
+    assert [c["tree"]["commit"] for c in index["cells"]] == (
+        [good] if "--good" in message else [good, bad]
+    )
+    assert "First bad commit" not in (folder / "bisect.md").read_text()
+
+
+# a --good that fails the selection (after the bug): test_cli runs it through the command line
 @pytest.mark.parametrize(
     ("good", "bad", "markers", "refusal"),
     [
-        (
-            4,
-            6,
-            None,
-            "--good {good} 'document' is not good: it fails the selection",
-        ),  # after the bug
         (
             0,
             2,
@@ -228,7 +235,7 @@ def test_bisect_finds_the_breaking_commit_around_a_skip(
             "--good {good} 'add calc' is not good: untestable here",
         ),  # every test skips on this host
     ],
-    ids=["good-is-bad", "no-bad-commit", "nothing-runs-here"],
+    ids=["no-bad-commit", "nothing-runs-here"],
 )
 def test_endpoints_are_checked_before_any_commit_is_named(
     repo: tuple[Path, list[str]],
@@ -246,13 +253,7 @@ def test_endpoints_are_checked_before_any_commit_is_named(
         )
     message = refusal.format(good=shas[good][:7], bad=shas[bad][:7])
     assert str(info.value).startswith(message)
-    index = json.loads((info.value.folder / "index.json").read_text())
-    assert index["result"]["first_bad"] is None and index["result"]["candidates"] == []
-    assert index["result"]["conclusion"] == f"No verdict: {index['result']['refused']}"
-    assert [c["tree"]["commit"] for c in index["cells"]] == (
-        [shas[good]] if "--good" in message else [shas[good], shas[bad]]
-    )
-    assert "First bad commit" not in (info.value.folder / "bisect.md").read_text()
+    _assert_refused(info.value.folder, message, shas[good], shas[bad])
 
 
 def test_arms_side_by_side(repo: tuple[Path, list[str]], tmp_path: Path) -> None:
@@ -293,7 +294,8 @@ def test_cli(
 ) -> None:
     path, shas = repo
     base = ["--repo", str(path), "-m", "", "--runs-dir", str(tmp_path / "runs"), "--no-progress"]
-    assert cli.bisect([*base, "--good", shas[2], "--bad", shas[4]]) == 0
+    # adjacent endpoints: two runs, no search step (test_bisect_finds_... covers the search)
+    assert cli.bisect([*base, "--good", shas[2], "--bad", shas[3]]) == 0
     out = capsys.readouterr().out
     assert f"First bad commit: {shas[3][:7]} subtract instead of adding" in out
     assert cli.bisect([*base, "--good", shas[4], "--bad", shas[2]]) == 2
@@ -301,6 +303,10 @@ def test_cli(
     assert cli.bisect([*base, "--good", shas[4], "--bad", shas[6]]) != 0  # a --good that fails
     captured = capsys.readouterr()
     assert "is not good" in captured.err and "First bad commit" not in captured.out
+    message = f"--good {shas[4][:7]} 'document' is not good: it fails the selection"
+    assert captured.err.startswith(f"error: {message}")
+    (folder,) = re.findall(r"\(runs: (.+)\)", captured.err)
+    _assert_refused(Path(folder), message, shas[4], shas[6])
     assert cli.bisect([*base, "--good", shas[0]]) == 2
     assert cli.bisect([*base, "--arm", "x"]) == 2
     assert "LABEL=TREE" in capsys.readouterr().err

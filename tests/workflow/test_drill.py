@@ -103,11 +103,13 @@ def test_the_drill_names_the_planted_commit(
     pytest.importorskip("papermill")
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     path, shas = repo
+    # three commits, the bug planted in the middle one: three notebook runs (the endpoints, then
+    # the middle), and bisect must name the middle commit, not the bad end
     args = [
         "--repo",
         str(path),
         "--range",
-        f"{shas[0]}..{shas[-1]}",
+        f"{shas[0]}..{shas[2]}",
         "--file",
         "calc.py",
         "--old",
@@ -115,7 +117,7 @@ def test_the_drill_names_the_planted_commit(
         "--new",
         "return a - b",
         "--plant-at",
-        "3",
+        "1",
         "-m",
         "",
         "--runs-dir",
@@ -125,4 +127,4 @@ def test_the_drill_names_the_planted_commit(
     assert main(args) == 0
     (folder,) = (tmp_path / "runs").glob("bisect_*")
     drill = json.loads((folder / "drill.json").read_text())
-    assert drill["ok"] is True and drill["named"] == drill["planted"] == drill["commits"][3]
+    assert drill["ok"] is True and drill["named"] == drill["planted"] == drill["commits"][1]

@@ -158,13 +158,13 @@ def test_failing_notebook_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 @pytest.mark.slow
 def test_cell_timeout(tmp_path: Path) -> None:
     nb = make_notebook(tmp_path / "slow.ipynb", "import time\ntime.sleep(30)", "z = 3")
-    result = run_notebook(nb, {}, runs_dir=tmp_path / "runs", cell_timeout=2, progress=False)
+    result = run_notebook(nb, {}, runs_dir=tmp_path / "runs", cell_timeout=1, progress=False)
     s = result.summary
     assert not result.ok and (s["status"], s["reason"]) == ("failed", "timeout")
     assert s["duration_s"] < 20
     cell = s["failed_cell"]
     assert cell["source_index"] == 1 and cell["ename"] == "CellTimeoutError"
-    assert "timed out after 2 s" in cell["evalue"]
+    assert "timed out after 1 s" in cell["evalue"]
     assert cell["papermill"]["status"] == "failed"  # not the misleading "completed"
     assert [c["status"] for c in s["cells"]][-1] == "pending"
     executed = nbformat.read(result.notebook, as_version=4)
@@ -288,3 +288,23 @@ def test_a_run_folder_is_named_after_the_kernels_torch(monkeypatch: pytest.Monke
     import torch
 
     assert fpmod.torch_of(sys.executable)["torch"] == torch.__version__
+
+
+def test_a_batch_asks_each_kernels_torch_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch_of imports torch in a subprocess (1-2 s): inside a batch, once per interpreter."""
+    from replaykit.workflow import runs
+
+    asked: list[str] = []
+    monkeypatch.setattr(runs, "kernel_executable", lambda name: f"/envs/{name}/bin/python")
+    monkeypatch.setattr(
+        runs,
+        "torch_of",
+        lambda python: asked.append(python) or {"torch": "2.12.1", "device": "cpu"},
+    )
+    runner = {"device": "cpu", "torch": "2.13.0", "tree": {}}
+    with runs.torch_asked_once():
+        for kernel in ("a", "b", "a", "b", "a"):
+            assert runs.folder_fingerprint(runner, kernel)["torch"] == "2.12.1"
+    assert asked == ["/envs/a/bin/python", "/envs/b/bin/python"]
+    runs.folder_fingerprint(runner, "a")  # outside a batch: asked again
+    assert asked[-1] == "/envs/a/bin/python" and len(asked) == 3

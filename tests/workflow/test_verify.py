@@ -517,18 +517,17 @@ def test_notebook_through_the_runner(tmp_path: Path) -> None:
     assert (failing.run_dir / "pytest" / "junit_alone_1.xml").is_file()
     assert (failing.run_dir / "verify.csv").is_file()
 
-    skips = run_notebook(
-        NOTEBOOK,
-        {
-            "tree": str(tree),
-            "markers": "",
-            "ids": ["tests/test_simple.py::test_pass", "tests/test_simple.py::test_skip"],
-        },
-        runs_dir=tmp_path / "runs",
-        progress=False,
-    )
+    injected = {
+        "tree": str(tree),
+        "markers": "",
+        "ids": ["tests/test_simple.py::test_pass", "tests/test_simple.py::test_skip"],
+    }
+    skips = run_notebook(NOTEBOOK, injected, runs_dir=tmp_path / "runs", progress=False)
     s = skips.summary
     assert skips.ok and s["status"] == "passed" and s["counts"]["skipped"] == 1
+    # what test_notebooks.py checks of the other notebooks' papermill runs (verify's is this one)
+    assert s["parameters"].items() >= injected.items() and (skips.run_dir / NOTEBOOK.name).exists()
+    assert s["fingerprint_source"] == "notebook" and s.get("results")
     assert s["results"]["outcome"] == "passed"
     assert s["results"]["verdicts"] == {
         "tests/test_simple.py::test_pass": "stable pass",

@@ -183,21 +183,20 @@ def _run_here(pattern: Pattern, backend: str, unsafe: bool, seconds: float) -> O
     )
 
 
+#: A CPU backend's child: one interpreter serves every ``may_hang`` run (:class:`.deadline.Worker`).
+_SERVE = "import sys; from replaykit.testing.hazards.runner import serve_children; sys.exit(serve_children())"
+
+
 def _run_in_child(pattern: Pattern, backend: str, unsafe: bool, seconds: float) -> Outcome:
-    """The pattern in a fresh interpreter (found there by its module and name), killed at the deadline."""
+    """The pattern in a child interpreter (found there by its module and name), killed at the
+    deadline: a fresh one per CUDA run, the shared worker on the CPU backends."""
     start = time.perf_counter()
-    code = "import sys; from replaykit.testing.hazards.runner import child_main; sys.exit(child_main(sys.argv[1:]))"
-    argv = [
-        sys.executable,
-        "-c",
-        code,
-        pattern.make.__module__,
-        pattern.name,
-        backend,
-        str(int(unsafe)),
-        repr(seconds),
-    ]
-    child = deadline.run_child(argv, seconds)
+    args = [pattern.make.__module__, pattern.name, backend, str(int(unsafe)), repr(seconds)]
+    if backend == "cuda":
+        code = "import sys; from replaykit.testing.hazards.runner import child_main; sys.exit(child_main(sys.argv[1:]))"
+        child = deadline.run_child([sys.executable, "-c", code, *args], seconds)
+    else:
+        child = deadline.shared_worker([sys.executable, "-c", _SERVE]).request(args, seconds)
     if child.status == "timeout":
         return _outcome(
             pattern,
@@ -238,13 +237,23 @@ def find_pattern(module: str, name: str) -> Pattern:
 
 def child_main(argv: Sequence[str]) -> int:
     """A child process's run: ``module name backend unsafe seconds``; prints the outcome as JSON."""
-    module, name, backend, unsafe, seconds = argv
     warnings.simplefilter("ignore", rk.ReplayWarning)
-    pattern = find_pattern(module, name)
+    pattern = find_pattern(*argv[:2])
     print(deadline.READY, flush=True)
-    outcome = _run_here(pattern, backend, unsafe == "1", float(seconds))
-    print(json.dumps(asdict(outcome), default=str), flush=True)
+    print(_child_run(pattern, argv), flush=True)
     return 0
+
+
+def serve_children() -> int:
+    """A worker child's loop (:func:`.deadline.serve`): each request is a ``child_main`` run."""
+    warnings.simplefilter("ignore", rk.ReplayWarning)
+    return deadline.serve(lambda argv: _child_run(find_pattern(*argv[:2]), argv))
+
+
+def _child_run(pattern: Pattern, argv: Sequence[str]) -> str:
+    _, _, backend, unsafe, seconds = argv
+    outcome = _run_here(pattern, backend, unsafe == "1", float(seconds))
+    return json.dumps(asdict(outcome), default=str)
 
 
 def run_all(

@@ -4,8 +4,12 @@ a hang is a failure (in this process or in a child), for both entry points (capt
 from __future__ import annotations
 
 import json
+import os
 import signal
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,6 +33,7 @@ from replaykit.testing.hazards import (
     Outcome,
     Pattern,
     compare_states,
+    deadline,
     run_pattern,
     runner,
     step_loop,
@@ -307,6 +312,43 @@ def test_a_may_hang_pattern_runs_in_a_child_and_answers_as_here() -> None:
     assert outcome.kind == REPLAYED and outcome.journal["replay"] >= 1
 
 
+def _pids_file(parent: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"replaykit-test-child-pids-{parent}"
+
+
+def _clean_noting_the_pid(model: nn.Module, arm: Arm) -> dict:
+    with _pids_file(os.getppid()).open("a") as fh:  # the child's parent: this test's process
+        fh.write(f"{os.getpid()}\n")
+    return _clean(model, arm)
+
+
+IN_A_CHILD.append(
+    Pattern(
+        "pid_in_a_child",
+        "lifecycle",
+        "",
+        lambda d: MLP().to(d),
+        _clean_noting_the_pid,
+        may_hang=True,
+    )
+)
+
+
+def test_may_hang_patterns_share_one_child_on_the_cpu() -> None:
+    """The interpreter and torch import are paid once, not per run (about 2 s each on CI)."""
+    pids = _pids_file(os.getpid())
+    pids.unlink(missing_ok=True)
+    try:
+        outcomes = [run_pattern(IN_A_CHILD[2], "emulated") for _ in range(2)]
+        assert [o.kind for o in outcomes] == [REPLAYED, REPLAYED]
+        seen = pids.read_text().split()
+    finally:
+        pids.unlink(missing_ok=True)
+    assert (
+        len(seen) == 4 and len(set(seen)) == 1 and seen[0] != str(os.getpid())
+    )  # both arms, twice
+
+
 def test_a_native_hang_is_killed_with_its_child_and_is_a_failure() -> None:
     start = time.perf_counter()
     outcome = run_pattern(IN_A_CHILD[1], "emulated", timeout=1.0)
@@ -326,6 +368,32 @@ def test_a_may_fault_patterns_unsafe_cuda_arm_alone_runs_in_a_child() -> None:
     assert not runs_in_child(faulting, "cuda", unsafe=False)
     assert not runs_in_child(faulting, "emulated", unsafe=True)
     assert runs_in_child(IN_A_CHILD[0], "emulated", unsafe=False)  # may_hang: always
+
+
+#: A worker child without torch: answers its pid, sleeps or exits on request.
+_ECHO = (
+    "import importlib.util as u, os, sys, time; "
+    f"spec = u.spec_from_file_location('deadline', {deadline.__file__!r}); "
+    "d = sys.modules['deadline'] = u.module_from_spec(spec); spec.loader.exec_module(d); "
+    "sys.exit(d.serve(lambda a: str(os.getpid()) if a == ['pid'] else "
+    "time.sleep(float(a[1])) or 'slept' if a[0] == 'sleep' else sys.exit(3)))"
+)  # deadline.py alone (standard library only): no torch import in this child
+
+
+def test_a_worker_child_serves_runs_in_turn_and_is_replaced_after_a_hang_or_a_crash() -> None:
+    worker = deadline.Worker([sys.executable, "-c", _ECHO])
+    try:
+        first = worker.request(["pid"], 30)
+        assert first.status == "done" and worker.request(["pid"], 30).stdout == first.stdout
+        hung = worker.request(["sleep", "60"], 0.5)
+        assert hung.status == "timeout" and worker.proc is None  # killed at the deadline
+        again = worker.request(["pid"], 30)
+        assert again.status == "done" and again.stdout != first.stdout  # a fresh child
+        crashed = worker.request(["exit"], 30)
+        assert (crashed.status, crashed.returncode) == ("crashed", 3)
+        assert worker.request(["sleep", "0"], 30).stdout.strip() == "slept"
+    finally:
+        worker.close()
 
 
 # --------------------------------------------------------------------------- the summary
