@@ -42,14 +42,15 @@ from torch import nn
 #: Dict-valued module attributes that are containers, not values the forward reads.
 _CONTAINERS = ("_parameters", "_buffers", "_modules")
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
-_SKIP = frozenset(
+_SKIP = frozenset({"_replaykit_recorder", "_non_persistent_buffers_set"})
+#: What a module runs instead of its class's forward: a patched ``forward``, ``module.compile()``'s
+#: ``_compiled_call_impl``, a torch.compile wrapper's own. Keyed by identity (:func:`_code_key`),
+#: never walked nor polled: dynamo's context holds inductor's config (~0.5 ms a call to walk).
+_CODE = frozenset(
     {
         "forward",
-        "_replaykit_recorder",
+        "_forward",
         "_compiled_call_impl",
-        "_non_persistent_buffers_set",
-        # a torch.compile wrapper's own: dynamo's compile context and config, set once. Polled,
-        # they cost ~0.5 ms a call (a walk of inductor's config); the wrapped module is read as any
         "dynamo_ctx",
         "get_compiler_config",
         "_torchdynamo_orig_callable",
@@ -282,6 +283,33 @@ def value_key(value: Any) -> Any:
     return ("id", id(value))
 
 
+class _Same:
+    """A key part equal only to the same object. It holds the object, so no other object takes
+    its id while the key is kept (a new ``module.compile()`` must not key as the old one)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+
+def _code_key(module: nn.Module, name: str, value: Any) -> Any:
+    """The key of a :data:`_CODE` attribute: what it calls, by identity. A bound method keys by
+    its function and object (each attribute read makes a new one); the class's own method bound
+    to the module (Lightning puts ``forward`` back so after its redirection) is None: as if unset."""
+    if isinstance(value, MethodType):
+        if value.__self__ is module and value.__func__ is getattr(type(module), name, None):
+            return None
+        return ("method", _Same(value.__func__), _Same(value.__self__))
+    return _Same(value)
+
+
 def is_ndarray(value: Any) -> bool:
     """A numpy array (numpy is not imported for this: a type check by module name)."""
     return (
@@ -340,6 +368,7 @@ def held_values(module: nn.Module) -> list[tuple[str, Any, Any]]:
         for name, value in m.__dict__.items():
             if (
                 name not in _SKIP
+                and name not in _CODE
                 and name not in _CONTAINERS
                 and "hooks" not in name
                 and _polls(m, name, value)
@@ -454,6 +483,11 @@ class ModuleGuard:
         for n, m in self._all():
             for name, value in m.__dict__.items():
                 if name in _SKIP or name in _CONTAINERS or "hooks" in name:
+                    continue
+                if name in _CODE:
+                    code = _code_key(m, name, value)
+                    if code is not None:
+                        keys.append((n, name, code))
                     continue
                 k = value_key(value)
                 keys.append((n, name, k))

@@ -6,6 +6,7 @@ import functools
 import pickle
 import threading
 import time
+import types
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 import replaykit as rk
 from replaykit import guards
 from replaykit.guards import ModuleGuard, value_key
+from replaykit.protections import negative_control
 
 
 class Scheduled(nn.Module):
@@ -38,8 +40,21 @@ def _pair(device: str) -> tuple[nn.Module, nn.Module]:
     return eager, model
 
 
+def _halved_linear(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return nn.functional.linear(x, self.weight, self.bias) * 0.5
+
+
+def _halving_backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+    """A torch.compile backend whose kernels give other bits than eager's (as inductor's may)."""
+    return lambda *args: [t * 0.5 for t in gm(*args)]
+
+
 CHANGES = {
     "temperature": lambda m: setattr(m, "temperature", 0.5),
+    # what a submodule calls instead of its class's forward
+    "submodule_forward": lambda m: setattr(
+        m.lin, "forward", types.MethodType(_halved_linear, m.lin)
+    ),
     "dropout_p": lambda m: setattr(m.drop, "p", 0.6),
     "submodule_eval": lambda m: m.bn.eval(),
     "momentum": lambda m: setattr(m.bn, "momentum", 0.9),
@@ -88,6 +103,89 @@ def test_without_the_module_state_guard_a_changed_value_diverges(
     replayed = _train(model, device, CHANGES[name])
     assert not _equal(reference, replayed)
     rec.release()
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.lin(x))
+
+
+class _Outer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block, self.head = _Block(), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(x))
+
+
+def _outer_loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x).square().mean()
+
+
+STEP_CHANGES = {
+    "block.compile()": lambda m: m.block.compile(backend=_halving_backend),
+    "torch.compile(block)": lambda m: setattr(
+        m, "block", torch.compile(m.block, backend=_halving_backend)
+    ),
+    "block.forward patched": lambda m: setattr(
+        m.block, "forward", types.MethodType(lambda self, x: torch.tanh(self.lin(x)), m.block)
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "unsafe"),
+    [
+        *((c, ()) for c in STEP_CHANGES),
+        # a new wrapper is a new submodule (retires, param_identity's scope): no module_state arm
+        *((c, negative_control("module_state")) for c in STEP_CHANGES if "torch.compile" not in c),
+    ],
+)
+def test_a_submodule_compiled_or_patched_after_recording_is_not_replayed_as_recorded(
+    change: str, unsafe: tuple[str, ...]
+) -> None:
+    """``module.compile()`` and a patched ``forward`` change what the module runs without touching
+    a value the forward reads: the step must not replay the recording made before."""
+
+    def run(replay: bool) -> tuple[list[torch.Tensor], rk.TrainStep]:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = _Outer()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        step = rk.TrainStep(model, _outer_loss, opt, replay=replay, unsafe_disable=unsafe)
+        g = torch.Generator().manual_seed(1)
+        for i in range(6):
+            if i == 3:
+                STEP_CHANGES[change](model)
+            step(torch.randn(4, 8, generator=g))
+        return [p.detach().clone() for p in model.parameters()], step
+
+    twin, _ = run(False)
+    replayed, step = run(True)
+    equal = all(map(torch.equal, twin, replayed))
+    if unsafe:
+        assert step.counts["replay"] >= 3 and not equal, step.summary()  # the recording replayed
+    else:
+        assert equal, step.summary()
+
+
+def test_the_class_forward_put_back_each_step_keeps_replaying() -> None:
+    """Lightning's strategies patch ``forward`` around a training_step and put back the bound
+    method they read. The class's own forward bound anew (a new object each step) is the forward
+    the recording ran: no new recording (keyed by identity, each step would record anew)."""
+    torch.manual_seed(0)
+    model = _Outer()
+    step = rk.TrainStep(model, _outer_loss, torch.optim.SGD(model.parameters(), lr=0.1))
+    for i in range(6):
+        if i >= 3:
+            model.block.forward = types.MethodType(_Block.forward, model.block)
+        step(torch.randn(4, 8))
+    assert step.counts["record"] == 1 and step.counts["replay"] == 4, step.summary()
 
 
 def test_a_value_set_back_replays_its_earlier_recording() -> None:
