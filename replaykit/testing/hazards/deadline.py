@@ -239,7 +239,7 @@ def serve(run: Callable[[list[str]], str]) -> int:
             continue
         print(READY, flush=True)
         answer = run(json.loads(line))
-        print(ANSWER + answer, flush=True)
+        print("\n" + ANSWER + answer, flush=True)  # a line of its own: the run's may be unended
     return 0
 
 

@@ -240,7 +240,7 @@ def child_main(argv: Sequence[str]) -> int:
     warnings.simplefilter("ignore", rk.ReplayWarning)
     pattern = find_pattern(*argv[:2])
     print(deadline.READY, flush=True)
-    print(_child_run(pattern, argv), flush=True)
+    print("\n" + _child_run(pattern, argv), flush=True)  # its own line: the run's may be unended
     return 0
 
 

@@ -396,6 +396,25 @@ def test_a_worker_child_serves_runs_in_turn_and_is_replaced_after_a_hang_or_a_cr
         worker.close()
 
 
+#: A worker child whose run prints without ending its line, as a progress line does.
+_UNENDED = _ECHO.split("sys.exit(d.serve(")[0] + (
+    "sys.exit(d.serve(lambda a: sys.stdout.write('epoch 1 ' * int(a[0])) and 'answered'))"
+)
+
+
+def test_a_runs_output_without_a_line_end_does_not_hide_its_answer() -> None:
+    """What a run prints is not its answer: an unended line must not swallow the answer line
+    (the run was read as a hang at its deadline, its child killed)."""
+    worker = deadline.Worker([sys.executable, "-c", _UNENDED])
+    try:
+        for _ in range(2):
+            result = worker.request(["1"], 10)
+            assert result.status == "done", result
+            assert result.stdout.strip().splitlines()[-1] == "answered", result
+    finally:
+        worker.close()
+
+
 # --------------------------------------------------------------------------- the summary
 def test_replay_coverage_counts_realistic_guarded_runs_per_api_and_backend(monkeypatch) -> None:
     from replaykit.testing.hazards import report
