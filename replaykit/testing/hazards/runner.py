@@ -22,12 +22,13 @@ Imports only torch and the public core API (``import replaykit as rk``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -169,7 +170,7 @@ def _run_here(pattern: Pattern, backend: str, unsafe: bool, seconds: float) -> O
     disable = negative_control(*pattern.guard.split("+")) if unsafe and pattern.guard else ()
     arm = "eager"
     try:
-        with deadline.alarm(seconds):
+        with deadline.alarm(seconds), _torch_settings_kept():
             eager = _run_arm(pattern, device, backend, (), arm)
             arm = "unsafe" if unsafe else "replay"
             replay = _run_arm(pattern, device, backend, disable, arm)
@@ -181,6 +182,30 @@ def _run_here(pattern: Pattern, backend: str, unsafe: bool, seconds: float) -> O
     return _outcome(
         pattern, backend, unsafe, kind, detail, start, journal=replay.journal, diffs=diffs
     )
+
+
+@contextlib.contextmanager
+def _torch_settings_kept() -> Iterator[None]:
+    """Put back the process-wide torch settings a run changed: the next pattern (here, or in the
+    shared child of ``may_hang`` runs) starts from the same ones whatever ran before it."""
+    saved = (
+        torch.get_default_dtype(),
+        torch.is_grad_enabled(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.is_anomaly_enabled(),
+        torch.is_anomaly_check_nan_enabled(),
+        torch.get_float32_matmul_precision(),
+    )
+    try:
+        yield
+    finally:
+        dtype, grad, algorithms, warn_only, anomaly, check_nan, precision = saved
+        torch.set_default_dtype(dtype)
+        torch.set_grad_enabled(grad)
+        torch.use_deterministic_algorithms(algorithms, warn_only=warn_only)
+        torch.autograd.set_detect_anomaly(anomaly, check_nan=check_nan)
+        torch.set_float32_matmul_precision(precision)
 
 
 #: A CPU backend's child: one interpreter serves every ``may_hang`` run (:class:`.deadline.Worker`).

@@ -349,6 +349,32 @@ def test_may_hang_patterns_share_one_child_on_the_cpu() -> None:
     )  # both arms, twice
 
 
+def _leaves_torch_settings(model: nn.Module, arm: Arm) -> dict:
+    out = _clean(model, arm)
+    torch.set_default_dtype(torch.float64)  # not put back, as a careless pattern would
+    torch.set_grad_enabled(False)
+    return out
+
+
+def _needs_torch_defaults(model: nn.Module, arm: Arm) -> dict:
+    if torch.get_default_dtype() != torch.float32 or not torch.is_grad_enabled():
+        raise RuntimeError("an earlier pattern's settings leaked into this run")
+    return _clean(model, arm)
+
+
+IN_A_CHILD += [
+    Pattern(name, "lifecycle", "", lambda d: MLP().to(d), train, may_hang=True)
+    for name, train in (("leaks", _leaves_torch_settings), ("needs", _needs_torch_defaults))
+]
+
+
+def test_a_patterns_outcome_does_not_depend_on_what_ran_before_it_in_the_shared_child() -> None:
+    """A fresh child per run started from torch's defaults; the shared one must too."""
+    run_pattern(IN_A_CHILD[-2], "emulated")
+    outcome = run_pattern(IN_A_CHILD[-1], "emulated")
+    assert outcome.kind == REPLAYED, outcome.line()
+
+
 def test_a_native_hang_is_killed_with_its_child_and_is_a_failure() -> None:
     start = time.perf_counter()
     outcome = run_pattern(IN_A_CHILD[1], "emulated", timeout=1.0)
