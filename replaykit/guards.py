@@ -546,6 +546,7 @@ class ModuleGuard:
                 _swap_dicts(m, False)
         self._unwatch()
         self._params, self._buffers, self._polled = {}, {}, []
+        self._interned = {}  # its keys hold what the tree called (_Same), a recorder's forward too
 
 
 def _hook_count(mods: list[tuple[str, nn.Module]]) -> int:
