@@ -5,6 +5,7 @@ attributes, config objects, values held outside the module tree.
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Callable
 
 import torch
@@ -462,5 +463,66 @@ PATTERNS += [
     ),
 ]
 
-KNOWN_LIMITS: list[Pattern] = []
+
+def _halved_linear(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, self.weight, self.bias) * 0.5
+
+
+def _patch_fc1(model: nn.Module) -> None:
+    """A submodule's forward replaced on the instance (an adapter, a debugging wrapper)."""
+    model.fc1.forward = types.MethodType(_halved_linear, model.fc1)
+
+
+PATTERNS += [
+    # what a module calls instead of its class's forward: keyed by identity
+    Pattern(
+        "submodule_forward_patched",
+        "host_values",
+        "a submodule's forward replaced on the instance after recording",
+        mlp(),
+        lambda m, a: loop(m, a, steps=4, before=set_at(2, _patch_fc1)),
+        guard="module_state",
+    ),
+    Pattern(
+        "step_submodule_forward_patched",
+        "host_values",
+        "a submodule's forward replaced on the instance after recording, whole step",
+        mlp(),
+        lambda m, a: step_loop(m, a, before=lambda m, o, s: _patch_fc1(m) if s == 2 else None),
+        guard="module_state",
+        api="step",
+    ),
+]
+
+
+class Rebound(MLP):
+    """An MLP of its own class, so that rebinding the class's forward touches no other pattern."""
+
+
+def _tanh_forward(self: MLP, x: torch.Tensor) -> torch.Tensor:
+    return self.fc2(torch.tanh(self.fc1(x)))
+
+
+def _class_forward_rebound(model: nn.Module, arm: Arm) -> Extras:
+    original = Rebound.forward
+    try:
+        return step_loop(
+            model,
+            arm,
+            before=lambda m, o, s: setattr(Rebound, "forward", _tanh_forward) if s == 2 else None,
+        )
+    finally:
+        Rebound.forward = original  # type: ignore[method-assign]
+
+
+KNOWN_LIMITS: list[Pattern] = [
+    Pattern(
+        "step_class_forward_rebound",
+        "host_values",
+        "the model class's forward rebound (Model.forward = f) after recording, whole step",
+        lambda d: Rebound().to(d),
+        _class_forward_rebound,
+        api="step",
+    ),
+]
 """Still silent differences (README, Known limits): kept out of ``PATTERNS``."""

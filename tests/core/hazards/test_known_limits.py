@@ -1,7 +1,7 @@
 """The documented limits (README, Known limits): still silent differences, kept out of the catalogue.
 
-None is left; a limit found later goes into a module's ``KNOWN_LIMITS`` with a strict xfail here
-until a fix makes it pass, and replay coverage leaves it out.
+A limit found later goes into a module's ``KNOWN_LIMITS`` with a strict xfail here until a fix
+makes it pass, and replay coverage leaves it out.
 """
 
 from __future__ import annotations
