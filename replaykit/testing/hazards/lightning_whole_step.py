@@ -473,6 +473,10 @@ def _lambda_lr(opt: torch.optim.Optimizer) -> Any:
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.99**s)
 
 
+def _step_lr(opt: torch.optim.Optimizer) -> Any:
+    return torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+
+
 # --------------------------------------------------------------------------- resume from a checkpoint
 def _resumed(
     optimizer: Callable[[nn.Module], torch.optim.Optimizer],
@@ -528,6 +532,15 @@ PATTERNS: list[Pattern] = [
         "a plain SGD whole step under Lightning manual optimization: the control",
         fitted(),
         lambda m, a: fit(m, a),
+        api=API,
+    ),
+    Pattern(
+        "whole_step_step_lr_float",
+        "host_values",
+        "StepLR over a float lr from configure_optimizers halves it every 3 steps",
+        fitted(),
+        lambda m, a: fit(m, a, steps=9, scheduler=_step_lr),
+        guard="host_values",
         api=API,
     ),
     Pattern(
