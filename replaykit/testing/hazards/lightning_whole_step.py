@@ -26,6 +26,7 @@ the catalogue lists these patterns where Lightning is installed (the ``lightning
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import logging
 import random
@@ -209,6 +210,12 @@ def at(step: int, fn: Callable[[Fitted], None]) -> Hook:
             fn(module)
 
     return before
+
+
+def _optimizer_reloaded(module: Fitted) -> None:
+    """What a callback restoring the optimizer does: its state dict loaded back (same values, new tensors)."""
+    opt = module.optimizers().optimizer
+    opt.load_state_dict(copy.deepcopy(opt.state_dict()))
 
 
 # --------------------------------------------------------------------------- hooks
@@ -532,6 +539,15 @@ PATTERNS: list[Pattern] = [
         "a plain SGD whole step under Lightning manual optimization: the control",
         fitted(),
         lambda m, a: fit(m, a),
+        api=API,
+    ),
+    Pattern(
+        "whole_step_optimizer_state_reloaded",
+        "lifecycle",
+        "training_step reloads the optimizer's state dict after the step recorded",
+        fitted(),
+        lambda m, a: fit(m, a, steps=7, before=at(3, _optimizer_reloaded)),
+        guard="state_identity",
         api=API,
     ),
     Pattern(
