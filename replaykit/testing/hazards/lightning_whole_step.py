@@ -212,6 +212,17 @@ def at(step: int, fn: Callable[[Fitted], None]) -> Hook:
     return before
 
 
+class ClippedWhenLarge(MLP):
+    """Clips its output only when some input is large: a host read of the batch (``.all()``), as a
+    data-dependent guard in a forward does; random batches take either branch."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if (x.abs() < 2).all():
+            return out
+        return out.clamp(-0.5, 0.5)
+
+
 def _optimizer_reloaded(module: Fitted) -> None:
     """What a callback restoring the optimizer does: its state dict loaded back (same values, new tensors)."""
     opt = module.optimizers().optimizer
@@ -539,6 +550,15 @@ PATTERNS: list[Pattern] = [
         "a plain SGD whole step under Lightning manual optimization: the control",
         fitted(),
         lambda m, a: fit(m, a),
+        api=API,
+    ),
+    Pattern(
+        "whole_step_input_branch",
+        "under_capture",
+        "the net branches on its batch (x.abs() < 2).all(): each batch takes either branch",
+        fitted(ClippedWhenLarge),
+        lambda m, a: fit(m, a, steps=9),
+        guard="input_reads",
         api=API,
     ),
     Pattern(

@@ -156,7 +156,6 @@ NO_LIGHTNING_YET = {
     "hook_order",
     "inputs",
     "two_backwards",
-    "under_capture",
 }
 
 
