@@ -153,6 +153,11 @@ REGISTRY: dict[str, Protection] = {
             "what loss_fn reads besides tensors (closure cells, globals, a criterion's attributes) is frozen at recording",
         ),
         Protection(
+            "pool_survivors",
+            "step",
+            "a tensor the recording call's reference step leaves in the pool (its result when it stands, a cached tensor) is overwritten by an earlier recording's replay",
+        ),
+        Protection(
             "optimizer_trust",
             "step",
             "an optimizer whose step() is not known to be capture-safe replays without its Python",
@@ -201,10 +206,15 @@ def in_scope(scope: str) -> tuple[str, ...]:
     return tuple(n for n, p in REGISTRY.items() if p.scope in (scope, "both") or n in shared)
 
 
+#: protections of the recording call's verification itself (without it there is nothing to protect)
+OF_VERIFICATION = frozenset({"verify_recording", "pool_survivors"})
+
+
 def negative_control(*names: str) -> tuple[str, ...]:
     """The ``unsafe_disable`` that shows a protection is needed: ``names`` and the recording's
-    verification, which would otherwise catch at the first replay what a switched-off guard lets through."""
-    return (*names, "verify_recording") if "verify_recording" not in names else names
+    verification, which would otherwise catch at the first replay what a switched-off guard lets through
+    (kept on for a protection of the verification itself)."""
+    return names if OF_VERIFICATION.intersection(names) else (*names, "verify_recording")
 
 
 def disabled_protections(

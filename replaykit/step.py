@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .backends import Backend, Region, module_device, resolve_backend
+from .backends import Backend, Region, Scratch, module_device, resolve_backend
 from .code_inputs import LossInputs
 from .compiled import CompileWatch, compiled_regions, refuse_cudagraphs
 from .distributed import ddp_refusal
@@ -236,6 +236,8 @@ class TrainStep(Lifecycled):
         self._steps = 0  # optimizer steps taken (eager or replayed)
         self._recordings: dict[tuple, StepRecording] = {}
         self._refused: dict[tuple, str] = {}  # signatures whose recording differed from eager
+        # a reference step runs in the pool's free memory (backends/scratch.py) until one leaves something there
+        self._in_pool = True
         self._replayed = 0  # calls that replayed (the shadow check samples them)
         self._handed: list[
             torch.Tensor
@@ -608,7 +610,7 @@ class TrainStep(Lifecycled):
         if (
             verify
         ):  # eager's half first: its temporaries are given back before the recording's pool grows
-            reference, why, eager = self._reference(snapshot, callargs, phase, args, kwargs)
+            reference, why, eager = self._reference(region, snapshot, callargs, phase, args, kwargs)
             if why is not None:  # that eager run was this call's work: it stands
                 region.free()
                 if isinstance(why, _Learning):
@@ -716,18 +718,31 @@ class TrainStep(Lifecycled):
         return self._after(phase, rec)
 
     def _reference(
-        self, snapshot: StepSnapshot, callargs: Any, phase: str, args: tuple, kwargs: dict
-    ) -> tuple[list, str | None, torch.Tensor]:
+        self,
+        region: Region,
+        snapshot: StepSnapshot,
+        callargs: Any,
+        phase: str,
+        args: tuple,
+        kwargs: dict,
+    ) -> tuple[list, str | None, torch.Tensor | None]:
         """The recording call's verification, eager half: the twin's body from the state before
         the call, its end state kept (copies), the state put back.
 
         It runs before the capture, and the backend gives eager's cached temporaries back
         around it (``Backend.trim``): after the capture the recording's pool holds a step's
-        worth of memory, and an eager step beside it doubled the peak. Python the body runs
-        for its effects shows here first: then this eager run is the call (``why``).
+        worth of memory, and an eager step beside it doubled the peak. Once recordings exist it
+        runs in their pool's free memory (``region.scratch``): what it leaves there frees them
+        (:meth:`_left_in_pool`). Python the body runs for its effects shows here first: then
+        this eager run is the call (``why``).
         """
         assert self.backend is not None
         self.backend.trim()  # warm-up's cache (a side stream's blocks serve no other stream)
+        scratch = (
+            region.scratch()
+            if self._recordings and self._in_pool and self._sole_user()
+            else Scratch()
+        )
         drawn_to = self._input_reads.drawn_to
         effects = SideEffects(
             self.model, callargs.tensors, "host_rng" not in self.disabled, drawn_to
@@ -738,7 +753,7 @@ class TrainStep(Lifecycled):
         found = Provenance(callargs.tensors, discover=True, draws=True) if learning else None
         self._walking, self._foreign = "foreign_grads" not in self.disabled, 0
         try:
-            with effects, found if found is not None else contextlib.nullcontext():
+            with effects, found if found is not None else contextlib.nullcontext(), scratch:
                 eager = self._body(phase, args, kwargs)
         finally:
             self._walking = False
@@ -758,13 +773,44 @@ class TrainStep(Lifecycled):
             changed = self._loss_inputs.changed(self._loss_key)
             if changed is not None:
                 why = f"loss_fn changes {changed}; a replay would not"
-        if why is not None:
+        if why is not None:  # this run stands: what it hands back leaves the pool
+            with torch.no_grad():
+                for p in self._trainable:
+                    if p.grad is not None and scratch.owns(p.grad):
+                        p.grad = p.grad.clone()
+                eager = eager.clone() if scratch.owns(eager) else eager
+            self._left_in_pool(scratch)
             return [], why, eager
         state = (self.model, self.optimizer, self.scaler, self.ema, self._trainable)
         reference = end_state(*state, eager, clone=True)
         snapshot.restore()
+        del eager
+        self._left_in_pool(scratch)
         self.backend.trim()
-        return reference, None, eager
+        return reference, None, None
+
+    def _sole_user(self) -> bool:
+        """A shared pool's other users' recordings would need freeing too: their reference runs beside it."""
+        return self._pool is None or all(u is self for u in self._pool.users())
+
+    def _left_in_pool(self, scratch: Scratch) -> None:
+        """The reference run left tensors in the pool: the earlier recordings, whose replays may
+        write there, are freed (recorded again at their next call), and references run beside
+        the pool from now on (no more freeing)."""
+        left = scratch.survivors()
+        if not left or "pool_survivors" in self.disabled:
+            return
+        for rec in self._recordings.values():
+            rec.region.free()
+        self._in_pool = False
+        self.journal.add(
+            "refuse",
+            self._calls,
+            "pool_survivors",
+            f"the recording call's reference step left {left} bytes in the pool: "
+            f"{len(self._recordings)} earlier recording(s) freed, recorded again at their next call",
+        )
+        self._recordings.clear()
 
     def _host_draws(self, found: Provenance | None) -> _Learning | None:
         """The reference run's only effect was a draw from torch's CPU generator: learn the draws

@@ -8,6 +8,7 @@ from ..errors import ReplayError
 from ..pool import MemoryPool
 from .base import Backend, Recording, Region
 from .emulated import EmulatedBackend
+from .scratch import Scratch
 
 BACKENDS: tuple[str, ...] = ("auto", "cuda", "emulated")
 
@@ -38,4 +39,12 @@ def resolve_backend(name: str, module: torch.nn.Module, pool: MemoryPool | None 
     return CudaBackend(device, pool)
 
 
-__all__ = ["BACKENDS", "Backend", "Recording", "Region", "module_device", "resolve_backend"]
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "Recording",
+    "Region",
+    "Scratch",
+    "module_device",
+    "resolve_backend",
+]

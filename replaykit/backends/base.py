@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..outputs import OutputTree, split_outputs
+from .scratch import Scratch
 
 #: Runs the module's own forward on the static inputs and returns its output tree;
 #: ``fn(*inputs, params=leaves)`` runs it with ``leaves`` standing in for the parameters.
@@ -115,6 +116,11 @@ class Region(ABC):
 
     def abort(self) -> None:  # noqa: B027 - optional hook
         """Clean up after a ``capture`` that raised (the device's capture state)."""
+
+    def scratch(self) -> Scratch:
+        """Where eager work before the capture runs: in the pool's free memory where the backend
+        can (:mod:`replaykit.backends.scratch`); the base runs it beside the pool."""
+        return Scratch()
 
     @abstractmethod
     def free(self) -> None:

@@ -48,6 +48,7 @@ from .base import (
     flatten_outputs,
     grad_targets,
 )
+from .scratch import PoolScratch, Scratch, pool_routing
 
 
 class _Saved:
@@ -452,6 +453,13 @@ class CudaRegion(Region):
     def abort(self) -> None:
         if end_failed_capture(self.device, self.pool):
             self._spent(self.pool)
+
+    def scratch(self) -> Scratch:
+        stream = torch.cuda.graph.default_capture_stream  # where this pool's captures ran
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        if stream is None or stream.device != torch.device("cuda", index) or not pool_routing():
+            return Scratch()
+        return PoolScratch(self.device, self.pool, stream)
 
     def free(self) -> None:
         self.graph = None

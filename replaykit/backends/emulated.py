@@ -40,6 +40,7 @@ from .base import (
     flatten_outputs,
     grad_targets,
 )
+from .scratch import Exposure, Scratch, TrackedScratch
 from .tape import Tape, record
 
 
@@ -171,6 +172,7 @@ class EmulatedBackend(Backend):
     def __init__(self, pool: MemoryPool | None = None) -> None:
         if pool is not None:
             pool.emulated = True  # a claim then overwrites what a CUDA replay may overwrite
+        self._exposure = Exposure()  # scratch survivors an earlier region's replay overwrites
 
     def record(
         self,
@@ -182,7 +184,7 @@ class EmulatedBackend(Backend):
         return EmulatedRecording(fn, static_inputs, params, warmup)
 
     def region(self, fixed: Sequence[torch.Tensor]) -> Region:
-        return TapeRegion(fixed)
+        return TapeRegion(fixed, self._exposure)
 
 
 class TapeRegion(Region):
@@ -194,17 +196,24 @@ class TapeRegion(Region):
 
     executes = True
 
-    def __init__(self, fixed: Sequence[torch.Tensor]) -> None:
+    def __init__(self, fixed: Sequence[torch.Tensor], exposure: Exposure) -> None:
         self.tape = Tape(fixed)
+        self._exposure = exposure
+        self._born = exposure.epoch  # survivors of later scratch runs are in its way
 
     def capture(self, body: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
+        self._born = self._exposure.epoch  # a capture sees what is live: it is not in its way
         with self.tape.recording():
             outs = body()
         self.tape.seal(outs)
         return outs
 
     def replay(self) -> None:
+        self._exposure.overwrite(self._born)
         self.tape.replay()
+
+    def scratch(self) -> Scratch:
+        return TrackedScratch(self._exposure)
 
     def free(self) -> None:
         self.tape.free()

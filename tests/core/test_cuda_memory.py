@@ -168,3 +168,47 @@ def test_recordings_of_new_signatures_add_no_cublas_workspaces(cuda_device: str)
     assert rec.recordings == 4 and rec.counts["replay"] >= 4
     grown = _reserved_now() - one
     assert grown < 32 * 2**20, grown / 2**20
+
+
+def test_new_shape_buckets_verify_inside_the_pool(cuda_device: str) -> None:
+    """Each new bucket's recording call runs an eager reference step; beside the pool it needed
+    a step's worth of memory more (8 buckets: 1.92x eager's peak reserved on the H200, 848bf78).
+    It now runs in the pool's free memory."""
+    from replaykit.testing.bench import buckets as B
+
+    results = B.bench(4, device=cuda_device, steps=16, arms=("eager", "TrainStep"))
+    eager, step = results
+    assert step.equals_eager and "records=4" in step.note, step.note
+    assert step.peak_reserved_mib <= 1.2 * eager.peak_reserved_mib, (
+        step.peak_reserved_mib,
+        eager.peak_reserved_mib,
+    )
+
+
+def test_a_tensor_the_reference_step_leaves_in_the_pool_frees_the_earlier_recordings(
+    cuda_device: str,
+) -> None:
+    """A per-length table cached globally at a new length's recording call lives in the pool: an
+    earlier length's replay would overwrite it. The earlier recordings are freed (and recorded
+    again), and the run stays bitwise."""
+    import warnings
+
+    from replaykit.testing.hazards.side_effects import CachedPositions, _positions
+
+    runs = []
+    for replay in (False, True):
+        _positions.cache_clear()
+        torch.manual_seed(0)
+        model = CachedPositions().to(cuda_device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        step = rk.TrainStep(model, lambda m, x: m(x).pow(2).mean(), opt, warmup=1, replay=replay)
+        torch.manual_seed(1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            losses = [step(torch.randn(n, 6, device=cuda_device)) for n in (4, 4, 4, 6, 4, 6, 4, 6)]
+        runs.append((losses, model, step))
+    (l0, m0, _), (l1, m1, step) = runs
+    assert all(torch.equal(a, b) for a, b in zip(l0, l1, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(m0.parameters(), m1.parameters(), strict=True))
+    refused = [e for e in step.journal if e.kind == "refuse" and e.reason == "pool_survivors"]
+    assert len(refused) == 1 and step.counts["replay"] >= 2, step.summary()

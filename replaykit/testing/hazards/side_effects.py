@@ -4,6 +4,7 @@ held containers, data-dependent shapes, ``.item()``, sparse gradients.
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Callable
 
@@ -34,6 +35,35 @@ class Noisy(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         noise = torch.randn(x.shape, generator=self.gen, device=x.device)
         return self.net(x + 0.1 * noise)
+
+
+@functools.lru_cache(maxsize=8)
+def _positions(n: int, device: str) -> torch.Tensor:
+    """A sinusoid table per length, cached across calls (a global cache the model never holds)."""
+    return torch.sin(torch.arange(n, device=device, dtype=torch.float32))[:, None] * 0.1
+
+
+class CachedPositions(nn.Module):
+    """Adds a cached per-length table: a new length's first call leaves a tensor in the cache."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x + _positions(x.shape[0], str(x.device)))
+
+
+def _two_lengths(model: nn.Module, arm: Arm) -> Extras:
+    """Lengths 4 and 6 interleaved: 6's recording call leaves its table in the cache, and 4's
+    recording, older, replays after it."""
+    _positions.cache_clear()  # every arm makes its tables inside its own run
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    step = arm.train_step(model, lambda m, x: m(x).pow(2).mean(), opt, warmup=1)
+    kept: Extras = {}
+    for i, n in enumerate((4, 4, 4, 6, 4, 6, 4, 6, 6)):
+        kept[f"loss{i}"] = step(arm.randn(n, 6)).detach()
+    return kept
 
 
 def _noisy(model: nn.Module, arm: Arm) -> Extras:
@@ -400,6 +430,15 @@ PATTERNS: list[Pattern] = [
         "loss_fn flips a flag in a dict the model holds",
         mlp(),
         lambda m, a: step_loop(m, a, loss_fn=_alternating_loss, steps=6, warmup=2),
+        api="step",
+    ),
+    Pattern(
+        "step_cached_table_per_length",
+        "side_effects",
+        "forward adds a per-length table from a global lru_cache; a second length appears",
+        lambda d: CachedPositions().to(d),
+        _two_lengths,
+        guard="pool_survivors",
         api="step",
     ),
     # silent once; the recording's verification (its first replay against eager) routes it eager
