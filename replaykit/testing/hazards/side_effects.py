@@ -400,6 +400,7 @@ PATTERNS: list[Pattern] = [
         "loss_fn flips a flag in a dict the model holds",
         mlp(),
         lambda m, a: step_loop(m, a, loss_fn=_alternating_loss, steps=6, warmup=2),
+        guard="side_effects",
         api="step",
     ),
     # silent once; the recording's verification (its first replay against eager) routes it eager

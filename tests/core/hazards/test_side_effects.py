@@ -17,7 +17,7 @@ def test_side_effect_patterns_end_like_eager(backend: str, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", guarded("side_effects"))
-def test_without_record_probe_they_diverge(backend: str, name: str) -> None:
+def test_without_their_guard_they_diverge(backend: str, name: str) -> None:
     assert_unsafe_diverges(name, backend)
 
 
