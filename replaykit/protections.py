@@ -148,6 +148,12 @@ REGISTRY: dict[str, Protection] = {
             "hooks", "step", "module, gradient and optimizer hooks run at the recording call only"
         ),
         Protection(
+            "side_effects",
+            "step",
+            "the step's Python effects (a module attribute assigned, an input written in place, a dict or "
+            "object the model holds changed) are not looked for: the recording call makes them, replays do not",
+        ),
+        Protection(
             "loss_inputs",
             "step",
             "what loss_fn reads besides tensors (closure cells, globals, a criterion's attributes) is frozen at recording",

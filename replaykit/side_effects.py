@@ -117,9 +117,29 @@ class SideEffects:
             torch.default_generator.get_state(), self._cpu_rng
         )
 
-    def reason(self, who: str, host_draws: bool = True) -> str | None:
+    def reason(self, who: str, host_draws: bool = True, writes: bool = True) -> str | None:
         """Why replays of the run would differ from eager (``who`` names the code: "forward", "the
-        step"), or None. ``host_draws=False``: all but the CPU generator's (:meth:`host_draws`)."""
+        step"), or None. ``host_draws=False``: all but the CPU generator's (:meth:`host_draws`).
+        ``writes=False``: the host RNG's draws only, not the writes (attributes, inputs, held
+        objects): the ``side_effects`` protection switched off, ``host_rng`` still on."""
+        if writes:
+            why = self._write_reason(who)
+            if why is not None:
+                return why
+        if self._rng is not None and host_rng_state() != self._rng:
+            return f"{who} draws from Python's random or numpy's global RNG; a replay would repeat the first draw"
+        if host_draws and self.host_draws():
+            return (
+                f"{who} draws from torch's CPU generator beside a GPU model (torch.rand([]) on the "
+                "host, as LayerDrop does); a replay would repeat the first draw. What you can "
+                "change: draw with the model's device, in tensor ops; a draw read on the host "
+                "only (transformers' LayerDrop: Whisper, BART, ...) replays under rk.TrainStep, "
+                "which draws it before each replay"
+            )
+        return None
+
+    def _write_reason(self, who: str) -> str | None:
+        """The first write a replay would not repeat: an attribute, an input, a held object."""
         names = {id(m): n or type(m).__name__ for n, m in self._module.named_modules()}
         written = sorted(
             {f"{names.get(id(m), type(m).__name__)}.{attr}" for m, attr in self._changing_writes()}
@@ -132,14 +152,4 @@ class SideEffects:
         changed = self._changed_held()
         if changed:
             return f"{who} changes {changed[0]} (a container or object the model holds); a replay would not"
-        if self._rng is not None and host_rng_state() != self._rng:
-            return f"{who} draws from Python's random or numpy's global RNG; a replay would repeat the first draw"
-        if host_draws and self.host_draws():
-            return (
-                f"{who} draws from torch's CPU generator beside a GPU model (torch.rand([]) on the "
-                "host, as LayerDrop does); a replay would repeat the first draw. What you can "
-                "change: draw with the model's device, in tensor ops; a draw read on the host "
-                "only (transformers' LayerDrop: Whisper, BART, ...) replays under rk.TrainStep, "
-                "which draws it before each replay"
-            )
         return None

@@ -258,6 +258,7 @@ class TrainStep(Lifecycled):
         self._keyed_state = "module_state" not in self.disabled
         self._copy_out_on = "copy_out" not in self.disabled
         self._check_hooks = "hooks" not in self.disabled
+        self._check_effects = "side_effects" not in self.disabled
         self._loss_inputs = (
             LossInputs(loss_fn, model) if replay and "loss_inputs" not in self.disabled else None
         )
@@ -665,7 +666,7 @@ class TrainStep(Lifecycled):
         grads_out = [None if p.grad is None else p.grad for p in self._trainable]
         keep = [*(g for g in private if g is not None), *tensors_of(self.optimizer)]
         rec = StepRecording(region, static, loss, grads_out, keep)
-        why = effects.reason("the step")
+        why = effects.reason("the step", writes=self._check_effects)
         if (
             why is None
             and reads is not None
@@ -757,11 +758,11 @@ class TrainStep(Lifecycled):
                 eager = self._body(phase, args, kwargs)
         finally:
             self._walking = False
-        why = effects.reason("the step")
+        why = effects.reason("the step", writes=self._check_effects)
         if (
             why is not None
             and drawn_to is None
-            and effects.reason("the step", host_draws=False) is None
+            and effects.reason("the step", host_draws=False, writes=self._check_effects) is None
         ):
             why = self._host_draws(found) or why
         if why is None and self._foreign:

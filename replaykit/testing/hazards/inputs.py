@@ -312,6 +312,7 @@ PATTERNS: list[Pattern] = [
         "loss_fn scales its input in place (the caller's tensor)",
         mlp(),
         _step_writes_input,
+        guard="side_effects",
         api="step",
     ),
 ]

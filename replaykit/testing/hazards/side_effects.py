@@ -430,6 +430,7 @@ PATTERNS: list[Pattern] = [
         "loss_fn flips a flag in a dict the model holds",
         mlp(),
         lambda m, a: step_loop(m, a, loss_fn=_alternating_loss, steps=6, warmup=2),
+        guard="side_effects",
         api="step",
     ),
     Pattern(
