@@ -77,6 +77,8 @@ def diff(name: str, a: torch.Tensor | None, b: torch.Tensor | None) -> TensorDif
         return TensorDiff(name, "dtype", numel=a.numel())
     if a.shape != b.shape:
         return TensorDiff(name, "shape", numel=a.numel())
+    if a.device != b.device:  # a reference kept in host memory
+        a, b = a.cpu(), b.cpu()
     ba, bb = _bits(a), _bits(b)
     neq = ba != bb
     if a.is_complex():

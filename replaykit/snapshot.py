@@ -22,6 +22,17 @@ from torch import nn
 from .guards import is_ndarray
 
 
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t``'s values in host memory (a CPU tensor's: a clone), to be copied back.
+
+    Snapshots and reference states hold the whole training state (parameters, gradients, the
+    optimizer's moments: four times the parameters under Adam) while a step runs beside them:
+    on the GPU that raised a recording call's peak by as much, an out-of-memory for a model
+    whose eager step fits. A recording call pays two host copies instead.
+    """
+    return t.detach().to("cpu", copy=True)
+
+
 class StateSnapshot:
     """Values of a module's parameters and buffers, its ``.grad`` tensors, the RNG states and its
     plain attributes and held containers.
@@ -50,9 +61,9 @@ class StateSnapshot:
             if tensors
             else []
         )
-        self._values = [(t, t.detach().clone()) for t in held]
+        self._values = [(t, host_copy(t)) for t in held]
         self._grads = (
-            [(p, p.grad, None if p.grad is None else p.grad.detach().clone()) for p in params]
+            [(p, p.grad, None if p.grad is None else host_copy(p.grad)) for p in params]
             if parameters
             else []
         )

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from .shadow import first_difference
-from .snapshot import StateSnapshot
+from .snapshot import StateSnapshot, host_copy
 from .step_guards import restore_scaler, scaler_state, state_tensors
 
 
@@ -65,12 +65,12 @@ class StepSnapshot:
         self._generators = [(g, g.get_state()) for g in generators] if tensors else []
         extra = ema.tensors() if ema is not None and tensors else ()
         state = unique(state_tensors(optimizer, scaler, extra)) if tensors else []
-        self._values = [(t, t.detach().clone()) for t in state]
+        self._values = [(t, host_copy(t)) for t in state]
         # .grad of parameters outside the model (an optimizer's extra group)
         inside = {id(p) for p in model.parameters()}
         self._grads = (
             [
-                (p, p.grad, None if p.grad is None else p.grad.detach().clone())
+                (p, p.grad, None if p.grad is None else host_copy(p.grad))
                 for p in grads_of
                 if id(p) not in inside
             ]
@@ -117,7 +117,9 @@ def end_state(
     clone: bool,
 ) -> list[tuple[str, torch.Tensor | None]]:
     """Everything a step leaves, named: the loss, parameters and their gradients, buffers, the
-    optimizer's, scaler's and EMA's state tensors (``clone``: copies, to outlive the next run)."""
+    optimizer's, scaler's and EMA's state tensors (``clone``: copies in host memory, to outlive the
+    next run: on the GPU a copy of the whole state beside the step that follows would raise the
+    peak by the state's size, four times the parameters' under Adam)."""
     names = {id(p): n for n, p in model.named_parameters()}
     out: list[tuple[str, torch.Tensor | None]] = [("loss", loss)]
     for i, p in enumerate(params):
@@ -130,7 +132,7 @@ def end_state(
         for i, t in enumerate(unique(state_tensors(optimizer, scaler, extra)))
     ]
     if clone:
-        out = [(n, None if t is None else t.detach().clone()) for n, t in out]
+        out = [(n, None if t is None else host_copy(t)) for n, t in out]
     return out
 
 
