@@ -8,7 +8,7 @@ only ``None`` (the ``.grad`` None pattern).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +27,38 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     if t.is_floating_point():
         return t.view(_INT_OF_SIZE[t.element_size()])
     return t
+
+
+def _as_ints(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements as integers of the same width, where ``t`` is (no copy)."""
+    t = t.detach()
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    if t.dtype == torch.bool:
+        return t.view(torch.uint8)
+    return t.view(_INT_OF_SIZE[t.element_size()]) if t.is_floating_point() else t
+
+
+def all_equal(pairs: Iterable[tuple[torch.Tensor | None, torch.Tensor | None]]) -> bool:
+    """Whether every pair is bitwise equal (both None, or one dtype, shape and bits), compared
+    on the GPU where either side is there: one host sync per device, not one per tensor (a
+    recording call compares the whole training state; per-tensor syncs cost it tens of ms)."""
+    flags: dict[torch.device, list[torch.Tensor]] = {}
+    for a, b in pairs:
+        if a is None or b is None:
+            if a is None and b is None:
+                continue
+            return False
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        if a.device != b.device:  # a reference kept in host memory: compared where the other is
+            a, b = (
+                (a.to(b.device, non_blocking=True), b)
+                if a.device.type == "cpu"
+                else (a, b.to(a.device))
+            )
+        flags.setdefault(b.device, []).append(torch.ne(_as_ints(a), _as_ints(b)).any())
+    return not any(bool(torch.stack(f).any()) for f in flags.values())
 
 
 def bitwise_equal(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:

@@ -30,7 +30,9 @@ def host_copy(t: torch.Tensor) -> torch.Tensor:
     on the GPU that raised a recording call's peak by as much, an out-of-memory for a model
     whose eager step fits. A recording call pays two host copies instead.
     """
-    return t.detach().to("cpu", copy=True)
+    if t.device.type == "cpu":
+        return t.detach().clone()
+    return t.detach().to("cpu", non_blocking=True)  # pinned, in stream order: read it after a sync
 
 
 class StateSnapshot:
@@ -93,12 +95,12 @@ class StateSnapshot:
             _put_back(value, contents)
         with torch.no_grad():
             for t, value in self._values:
-                t.data.copy_(value)
+                t.data.copy_(value, non_blocking=True)  # from pinned host memory: in stream order
             for p, grad, value in self._grads:
                 if p.grad is not grad:
                     p.grad = grad
                 if grad is not None:
-                    grad.data.copy_(value)
+                    grad.data.copy_(value, non_blocking=True)
         for g, state in self._generators:
             g.set_state(state)
         if self._host_rng is not None:

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from replaykit.bitwise import bitwise_equal, diff, diff_states
+from replaykit.bitwise import all_equal, bitwise_equal, diff, diff_states
 
 
 def test_signed_zero_and_nan() -> None:
@@ -31,3 +31,21 @@ def test_diff_rows() -> None:
     assert [(r.name, r.problem) for r in rows] == [("b", "missing"), ("c", "missing")]
     ints = diff("n", torch.tensor([3]), torch.tensor([5]))
     assert ints is not None and ints.max_abs == 2
+
+
+def test_all_equal_compares_bits_none_patterns_dtypes_and_shapes() -> None:
+    x = torch.tensor([1.0, -0.0, float("nan")])
+    z = torch.complex(torch.ones(2), torch.zeros(2))
+    same = [(x, x.clone()), (None, None), (z, z.clone()), (torch.tensor(True), torch.tensor(True))]
+    assert all_equal(same)
+    assert all_equal([])
+    for a, b in [
+        (torch.tensor([0.0]), torch.tensor([-0.0])),  # equal values, other bits
+        (torch.tensor([1.0]), torch.tensor([1.0]).nextafter(torch.tensor([2.0]))),  # one ulp
+        (x, None),
+        (torch.zeros(2), torch.zeros(2, dtype=torch.float64)),
+        (torch.zeros(2), torch.zeros(1, 2)),
+        (z, torch.complex(torch.ones(2), torch.tensor([0.0, 1e-30]))),
+        (torch.tensor(True), torch.tensor(False)),
+    ]:
+        assert not all_equal([*same, (a, b)]), (a, b)
