@@ -238,6 +238,9 @@ class TrainStep(Lifecycled):
         self._refused: dict[tuple, str] = {}  # signatures whose recording differed from eager
         # a reference step runs in the pool's free memory (backends/scratch.py) until one leaves something there
         self._in_pool = True
+        # a reference step that raised: what it left in the pool is looked at by the next call,
+        # once the exception (whose frames hold its temporaries) is gone
+        self._unchecked: Scratch | None = None
         self._replayed = 0  # calls that replayed (the shadow check samples them)
         self._handed: list[
             torch.Tensor
@@ -373,6 +376,9 @@ class TrainStep(Lifecycled):
 
     def _route(self, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:
         call = self._calls
+        if self._unchecked is not None:  # before any replay can overwrite what it left
+            scratch, self._unchecked = self._unchecked, None
+            self._left_in_pool(scratch)
         life = self.lifecycle
         stopped = life.stopped()
         if stopped is not None:
@@ -756,6 +762,9 @@ class TrainStep(Lifecycled):
         try:
             with effects, found if found is not None else contextlib.nullcontext(), scratch:
                 eager = self._body(phase, args, kwargs)
+        except BaseException:  # eager's exception: a cache it filled first stays in the pool
+            self._unchecked = scratch
+            raise
         finally:
             self._walking = False
         why = effects.reason("the step", writes=self._check_effects)

@@ -1,0 +1,92 @@
+"""Review of the in-pool reference step (backends/scratch.py): what a recording call's eager
+reference leaves in the recordings' pool must free the earlier recordings, however it ends.
+
+The step trains over three lengths (shape buckets); the forward multiplies by a per-length table
+from a global ``lru_cache``, made at the length's first call: inside a reference step once
+recordings exist. Each test compares losses and parameters with the eager twin, bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+import replaykit as rk
+from replaykit.bitwise import diff_states
+
+
+@functools.cache
+def _table(n: int, device: str) -> torch.Tensor:
+    return torch.linspace(0.5, 1.5, n, device=device).unsqueeze(1)
+
+
+class _Positions(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * _table(x.shape[0], x.device.type)
+
+
+def _checked_loss(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    out = m(x)  # the table for this length is made here, before the check
+    if bool((y < 0).any()):  # a data check that rejects a bad batch, after the forward
+        raise ValueError("negative label")
+    return nn.functional.cross_entropy(out, y)
+
+
+def _skip_bad_batches(
+    replay: bool, device: str, backend: str, unsafe: tuple[str, ...] = ()
+) -> tuple[dict[str, torch.Tensor | None], rk.TrainStep]:
+    """A loop that skips the batch its loss_fn rejects; the first length-12 batch is bad."""
+    _table.cache_clear()
+    torch.manual_seed(0)
+    model = _Positions().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    step = rk.TrainStep(
+        model,
+        _checked_loss,
+        opt,
+        replay=replay,
+        backend=backend,
+        warmup=1,
+        unsafe_disable=unsafe,
+    )
+    g = torch.Generator().manual_seed(3)
+    state: dict[str, torch.Tensor | None] = {}
+    try:
+        for i, n in enumerate([4, 8, 4, 8, 12, 4, 8, 12, 4, 12]):
+            x, y = torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
+            if i == 4:
+                y[0] = -1
+            try:
+                state[f"loss{i}"] = step(x.to(device), y.to(device)).detach()
+            except ValueError:
+                state[f"loss{i}"] = None
+    finally:
+        step.release()
+    state |= {f"param/{k}": p.detach() for k, p in model.named_parameters()}
+    return state, step
+
+
+def test_a_reference_step_that_raises_still_frees_what_its_leftovers_endanger(
+    backend: str, device: str
+):
+    """The rejected batch's reference step made the length-12 table in the pool and raised: the
+    earlier recordings' replays may overwrite it, so they are freed as when it returns."""
+    eager, _ = _skip_bad_batches(False, device, backend)
+    replayed, step = _skip_bad_batches(True, device, backend)
+    assert diff_states(eager, replayed) == [], step.journal.format()
+    assert step.counts["replay"] > 0
+    if backend == "emulated":  # CUDA: the table may sit beside the pool (allocator's choice)
+        assert any(e.reason == "pool_survivors" for e in step.journal), step.journal.format()
+
+
+def test_without_pool_survivors_a_raising_reference_step_differs():
+    """The negative control: the table the raising reference left is overwritten by a replay."""
+    eager, _ = _skip_bad_batches(False, "cpu", "emulated")
+    replayed, _ = _skip_bad_batches(True, "cpu", "emulated", unsafe=("pool_survivors",))
+    assert diff_states(eager, replayed) != []
