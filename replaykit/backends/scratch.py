@@ -140,29 +140,39 @@ class Exposure:
         replay writing its scratch over them would leave them."""
         if not self._left:
             return
-        with torch.no_grad():
-            for epoch, ref in self._left:
-                t = ref()
-                if epoch > since and t is not None and (t.is_floating_point() or t.is_complex()):
+        for epoch, ref in self._left:
+            t = ref()
+            if epoch > since and t is not None and (t.is_floating_point() or t.is_complex()):
+                # an inference tensor (a cache made under inference_mode) is written only there
+                with torch.inference_mode() if t.is_inference() else torch.no_grad():
                     t.data.fill_(math.nan)
 
 
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
+
+
 class _Made(TorchDispatchMode):
-    """Collects the tensors whose storage an op made (not an input's: in-place ops and views of inputs are not new)."""
+    """Collects the tensors whose storage an op made (not an input's: in-place ops and views of
+    inputs are not new), and the aliases of those storages: a view or ``detach`` of a new tensor
+    can outlive the tensor itself (an inference-mode view holds no base), and the storage with it.
+    ``torch.tensor(data)`` is made outside dispatch and shows here as ``lift_fresh``."""
 
     def __init__(self) -> None:
         super().__init__()
         self.made: list[weakref.ref] = []
+        self._ptrs: set[int] = set()  # storages made inside
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        old = {
-            t.untyped_storage().data_ptr()
-            for t in tree_leaves((args, kwargs))
-            if isinstance(t, torch.Tensor)
-        }
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        old = {t.untyped_storage().data_ptr() for t in inputs}
+        fresh = func is _LIFT_FRESH  # its input is the new tensor
         for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in old:
+            if not isinstance(t, torch.Tensor) or (not fresh and any(t is i for i in inputs)):
+                continue  # an in-place op's result is its input
+            ptr = t.untyped_storage().data_ptr()
+            if fresh or ptr not in old or ptr in self._ptrs:
+                self._ptrs.add(ptr)
                 self.made.append(weakref.ref(t))
         return out
 

@@ -9,7 +9,9 @@ recordings exist. Each test compares losses and parameters with the eager twin, 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
+import pytest
 import torch
 from torch import nn
 
@@ -89,4 +91,76 @@ def test_without_pool_survivors_a_raising_reference_step_differs():
     """The negative control: the table the raising reference left is overwritten by a replay."""
     eager, _ = _skip_bad_batches(False, "cpu", "emulated")
     replayed, _ = _skip_bad_batches(True, "cpu", "emulated", unsafe=("pool_survivors",))
+    assert diff_states(eager, replayed) != []
+
+
+def _view_of_inference_tensor(n: int, device: str) -> torch.Tensor:
+    with torch.inference_mode():  # an inference tensor's view holds no base tensor
+        return torch.linspace(0.5, 1.5, n, device=device)[:, None]
+
+
+def _from_data(n: int, device: str) -> torch.Tensor:
+    return torch.tensor([[0.5 + i / n] for i in range(n)], device=device)
+
+
+def _detached(n: int, device: str) -> torch.Tensor:
+    return torch.linspace(0.5, 1.5, n, device=device).unsqueeze(1).detach()
+
+
+TABLES: dict[str, Callable[[int, str], torch.Tensor]] = {
+    "inference_view": _view_of_inference_tensor,
+    "from_data": _from_data,
+    "detached": _detached,
+}
+
+
+def _buckets(
+    make: Callable[[int, str], torch.Tensor],
+    replay: bool,
+    device: str,
+    backend: str,
+    unsafe: tuple[str, ...] = (),
+) -> tuple[dict[str, torch.Tensor | None], rk.TrainStep]:
+    """Three lengths; each length's table is cached globally at its first call."""
+    table = functools.cache(make)
+    torch.manual_seed(0)
+    model = nn.Linear(6, 3).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return (m(x) + table(x.shape[0], x.device.type)).pow(2).mean()  # add: saves no table
+
+    step = rk.TrainStep(
+        model, loss_fn, opt, replay=replay, backend=backend, warmup=1, unsafe_disable=unsafe
+    )
+    g = torch.Generator().manual_seed(3)
+    try:
+        state: dict[str, torch.Tensor | None] = {
+            f"loss{i}": step(torch.randn(n, 6, generator=g).to(device)).detach()
+            for i, n in enumerate([4, 8, 4, 8, 12, 4, 8, 12, 4])
+        }
+    finally:
+        step.release()
+    state |= {f"param/{k}": p.detach() for k, p in model.named_parameters()}
+    return state, step
+
+
+@pytest.mark.parametrize("made", sorted(TABLES))
+def test_a_cached_table_however_made_frees_the_earlier_recordings(
+    backend: str, device: str, made: str
+):
+    """The emulated tracker sees a survivor as a CUDA pool does (its memory, not its tensor
+    object): a view of an inference tensor, ``detach()`` and ``torch.tensor(data)``."""
+    eager, _ = _buckets(TABLES[made], False, device, backend)
+    replayed, step = _buckets(TABLES[made], True, device, backend)
+    assert diff_states(eager, replayed) == [], step.journal.format()
+    assert step.counts["replay"] > 0
+    if backend == "emulated":
+        assert any(e.reason == "pool_survivors" for e in step.journal), step.journal.format()
+
+
+@pytest.mark.parametrize("made", sorted(TABLES))
+def test_without_pool_survivors_a_cached_table_however_made_differs(made: str):
+    eager, _ = _buckets(TABLES[made], False, "cpu", "emulated")
+    replayed, _ = _buckets(TABLES[made], True, "cpu", "emulated", unsafe=("pool_survivors",))
     assert diff_states(eager, replayed) != []
