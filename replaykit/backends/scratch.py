@@ -26,7 +26,7 @@ import weakref
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 from . import workspaces
@@ -151,6 +151,20 @@ class Exposure:
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
 
 
+def _dense(t: torch.Tensor) -> list[tuple[torch.Tensor, int, int]]:
+    """The plain tensors holding ``t``'s memory, each with its storage's address and size: ``t``,
+    or a wrapper subclass's inner tensors (a nested jagged tensor's values and offsets); none for
+    a tensor without a storage (sparse, a functorch wrapper)."""
+    if type(t) is not torch.Tensor and is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return [d for n in names for d in _dense(getattr(t, n))]
+    try:
+        storage = t.untyped_storage()
+        return [(t, storage.data_ptr(), storage.nbytes())]
+    except (RuntimeError, NotImplementedError):
+        return []
+
+
 class _Made(TorchDispatchMode):
     """Collects the tensors whose storage an op made (not an input's: in-place ops and views of
     inputs are not new), and the aliases of those storages: a view or ``detach`` of a new tensor
@@ -164,16 +178,16 @@ class _Made(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        old = {t.untyped_storage().data_ptr() for t in inputs}
+        leaves = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        old = {ptr for x in leaves for _, ptr, _ in _dense(x)}
         fresh = func is _LIFT_FRESH  # its input is the new tensor
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor) or (not fresh and any(t is i for i in inputs)):
+        for x in tree_leaves(out):
+            if not isinstance(x, torch.Tensor) or (not fresh and any(x is i for i in leaves)):
                 continue  # an in-place op's result is its input
-            ptr = t.untyped_storage().data_ptr()
-            if fresh or ptr not in old or ptr in self._ptrs:
-                self._ptrs.add(ptr)
-                self.made.append(weakref.ref(t))
+            for t, ptr, _ in _dense(x):
+                if fresh or ptr not in old or ptr in self._ptrs:
+                    self._ptrs.add(ptr)
+                    self.made.append(weakref.ref(t))
         return out
 
 
@@ -193,15 +207,12 @@ class TrackedScratch(Scratch):
         self._exposure.add(self._live())  # what is still live at the end: a later death is skipped
 
     def _live(self) -> list[torch.Tensor]:
-        return [
-            t for r in self._mode.made if (t := r()) is not None and t.untyped_storage().nbytes()
-        ]
+        return [t for r in self._mode.made if (t := r()) is not None and _dense(t)[0][2]]
 
     def survivors(self) -> int:
-        left = self._live()
-        seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in left}
+        seen = {ptr: size for t in self._live() for _, ptr, size in _dense(t)}
         return sum(seen.values())
 
     def owns(self, t: torch.Tensor) -> bool:
-        ptr = t.untyped_storage().data_ptr()
-        return any(m.untyped_storage().data_ptr() == ptr for m in self._live())
+        live = {ptr for m in self._live() for _, ptr, _ in _dense(m)}
+        return any(ptr in live for _, ptr, _ in _dense(t))

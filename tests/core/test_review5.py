@@ -164,3 +164,50 @@ def test_without_pool_survivors_a_cached_table_however_made_differs(made: str):
     eager, _ = _buckets(TABLES[made], False, "cpu", "emulated")
     replayed, _ = _buckets(TABLES[made], True, "cpu", "emulated", unsafe=("pool_survivors",))
     assert diff_states(eager, replayed) != []
+
+
+class _TwoSequences(nn.Module):
+    """A batch packed as two sequences of a nested jagged tensor (a wrapper subclass)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        offsets = torch.tensor([0, n // 2, n], device=x.device)
+        packed = torch.nested.nested_tensor_from_jagged(self.lin(x), offsets)
+        return nn.functional.gelu(packed).values()
+
+
+def _nested(replay: bool) -> tuple[dict[str, torch.Tensor | None], rk.TrainStep]:
+    torch.manual_seed(0)
+    model = _TwoSequences()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def loss_fn(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(m(x), y)
+
+    step = rk.TrainStep(model, loss_fn, opt, replay=replay, backend="emulated", warmup=1)
+    g = torch.Generator().manual_seed(3)
+    try:
+        state: dict[str, torch.Tensor | None] = {
+            f"loss{i}": step(
+                torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
+            ).detach()
+            for i, n in enumerate([4, 8, 4, 8, 12, 4, 8, 12])
+        }
+    finally:
+        step.release()
+    state |= {f"param/{k}": p.detach() for k, p in model.named_parameters()}
+    return state, step
+
+
+def test_a_nested_jagged_forward_records_a_second_bucket_and_replays_like_eager():
+    """The emulated reference step's tracker reads storages through a wrapper subclass's inner
+    tensors (it raised on the subclass), and the tape replays ops on meta tensors (the nested
+    sizes) without asking autocast about 'meta'."""
+    eager, _ = _nested(False)
+    replayed, step = _nested(True)
+    assert diff_states(eager, replayed) == [], step.journal.format()
+    assert step.counts["replay"] > 0
