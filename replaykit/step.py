@@ -376,9 +376,6 @@ class TrainStep(Lifecycled):
 
     def _route(self, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:
         call = self._calls
-        if self._unchecked is not None:  # before any replay can overwrite what it left
-            scratch, self._unchecked = self._unchecked, None
-            self._left_in_pool(scratch)
         life = self.lifecycle
         stopped = life.stopped()
         if stopped is not None:
@@ -390,6 +387,9 @@ class TrainStep(Lifecycled):
         if not life.owns_thread():
             with life.lock:
                 return self._eager(phase, "thread", args, kwargs)
+        if self._unchecked is not None:  # before any replay can overwrite what it left
+            scratch, self._unchecked = self._unchecked, None
+            self._left_in_pool(scratch)
         mode = life.mode()
         if mode is not None:
             return self._eager(phase, mode, args, kwargs)
