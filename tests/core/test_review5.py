@@ -211,3 +211,53 @@ def test_a_nested_jagged_forward_records_a_second_bucket_and_replays_like_eager(
     replayed, step = _nested(True)
     assert diff_states(eager, replayed) == [], step.journal.format()
     assert step.counts["replay"] > 0
+
+
+def _running_mean(
+    replay: bool, device: str, backend: str, unsafe: tuple[str, ...] = ()
+) -> tuple[dict[str, torch.Tensor | None], rk.TrainStep]:
+    """loss_fn keeps a running mean of the loss in a tensor of the training script (in place)."""
+    torch.manual_seed(0)
+    model = nn.Linear(6, 3).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    running = torch.zeros((), device=device)
+
+    def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        loss = m(x).pow(2).mean()
+        with torch.no_grad():
+            running.mul_(0.9).add_(loss, alpha=0.1)
+        return loss
+
+    step = rk.TrainStep(
+        model, loss_fn, opt, replay=replay, backend=backend, warmup=1, unsafe_disable=unsafe
+    )
+    g = torch.Generator().manual_seed(3)
+    try:
+        state: dict[str, torch.Tensor | None] = {
+            f"loss{i}": step(torch.randn(n, 6, generator=g).to(device)).detach()
+            for i, n in enumerate([4, 8, 4, 8, 12, 4, 8, 12, 4])
+        }
+    finally:
+        step.release()
+    state |= {f"param/{k}": p.detach() for k, p in model.named_parameters()}
+    state["running"] = running
+    return state, step
+
+
+def test_a_tensor_loss_fn_writes_in_place_is_written_once_per_recording_call(
+    backend: str, device: str
+):
+    """The recording call ran loss_fn twice (its reference step and its capture) and put back only
+    the model's and optimizer's state: the running mean took two updates there. The first such
+    call stands as eager's; later snapshots keep the tensor and put it back."""
+    eager, _ = _running_mean(False, device, backend)
+    replayed, step = _running_mean(True, device, backend)
+    assert diff_states(eager, replayed) == [], step.journal.format()
+    assert step.counts["replay"] > 0
+    assert any(e.reason == "held_writes" for e in step.journal), step.journal.format()
+
+
+def test_without_loss_inputs_a_tensor_loss_fn_writes_differs():
+    eager, _ = _running_mean(False, "cpu", "emulated")
+    replayed, _ = _running_mean(True, "cpu", "emulated", unsafe=("loss_inputs",))
+    assert [d.name for d in diff_states(eager, replayed)] == ["running"]
