@@ -121,13 +121,20 @@ class LossInputs:
         sources hold (a default argument, a partial's keywords, a callable criterion's attribute,
         a dict in a closed-over object): a rerun of the body (after verification's eager half, a
         capture retried) must find them as the first run did."""
+        return held_state([self._values_now()])[1]
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensors ``loss_fn`` holds the same way (a running statistic it writes in place)."""
+        return held_state([self._values_now()])[0]
+
+    def _values_now(self) -> dict[str, Any]:
         values: dict[str, Any] = {}
         for i, get in enumerate(self._raw):
             try:
                 values[str(i)] = get()
             except Exception:  # named in ``unwatched`` already
                 continue
-        return held_state([values])[1]
+        return values
 
     def _value(self, value: Any) -> Any:
         if isinstance(value, nn.Module):

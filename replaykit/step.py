@@ -238,6 +238,9 @@ class TrainStep(Lifecycled):
         self._refused: dict[tuple, str] = {}  # signatures whose recording differed from eager
         # a reference step runs in the pool's free memory (backends/scratch.py) until one leaves something there
         self._in_pool = True
+        # a reference step that raised: what it left in the pool is looked at by the next call,
+        # once the exception (whose frames hold its temporaries) is gone
+        self._unchecked: Scratch | None = None
         self._replayed = 0  # calls that replayed (the shadow check samples them)
         self._handed: list[
             torch.Tensor
@@ -268,6 +271,8 @@ class TrainStep(Lifecycled):
         self._watch_reads = False  # set once a capture without the watch failed (see _record)
         self._first_write = False  # a recording call dropped for a write into the model (once)
         self._learn_draws = False  # set at the first host draw seen: the next reference learns them
+        # tensors loss_fn holds and writes in place (a running mean): snapshotted once seen written
+        self._written: list[torch.Tensor] = []
         self._walking, self._foreign = False, 0
         if self._loss_inputs is not None and self._loss_inputs.unwatched:
             warnings.warn(
@@ -384,6 +389,9 @@ class TrainStep(Lifecycled):
         if not life.owns_thread():
             with life.lock:
                 return self._eager(phase, "thread", args, kwargs)
+        if self._unchecked is not None:  # before any replay can overwrite what it left
+            scratch, self._unchecked = self._unchecked, None
+            self._left_in_pool(scratch)
         mode = life.mode()
         if mode is not None:
             return self._eager(phase, mode, args, kwargs)
@@ -451,7 +459,14 @@ class TrainStep(Lifecycled):
     def _snapshot(self, tensors: bool) -> StepSnapshot:
         generators = self._loss_inputs.generators() if self._loss_inputs is not None else ()
         return StepSnapshot(
-            self.model, self.optimizer, self.scaler, self.ema, self._trainable, tensors, generators
+            self.model,
+            self.optimizer,
+            self.scaler,
+            self.ema,
+            self._trainable,
+            tensors,
+            generators,
+            self._written,
         )
 
     def _against_eager(
@@ -615,7 +630,7 @@ class TrainStep(Lifecycled):
             if why is not None:  # that eager run was this call's work: it stands
                 region.free()
                 if isinstance(why, _Learning):
-                    self.journal.add("refuse", call, "host_draws", why)
+                    self.journal.add("refuse", call, why.reason, why)
                 else:
                     self._retire(why, call)
                 if phase in ("step", "last"):
@@ -752,10 +767,19 @@ class TrainStep(Lifecycled):
         # what is read of them (a dispatch mode: this eager run only)
         learning = self._learn_draws and drawn_to is None and "input_reads" not in self.disabled
         found = Provenance(callargs.tensors, discover=True, draws=True) if learning else None
+        held = [
+            t
+            for t in (self._loss_inputs.tensors() if self._loss_inputs is not None else ())
+            if not t.is_inference()
+        ]
+        versions = [t._version for t in held]
         self._walking, self._foreign = "foreign_grads" not in self.disabled, 0
         try:
             with effects, found if found is not None else contextlib.nullcontext(), scratch:
                 eager = self._body(phase, args, kwargs)
+        except BaseException:  # eager's exception: a cache it filled first stays in the pool
+            self._unchecked = scratch
+            raise
         finally:
             self._walking = False
         why = effects.reason("the step", writes=self._check_effects)
@@ -774,6 +798,20 @@ class TrainStep(Lifecycled):
             changed = self._loss_inputs.changed(self._loss_key)
             if changed is not None:
                 why = f"loss_fn changes {changed}; a replay would not"
+        if why is None:
+            known = set(map(id, self._written))
+            written = [
+                t
+                for t, v in zip(held, versions, strict=True)
+                if t._version != v and id(t) not in known
+            ]
+            if written:  # the snapshot missed them: the capture would write them a second time
+                self._written += written
+                why = _Learning(
+                    f"loss_fn writes {len(written)} tensor(s) it holds in place: kept in the "
+                    "step's snapshots from the next recording call",
+                    "held_writes",
+                )
         if why is not None:  # this run stands: what it hands back leaves the pool
             with torch.no_grad():
                 for p in self._trainable:
@@ -929,7 +967,15 @@ class TrainStep(Lifecycled):
 
 
 class _Learning(str):
-    """A recording call's reference run stands as the call while host draws are learnt (not a retirement)."""
+    """A recording call's reference run stands as the call while something is learnt (host
+    draws, tensors loss_fn writes): not a retirement. ``reason``: the journal's."""
+
+    reason: str
+
+    def __new__(cls, text: str, reason: str = "host_draws") -> _Learning:
+        self = super().__new__(cls, text)
+        self.reason = reason
+        return self
 
 
 _HOST_DRAWS_CHANGED = (

@@ -60,12 +60,14 @@ class StepSnapshot:
         grads_of: Sequence[torch.Tensor],
         tensors: bool,
         generators: Sequence[torch.Generator] = (),
+        outside: Sequence[torch.Tensor] = (),
     ) -> None:
         self._model = StateSnapshot(model, tensors=tensors)
         # private generators outside the model (one loss_fn closes over): drawn again by a rerun
         self._generators = [(g, g.get_state()) for g in generators] if tensors else []
         extra = ema.tensors() if ema is not None and tensors else ()
-        state = unique(state_tensors(optimizer, scaler, extra)) if tensors else []
+        # ``outside``: tensors outside the model the step writes (a running mean loss_fn holds)
+        state = unique([*state_tensors(optimizer, scaler, extra), *outside]) if tensors else []
         self._values = [(t, host_copy(t)) for t in state]
         # .grad of parameters outside the model (an optimizer's extra group)
         inside = {id(p) for p in model.parameters()}

@@ -26,7 +26,7 @@ import weakref
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 from . import workspaces
@@ -140,30 +140,54 @@ class Exposure:
         replay writing its scratch over them would leave them."""
         if not self._left:
             return
-        with torch.no_grad():
-            for epoch, ref in self._left:
-                t = ref()
-                if epoch > since and t is not None and (t.is_floating_point() or t.is_complex()):
+        for epoch, ref in self._left:
+            t = ref()
+            if epoch > since and t is not None and (t.is_floating_point() or t.is_complex()):
+                # an inference tensor (a cache made under inference_mode) is written only there
+                with torch.inference_mode() if t.is_inference() else torch.no_grad():
                     t.data.fill_(math.nan)
 
 
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
+
+
+def _dense(t: torch.Tensor) -> list[tuple[torch.Tensor, int, int]]:
+    """The plain tensors holding ``t``'s memory, each with its storage's address and size: ``t``,
+    or a wrapper subclass's inner tensors (a nested jagged tensor's values and offsets); none for
+    a tensor without a storage (sparse, a functorch wrapper)."""
+    if type(t) is not torch.Tensor and is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return [d for n in names for d in _dense(getattr(t, n))]
+    try:
+        storage = t.untyped_storage()
+        return [(t, storage.data_ptr(), storage.nbytes())]
+    except (RuntimeError, NotImplementedError):
+        return []
+
+
 class _Made(TorchDispatchMode):
-    """Collects the tensors whose storage an op made (not an input's: in-place ops and views of inputs are not new)."""
+    """Collects the tensors whose storage an op made (not an input's: in-place ops and views of
+    inputs are not new), and the aliases of those storages: a view or ``detach`` of a new tensor
+    can outlive the tensor itself (an inference-mode view holds no base), and the storage with it.
+    ``torch.tensor(data)`` is made outside dispatch and shows here as ``lift_fresh``."""
 
     def __init__(self) -> None:
         super().__init__()
         self.made: list[weakref.ref] = []
+        self._ptrs: set[int] = set()  # storages made inside
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        old = {
-            t.untyped_storage().data_ptr()
-            for t in tree_leaves((args, kwargs))
-            if isinstance(t, torch.Tensor)
-        }
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in old:
-                self.made.append(weakref.ref(t))
+        leaves = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        old = {ptr for x in leaves for _, ptr, _ in _dense(x)}
+        fresh = func is _LIFT_FRESH  # its input is the new tensor
+        for x in tree_leaves(out):
+            if not isinstance(x, torch.Tensor) or (not fresh and any(x is i for i in leaves)):
+                continue  # an in-place op's result is its input
+            for t, ptr, _ in _dense(x):
+                if fresh or ptr not in old or ptr in self._ptrs:
+                    self._ptrs.add(ptr)
+                    self.made.append(weakref.ref(t))
         return out
 
 
@@ -183,15 +207,12 @@ class TrackedScratch(Scratch):
         self._exposure.add(self._live())  # what is still live at the end: a later death is skipped
 
     def _live(self) -> list[torch.Tensor]:
-        return [
-            t for r in self._mode.made if (t := r()) is not None and t.untyped_storage().nbytes()
-        ]
+        return [t for r in self._mode.made if (t := r()) is not None and _dense(t)[0][2]]
 
     def survivors(self) -> int:
-        left = self._live()
-        seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in left}
+        seen = {ptr: size for t in self._live() for _, ptr, size in _dense(t)}
         return sum(seen.values())
 
     def owns(self, t: torch.Tensor) -> bool:
-        ptr = t.untyped_storage().data_ptr()
-        return any(m.untyped_storage().data_ptr() == ptr for m in self._live())
+        live = {ptr for m in self._live() for _, ptr, _ in _dense(m)}
+        return any(ptr in live for _, ptr, _ in _dense(t))

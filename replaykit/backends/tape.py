@@ -291,7 +291,7 @@ class Tape:
             for t in table[n_fixed:]
         ]
         kinds = {t.device.type for t in table}
-        self._device_types = tuple(sorted(kinds | {"cpu"}))
+        self._device_types = tuple(sorted((kinds - {"meta"}) | {"cpu"}))  # meta: no autocast
         del table
         self._consts = []
         # what is still alive now is held by the outputs, the tape's constants, the recorded
