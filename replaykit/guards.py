@@ -66,10 +66,17 @@ _watched: Counter[int] = Counter()  # id(module) or id(parameter) -> number of g
 _objects: dict[int, weakref.ref] = {}
 
 
-def _watch(obj: Any) -> int:
-    _watched[id(obj)] += 1
-    _objects[id(obj)] = weakref.ref(obj)
-    return id(obj)
+def _watch(obj: Any) -> tuple[int, weakref.ref]:
+    """Count one more guard watching ``obj``; the returned handle undoes exactly that count."""
+    i = id(obj)
+    ref = _objects.get(i)
+    if ref is None or ref() is not obj:
+        # the count of a collected object at this address (its guard never closed) is not obj's:
+        # left, close() would keep obj's dicts swapped for a watcher that is gone
+        _watched[i] = 0
+        ref = _objects[i] = weakref.ref(obj)
+    _watched[i] += 1
+    return i, ref
 
 
 def _is_watched(obj: Any) -> bool:
@@ -429,7 +436,7 @@ class ModuleGuard:
     def __init__(self, module: nn.Module) -> None:
         _install()
         self._module = module
-        self._ids: list[int] = []
+        self._ids: list[tuple[int, weakref.ref]] = []
         self._closed = False
         self.rebaseline()
 
@@ -529,7 +536,9 @@ class ModuleGuard:
         return None, None
 
     def _unwatch(self) -> None:
-        for i in self._ids:
+        for i, ref in self._ids:
+            if _objects.get(i) is not ref:  # the address holds another object now: not ours
+                continue
             _watched[i] -= 1
             if _watched[i] <= 0:
                 del _watched[i]
