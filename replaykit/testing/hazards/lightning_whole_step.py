@@ -524,6 +524,20 @@ def _adam(net: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.Adam(net.parameters(), lr=0.01, capturable=cuda)
 
 
+def _centred_in_place(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    x.sub_(x.mean(0))  # normalizes the caller's batch, not a copy
+    return net(x).pow(2).mean()
+
+
+class LogsBatch(Fitted):
+    """Logs each batch's mean magnitude after its step: the batch ``loss_fn`` centred in place."""
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        super().training_step(batch, batch_idx)
+        assert self.plan is not None
+        self.plan.losses.append(batch[0].abs().mean().detach())
+
+
 # --------------------------------------------------------------------------- mixed precision
 class SharedHead(nn.Module):
     """One head applied to two views (a weight used twice in one forward)."""
@@ -559,6 +573,15 @@ PATTERNS: list[Pattern] = [
         fitted(ClippedWhenLarge),
         lambda m, a: fit(m, a, steps=9),
         guard="input_reads",
+        api=API,
+    ),
+    Pattern(
+        "whole_step_batch_centred_in_place",
+        "inputs",
+        "loss_fn centres its batch in place; training_step logs the batch after the step",
+        fitted(cls=LogsBatch),
+        lambda m, a: fit(m, a, loss_fn=_centred_in_place),
+        guard="side_effects",
         api=API,
     ),
     Pattern(

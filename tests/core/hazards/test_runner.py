@@ -154,7 +154,6 @@ NOT_APPLICABLE = {
 NO_LIGHTNING_YET = {
     "backend_diffs",
     "hook_order",
-    "inputs",
     "two_backwards",
 }
 
