@@ -688,15 +688,8 @@ class TrainStep(Lifecycled):
             and (reads.escaped or not self._input_reads.draws_match(reads.draws))
         ):
             why = _HOST_DRAWS_CHANGED
-        if why is None and self._foreign:
-            why = (
-                f"loss_fn reaches {self._foreign} tensor(s) requiring grad outside the model and the optimizer (a second "
-                "network): a replay would not give them this call's gradients"
-            )
-        if why is None and self._loss_inputs is not None:
-            changed = self._loss_inputs.changed(self._loss_key)
-            if changed is not None:
-                why = f"loss_fn changes {changed}; a replay would not"
+        if why is None:
+            why = self._beyond_the_model()
         if why is not None:
             # the body ran once, as eager's does: its effects stand (an input written in place
             # reaches the caller's tensor); the recording is not kept
@@ -789,15 +782,8 @@ class TrainStep(Lifecycled):
             and effects.reason("the step", host_draws=False, writes=self._check_effects) is None
         ):
             why = self._host_draws(found) or why
-        if why is None and self._foreign:
-            why = (
-                f"loss_fn reaches {self._foreign} tensor(s) requiring grad outside the model and the optimizer (a second "
-                "network): a replay would not give them this call's gradients"
-            )
-        if why is None and self._loss_inputs is not None:
-            changed = self._loss_inputs.changed(self._loss_key)
-            if changed is not None:
-                why = f"loss_fn changes {changed}; a replay would not"
+        if why is None:
+            why = self._beyond_the_model()
         if why is None:
             known = set(map(id, self._written))
             written = [
@@ -827,6 +813,20 @@ class TrainStep(Lifecycled):
         self._left_in_pool(scratch)
         self.backend.trim()
         return reference, None, None
+
+    def _beyond_the_model(self) -> str | None:
+        """Why replays of the run just watched (a recording's capture or its reference) would
+        differ from eager outside what ``SideEffects`` sees: a second network, what loss_fn changes."""
+        if self._foreign:
+            return (
+                f"loss_fn reaches {self._foreign} tensor(s) requiring grad outside the model and the optimizer (a second "
+                "network): a replay would not give them this call's gradients"
+            )
+        if self._loss_inputs is not None:
+            changed = self._loss_inputs.changed(self._loss_key)
+            if changed is not None:
+                return f"loss_fn changes {changed}; a replay would not"
+        return None
 
     def _sole_user(self) -> bool:
         """A shared pool's other users' recordings would need freeing too: their reference runs beside it."""

@@ -50,10 +50,11 @@ def test_a_pool_whose_only_graph_was_freed_takes_the_next_capture(cuda_device: s
     second.free()
 
 
-def _peak_allocated(step, x: torch.Tensor) -> int:
-    """Bytes allocated at the peak of one call, above what was allocated before it."""
+def _peak_allocated(step, x: torch.Tensor, above_start: bool = True) -> int:
+    """Bytes allocated at the peak of one call, above what was allocated before it
+    (``above_start=False``: everything held included)."""
     torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
+    base = torch.cuda.memory_allocated() if above_start else 0
     torch.cuda.reset_peak_memory_stats()
     step(x)
     torch.cuda.synchronize()
@@ -235,17 +236,10 @@ def test_a_recording_call_keeps_no_copy_of_the_training_state_on_the_gpu(cuda_de
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    def peak(call, x) -> int:  # bytes allocated at the call's peak, everything held included
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        call(x)
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated()
-
     eager(x)
-    eager_peak = peak(eager, x)
+    eager_peak = _peak_allocated(eager, x, above_start=False)
     step = rk.TrainStep(model, loss_fn, opt)
     step(x)  # warm-up
-    recording_peak = peak(step, x)
+    recording_peak = _peak_allocated(step, x, above_start=False)
     assert step.counts["record"] == 1, step.summary()
     assert recording_peak <= 1.15 * eager_peak, (recording_peak / 2**20, eager_peak / 2**20)

@@ -114,6 +114,21 @@ TABLES: dict[str, Callable[[int, str], torch.Tensor]] = {
 }
 
 
+def _three_lengths(
+    step: rk.TrainStep, model: nn.Module, device: str
+) -> dict[str, torch.Tensor | None]:
+    """Batches of 4, 8 and 12 rows interleaved through ``step`` (released after): losses and parameters."""
+    g = torch.Generator().manual_seed(3)
+    try:
+        state: dict[str, torch.Tensor | None] = {
+            f"loss{i}": step(torch.randn(n, 6, generator=g).to(device)).detach()
+            for i, n in enumerate([4, 8, 4, 8, 12, 4, 8, 12, 4])
+        }
+    finally:
+        step.release()
+    return state | {f"param/{k}": p.detach() for k, p in model.named_parameters()}
+
+
 def _buckets(
     make: Callable[[int, str], torch.Tensor],
     replay: bool,
@@ -133,15 +148,7 @@ def _buckets(
     step = rk.TrainStep(
         model, loss_fn, opt, replay=replay, backend=backend, warmup=1, unsafe_disable=unsafe
     )
-    g = torch.Generator().manual_seed(3)
-    try:
-        state: dict[str, torch.Tensor | None] = {
-            f"loss{i}": step(torch.randn(n, 6, generator=g).to(device)).detach()
-            for i, n in enumerate([4, 8, 4, 8, 12, 4, 8, 12, 4])
-        }
-    finally:
-        step.release()
-    state |= {f"param/{k}": p.detach() for k, p in model.named_parameters()}
+    state = _three_lengths(step, model, device)
     return state, step
 
 
@@ -231,15 +238,7 @@ def _running_mean(
     step = rk.TrainStep(
         model, loss_fn, opt, replay=replay, backend=backend, warmup=1, unsafe_disable=unsafe
     )
-    g = torch.Generator().manual_seed(3)
-    try:
-        state: dict[str, torch.Tensor | None] = {
-            f"loss{i}": step(torch.randn(n, 6, generator=g).to(device)).detach()
-            for i, n in enumerate([4, 8, 4, 8, 12, 4, 8, 12, 4])
-        }
-    finally:
-        step.release()
-    state |= {f"param/{k}": p.detach() for k, p in model.named_parameters()}
+    state = _three_lengths(step, model, device)
     state["running"] = running
     return state, step
 
