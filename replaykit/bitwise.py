@@ -16,19 +16,6 @@ import torch
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's elements reinterpreted as integers of the same width, on the CPU."""
-    t = t.detach()
-    if t.is_complex():
-        t = torch.view_as_real(t)
-    if t.dtype == torch.bool:
-        t = t.to(torch.uint8)
-    t = t.cpu().contiguous()
-    if t.is_floating_point():
-        return t.view(_INT_OF_SIZE[t.element_size()])
-    return t
-
-
 def _as_ints(t: torch.Tensor) -> torch.Tensor:
     """``t``'s elements as integers of the same width, where ``t`` is (no copy)."""
     t = t.detach()
@@ -37,6 +24,11 @@ def _as_ints(t: torch.Tensor) -> torch.Tensor:
     if t.dtype == torch.bool:
         return t.view(torch.uint8)
     return t.view(_INT_OF_SIZE[t.element_size()]) if t.is_floating_point() else t
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's elements reinterpreted as integers of the same width, on the CPU."""
+    return _as_ints(t).cpu().contiguous()
 
 
 def all_equal(pairs: Iterable[tuple[torch.Tensor | None, torch.Tensor | None]]) -> bool:
