@@ -53,16 +53,17 @@ class StateSnapshot:
         parameters: bool = True,
         extra: Sequence[torch.Tensor] = (),
     ) -> None:
-        params = list(module.parameters()) if tensors else []
-        held = (
-            [
-                *(params if parameters else extra),
-                *module.buffers(),
-                *tensor_attributes(module),
-            ]
-            if tensors
-            else []
-        )
+        # one walk of the tree: a recording call snapshots the whole model, and each extra walk
+        # (parameters, buffers, attributes, held state) cost it about a millisecond on a 4-layer LM
+        modules = list(module.modules())
+        self._attributes = [(m, _plain_attributes(m)) for m in modules]
+        params = unique_of(p for m in modules for p in m._parameters.values()) if tensors else []
+        if tensors:
+            attr_tensors, generators = held_state(a for _, a in self._attributes)
+            buffers = unique_of(b for m in modules for b in m._buffers.values())
+            held = [*(params if parameters else extra), *buffers, *attr_tensors]
+        else:
+            held, generators = [], []
         self._values = [(t, host_copy(t)) for t in held]
         self._grads = (
             [(p, p.grad, None if p.grad is None else host_copy(p.grad)) for p in params]
@@ -73,12 +74,11 @@ class StateSnapshot:
         self._host_rng = host_rng_state() if tensors else None
         # private generators the model holds: a rerun (the twin after a verification, a capture
         # retried) must draw the numbers the first run drew, as the default generator does
-        self._generators = [(g, g.get_state()) for g in _generators(module)] if tensors else []
-        self._attributes = [(m, _plain_attributes(m)) for m in module.modules()]
+        self._generators = [(g, g.get_state()) for g in generators]
         self._contents = [
             (v, _contents(v))
-            for m in module.modules()
-            for v in _plain_attributes(m).values()
+            for _, attrs in self._attributes
+            for v in attrs.values()
             if _mutable(v)
         ]
 
@@ -121,9 +121,11 @@ def _plain_attributes(module: nn.Module) -> dict:
     return {k: v for k, v in module.__dict__.items() if k not in _INTERNAL and "hooks" not in k}
 
 
-def _generators(module: nn.Module) -> list[torch.Generator]:
-    """The ``torch.Generator`` objects the module tree holds (see :func:`held_state`)."""
-    return held_state(_plain_attributes(m) for m in module.modules())[1]
+def unique_of(tensors: Iterable[torch.Tensor | None]) -> list[torch.Tensor]:
+    """``tensors`` without ``None`` and repeats (a shared weight), in order: what ``parameters()``
+    and ``buffers()`` yield, from a walk already made."""
+    seen: set[int] = set()
+    return [t for t in tensors if t is not None and id(t) not in seen and not seen.add(id(t))]
 
 
 #: how far into containers and plain objects held state is looked for (a bank's queue, an

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
+from replaykit import bitwise
 from replaykit.bitwise import all_equal, bitwise_equal, diff, diff_states
 
 
@@ -49,3 +51,26 @@ def test_all_equal_compares_bits_none_patterns_dtypes_and_shapes() -> None:
         (torch.tensor(True), torch.tensor(False)),
     ]:
         assert not all_equal([*same, (a, b)]), (a, b)
+
+
+def test_all_equal_finds_one_flipped_bit_in_any_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small tensors are compared gathered a chunk at a time, large ones alone: a chunk boundary
+    that dropped or shifted bytes would miss the flipped bit or see one that is not there."""
+    monkeypatch.setattr(bitwise, "CHUNK_BYTES", 24)
+    g = torch.Generator().manual_seed(0)
+    shapes = [(3,), (2, 2), (), (7,), (1,), (5, 2), (0,), (3,)]
+    dtypes = [torch.float32, torch.float16, torch.int64, torch.bool, torch.float64]
+    state = [
+        (torch.randn(s, generator=g) * 10).to(dtypes[i % len(dtypes)]) for i, s in enumerate(shapes)
+    ]
+    state.append(torch.randn(4, 5, generator=g).t())  # non-contiguous, past the chunk: alone
+    assert all_equal([(t, t.clone()) for t in state])
+    for i, t in enumerate(state):
+        if t.numel() == 0:
+            continue
+        flipped = t.clone(memory_format=torch.contiguous_format)
+        ints = bitwise._as_ints(flipped)
+        ints.view(-1)[-1] ^= 1 if t.dtype == torch.bool else 1 << 3
+        pairs = [(u, u.clone()) for u in state]
+        pairs[i] = (t, flipped)
+        assert not all_equal(pairs), i
