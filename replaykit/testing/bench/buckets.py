@@ -171,8 +171,22 @@ def total_ms(result: ArmResult) -> float:
     return float(result.note.split()[0].split("=")[1])
 
 
+def break_even(result: ArmResult, eager: ArmResult) -> int | None:
+    """The number of batches from which on the arm's run so far is never slower than eager's
+    (its recordings paid back), or None when it is slower at the end."""
+    mine = eagers = 0.0
+    since: int | None = None
+    for n, (t, e) in enumerate(zip(result.step_ms, eager.step_ms, strict=True), start=1):
+        mine, eagers = mine + t, eagers + e
+        if mine > eagers:
+            since = None
+        elif since is None:
+            since = n
+    return since
+
+
 def table(results: list[ArmResult]) -> list[dict[str, Any]]:
-    """Rows with the whole run's time and memory beside eager's."""
+    """Rows with the whole run's time and memory beside eager's, and where its recordings paid back."""
     eager = {r.size: r for r in results if r.arm == "eager"}
     rows = []
     for r in results:
@@ -180,6 +194,7 @@ def table(results: list[ArmResult]) -> list[dict[str, Any]]:
         e = eager[r.size]
         row["total_ms"] = total_ms(r)
         row["run_speedup_vs_eager"] = total_ms(e) / total_ms(r)
+        row["break_even_batch"] = break_even(r, e)
         row["step_speedup_vs_eager"] = e.median_ms / r.median_ms
         row.update(memory_columns(r, e))
         rows.append(row)
@@ -191,6 +206,7 @@ COLUMNS = (
     "arm",
     "total_ms",
     "run_speedup_vs_eager",
+    "break_even_batch",
     "median_ms",
     "step_speedup_vs_eager",
     "peak_mib",
