@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from .backend_diffs import Unrolled
 from .host_state import ArrayGain, LayerDrop, RecentScaled
 from .pattern import MLP, Arm, Extras, Pattern
 from .step_python import FocalLoss, WarmupSGD
@@ -573,6 +574,22 @@ PATTERNS: list[Pattern] = [
         fitted(ClippedWhenLarge),
         lambda m, a: fit(m, a, steps=9),
         guard="input_reads",
+        api=API,
+    ),
+    Pattern(
+        "whole_step_adagrad_defaults",
+        "backend_diffs",
+        "configure_optimizers returns torch.optim.Adagrad with its defaults (its step count on the CPU)",
+        fitted(),
+        lambda m, a: fit(m, a, optimizer=lambda net: torch.optim.Adagrad(net.parameters())),
+        api=API,
+    ),  # the step pattern differed on the H200 only
+    Pattern(
+        "whole_step_block_called_twice",
+        "backend_diffs",
+        "the net calls a block twice per step, its weight used twice per call (gradient sum order)",
+        fitted(Unrolled),
+        lambda m, a: fit(m, a),
         api=API,
     ),
     Pattern(
