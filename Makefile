@@ -34,7 +34,7 @@ test: $(STAMP)
 	$(BIN)/ruff check replaykit tests scripts
 	$(BIN)/ruff format --check replaykit tests scripts
 	$(BIN)/python -m replaykit.workflow.nbclean --check notebooks/*.ipynb
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile  # a file's tests share one worker (its fixtures, its caches)
 	$(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
 		--nbval-sanitize-with notebooks/nbval_sanitize.cfg notebooks
 
