@@ -17,8 +17,11 @@ _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _as_ints(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s elements as integers of the same width, where ``t`` is (no copy)."""
+    """``t``'s elements as integers of the same width, where ``t`` is (no copy but of a conjugate
+    or negative view: its bits are those of the values it shows, which only a copy holds)."""
     t = t.detach()
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
     if t.is_complex():
         t = torch.view_as_real(t)
     if t.dtype == torch.bool:
@@ -39,7 +42,10 @@ CHUNK_BYTES = 1 << 20
 
 
 def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
-    return _as_ints(t).reshape(-1).view(torch.uint8)
+    flat = _as_ints(t).reshape(-1)
+    if flat.stride(0) != 1:  # a 1-D strided or expanded tensor is its own reshape: copied
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8)
 
 
 class _Gathered:
