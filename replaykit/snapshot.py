@@ -57,10 +57,10 @@ class StateSnapshot:
         # (parameters, buffers, attributes, held state) cost it about a millisecond on a 4-layer LM
         modules = list(module.modules())
         self._attributes = [(m, _plain_attributes(m)) for m in modules]
-        params = unique_of(p for m in modules for p in m._parameters.values()) if tensors else []
+        params = _members(module, modules, "parameters") if tensors else []
         if tensors:
             attr_tensors, generators = held_state(a for _, a in self._attributes)
-            buffers = unique_of(b for m in modules for b in m._buffers.values())
+            buffers = _members(module, modules, "buffers")
             held = [*(params if parameters else extra), *buffers, *attr_tensors]
         else:
             held, generators = [], []
@@ -126,6 +126,21 @@ def unique_of(tensors: Iterable[torch.Tensor | None]) -> list[torch.Tensor]:
     and ``buffers()`` yield, from a walk already made."""
     seen: set[int] = set()
     return [t for t in tensors if t is not None and id(t) not in seen and not seen.add(id(t))]
+
+
+def _members(module: nn.Module, modules: list[nn.Module], kind: str) -> list[torch.Tensor]:
+    """``module.parameters()`` (``kind="parameters"``) or ``module.buffers()`` from the walk made,
+    and those too where the model's class lists its own (a ``parameters()`` that adds a Parameter
+    held in a plain list): the walk alone would leave that one unrestored, and a recording call
+    that put back everything else would go on from a state eager never had."""
+    walked = unique_of(t for m in modules for t in getattr(m, f"_{kind}").values())
+    cls = type(module)
+    if all(
+        getattr(cls, name) is getattr(nn.Module, name)
+        for name in (kind, f"named_{kind}", "_named_members")
+    ):
+        return walked
+    return unique_of([*walked, *getattr(module, kind)()])
 
 
 #: how far into containers and plain objects held state is looked for (a bank's queue, an

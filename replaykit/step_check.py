@@ -67,19 +67,15 @@ class StepSnapshot:
         self._generators = [(g, g.get_state()) for g in generators] if tensors else []
         extra = ema.tensors() if ema is not None and tensors else ()
         # ``outside``: tensors outside the model the step writes (a running mean loss_fn holds)
-        state = unique([*state_tensors(optimizer, scaler, extra), *outside]) if tensors else []
-        self._values = [(t, host_copy(t)) for t in state]
-        # .grad of parameters outside the model (an optimizer's extra group)
+        # parameters outside the model (an optimizer's extra group, a Parameter the model holds
+        # in a plain list): their values and .grad, which a warm-up's optimizer step changes too
         inside = {id(p) for p in model.parameters()}
-        self._grads = (
-            [
-                (p, p.grad, None if p.grad is None else host_copy(p.grad))
-                for p in grads_of
-                if id(p) not in inside
-            ]
-            if tensors
-            else []
+        others = [p for p in grads_of if id(p) not in inside] if tensors else []
+        state = (
+            unique([*state_tensors(optimizer, scaler, extra), *outside, *others]) if tensors else []
         )
+        self._values = [(t, host_copy(t)) for t in state]
+        self._grads = [(p, p.grad, None if p.grad is None else host_copy(p.grad)) for p in others]
         self._scaler, self._scaler_state = scaler, scaler_state(scaler)
         # the state entries themselves: a call that is a parameter's first step creates them
         # (momentum_buffer, exp_avg), and an eager rerun must find none, as eager did

@@ -9,11 +9,15 @@ losses and the state dict with the eager twin, bit for bit, and that the step re
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import pytest
 import torch
+from torch import nn
 
+import replaykit as rk
 from replaykit import bitwise
-from replaykit.bitwise import CHUNK_BYTES, all_equal, bitwise_equal
+from replaykit.bitwise import CHUNK_BYTES, all_equal, bitwise_equal, diff_states
 
 # ----------------------------------------------------------------------------- all_equal
 
@@ -160,3 +164,156 @@ def test_all_equal_at_the_chunk_size_and_over_many_tiny_tensors() -> None:
     assert all_equal([(u, u.clone()) for u in tiny])
     other = tiny[-1].clone().neg_()
     assert not all_equal([*((u, u.clone()) for u in tiny[:-1]), (tiny[-1], other)])
+
+
+# ----------------------------------------------------------------------------- the snapshot
+
+
+class _Zoo(nn.Module):
+    """A module twice in the tree, tied weights, a parameter and a buffer set to None, a
+    ParameterList and ParameterDict, BatchNorm statistics, a counter and a 1-D strided buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 6, bias=False)
+        self.b = self.a
+        self.emb = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 6)
+        self.head.weight = self.emb.weight
+        self.head.bias = None
+        self.register_buffer("nothing", None)
+        self.register_buffer("count", torch.zeros(()))
+        self.plist = nn.ParameterList([nn.Parameter(torch.ones(6)), nn.Parameter(torch.zeros(6))])
+        self.pdict = nn.ParameterDict({"s": nn.Parameter(torch.ones(6))})
+        self.bn = nn.BatchNorm1d(6)
+        self.register_buffer("mask", torch.linspace(0.5, 1.5, 12)[::2])  # strided
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count += 1
+        h = self.bn(self.b(self.a(x)))
+        return self.head(self.emb(h) * self.plist[0] + self.plist[1]) * self.pdict["s"] * self.mask
+
+
+class _ListedScale(nn.Module):
+    """A per-feature scale held in a plain list, which ``parameters()`` adds; the forward
+    anneals it in place (a schedule)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 3)
+        self.scales = [nn.Parameter(torch.ones(3))]
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:
+        yield from super().parameters(recurse)
+        yield from self.scales
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.scales[0].mul_(1.5)
+        return self.lin(x) * self.scales[0]
+
+
+class _TrainableOnly(nn.Module):
+    """``parameters()`` yields only the trainable ones; the forward decays a frozen weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = nn.Linear(6, 6)
+        self.frozen.requires_grad_(False)
+        self.lin = nn.Linear(6, 3)
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:
+        return (p for p in super().parameters(recurse) if p.requires_grad)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.frozen.weight.mul_(0.99)
+        return self.lin(self.frozen(x))
+
+
+class _Lazy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.LazyLinear(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+
+class _UnlistedScale(_ListedScale):
+    """The scale in a plain list that ``parameters()`` does not add: the optimizer gets it in a
+    group of its own."""
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:
+        return nn.Module.parameters(self, recurse)
+
+
+def _loss(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return m(x).pow(2).mean()
+
+
+def _train(make: Callable[[], nn.Module], replay: bool) -> tuple[dict, rk.TrainStep]:
+    torch.manual_seed(0)
+    model = make()
+    model(torch.zeros(2, 6))  # a lazy module's shapes
+    params = [*model.parameters()]
+    if isinstance(model, _UnlistedScale):
+        params += model.scales
+    opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    step = rk.TrainStep(model, _loss, opt, replay=replay, backend="emulated", warmup=1)
+    g = torch.Generator().manual_seed(3)
+    state: dict[str, torch.Tensor | None] = {}
+    try:
+        for i in range(5):
+            state[f"loss{i}"] = step(torch.randn(4, 6, generator=g)).detach()
+    finally:
+        step.release()
+    state |= {f"state/{k}": v for k, v in model.state_dict().items()}
+    state |= {f"param {i}": p.detach() for i, p in enumerate(params)}
+    return state, step
+
+
+@pytest.mark.parametrize(
+    "make",
+    [_Zoo, _ListedScale, _TrainableOnly, _Lazy, _UnlistedScale],
+    ids=[
+        "zoo",
+        "parameters_adds_one",
+        "parameters_leaves_out_frozen",
+        "lazy",
+        "optimizer_group_outside",
+    ],
+)
+def test_a_step_replays_as_eager_whatever_the_model_lists(make: Callable[[], nn.Module]) -> None:
+    """zoo: all_equal raised on the strided buffer; parameters_adds_one: the one walk missed the
+    listed scale (the warm-up's write stayed, the check diverged from a state eager never had);
+    parameters_leaves_out_frozen: dd706e5's ``parameters()`` missed the frozen weight;
+    optimizer_group_outside: a parameter only the optimizer lists kept its grad but not its value."""
+    eager, _ = _train(make, False)
+    replayed, step = _train(make, True)
+    assert diff_states(eager, replayed) == [], step.journal.format()
+    assert step.counts["replay"] == 3, step.journal.format()
+
+
+def test_capture_of_a_model_whose_parameters_add_one_leaves_no_trace() -> None:
+    """rk.capture's warm-up annealed the listed scale and its snapshot did not put it back."""
+
+    def run(replay: bool) -> dict[str, torch.Tensor | None]:
+        torch.manual_seed(0)
+        model = _ListedScale()
+        rec = rk.capture(model, backend="emulated", warmup=2) if replay else None
+        g = torch.Generator().manual_seed(1)
+        out: dict[str, torch.Tensor | None] = {}
+        try:
+            for i in range(4):
+                y = model(torch.randn(4, 6, generator=g))
+                y.pow(2).mean().backward()
+                out[f"y{i}"] = y.detach().clone()
+        finally:
+            if rec is not None:
+                rec.release()
+        for i, p in enumerate(model.parameters()):
+            out[f"p{i}"], out[f"g{i}"] = p.detach().clone(), p.grad
+        return out
+
+    assert diff_states(run(False), run(True)) == []
