@@ -55,8 +55,8 @@ class StateSnapshot:
     ) -> None:
         # one walk of the tree: a recording call snapshots the whole model, and each extra walk
         # (parameters, buffers, attributes, held state) cost it about a millisecond on a 4-layer LM
-        modules = list(module.modules())
-        self._attributes = [(m, _plain_attributes(m)) for m in modules]
+        self._attributes = _tree_attributes(module)
+        modules = [m for m, _ in self._attributes]
         params = _members(module, modules, "parameters") if tensors else []
         if tensors:
             attr_tensors, generators = held_state(a for _, a in self._attributes)
@@ -126,6 +126,27 @@ def unique_of(tensors: Iterable[torch.Tensor | None]) -> list[torch.Tensor]:
     and ``buffers()`` yield, from a walk already made."""
     seen: set[int] = set()
     return [t for t in tensors if t is not None and id(t) not in seen and not seen.add(id(t))]
+
+
+def _tree_attributes(module: nn.Module) -> list[tuple[nn.Module, dict]]:
+    """The plain attributes of every module in the tree, and of modules held in plain lists,
+    tuples and dicts (``self.extra = [nn.BatchNorm1d(6)]``: not registered, so ``modules()``
+    skips it, but a forward that runs it updates its statistics as a registered one's)."""
+    found = [(m, _plain_attributes(m)) for m in module.modules()]
+    known = {id(m) for m, _ in found}
+    i = 0
+    while i < len(found):
+        for value in found[i][1].values():
+            if not isinstance(value, (list, tuple, dict)):
+                continue
+            for item in value.values() if isinstance(value, dict) else value:
+                if isinstance(item, nn.Module) and id(item) not in known:
+                    for m in item.modules():
+                        if id(m) not in known:
+                            known.add(id(m))
+                            found.append((m, _plain_attributes(m)))
+        i += 1
+    return found
 
 
 def _members(module: nn.Module, modules: list[nn.Module], kind: str) -> list[torch.Tensor]:

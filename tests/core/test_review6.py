@@ -248,6 +248,18 @@ class _UnlistedScale(_ListedScale):
         return nn.Module.parameters(self, recurse)
 
 
+class _HeldNorm(nn.Module):
+    """A BatchNorm held in a plain list (not registered); the optimizer gets its parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+        self.extra = [nn.BatchNorm1d(6)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.extra[0](self.lin(x))
+
+
 def _loss(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return m(x).pow(2).mean()
 
@@ -259,6 +271,8 @@ def _train(make: Callable[[], nn.Module], replay: bool) -> tuple[dict, rk.TrainS
     params = [*model.parameters()]
     if isinstance(model, _UnlistedScale):
         params += model.scales
+    if isinstance(model, _HeldNorm):
+        params += model.extra[0].parameters()
     opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
     step = rk.TrainStep(model, _loss, opt, replay=replay, backend="emulated", warmup=1)
     g = torch.Generator().manual_seed(3)
@@ -269,26 +283,30 @@ def _train(make: Callable[[], nn.Module], replay: bool) -> tuple[dict, rk.TrainS
     finally:
         step.release()
     state |= {f"state/{k}": v for k, v in model.state_dict().items()}
+    if isinstance(model, _HeldNorm):
+        state |= {f"held/{k}": v for k, v in model.extra[0].state_dict().items()}
     state |= {f"param {i}": p.detach() for i, p in enumerate(params)}
     return state, step
 
 
 @pytest.mark.parametrize(
     "make",
-    [_Zoo, _ListedScale, _TrainableOnly, _Lazy, _UnlistedScale],
+    [_Zoo, _ListedScale, _TrainableOnly, _Lazy, _UnlistedScale, _HeldNorm],
     ids=[
         "zoo",
         "parameters_adds_one",
         "parameters_leaves_out_frozen",
         "lazy",
         "optimizer_group_outside",
+        "module_in_a_plain_list",
     ],
 )
 def test_a_step_replays_as_eager_whatever_the_model_lists(make: Callable[[], nn.Module]) -> None:
     """zoo: all_equal raised on the strided buffer; parameters_adds_one: the one walk missed the
     listed scale (the warm-up's write stayed, the check diverged from a state eager never had);
     parameters_leaves_out_frozen: dd706e5's ``parameters()`` missed the frozen weight;
-    optimizer_group_outside: a parameter only the optimizer lists kept its grad but not its value."""
+    optimizer_group_outside: a parameter only the optimizer lists kept its grad but not its value;
+    module_in_a_plain_list: a BatchNorm ``modules()`` does not reach kept the warm-up's statistics."""
     eager, _ = _train(make, False)
     replayed, step = _train(make, True)
     assert diff_states(eager, replayed) == [], step.journal.format()
