@@ -19,7 +19,7 @@ from types import FunctionType, MethodType, ModuleType
 import torch
 from torch import nn
 
-from .guards import is_ndarray
+from .guards import hidden_modules, is_ndarray
 
 
 def host_copy(t: torch.Tensor) -> torch.Tensor:
@@ -55,8 +55,10 @@ class StateSnapshot:
     ) -> None:
         # one walk of the tree: a recording call snapshots the whole model, and each extra walk
         # (parameters, buffers, attributes, held state) cost it about a millisecond on a 4-layer LM
-        self._attributes = _tree_attributes(module)
-        modules = [m for m, _ in self._attributes]
+        # and modules held in plain lists, tuples and dicts (``self.extra = [nn.BatchNorm1d(6)]``):
+        # unregistered, but a forward that runs one updates its statistics as a registered one's
+        modules = [*module.modules(), *(m for _, m in hidden_modules(module))]
+        self._attributes = [(m, _plain_attributes(m)) for m in modules]
         params = _members(module, modules, "parameters") if tensors else []
         if tensors:
             attr_tensors, generators = held_state(a for _, a in self._attributes)
@@ -121,32 +123,11 @@ def _plain_attributes(module: nn.Module) -> dict:
     return {k: v for k, v in module.__dict__.items() if k not in _INTERNAL and "hooks" not in k}
 
 
-def unique_of(tensors: Iterable[torch.Tensor | None]) -> list[torch.Tensor]:
-    """``tensors`` without ``None`` and repeats (a shared weight), in order: what ``parameters()``
-    and ``buffers()`` yield, from a walk already made."""
+def unique(tensors: Iterable[torch.Tensor | None]) -> list[torch.Tensor]:
+    """``tensors`` without ``None`` and repeats (by identity: a shared weight), in order: what
+    ``parameters()`` and ``buffers()`` yield, from a walk already made."""
     seen: set[int] = set()
     return [t for t in tensors if t is not None and id(t) not in seen and not seen.add(id(t))]
-
-
-def _tree_attributes(module: nn.Module) -> list[tuple[nn.Module, dict]]:
-    """The plain attributes of every module in the tree, and of modules held in plain lists,
-    tuples and dicts (``self.extra = [nn.BatchNorm1d(6)]``: not registered, so ``modules()``
-    skips it, but a forward that runs it updates its statistics as a registered one's)."""
-    found = [(m, _plain_attributes(m)) for m in module.modules()]
-    known = {id(m) for m, _ in found}
-    i = 0
-    while i < len(found):
-        for value in found[i][1].values():
-            if not isinstance(value, (list, tuple, dict)):
-                continue
-            for item in value.values() if isinstance(value, dict) else value:
-                if isinstance(item, nn.Module) and id(item) not in known:
-                    for m in item.modules():
-                        if id(m) not in known:
-                            known.add(id(m))
-                            found.append((m, _plain_attributes(m)))
-        i += 1
-    return found
 
 
 def _members(module: nn.Module, modules: list[nn.Module], kind: str) -> list[torch.Tensor]:
@@ -154,14 +135,14 @@ def _members(module: nn.Module, modules: list[nn.Module], kind: str) -> list[tor
     and those too where the model's class lists its own (a ``parameters()`` that adds a Parameter
     held in a plain list): the walk alone would leave that one unrestored, and a recording call
     that put back everything else would go on from a state eager never had."""
-    walked = unique_of(t for m in modules for t in getattr(m, f"_{kind}").values())
+    walked = unique(t for m in modules for t in getattr(m, f"_{kind}").values())
     cls = type(module)
     if all(
         getattr(cls, name) is getattr(nn.Module, name)
         for name in (kind, f"named_{kind}", "_named_members")
     ):
         return walked
-    return unique_of([*walked, *getattr(module, kind)()])
+    return unique([*walked, *getattr(module, kind)()])
 
 
 #: how far into containers and plain objects held state is looked for (a bank's queue, an

@@ -26,19 +26,10 @@ from torch import nn
 
 from .bitwise import all_equal
 from .shadow import first_difference
-from .snapshot import StateSnapshot, host_copy
+from .snapshot import StateSnapshot, host_copy, unique
 from .step_guards import restore_scaler, scaler_state, state_tensors
 
-
-def unique(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """``tensors`` without repeats (by identity), in order."""
-    seen: set[int] = set()
-    out = []
-    for t in tensors:
-        if id(t) not in seen:
-            seen.add(id(t))
-            out.append(t)
-    return out
+__all__ = ["StepSnapshot", "difference", "end_state", "unique"]
 
 
 class StepSnapshot:
