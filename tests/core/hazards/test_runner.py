@@ -171,6 +171,38 @@ def test_every_hazard_class_has_patterns_for_each_entry_point_it_applies_to() ->
                 assert (hazard, api) in have, (hazard, api)
 
 
+#: (class, entry point) pairs with no unsafe arm that diverges on the CPU, and why (a guard
+#: switched off there shows nothing to the CPU suite; a new gap must say why here)
+NO_CPU_NEGATIVE_CONTROL = {
+    ("crashes", "capture"): "crash patterns name no guard: they must end in a clear error",
+    ("crashes", "step"): "crash patterns name no guard: they must end in a clear error",
+    ("crashes", "whole_step"): "crash patterns name no guard: they must end in a clear error",
+    ("autocast", "step"): "a whole step captures the autocast region as eager runs it: no guard",
+    (
+        "autocast",
+        "whole_step",
+    ): "a whole step captures the autocast region as eager runs it: no guard",
+    ("backend_diffs", "step"): "must replay bitwise or run eagerly on both backends: no guard",
+    (
+        "backend_diffs",
+        "whole_step",
+    ): "must replay bitwise or run eagerly on both backends: no guard",
+    ("leaving_grads", "capture"): "its pattern names no guard (the copy-out is the recorder's own)",
+    ("step_python", "capture"): "its patterns name no guard (network replay runs no step Python)",
+}
+
+
+def test_every_class_and_entry_point_has_a_negative_control_on_the_cpu() -> None:
+    """A guarded pattern whose unsafe arm diverges on the CPU, for every (class, entry point)
+    pair with patterns, but those listed with a reason: the CPU suite sees each guard needed."""
+    controlled: dict[tuple[str, str], bool] = {}
+    for p in PATTERNS:
+        on_cpu = p.guard is not None and not p.unsafe_never and not p.cuda_only
+        controlled[(p.hazard, p.api)] = controlled.get((p.hazard, p.api), False) or on_cpu
+    gaps = {pair for pair, ok in controlled.items() if not ok}
+    assert gaps == set(NO_CPU_NEGATIVE_CONTROL), gaps ^ set(NO_CPU_NEGATIVE_CONTROL)
+
+
 def test_the_cli_exits_1_on_a_failure_and_writes_json(
     monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
