@@ -27,7 +27,7 @@ if (
     from .determinism import enable_determinism
     from .errors import ReplayError, ReplayWarning
     from .journal import Event, Journal
-    from .pool import MemoryPool
+    from .memory.pool import MemoryPool
     from .protections import PROTECTIONS
     from .recorder import Recorder, capture, recorder_of
     from .step import EMA, TrainStep
@@ -55,7 +55,7 @@ _HOMES = {
     "PROTECTIONS": "protections",
     "Event": "journal",
     "Journal": "journal",
-    "MemoryPool": "pool",
+    "MemoryPool": "memory.pool",
     "Recorder": "recorder",
     "ReplayError": "errors",
     "ReplayWarning": "errors",

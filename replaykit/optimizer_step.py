@@ -18,7 +18,7 @@ reads by address (parameters, optimizer and scaler state, a tensor ``lr``) is re
 every replay; host values it bakes in (a float ``lr``, the clip threshold in ``key``, the
 scaler's growth settings) key the recordings (``host_values``); replaced state re-records
 (``state_identity``). Each new recording is verified once against the body run eagerly on
-the same state (``verify_recording``). One :class:`~replaykit.lifecycle.Lifecycle` decides
+the same state (``verify_recording``). One :class:`~replaykit.route.Lifecycle` decides
 every route, as for ``rk.capture`` and ``rk.TrainStep``.
 """
 
@@ -35,12 +35,7 @@ from torch import nn
 
 from .backends import Region, resolve_backend
 from .errors import ReplayError, check_count
-from .layout import ALIGNMENT, aligned_copy, alignment
-from .lifecycle import Lifecycle, Lifecycled
-from .protections import disabled_protections
-from .side_effects import SideEffects
-from .step_check import StepSnapshot, difference, end_state, unique
-from .step_guards import (
+from .guards.optimizer import (
     OptimizerWatch,
     host_state,
     hyper_key,
@@ -49,6 +44,11 @@ from .step_guards import (
     scaler_key,
     tensors_of,
 )
+from .memory.layout import ALIGNMENT, aligned_copy, alignment
+from .protections import disabled_protections
+from .route import Lifecycle, Lifecycled
+from .verify.side_effects import SideEffects
+from .verify.step_check import StepSnapshot, difference, end_state, unique
 
 __all__ = ["OptimizerStep"]
 

@@ -22,24 +22,24 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from .backends import Backend, Recording, module_device, resolve_backend
-from .code_inputs import ForwardInputs
 from .compiled import CompileWatch, aot_compiled, compiled_regions, refuse_cudagraphs
-from .copy_out import StaticAliases
 from .errors import ReplayError, ReplayWarning, check_count
-from .guards import host_dependence, tree_contains
-from .hold import Hold, PendingBackward
-from .input_reads import InputReads, Provenance
-from .layout import copy_into, same_layout
-from .lifecycle import Lifecycle, Lifecycled
-from .outputs import OutputTree
-from .pool import MemoryPool, check_pool, storage_bytes
-from .probe import probe
+from .guards.code import ForwardInputs
+from .guards.input_reads import InputReads, Provenance
+from .guards.module import host_dependence, tree_contains
+from .guards.signature import CallArgs, UnhashableArgument, signature, split_call
+from .memory.copy_out import StaticAliases
+from .memory.hold import Hold, PendingBackward
+from .memory.layout import copy_into, same_layout
+from .memory.outputs import OutputTree
+from .memory.pool import MemoryPool, check_pool, storage_bytes
+from .memory.reentry import FirstUse
 from .protections import disabled_protections
-from .recording_contexts import recording as recording_context
-from .reentry import FirstUse
-from .shadow import Shadow
-from .signature import CallArgs, UnhashableArgument, signature, split_call
-from .snapshot import StateSnapshot
+from .route import Lifecycle, Lifecycled
+from .verify.contexts import recording as recording_context
+from .verify.probe import probe
+from .verify.shadow import Shadow
+from .verify.snapshot import StateSnapshot
 
 _RECORDER_ATTR = "_replaykit_recorder"
 _VERSION = operator.attrgetter("_version")
@@ -656,7 +656,7 @@ class Recorder(Lifecycled):
 
     def _varying_outputs(self, probed: list[OutputTree], recording: Recording) -> str | None:
         """The probe's call and the recorded one must return the same structure and constants
-        (:mod:`replaykit.outputs`): a replay hands back the recorded ones."""
+        (:mod:`replaykit.memory.outputs`): a replay hands back the recorded ones."""
         if not probed or not self._check_constants:
             return None
         difference = probed[0].difference(recording.out_spec)
@@ -1070,7 +1070,7 @@ def capture(
     - A call in training mode with grad enabled and no replay backward pending records
       its signature (shapes, dtypes, strides, devices, requires_grad, non-tensor
       arguments, autocast state) while ``max_recordings`` lasts, then replays it.
-    - Host-side values the forward reads are guarded (:mod:`replaykit.guards`): every
+    - Host-side values the forward reads are guarded (:mod:`replaykit.guards.module`): every
       submodule's ``training`` flag and plain attributes (``dropout.p``, ``momentum``, a
       float schedule) are part of the key, so a change records anew; parameters swapped
       for other tensors (``torch.func.functional_call``) route eager.
@@ -1084,7 +1084,7 @@ def capture(
       ``load_state_dict(..., assign=True)``) or a frozen layer unfrozen drops the
       recordings and records anew (``rerecord`` in the journal, at most ``max_rerecords``
       times). New submodule hooks, a forward with side effects a replay cannot repeat
-      (:mod:`replaykit.probe`) or a failing capture retire the recorder (permanent eager,
+      (:mod:`replaykit.verify.probe`) or a failing capture retire the recorder (permanent eager,
       graphs freed, one warning).
     - What cannot be replayed exactly raises :class:`ReplayError` rather than give a
       wrong number: ``create_graph=True`` through a replayed call, a second backward
@@ -1095,8 +1095,8 @@ def capture(
     device). ``strict=True`` raises :class:`ReplayError` instead of any eager route or
     retirement. ``check_every=N`` compares every N-th replayed call with eager on the
     same state and retires with reason ``diverged: ...`` on any difference
-    (:mod:`replaykit.shadow`). ``pool=rk.MemoryPool()`` records into a pool shared with other
-    entry points (:mod:`replaykit.pool`; a call while another holds live memory there runs
+    (:mod:`replaykit.verify.shadow`). ``pool=rk.MemoryPool()`` records into a pool shared with other
+    entry points (:mod:`replaykit.memory.pool`; a call while another holds live memory there runs
     eagerly, ``pool_busy``). ``unsafe_disable`` switches protections off, for
     diagnosis only. Capturing a module that is already captured, or one inside (or
     around) a captured module, raises :class:`ReplayError`.

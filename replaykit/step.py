@@ -20,9 +20,9 @@ with no graphs. It is the parity reference: a replayed run ends bitwise equal to
 or the journal says why a call ran the twin's body instead (``eager`` + reason) or why
 the step retired. Nothing is replayed on a stale assumption:
 
-- the model's host values and parameter identity (:class:`~replaykit.guards.ModuleGuard`),
-  storages (:class:`~replaykit.retirement.ModuleWatch`), the optimizer's, scaler's and
-  clip's host values and state tensors (:mod:`replaykit.step_guards`), the batch's
+- the model's host values and parameter identity (:class:`~replaykit.guards.module.ModuleGuard`),
+  storages (:class:`~replaykit.guards.storage.ModuleWatch`), the optimizer's, scaler's and
+  clip's host values and state tensors (:mod:`replaykit.guards.optimizer`), the batch's
   signature and the identity of the gradients a phase starts from all key or guard a
   recording;
 - gradients handed out between micro-batches are fresh aliases of the static
@@ -45,26 +45,15 @@ import torch
 from torch import nn
 
 from .backends import Backend, Region, Scratch, module_device, resolve_backend
-from .code_inputs import LossInputs
 from .compiled import CompileWatch, compiled_regions, refuse_cudagraphs
 from .distributed import ddp_refusal
 from .ema import EMA
 from .errors import ReplayError, ReplayWarning, check_count
-from .guards import epoch as guard_epoch
-from .guards import gradient_hooks, host_dependence
-from .input_reads import InputReads, NewInputRead, Provenance
-from .layout import aligned_copy, aligned_key, copy_into
-from .lifecycle import Lifecycle, Lifecycled
-from .pool import MemoryPool, check_pool, storage_bytes
-from .probe import foreign_leaves
-from .protections import disabled_protections
-from .recorder import recorder_of
-from .recording_contexts import recording as recording_context
-from .retirement import GLOBAL_HOOKS, module_hooks
-from .side_effects import SideEffects
-from .signature import UnhashableArgument, signature, split_call
-from .step_check import StepSnapshot, difference, end_state, unique
-from .step_guards import (
+from .guards.code import LossInputs
+from .guards.input_reads import InputReads, NewInputRead, Provenance
+from .guards.module import epoch as guard_epoch
+from .guards.module import gradient_hooks, host_dependence
+from .guards.optimizer import (
     GRAD,
     OptimizerWatch,
     host_state,
@@ -74,6 +63,17 @@ from .step_guards import (
     scaler_key,
     tensors_of,
 )
+from .guards.signature import UnhashableArgument, signature, split_call
+from .guards.storage import GLOBAL_HOOKS, module_hooks
+from .memory.layout import aligned_copy, aligned_key, copy_into
+from .memory.pool import MemoryPool, check_pool, storage_bytes
+from .protections import disabled_protections
+from .recorder import recorder_of
+from .route import Lifecycle, Lifecycled
+from .verify.contexts import recording as recording_context
+from .verify.probe import foreign_leaves
+from .verify.side_effects import SideEffects
+from .verify.step_check import StepSnapshot, difference, end_state, unique
 
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 

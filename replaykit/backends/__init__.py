@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ReplayError
-from ..pool import MemoryPool
+from ..memory.pool import MemoryPool
 from .base import Backend, Recording, Region
 from .emulated import EmulatedBackend
 from .scratch import Scratch
@@ -22,7 +22,7 @@ def module_device(module: torch.nn.Module) -> torch.device | None:
 
 def resolve_backend(name: str, module: torch.nn.Module, pool: MemoryPool | None = None) -> Backend:
     """``auto`` is ``cuda`` for a module on a CUDA device and ``emulated`` otherwise; ``pool``: a shared
-    :class:`~replaykit.pool.MemoryPool` (None: a private pool of its own)."""
+    :class:`~replaykit.memory.pool.MemoryPool` (None: a private pool of its own)."""
     if not isinstance(name, str) or name not in BACKENDS:
         raise ReplayError(f"unknown backend {name!r}; choose from {list(BACKENDS)}")
     device = module_device(module)

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..outputs import OutputTree, split_outputs
+from ..memory.outputs import OutputTree, split_outputs
 from .scratch import Scratch
 
 #: Runs the module's own forward on the static inputs and returns its output tree;
@@ -20,7 +20,7 @@ ForwardFn = Callable[..., Any]
 
 def flatten_outputs(outputs: Any) -> tuple[list[torch.Tensor], OutputTree]:
     """A forward's output tensors and the rest of its tree (structure, constants); raises for an
-    object a replay cannot rebuild (:mod:`replaykit.outputs`)."""
+    object a replay cannot rebuild (:mod:`replaykit.memory.outputs`)."""
     return split_outputs(outputs)
 
 

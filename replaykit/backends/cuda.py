@@ -35,9 +35,9 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..errors import ReplayError
-from ..layout import compact, compact_size
-from ..pool import MemoryPool, open_pool, pool_reserved
-from ..signature import autocast_key
+from ..guards.signature import autocast_key
+from ..memory.layout import compact, compact_size
+from ..memory.pool import MemoryPool, open_pool, pool_reserved
 from . import workspaces
 from .base import (
     Backend,

@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..errors import ReplayError
-from ..pool import MemoryPool
-from ..signature import autocast_key
+from ..guards.signature import autocast_key
+from ..memory.pool import MemoryPool
 from .base import (
     Backend,
     ForwardFn,

@@ -7,7 +7,7 @@ capture it skips the read and builds an explicit mask, where eager, on a batch w
 padding, passes no mask and ``is_causal=True`` to SDPA. The two compute differently (a Llama
 fine-tune under a whole-step graph ended silently different on the H200). While replaykit
 records, ``is_cuda_stream_capturing`` answers False: transformers makes eager's host read,
-which :mod:`replaykit.input_reads` answers from the recording's key (the mask's ``.all()`` is a
+which :mod:`replaykit.guards.input_reads` answers from the recording's key (the mask's ``.all()`` is a
 function of the batch alone), and the recording follows eager's path for that kind of batch.
 ``torch.compile``/``torch.jit`` tracing is left alone.
 """
@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import transformers.utils.import_utils as import_utils
 
-from ..recording_contexts import register
+from ..verify.contexts import register
 
 
 def _not_capturing() -> bool:

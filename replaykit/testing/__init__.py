@@ -11,9 +11,6 @@
     plots     the notebooks' tables and figures (pandas, matplotlib: extra ``notebooks``)
     demo      ``python -m replaykit.testing.demo``: a parity table and a journal, no notebook
 
-    hazard_patterns, matrix, scenario, step_matrix, step_bench, lightning_step_bench: the old
-    paths the notebooks import, each the very module it names in a subpackage (no copy).
-
-The bitwise comparator itself is core (``replaykit.bitwise``): the shadow check uses it.
+The bitwise comparator itself is core (``replaykit.verify.bitwise``): the shadow check uses it.
 Import the module you need; this package imports nothing on its own.
 """

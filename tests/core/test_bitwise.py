@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from replaykit import bitwise
-from replaykit.bitwise import all_equal, bitwise_equal, diff, diff_states
+from replaykit.verify import bitwise
+from replaykit.verify.bitwise import all_equal, bitwise_equal, diff, diff_states
 
 
 def test_signed_zero_and_nan() -> None:

@@ -18,10 +18,10 @@ from torch.nn.utils.stateless import _reparametrize_module
 import replaykit as rk
 from replaykit.backends.emulated import EmulatedBackend
 from replaykit.protections import negative_control
-from replaykit.snapshot import StateSnapshot
 from replaykit.testing.nets import DetectionNet, DropoutNet
 from replaykit.testing.tasks import TASKS, make_task
 from replaykit.testing.tasks.data import CHANNELS, IMAGE_SIZE
+from replaykit.verify.snapshot import StateSnapshot
 
 
 class Direct:

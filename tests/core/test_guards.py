@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 import replaykit as rk
-from replaykit import guards
-from replaykit.guards import ModuleGuard, value_key
+from replaykit.guards import module as guards
+from replaykit.guards.module import ModuleGuard, value_key
 from replaykit.protections import negative_control
 
 

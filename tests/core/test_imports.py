@@ -127,7 +127,7 @@ def test_the_core_imports_only_torch() -> None:
 
 def test_an_integration_imports_only_torch_and_its_library() -> None:
     """``replaykit.integrations.<library>`` is loaded by the core only when that library is imported already."""
-    from replaykit.recording_contexts import INTEGRATIONS
+    from replaykit.verify.contexts import INTEGRATIONS
 
     for path in sorted((PACKAGE / "integrations").glob("*.py")):
         roots = _imported_roots(path) - set(sys.stdlib_module_names) - {"replaykit"}

@@ -12,9 +12,9 @@ from torch import nn
 from torch.utils._pytree import register_pytree_node, tree_flatten
 
 import replaykit as rk
-from replaykit.bitwise import diff_states
-from replaykit.outputs import split_outputs
+from replaykit.memory.outputs import split_outputs
 from replaykit.protections import negative_control
+from replaykit.verify.bitwise import diff_states
 
 
 class ModelOut(OrderedDict):

@@ -89,7 +89,7 @@ def test_the_recording_call_is_eager_exactly(backend: str, device: str) -> None:
             rec.release()
         return after
 
-    from replaykit.bitwise import diff_states
+    from replaykit.verify.bitwise import diff_states
 
     assert diff_states(one_call(False), one_call(True)) == []
 

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 import replaykit as rk
-from replaykit.bitwise import diff_states
 from replaykit.testing.nets import DetectionNet
+from replaykit.verify.bitwise import diff_states
 
 
 def _train(model: nn.Module, device: str, change, steps: int = 4) -> dict:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import replaykit as rk
-from replaykit.bitwise import diff_states
+from replaykit.verify.bitwise import diff_states
 
 
 @functools.cache

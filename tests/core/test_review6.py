@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 import replaykit as rk
-from replaykit import bitwise
-from replaykit.bitwise import CHUNK_BYTES, all_equal, bitwise_equal, diff_states
+from replaykit.verify import bitwise
+from replaykit.verify.bitwise import CHUNK_BYTES, all_equal, bitwise_equal, diff_states
 
 # ----------------------------------------------------------------------------- all_equal
 

@@ -221,8 +221,8 @@ def _ce(model, x, y):
 def _pair(build, drive, device):
     """``build(replay) -> env`` (model, opt, step, ...), ``drive(env, g) -> kept tensors``: the eager
     twin and the replayed run compared bitwise (model, gradients, optimizer, kept tensors)."""
-    from replaykit.bitwise import diff_states
     from replaykit.testing.parity.end_state import module_state, optimizer_state
+    from replaykit.verify.bitwise import diff_states
 
     states, envs = [], []
     for replay in (False, True):

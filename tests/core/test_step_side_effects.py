@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 import replaykit as rk
-from replaykit.bitwise import diff_states
 from replaykit.protections import negative_control
+from replaykit.verify.bitwise import diff_states
 
 Loss = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 

@@ -134,8 +134,8 @@ def test_bf16_on_a_gpu_without_it_retires_instead_of_crashing(
 
 
 def test_accumulation_changed_between_fits_keeps_replay_and_parity() -> None:
-    from replaykit.bitwise import diff_states
     from replaykit.testing.parity.end_state import snapshot
+    from replaykit.verify.bitwise import diff_states
 
     def two_fits(replay: bool) -> tuple[dict, ReplayCallback | None]:
         L.seed_everything(0, verbose=False)

@@ -14,9 +14,9 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402 - after the importorskip guard
 
-from replaykit.bitwise import TensorDiff  # noqa: E402
 from replaykit.testing import plots  # noqa: E402
 from replaykit.testing.parity.scenario import ArmOutcome, Scenario, ScenarioResult, steady_steps  # noqa: E402
+from replaykit.verify.bitwise import TensorDiff  # noqa: E402
 
 STATE = {"param/w": torch.zeros(2), "param/b": torch.zeros(1)}
 

@@ -8,10 +8,10 @@ import lightning as L
 import pytest
 import torch
 
-from replaykit.bitwise import diff_states
 from replaykit.testing.parity.end_state import snapshot
 from replaykit.testing.tasks import LAYOUTS, TASKS, SyntheticDataModule, make_datamodule, make_task
 from replaykit.testing.tasks.data import batch_sizes
+from replaykit.verify.bitwise import diff_states
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:.*does not have many workers.*",

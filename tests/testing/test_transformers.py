@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import replaykit as rk
-from replaykit.bitwise import diff_states
 from replaykit.testing import zoo
 from replaykit.testing.zoo import bench, hf, run
+from replaykit.verify.bitwise import diff_states
 
 pytest.importorskip("transformers")
 

@@ -26,9 +26,9 @@ from torch import nn
 
 from replaykit import tables
 
-from ...bitwise import diff_states
-from ...pool import MemoryPool
+from ...memory.pool import MemoryPool
 from ...step import TrainStep
+from ...verify.bitwise import diff_states
 from ..zoo.language import TinyLM
 from .timing import ArmResult, measure_peaks, memory_columns, peak_reset, sync
 

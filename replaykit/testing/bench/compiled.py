@@ -29,8 +29,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ...bitwise import diff_states
 from ...step import TrainStep
+from ...verify.bitwise import diff_states
 from ..parity.compiled_trial import CompiledConfig, batches, make_model, optimizer
 from ..parity.end_state import module_state, optimizer_state
 

@@ -23,8 +23,8 @@ from torch import nn
 from replaykit import tables
 from replaykit.recorder import capture
 
-from ...bitwise import diff_states
 from ...step import TrainStep
+from ...verify.bitwise import diff_states
 from ..nets import DetectionNet
 from .timing import (
     SIZES,

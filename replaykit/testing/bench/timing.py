@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ...backends import workspaces
-from ...bitwise import diff_states
+from ...verify.bitwise import diff_states
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ Torchvision's RetinaNet head (one set of convs over five FPN levels) showed it u
 Within one call the probe counts the casts and routes that signature eager
 (``autocast_shared_weight``). Two calls of one captured module inside one autocast region
 whose outputs meet in one backward share eager's cast across the calls: a recording made
-under autocast is first used eagerly and watched (``replaykit.reentry``); the second call
+under autocast is first used eagerly and watched (``replaykit.memory.reentry``); the second call
 arriving before that call's backward routes the signature eager (``autocast_shared_region``),
 exact from the first step.
 """

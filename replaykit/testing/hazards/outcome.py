@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 import replaykit as rk
-from replaykit import bitwise
+from replaykit.verify import bitwise
 
 REPLAYED = "replayed bitwise"
 ROUTED = "routed eager"
@@ -66,7 +66,7 @@ class Diff:
 
 
 def compare_states(expected: State, actual: State) -> list[Diff]:
-    """Every tensor of ``actual`` that differs bitwise from ``expected`` (``replaykit.bitwise``), in ``expected``'s order."""
+    """Every tensor of ``actual`` that differs bitwise from ``expected`` (``replaykit.verify.bitwise``), in ``expected``'s order."""
     diffs: list[Diff] = []
     for name in [*expected, *(n for n in actual if n not in expected)]:
         if name not in expected or name not in actual:

@@ -4,7 +4,7 @@ Libraries branch on ``torch.cuda.is_current_stream_capturing()`` (Hugging Face's
 ``is_tracing()`` and its mask builders); the emulated backend answers True while it records,
 so the CPU sees the same branch. Only an eager run of the recording call on the same state
 (the recording's verification) can tell the recorded work from eager's. A library that has an
-integration (``replaykit.recording_contexts``) is told during a recording what eager sees, and
+integration (``replaykit.verify.contexts``) is told during a recording what eager sees, and
 takes eager's branch; the host read that branch makes (``if mask.all():``) is a function of the
 batch alone, keyed per call (``input_reads``): padded and unpadded batches get a recording each.
 """
@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import torch
 
-from replaykit.recording_contexts import register
+from replaykit.verify.contexts import register
 
 from .pattern import MLP, Arm, Extras, Pattern, loop, sgd, step_loop
 

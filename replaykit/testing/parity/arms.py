@@ -29,7 +29,7 @@ import torch
 from replaykit.lightning import ReplayCallback
 from replaykit.protections import PROTECTIONS, in_scope, negative_control
 
-from ...bitwise import diff_states
+from ...verify.bitwise import diff_states
 from ..tasks import make_datamodule, make_task
 from .end_state import snapshot
 from .scenario import PRECISIONS, ArmOutcome, Scenario, ScenarioResult

@@ -25,9 +25,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ...bitwise import TensorDiff, diff_states
 from ...recorder import capture
 from ...step import TrainStep
+from ...verify.bitwise import TensorDiff, diff_states
 from .end_state import module_state, optimizer_state
 
 _DTYPES = {"32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}

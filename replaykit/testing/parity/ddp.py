@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from ...bitwise import TensorDiff, diff_states
+from ...verify.bitwise import TensorDiff, diff_states
 from ..torchrun import stop_jobs_on_sigterm, torchrun
 from .arms import STEP_ARM, STEP_UNSAFE, run_arm
 from .ddp_matrix import UNSAFE_ARM, arm_report, ddp_scenarios, line, markdown, passed, total

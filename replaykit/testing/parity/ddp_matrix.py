@@ -27,7 +27,7 @@ import itertools
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ...bitwise import diff_states
+from ...verify.bitwise import diff_states
 from .arms import STEP_ARM, STEP_UNSAFE
 from .scenario import Scenario, automatic_step_choice
 

@@ -26,7 +26,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from replaykit.bitwise import bitwise_equal
+from replaykit.verify.bitwise import bitwise_equal
 
 State = dict[str, torch.Tensor | None]
 

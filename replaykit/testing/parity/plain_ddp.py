@@ -131,7 +131,7 @@ def compare(
     world: int = 2, device: str = "cpu", steps: int = 6, timeout: float = 60
 ) -> dict[str, Any]:
     """Launch ``world`` ranks, then every arm against native on every rank and the ranks against each other."""
-    from ...bitwise import diff_states
+    from ...verify.bitwise import diff_states
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)

@@ -14,7 +14,7 @@ import torch
 
 from replaykit.errors import ReplayWarning
 
-from ...bitwise import TensorDiff
+from ...verify.bitwise import TensorDiff
 
 PRECISIONS: tuple[str, ...] = ("32", "16-mixed", "bf16-mixed")
 #: Which protection each probe (or accumulation) shows to matter.

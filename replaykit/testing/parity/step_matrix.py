@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...bitwise import TensorDiff, diff_states
 from ...protections import negative_control
 from ...step import EMA, TrainStep
+from ...verify.bitwise import TensorDiff, diff_states
 from ..tasks import make_datamodule, make_task
 from .step_trial import end_state
 

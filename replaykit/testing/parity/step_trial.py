@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...bitwise import TensorDiff, diff_states
 from ...protections import negative_control
 from ...step import EMA, TrainStep
+from ...verify.bitwise import TensorDiff, diff_states
 from .end_state import module_state, optimizer_state, scaler_state, scheduler_state
 
 

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten
 
 from replaykit.recorder import Recorder, capture
 
-from ...bitwise import TensorDiff, diff_states
+from ...verify.bitwise import TensorDiff, diff_states
 
 State = dict[str, torch.Tensor | None]
 
@@ -114,7 +114,7 @@ def loss_of(outputs: Any, read: tuple[int, ...] | None, kind: str = "mixed") -> 
 
 
 def flat_state(model: nn.Module, opt: torch.optim.Optimizer) -> State:
-    """Parameters, buffers and the optimizer's tensor state, detached copies keyed for :func:`~replaykit.bitwise.diff_states`."""
+    """Parameters, buffers and the optimizer's tensor state, detached copies keyed for :func:`~replaykit.verify.bitwise.diff_states`."""
     state: State = {}
     for name, p in model.named_parameters():
         state[f"param/{name}"] = p.detach().clone()

@@ -5,7 +5,7 @@ batches, SGD with momentum, gradient accumulation; autocast for ``16-mixed``/``b
 with a GradScaler for fp16), run three times from identical state: eager, eager again
 (parity presupposes that eager repeats itself), and with ``rk.capture(module)``. The end
 states (parameters, buffers, optimizer state, every optimizer step's gradients with their
-None pattern, losses, GradScaler scale) are compared with :func:`replaykit.bitwise.diff_states`.
+None pattern, losses, GradScaler scale) are compared with :func:`replaykit.verify.bitwise.diff_states`.
 ``api="step"``: the same training as one ``rk.TrainStep`` (its eager twin, ``replay=False``,
 twice, then replayed), compared the same way (its gradients are None after every step).
 
@@ -33,10 +33,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from replaykit.bitwise import TensorDiff, diff_states
 from replaykit.errors import ReplayError, ReplayWarning
 from replaykit.recorder import capture
 from replaykit.step import TrainStep
+from replaykit.verify.bitwise import TensorDiff, diff_states
 
 from ..parity.scenario import PRECISIONS, steady_steps
 from ..parity.trial import flat_state, grads

@@ -10,9 +10,9 @@ import torch
 from lightning.pytorch.plugins import MixedPrecision
 from torch import nn
 
-from replaykit.bitwise import diff_states
 from replaykit.testing.parity.end_state import scheduler_state, snapshot
 from replaykit.testing.tasks import make_datamodule, make_task
+from replaykit.verify.bitwise import diff_states
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:.*does not have many workers.*",

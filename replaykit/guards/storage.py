@@ -4,7 +4,7 @@ A recording reads parameter and buffer memory by address and runs no Python of t
 submodules, so the recorder retires (permanent eager, graphs freed) when
 - a parameter or submodule is registered anew in the module tree
   (``load_state_dict(..., assign=True)``, ``module.weight = nn.Parameter(...)``;
-  reported by the guard, :mod:`replaykit.guards`),
+  reported by the guard, :mod:`replaykit.guards.module`),
 - a parameter's or buffer's storage changes (``.to()`` of dtype or device,
   ``param.data = ...``), or a parameter frozen when recording starts to require grad
   (the recording computes no gradient for it; freezing a parameter is harmless: autograd
@@ -49,7 +49,7 @@ class ModuleWatch:
     """Detects what no write notification reports; ``reason()`` names the first change found.
 
     Registrations, swapped tensors and submodule hooks are reported by
-    :class:`replaykit.guards.ModuleGuard`; storage changes and ``requires_grad`` flips
+    :class:`replaykit.guards.module.ModuleGuard`; storage changes and ``requires_grad`` flips
     happen in C and are compared here on every call (one pass over parameters and buffers).
     """
 

@@ -19,7 +19,7 @@ from types import FunctionType, MethodType, ModuleType
 import torch
 from torch import nn
 
-from .guards import hidden_modules, is_ndarray
+from ..guards.module import hidden_modules, is_ndarray
 
 
 def host_copy(t: torch.Tensor) -> torch.Tensor:

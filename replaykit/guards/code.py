@@ -12,7 +12,7 @@ kept outside the model. :class:`LossInputs` finds once where such values live:
   arguments, an ``nn.Module`` criterion's plain attributes (all its submodules');
 
 and :meth:`LossInputs.key` reads their values each call
-(:func:`~replaykit.guards.value_key`): a changed value records anew (within
+(:func:`~replaykit.guards.module.value_key`): a changed value records anew (within
 ``max_recordings``), a value set back replays its recording. What is guarded elsewhere
 is skipped (the model, optimizers, schedulers, scalers, tensors by identity). What cannot
 be inspected (a C function, an object without ``__dict__``) is listed in ``unwatched``,
@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .guards import cell_filled, value_key
-from .snapshot import held_state
+from ..verify.snapshot import held_state
+from .module import cell_filled, value_key
 
 _DEPTH = 3  # functions reached through functions: helpers of helpers, not the whole program
 #: guarded by the step itself, or by identity (a tensor's memory is what a graph reads)

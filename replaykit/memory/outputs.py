@@ -33,7 +33,7 @@ from torch.utils._pytree import (
     tree_unflatten,
 )
 
-from .errors import ReplayError
+from ..errors import ReplayError
 
 #: Leaf types a recording keeps as they were: immutable host values, compared by value.
 CONSTANT_TYPES: tuple[type, ...] = (

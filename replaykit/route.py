@@ -32,9 +32,9 @@ import torch
 from torch import nn
 
 from .errors import ReplayError, ReplayWarning
-from .guards import ModuleGuard
+from .guards.module import ModuleGuard
+from .guards.storage import ModuleWatch
 from .journal import KINDS, Journal
-from .retirement import ModuleWatch
 
 _grad_enabled = torch.is_grad_enabled
 _anomaly = torch.is_anomaly_enabled

@@ -5,7 +5,7 @@ transformers' ``is_tracing()`` is true under a capture, and its attention-mask b
 skip a host read and build the mask another way than eager does. A recording must compute
 what eager computes, so each integration (``replaykit.integrations.<library>``) registers a
 context that, during a recording only, makes its library take eager's branch; the host read
-that branch makes is answered from the recording's key (:mod:`replaykit.input_reads`).
+that branch makes is answered from the recording's key (:mod:`replaykit.guards.input_reads`).
 
 The core never imports a library: an integration is loaded when its library is already
 imported (``sys.modules``), at the first recording that finds it there.

@@ -29,7 +29,7 @@ from typing import Protocol
 
 import torch
 
-from .errors import ReplayError
+from ..errors import ReplayError
 
 
 class PoolUser(Protocol):

@@ -3,14 +3,14 @@
 Some behaviour of a forward is invisible to a signature and frozen by any graph, so it
 is looked for once, before recording, on the same stand-ins the backends use:
 
-- Python effects a replay would not repeat (:mod:`replaykit.side_effects`): module
+- Python effects a replay would not repeat (:mod:`replaykit.verify.side_effects`): module
   attributes assigned, inputs written in place, held containers changed;
 - random ops drawing from a private ``torch.Generator``: a graph registers only the
   default generator and would replay the first numbers for ever;
 - host reads of tensor data and data-dependent shapes (``.item()``, ``nonzero``, boolean
   masks): a capture fails on them, and a frozen replay would repeat the first answer (a read
   of a value computed from the inputs alone is made and noted instead, when the caller
-  passes a :class:`~replaykit.input_reads.Provenance` around ``fn``: it keys the recording);
+  passes a :class:`~replaykit.guards.input_reads.Provenance` around ``fn``: it keys the recording);
 - sparse gradients (``nn.Embedding(sparse=True)``): no static buffer can hold them;
 - gradient hooks on several parameters: eager runs them as the backward reaches each
   parameter, a replay all at once after its backward, in another order;
@@ -20,7 +20,7 @@ is looked for once, before recording, on the same stand-ins the backends use:
   module kept in a plain dict): a recording would give them no gradient;
 - an output that is (a view of) an input: eager hands back the caller's memory, a replay
   a static copy;
-- an object among the outputs (a ``DynamicCache``, :mod:`replaykit.outputs`): a replay
+- an object among the outputs (a ``DynamicCache``, :mod:`replaykit.memory.outputs`): a replay
   cannot rebuild its identity and state;
 - a parameter cast several times under autocast (a head shared by FPN levels, ALBERT's
   block): eager's cast cache casts it once and sums its uses' gradients in the low
@@ -41,12 +41,12 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from .dispatch import WatchingMode, written_positions
-from .dispatch import written as written_by
-from .guards import gradient_hooks
-from .outputs import OutputTree, objects, split_outputs
+from ..dispatch import WatchingMode, written_positions
+from ..dispatch import written as written_by
+from ..guards.module import gradient_hooks
+from ..guards.signature import autocast_key
+from ..memory.outputs import OutputTree, objects, split_outputs
 from .side_effects import SideEffects
-from .signature import autocast_key
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ def probe(
     ``saved``, when given, receives the indices of the parameters the backward reads;
     ``saved_inputs`` those of the inputs it reads (eager raises if one changes in place before it);
     ``multi_use`` those of the parameters read more than once (their gradient is a sum inside the call);
-    ``outputs`` the structure and constant leaves of what the forward returned (:mod:`replaykit.outputs`);
+    ``outputs`` the structure and constant leaves of what the forward returned (:mod:`replaykit.memory.outputs`);
     ``written`` the module's parameters, trainable or frozen, whose storage the forward writes in
     place (a weight decayed under no_grad, a momentum encoder, a write through ``.data`` or a view):
     a verification's rerun must find them as the call found them.

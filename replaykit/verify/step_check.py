@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..guards.optimizer import restore_scaler, scaler_state, state_tensors
 from .bitwise import all_equal
 from .shadow import first_difference
 from .snapshot import StateSnapshot, host_copy, unique
-from .step_guards import restore_scaler, scaler_state, state_tensors
 
 __all__ = ["StepSnapshot", "difference", "end_state", "unique"]
 
@@ -36,7 +36,7 @@ class StepSnapshot:
     """What one step may change, to be put back in place.
 
     ``tensors=True``: the model's values, ``.grad``, RNG, plain attributes and held
-    containers (:class:`~replaykit.snapshot.StateSnapshot`), the optimizer's, scaler's and
+    containers (:class:`~replaykit.verify.snapshot.StateSnapshot`), the optimizer's, scaler's and
     EMA's state tensors and the scaler's per-optimizer notes. ``tensors=False`` (after a CUDA
     capture that raised, which ran only the body's Python): the attributes, containers and
     the scaler's notes.

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..guards.signature import autocast_key
+from ..memory.layout import same_layout
+from ..memory.outputs import OutputTree, split_outputs
 from .bitwise import diff
-from .layout import same_layout
-from .outputs import OutputTree, split_outputs
-from .signature import autocast_key
 from .snapshot import StateSnapshot, rng_states, tensor_attributes
 
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .errors import ReplayError
+from ..errors import ReplayError
 
 #: Per device type, the bytes below which an address's alignment can choose a kernel's path:
 #: what each allocator guarantees a fresh tensor (CUDA's caching allocator 512, c10's CPU

@@ -142,7 +142,7 @@ def signature(
 
     ``exact_arguments=False`` (unsafe, diagnosis only) keys non-tensor arguments by ``==``
     and ignores aliasing, as plain CUDA-graph wrappers do. ``tensor_key`` replaces the
-    per-tensor key (the whole step keys storage offsets by alignment: :func:`replaykit.layout.aligned_key`).
+    per-tensor key (the whole step keys storage offsets by alignment: :func:`replaykit.memory.layout.aligned_key`).
     """
     tensors = tuple(map(tensor_key or _tensor_key, call.tensors))
     aliases = aliasing(call.tensors) if exact_arguments else ()

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .guards import held_values, listen_for_writes, value_key
+from ..guards.module import held_values, listen_for_writes, value_key
 from .snapshot import host_rng_state
 
 _MISSING = object()
