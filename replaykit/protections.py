@@ -223,6 +223,29 @@ def negative_control(*names: str) -> tuple[str, ...]:
     return names if OF_VERIFICATION.intersection(names) else (*names, "verify_recording")
 
 
+class Switches:
+    """Which protections are on for one entry point: a frozen record of booleans, one attribute per
+    protection of :data:`REGISTRY` (``on.copy_out``), built once from ``unsafe_disable``. An
+    attribute read is the per-call cost, not a string lookup in a set."""
+
+    __slots__ = ("off", *REGISTRY)
+
+    def __init__(self, disabled: Iterable[str] = ()) -> None:
+        off = frozenset(disabled)
+        unknown = sorted(off - set(REGISTRY))
+        if unknown:
+            raise ReplayError(f"unknown protection(s) {unknown}; choose from {list(REGISTRY)}")
+        object.__setattr__(self, "off", off)
+        for name in REGISTRY:
+            object.__setattr__(self, name, name not in off)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Switches are fixed at construction")
+
+    def __repr__(self) -> str:
+        return f"Switches(off={sorted(self.off)})"
+
+
 def disabled_protections(
     names: Iterable[str] | str, scope: str, stacklevel: int = 3
 ) -> frozenset[str]:
