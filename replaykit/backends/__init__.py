@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
+from pathlib import Path
+
 import torch
 
-from ..errors import ReplayError
+from ..errors import ReplayError, ReplayWarning
 from ..memory.pool import MemoryPool
 from .base import Backend, Recording, Region
 from .emulated import EmulatedBackend
 from .scratch import Scratch
 
 BACKENDS: tuple[str, ...] = ("auto", "cuda", "emulated")
+
+#: what ``backend="auto"`` says, once per process, when it falls back to the emulated backend
+AUTO_ON_CPU = (
+    "replaykit: the module is not on a CUDA device, so backend='auto' uses the emulated backend, "
+    "which checks replay semantics on the CPU and is slower than eager training; it does not speed "
+    "anything up. For speed on a CPU train eagerly (rk.TrainStep(..., replay=False), or no "
+    "rk.capture); pass backend='emulated' to silence this."
+)
+_PACKAGE = Path(__file__).resolve().parents[1]
+_told_auto_on_cpu = False
 
 
 def module_device(module: torch.nn.Module) -> torch.device | None:
@@ -28,6 +42,8 @@ def resolve_backend(name: str, module: torch.nn.Module, pool: MemoryPool | None 
     device = module_device(module)
     if name == "auto":
         name = "cuda" if device is not None and device.type == "cuda" else "emulated"
+        if name == "emulated":
+            _tell_auto_on_cpu()
     if name == "emulated":
         return EmulatedBackend(pool)
     from .cuda import CudaBackend
@@ -39,7 +55,26 @@ def resolve_backend(name: str, module: torch.nn.Module, pool: MemoryPool | None 
     return CudaBackend(device, pool)
 
 
+def _tell_auto_on_cpu() -> None:
+    """Warn once per process: a CPU user who left ``backend="auto"`` expects speed, and the emulated
+    backend is a verification tool (CI, the hazard suite) that runs slower than eager."""
+    global _told_auto_on_cpu
+    if _told_auto_on_cpu:
+        return
+    _told_auto_on_cpu = True
+    warnings.warn(AUTO_ON_CPU, ReplayWarning, stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside replaykit, so the warning names the user's line."""
+    frame, level = sys._getframe(2), 2  # 1: _tell_auto_on_cpu's caller, resolve_backend
+    while frame is not None and Path(frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 __all__ = [
+    "AUTO_ON_CPU",
     "BACKENDS",
     "Backend",
     "Recording",
