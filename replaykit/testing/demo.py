@@ -1,6 +1,7 @@
-"""``make demo``: replay vs eager on the device present, as a parity table and a journal.
+"""replaykit-demo (what `make demo-core` runs): replay vs eager with plain PyTorch on the device
+present, as a parity table and a journal. (`make demo` runs the parity notebook instead.)
 
-    python -m replaykit.testing.demo [--device cuda|cpu] [--steps 3]
+    replaykit-demo [--device cuda|cpu] [--steps 3]      # or: python -m replaykit.testing.demo
 
 CUDA graphs when a GPU is present, the emulated backend otherwise. Each row trains
 the same detection net eagerly and under replay and compares the end states bit for
@@ -84,7 +85,9 @@ COLUMNS = (
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="replaykit-demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--steps", type=int, default=3)
