@@ -48,6 +48,16 @@ def test_activates_once_per_fit_cleans_up_and_fits_again() -> None:
     )
 
 
+def test_summary_after_fit_gives_each_recorders_counts_and_the_optimizer_step() -> None:
+    cb = ReplayCallback("net", optimizer_step=True)
+    _fit(cb, limit_val_batches=0)
+    said = cb.summary()  # after the fit: the recorders are released, their counts stay
+    assert set(said) == {"net", "optimizer_step"}
+    net = said["net"]
+    assert (net["record"], net["replay"], net["retired"]) == (1, 5, None), net
+    assert said["optimizer_step"]["replay"] >= 1 and said["optimizer_step"]["retired"] is None
+
+
 def test_no_reference_cycles_after_fit() -> None:
     cb = ReplayCallback("net")
     _fit(cb, limit_val_batches=0)
