@@ -1,4 +1,5 @@
-"""The README's recipes as written: every command line is exercised, the offline one end to end.
+"""The README's recipes as written (and docs/workflow.md's, the full workflow it points to): every
+command line is exercised, the offline one end to end.
 
 Placeholders (``<good>``, ``<bad>``, ``<rev>``, ``<commit>``, ``<UTC>``) are replaced by real values of
 this checkout. Commands too heavy for CI (``make demo``, a bisect over CUDA tests) are checked as
@@ -25,7 +26,7 @@ from types import ModuleType
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
+README = "\n".join((ROOT / page).read_text() for page in ("README.md", "docs/workflow.md"))
 OFFLINE_MARK = "tar xzf"
 
 
@@ -126,6 +127,17 @@ def check_python(argv: list[str]) -> None:
             )
 
 
+def check_pip_install(args: list[str]) -> None:
+    """``pip install .`` or ``'.[extra,...]'``: this checkout, with extras pyproject.toml declares."""
+    section = (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]")[1]
+    declared = re.findall(r"^([\w-]+) = \[", section.split("\n[")[0], flags=re.M)
+    (target,) = args
+    match = re.fullmatch(r"\.(?:\[([\w,-]+)\])?", target)
+    assert match, f"pip install of something other than this checkout: {target}"
+    for extra in filter(None, (match.group(1) or "").split(",")):
+        assert extra in declared, f"pip install {target}: no extra {extra!r} in pyproject.toml"
+
+
 def test_every_bash_line_of_the_readme_is_exercised() -> None:
     values = placeholders()
     seen = 0
@@ -147,6 +159,8 @@ def test_every_bash_line_of_the_readme_is_exercised() -> None:
                     )
                 elif argv[0] == "python":
                     check_python(argv[1:])
+                elif argv[:2] == ["pip", "install"]:
+                    check_pip_install(argv[2:])
                 else:
                     raise AssertionError(f"README command not exercised by this test: {part}")
                 seen += 1
