@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import warnings
-from pathlib import Path
 
 import torch
 
@@ -20,10 +19,10 @@ BACKENDS: tuple[str, ...] = ("auto", "cuda", "emulated")
 AUTO_ON_CPU = (
     "replaykit: the module is not on a CUDA device, so backend='auto' uses the emulated backend, "
     "which checks replay semantics on the CPU and is slower than eager training; it does not speed "
-    "anything up. For speed on a CPU train eagerly (rk.TrainStep(..., replay=False), or no "
-    "rk.capture); pass backend='emulated' to silence this."
+    "anything up. For speed on a CPU train eagerly (rk.TrainStep(..., replay=False); no rk.capture "
+    "or ReplayCallback); pass backend='emulated' to silence this."
 )
-_PACKAGE = Path(__file__).resolve().parents[1]
+_CALLERS = frozenset({"replaykit", "lightning", "pytorch_lightning"})
 _told_auto_on_cpu = False
 
 
@@ -35,7 +34,8 @@ def module_device(module: torch.nn.Module) -> torch.device | None:
 
 
 def resolve_backend(name: str, module: torch.nn.Module, pool: MemoryPool | None = None) -> Backend:
-    """``auto`` is ``cuda`` for a module on a CUDA device and ``emulated`` otherwise; ``pool``: a shared
+    """``auto`` is ``cuda`` for a module on a CUDA device and ``emulated`` otherwise (which it says
+    once per process: emulation checks, it is slower than eager); ``pool``: a shared
     :class:`~replaykit.memory.pool.MemoryPool` (None: a private pool of its own)."""
     if not isinstance(name, str) or name not in BACKENDS:
         raise ReplayError(f"unknown backend {name!r}; choose from {list(BACKENDS)}")
@@ -66,9 +66,10 @@ def _tell_auto_on_cpu() -> None:
 
 
 def _caller_level() -> int:
-    """The ``stacklevel`` of the first frame outside replaykit, so the warning names the user's line."""
+    """The ``stacklevel`` of the first frame outside replaykit and the frameworks that call it
+    (Lightning's hooks call ``ReplayCallback``), so the warning names the user's line."""
     frame, level = sys._getframe(2), 2  # 1: _tell_auto_on_cpu's caller, resolve_backend
-    while frame is not None and Path(frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE):
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in _CALLERS:
         frame, level = frame.f_back, level + 1
     return level
 
