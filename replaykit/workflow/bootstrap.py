@@ -18,6 +18,7 @@ What ``bootstrap`` does, in order:
    torch is pinned as a constraint, so nothing can replace it (Colab's build matches its driver).
    Non-editable and into the running interpreter, so no kernel restart is needed.
 3. the tree goes first on ``sys.path`` (and on ``PYTHONPATH`` for subprocesses: pytest, DDP).
+4. in a notebook, what each later cell shows is recorded for the seal (``outputs``).
 """
 
 from __future__ import annotations
@@ -497,6 +498,7 @@ def bootstrap(
             filter(None, [str(root), os.environ.get("PYTHONPATH")])
         )
         importlib.invalidate_caches()
+    record_outputs()
     if notebook is None:
         return root
     source = root or _importable_checkout()
@@ -510,6 +512,18 @@ def bootstrap(
                 f"the {notebook} notebook needs {', '.join(missing)}; fix: {fix_line(missing, None)}"
             )
     return root
+
+
+def record_outputs() -> None:
+    """In a notebook: start recording what each cell shows, so the seal (the last cell) covers
+    every output from the next cell on (``replaykit.workflow.outputs``; absent in older trees)."""
+    if "IPython" not in sys.modules:
+        return
+    try:
+        outputs = importlib.import_module("replaykit.workflow.outputs")
+    except ImportError:
+        return
+    outputs.start()
 
 
 def _importable_checkout() -> Path | None:

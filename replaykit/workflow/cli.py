@@ -279,7 +279,10 @@ def batch(argv: list[str] | None = None) -> int:
         return 2
     print(result.index)
     print(result.table())
-    print(", ".join(f"{n} {s}" for s, n in sorted(result.counts().items())))
+    tally = ", ".join(f"{n} {s}" for s, n in sorted(result.counts().items()))
+    if rows_skipped := sum(int(c.get("skipped") or 0) for c in result.cells):
+        tally += f" ({rows_skipped} rows or tests skipped: not a full pass)"
+    print(tally)
     return 0 if result.ok else 1
 
 

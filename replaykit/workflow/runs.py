@@ -33,6 +33,7 @@ from replaykit.workflow.fingerprint import FINGERPRINT_FILE, fingerprint, finger
 from .bootstrap import file_sha256
 from .folders import SUMMARY_FILE, unique_folder
 from .seal import seal
+from .verdict import result_text, status_text
 
 RESULTS_FILE = "results.json"
 SCHEMA = 1
@@ -606,7 +607,7 @@ def _summarise(
 def summary_line(summary: dict[str, Any]) -> str:
     """One line: status, notebook, failing cell and why (head and tail of the error), counts,
     duration, and for a run that did not pass, where to look (the executed notebook)."""
-    parts = [summary["status"], summary["notebook"]]
+    parts = [status_text(summary), summary["notebook"]]
     cell = summary.get("failed_cell")
     if cell:
         where = f"cell {cell['index']}"
@@ -621,6 +622,8 @@ def summary_line(summary: dict[str, Any]) -> str:
         parts.append("counts " + " ".join(f"{k}={v}" for k, v in counts.items()))
     elif counts is not None:
         parts.append(f"counts {counts}")
+    elif isinstance(summary.get("results"), dict) and (text := result_text(summary)):
+        parts.append(text)  # parity, hazards, benchmark: their parts, skipped rows apart
     parts.append(f"{summary['duration_s']:.1f} s")
     if summary["status"] != "passed" and summary.get("run_dir"):
         parts.append(f"see {Path(summary['run_dir']) / summary.get('output', '')}")
