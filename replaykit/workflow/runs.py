@@ -31,6 +31,7 @@ from typing import Any
 from replaykit.workflow.fingerprint import FINGERPRINT_FILE, fingerprint, fingerprint_slug, torch_of
 
 from .bootstrap import file_sha256
+from .errors import RunInterrupted
 from .folders import SUMMARY_FILE, unique_folder
 from .seal import seal
 from .verdict import result_text, status_text
@@ -466,10 +467,11 @@ def run_notebook(
             note = f"replaykit runner: cell timed out after {cell_timeout} s; kernel interrupted\n"
             cell.outputs.append(nbformat.v4.new_output("stream", name="stderr", text=note))
 
-    # The kernel's log at ERROR: its "running over TCP without encryption" warning is not printed on every run.
+    # The kernel's log at CRITICAL: its "running over TCP without encryption" warning is not printed
+    # on every run, nor the ZMQ tracebacks of a kernel shut down by Ctrl-C (the notebook holds what ran).
     engine_kwargs: dict[str, Any] = {
         "on_cell_error": on_cell_error,
-        "extra_arguments": ["--IPKernelApp.log_level=ERROR"],
+        "extra_arguments": ["--IPKernelApp.log_level=CRITICAL"],
     }
     if cell_timeout:
         # Interrupt instead of raising: papermill then marks the cell failed and later cells
@@ -540,7 +542,7 @@ def run_notebook(
     tmp.write_text(json.dumps(summary, indent=1, default=str) + "\n")
     tmp.replace(run_dir / SUMMARY_FILE)
     if isinstance(exc, KeyboardInterrupt):
-        raise exc
+        raise RunInterrupted(run_dir, out_path) from None
     return RunResult(run_dir=run_dir, notebook=out_path, summary=summary, ok=status == "passed")
 
 
