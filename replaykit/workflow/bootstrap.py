@@ -330,6 +330,39 @@ def requirements(root: Path, extras: Iterable[str]) -> list[str]:
     return out
 
 
+TORCH_RUN = ("2.11", "2.12", "2.13")
+"""torch releases this project holds run evidence for (runs/README.md: 2.11.0+cu128 on an H200,
+2.12.1 and 2.13.0 on the CPU). Others in the supported range are allowed, and said to be untested."""
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``2.11.0+cu128`` -> (2, 11, 0): the numeric release, local and pre-release tags dropped."""
+    return tuple(int(p) for p in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def torch_floor(root: Path) -> str | None:
+    """The oldest torch the tree supports: its pyproject's ``torch>=X`` (the one place it is said)."""
+    text = (Path(root) / "pyproject.toml").read_text()
+    block = re.search(r"^dependencies\s*=\s*\[(.*?)\]", text, re.M | re.S)
+    found = re.search(r"[\"']torch\s*>=\s*([\d.]+)", block.group(1)) if block else None
+    return found.group(1) if found else None
+
+
+def check_torch(root: Path | None) -> None:
+    """Refuse, in one line, a torch older than the tree supports; name an untested one."""
+    version = installed("torch")
+    floor = torch_floor(root) if root is not None else None
+    if version is None or floor is None:
+        return
+    if _release(version) < _release(floor):
+        raise RuntimeError(
+            f"torch {version} is older than this tree supports (torch>={floor}, pyproject.toml): "
+            "pick a runtime or environment with a newer torch"
+        )
+    if ".".join(map(str, _release(version)[:2])) not in TORCH_RUN:
+        say(f"torch {version}: supported (torch>={floor}), but no run of this project used it yet")
+
+
 def installed(name: str) -> str | None:
     """The installed version of distribution ``name``, or None."""
     try:
@@ -502,6 +535,7 @@ def bootstrap(
     if notebook is None:
         return root
     source = root or _importable_checkout()
+    check_torch(source)
     reqs = requirements(source, NOTEBOOK_EXTRAS[notebook]) if source is not None else []
     if install if install is not None else bool(str(tree)):
         ensure(reqs, root)
