@@ -405,6 +405,28 @@ def install_command(
     return shlex.join([*cmd, *wh["requirements"]])
 
 
+OFFLINE_RUN = "python scripts/run_notebook.py notebooks/verify.ipynb -p markers cuda"
+"""What the offline recipe runs last, from inside the unpacked tree."""
+
+
+def offline_recipe(path: Path, manifest: dict[str, Any]) -> list[str]:
+    """The offline host's commands, in order, for the archive at ``path`` as it was copied over
+    (its own name): untar, verify, install from its wheelhouse, run. ValueError without wheels:
+    only the ``-wheelhouse-py<X.Y>`` archive of ``pack --wheelhouse`` carries them."""
+    if not manifest.get("wheelhouse"):
+        raise ValueError(
+            f"{Path(path).name} carries no wheelhouse: for an offline host use the archive "
+            "`pack --wheelhouse` makes (named ...-wheelhouse-py<X.Y>.tar.gz)"
+        )
+    top, name = top_name(manifest), Path(path).name
+    return [
+        f"tar xzf {name}",
+        f"python {top}/scripts/pack.py --verify {name}",
+        install_command(manifest, root=top),
+        f"cd {top} && {OFFLINE_RUN}",
+    ]
+
+
 # --------------------------------------------------------------------------- pack
 
 
@@ -658,6 +680,11 @@ def _summary(manifest: dict[str, Any]) -> list[str]:
     if wh:
         lines.append(f"wheels   {len(wh['files'])} for Python {wh['python']} {wh['platform'][0]}")
         lines.append(f"install  {install_command(manifest)}")
+    else:
+        lines.append(
+            "wheels   none: an offline host needs the archive of `pack --wheelhouse` "
+            f"({top_name(manifest)}-wheelhouse-py<X.Y>.tar.gz)"
+        )
     return lines
 
 
@@ -728,4 +755,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     print("\n".join(_summary(result.manifest)))
     if wheelhouse is not None:
         print(f"target   {install_command(result.manifest, target='.pylibs')}")
+        print(f"offline  copy {result.path.name} to the host, then, beside it:")
+        for line in offline_recipe(result.path, result.manifest):
+            print(f"offline  {line}")
     return 0

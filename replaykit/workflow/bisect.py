@@ -31,12 +31,12 @@ from typing import Any
 from replaykit import tables
 from replaykit.workflow.cells import error_cell, run_cell
 from replaykit.workflow.errors import WorkflowError
-from replaykit.workflow.evidence import EXECUTED, result_text
 from replaykit.workflow.fingerprint import notebook_path
 from replaykit.workflow.git import GitError, git, git_text
 from replaykit.workflow.index import new_folder, write_index
 from replaykit.workflow.runs import kernel_executable
 from replaykit.workflow.trees import PreparedTree, TreeSpec, prepare_tree
+from replaykit.workflow.verdict import EXECUTED, result_text
 
 __all__ = [
     "ArmsResult",

@@ -18,6 +18,7 @@ What ``bootstrap`` does, in order:
    torch is pinned as a constraint, so nothing can replace it (Colab's build matches its driver).
    Non-editable and into the running interpreter, so no kernel restart is needed.
 3. the tree goes first on ``sys.path`` (and on ``PYTHONPATH`` for subprocesses: pytest, DDP).
+4. in a notebook, what each later cell shows is recorded for the seal (``outputs``).
 """
 
 from __future__ import annotations
@@ -329,6 +330,39 @@ def requirements(root: Path, extras: Iterable[str]) -> list[str]:
     return out
 
 
+TORCH_RUN = ("2.11", "2.12", "2.13")
+"""torch releases this project holds run evidence for (runs/README.md: 2.11.0+cu128 on an H200,
+2.12.1 and 2.13.0 on the CPU). Others in the supported range are allowed, and said to be untested."""
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``2.11.0+cu128`` -> (2, 11, 0): the numeric release, local and pre-release tags dropped."""
+    return tuple(int(p) for p in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def torch_floor(root: Path) -> str | None:
+    """The oldest torch the tree supports: its pyproject's ``torch>=X`` (the one place it is said)."""
+    text = (Path(root) / "pyproject.toml").read_text()
+    block = re.search(r"^dependencies\s*=\s*\[(.*?)\]", text, re.M | re.S)
+    found = re.search(r"[\"']torch\s*>=\s*([\d.]+)", block.group(1)) if block else None
+    return found.group(1) if found else None
+
+
+def check_torch(root: Path | None) -> None:
+    """Refuse, in one line, a torch older than the tree supports; name an untested one."""
+    version = installed("torch")
+    floor = torch_floor(root) if root is not None else None
+    if version is None or floor is None:
+        return
+    if _release(version) < _release(floor):
+        raise RuntimeError(
+            f"torch {version} is older than this tree supports (torch>={floor}, pyproject.toml): "
+            "pick a runtime or environment with a newer torch"
+        )
+    if ".".join(map(str, _release(version)[:2])) not in TORCH_RUN:
+        say(f"torch {version}: supported (torch>={floor}), but no run of this project used it yet")
+
+
 def installed(name: str) -> str | None:
     """The installed version of distribution ``name``, or None."""
     try:
@@ -497,9 +531,11 @@ def bootstrap(
             filter(None, [str(root), os.environ.get("PYTHONPATH")])
         )
         importlib.invalidate_caches()
+    record_outputs()
     if notebook is None:
         return root
     source = root or _importable_checkout()
+    check_torch(source)
     reqs = requirements(source, NOTEBOOK_EXTRAS[notebook]) if source is not None else []
     if install if install is not None else bool(str(tree)):
         ensure(reqs, root)
@@ -510,6 +546,18 @@ def bootstrap(
                 f"the {notebook} notebook needs {', '.join(missing)}; fix: {fix_line(missing, None)}"
             )
     return root
+
+
+def record_outputs() -> None:
+    """In a notebook: start recording what each cell shows, so the seal (the last cell) covers
+    every output from the next cell on (``replaykit.workflow.outputs``; absent in older trees)."""
+    if "IPython" not in sys.modules:
+        return
+    try:
+        outputs = importlib.import_module("replaykit.workflow.outputs")
+    except ImportError:
+        return
+    outputs.start()
 
 
 def _importable_checkout() -> Path | None:

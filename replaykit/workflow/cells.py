@@ -17,6 +17,7 @@ from typing import Any
 from replaykit.workflow.interpreters import same_interpreter
 from replaykit.workflow.runs import ensure_kernel, run_notebook, summary_line
 from replaykit.workflow.trees import PreparedTree
+from replaykit.workflow.verdict import skipped
 
 __all__ = ["WRONG_INTERPRETER", "declares", "error_cell", "interpreter_problem", "run_cell"]
 
@@ -119,6 +120,7 @@ def run_cell(
         "run_dir": os.path.relpath(result.run_dir, folder),
         "sha256": s.get("sha256"),
         "counts": s.get("counts"),
+        "skipped": skipped(s),
         "duration_s": s.get("duration_s"),
     }
     problem = interpreter_problem(s, python) if python else None

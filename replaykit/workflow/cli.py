@@ -9,7 +9,9 @@
     bisect    the first commit that fails a selection; or --arm LABEL=TREE side by side
 
 ``scripts/*.py`` are shims over these (none imports torch: the package root is lazy).
-Every command returns its exit code: 0 ok, 1 a failure it found, 2 bad arguments or input.
+Every command returns its exit code: 0 ok, 1 a failure it found, 2 bad arguments or input,
+130 interrupted (Ctrl-C). Bad input is refused in one line on stderr before anything is written,
+and before papermill or nbformat is imported (``inputs``: seconds saved on every typo).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from replaykit.workflow import archive
+from replaykit.workflow import archive, inputs
+from replaykit.workflow.errors import RunInterrupted
 
 __all__ = ["COMMANDS", "main", "notebook_arg"]
 
@@ -118,12 +121,29 @@ def run_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def run(argv: list[str] | None = None) -> int:
-    from replaykit.workflow.runs import cli_parameters, run_notebook, summary_line
+def _check_run(args: argparse.Namespace) -> None:
+    """What ``run`` can refuse before importing papermill: tools, notebook, tree, folders."""
+    inputs.needs("run", "papermill", "nbclient", "nbformat", "yaml")
+    inputs.notebook(args.notebook)
+    for flag, path in (("--tree", args.tree), ("--cwd", args.cwd)):
+        if path is not None and not path.exists():
+            raise FileNotFoundError(f"{flag} {path}: no such folder")
 
+
+def run(argv: list[str] | None = None) -> int:
     args = run_parser().parse_args(argv)
     try:
+        _check_run(args)
+        from replaykit.workflow.runs import cli_parameters
+
         params = cli_parameters(args.parameter, args.raw, args.yaml)
+        inputs.tree_value(params.get("tree"))
+    except (FileNotFoundError, ValueError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from replaykit.workflow.runs import run_notebook, summary_line
+
+    try:
         result = run_notebook(
             Path(args.notebook),
             params,
@@ -137,6 +157,9 @@ def run(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RunInterrupted as exc:
+        print(f"interrupted: the partial notebook is saved: {exc.notebook}", file=sys.stderr)
+        return 130
     print(result.run_dir)
     print(summary_line(result.summary))
     return {"passed": 0, "failed": 1}.get(result.summary["status"], 2)
@@ -267,19 +290,37 @@ def spec_from_args(args: argparse.Namespace):  # -> batch.BatchSpec
     )
 
 
-def batch(argv: list[str] | None = None) -> int:
-    from replaykit.workflow.batch import run_batch
+def _check_batch(spec) -> None:  # spec: batch.BatchSpec
+    """What ``batch`` can refuse before it writes a folder: interpreters, notebooks, trees."""
+    for env in spec.environments:
+        if env.python is not None:
+            inputs.interpreter(str(env.python), f"environment {env.name}")
+        if env.base_python is not None:
+            inputs.interpreter(str(env.base_python), f"environment {env.name}: base_python")
+    for nb in spec.notebooks:
+        inputs.notebook(nb)
+        for params in spec.parameters_of(nb):
+            inputs.tree_value(params.get("tree"), f"{nb}: tree")
 
+
+def batch(argv: list[str] | None = None) -> int:
     args = batch_parser().parse_args(argv)
     try:
+        inputs.needs("batch", "papermill", "nbclient", "nbformat", "yaml")
         spec = spec_from_args(args)
+        _check_batch(spec)
+        from replaykit.workflow.batch import run_batch
+
         result = run_batch(spec, args.runs_dir, progress=not args.no_progress)
     except (FileNotFoundError, ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(result.index)
     print(result.table())
-    print(", ".join(f"{n} {s}" for s, n in sorted(result.counts().items())))
+    tally = ", ".join(f"{n} {s}" for s, n in sorted(result.counts().items()))
+    if rows_skipped := sum(int(c.get("skipped") or 0) for c in result.cells):
+        tally += f" ({rows_skipped} rows or tests skipped: not a full pass)"
+    print(tally)
     return 0 if result.ok else 1
 
 
@@ -393,14 +434,26 @@ def evidence_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def evidence(argv: list[str] | None = None) -> int:
-    from replaykit.workflow.evidence import collect
+def _check_evidence(args: argparse.Namespace) -> None:
+    """Every argument exists; a notebook given by name ran (one that never did is no evidence)."""
+    inputs.needs("evidence", "nbformat")
+    for path in [*args.folders, *args.runs, *args.batch]:
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such file or folder")
+    for path in args.folders:
+        if path.suffix == ".ipynb" and path.is_file():
+            inputs.executed_notebook(path)
 
+
+def evidence(argv: list[str] | None = None) -> int:
     args = evidence_parser().parse_args(argv)
     runs = args.runs or ([] if args.batch or args.folders else [Path("runs")])
     try:
+        _check_evidence(args)
+        from replaykit.workflow.evidence import collect
+
         ev = collect(runs=runs, batches=args.batch, folders=args.folders)
-    except ValueError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if not ev.runs:
@@ -470,9 +523,14 @@ def _arms(items: list[str]) -> dict[str, str]:
 
 
 def bisect(argv: list[str] | None = None) -> int:
+    args = bisect_parser().parse_args(argv)
+    try:
+        inputs.needs("bisect", "papermill", "nbclient", "nbformat", "pytest")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     from replaykit.workflow import bisect as bs
 
-    args = bisect_parser().parse_args(argv)
     common = {
         "markers": args.markers or None,
         "ids": args.ids,
@@ -529,4 +587,11 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"{PROG}: unknown command {command!r}; one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    return COMMANDS[command](rest)
+    try:
+        return COMMANDS[command](rest)
+    except KeyboardInterrupt:  # what was saved is saved; no traceback of the threads it stopped
+        print(f"{PROG} {command}: interrupted", file=sys.stderr)
+        return 130
+    except ModuleNotFoundError as exc:  # an extra that is not installed (a core install)
+        print(f"{PROG} {command}: needs {exc.name}: {inputs.INSTALL_HINT}", file=sys.stderr)
+        return 2

@@ -6,8 +6,18 @@ input, ``RuntimeError`` for a broken environment), so ``except ValueError`` keep
 
 from __future__ import annotations
 
-__all__ = ["WorkflowError"]
+from pathlib import Path
+
+__all__ = ["RunInterrupted", "WorkflowError"]
 
 
 class WorkflowError(Exception):
     """Something the notebook workflow could not do, said in words a user can act on."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a notebook run, after the partial notebook and its summary were saved."""
+
+    def __init__(self, run_dir: Path, notebook: Path) -> None:
+        super().__init__(f"interrupted; the partial notebook is saved: {notebook}")
+        self.run_dir, self.notebook = run_dir, notebook

@@ -26,9 +26,20 @@ from replaykit import tables
 
 from .bootstrap import file_sha256
 from .folders import INDEX_FILE, SUMMARY_FILE
+from .seal import cells_failed, check, check_notebook
+from .verdict import (
+    EXECUTED,
+    ORDER,
+    counts_text,
+    parts,
+    result_text,
+    runtime_text,
+    tree_text,
+)
 
 __all__ = [
     "EXECUTED",
+    "ORDER",
     "Evidence",
     "RunEvidence",
     "collect",
@@ -38,13 +49,10 @@ __all__ = [
     "parts",
     "result_text",
     "runtime_text",
+    "tree_text",
 ]
 
 COLUMNS = ("Tree", "Runtime", "Result")
-ORDER = ("failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "error")
-"""pytest's order in its summary line: ``18 failed, 9 passed, 1 skipped, 2 errors``."""
-EXECUTED = ("failed", "passed", "error", "xfailed", "xpassed")
-"""Counts of tests that ran; a run with none of them reads ``no tests ran``, whatever it skipped."""
 OK, EDITED, MISSING, UNHASHED, UNSEALED = "ok", "EDITED", "MISSING", "no hash", "unsealed"
 """``unsealed``: a run from before the runner sealed its summary into the notebook
 (``replaykit.workflow.seal``); its notebook is checked, its summary cannot be."""
@@ -148,8 +156,6 @@ def check_integrity(run: RunEvidence) -> None:
 
 def _check_seal(run: RunEvidence, path: Path) -> None:
     """The summary against the notebook's seal; the notebook's verdict becomes the run's."""
-    from .seal import check
-
     assert run.summary is not None
     try:
         verdict, problems = check(path, run.summary)
@@ -164,6 +170,10 @@ def _check_seal(run: RunEvidence, path: Path) -> None:
         )
     if verdict is not None:
         run.summary = run.summary | verdict
+    try:  # the notebook's own seal (its last cell), when it reached it: sources and outputs
+        problems += check_notebook(path)[1]
+    except ValueError as exc:
+        problems.append(str(exc))
     if problems:
         run.integrity = EDITED
         run.problems += problems
@@ -176,8 +186,6 @@ def load_notebook(path: Path) -> RunEvidence:
     Not sealed (it stopped before its last cell, or predates seals): it is listed with the cell
     that failed, and never as a pass.
     """
-    from .seal import check_notebook
-
     path = Path(path)
     try:
         sealed, problems, nb = check_notebook(path)
@@ -214,8 +222,6 @@ def load_notebook(path: Path) -> RunEvidence:
 
 def _unsealed_summary(path: Path, nb: Any) -> dict[str, Any]:
     """What an unsealed notebook shows: the first failing cell, else that it has no verdict."""
-    from .seal import cells_failed
-
     failed = None
     for index, cell in enumerate(nb.cells):
         err = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
@@ -262,161 +268,6 @@ def load_run(
             f"{folder}: the notebook saw commit {commit[:7]}, the batch meant {intended[:7]}"
         )
     return run
-
-
-# --- texts -------------------------------------------------------------------
-
-
-def tree_text(
-    tree: dict[str, Any], label: str | None = None, intended: dict[str, Any] | None = None
-) -> str:
-    """``bb3c0b8 (candidate)``: short commit, ``-dirty`` when it was, the label when it says more."""
-    intended = intended or {}
-    commit = tree.get("commit") or intended.get("commit")
-    dirty = tree.get("dirty") if tree.get("commit") else intended.get("dirty")
-    if commit:
-        text = str(commit)[:7] + ("-dirty" if dirty else "")
-        if label and not str(commit).startswith(label) and label != text:
-            text += f" ({label})"
-        return text
-    if label:
-        return label
-    path = tree.get("path")
-    return Path(path).name if path else "(unknown tree)"
-
-
-def runtime_text(fp: dict[str, Any]) -> str:
-    """``Python 3.11 / torch 2.9.1+cu129``, plus `` / <GPU>`` when the run had one."""
-    version = str(fp.get("python") or "?")
-    parts = [f"Python {'.'.join(version.split('.')[:2])}", f"torch {fp.get('torch') or 'none'}"]
-    gpu = fp.get("gpu") or (
-        fp.get("device") if fp.get("device") not in (None, "cpu", "unknown") else None
-    )
-    if gpu:
-        parts.append(str(gpu))
-    return " / ".join(parts)
-
-
-def counts_text(counts: dict[str, Any]) -> str:
-    """``18 failed, 9 passed`` in pytest's order; zeros left out; ``2 errors``; ``no tests ran (71 skipped)``."""
-    items = [
-        (k, v) for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool) and v
-    ]
-    rank = {k: i for i, k in enumerate(ORDER)}
-    items.sort(key=lambda kv: rank.get(kv[0], len(ORDER)))
-    words = [f"{v} {k + 's' if k == 'error' and v > 1 else k}" for k, v in items]
-    if not any(counts.get(k) for k in EXECUTED):  # all skipped or deselected: nothing earned a pass
-        return "no tests ran" + (f" ({', '.join(words)})" if words else "")
-    return ", ".join(words)
-
-
-def _n(value: Any) -> int:
-    """A count given as a number or as the list of what it counts."""
-    return len(value) if isinstance(value, list) else int(value or 0)
-
-
-def _equal_rows(rows: Any) -> tuple[int, int]:
-    """(bitwise equal, not equal) over a benchmark's replaykit rows (arms named ``replaykit…``)."""
-    mine = (
-        [
-            r
-            for r in rows
-            if isinstance(r, dict)
-            and str(r.get("arm", "")).startswith("replaykit")
-            and r.get("equals_eager") is not None
-        ]
-        if isinstance(rows, list)
-        else []
-    )
-    equal = sum(bool(r["equals_eager"]) for r in mine)
-    return equal, len(mine) - equal
-
-
-def parts(results: dict[str, Any]) -> list[tuple[str, int, int]]:
-    """(part, passed, failed) for each part a notebook's results hold.
-
-    parity: its Lightning ``scenarios``, ``zoo`` rows and ``whole step`` scenarios; hazards: its
-    pattern runs (the unsafe arms included); benchmark: its replaykit rows bitwise equal to eager
-    (sizes, zoo, whole step). The verify notebook has pytest's ``counts`` instead.
-    """
-    out: list[tuple[str, int, int]] = []
-    if isinstance(results.get("scenarios"), int) and isinstance(results.get("passed"), int):
-        out.append(("scenarios", results["passed"], _n(results.get("failed"))))
-    if isinstance(results.get("runs"), int) and "failures" in results:  # hazards
-        runs = results["runs"] + int(results.get("unsafe_runs") or 0)
-        out.append(("pattern runs", runs - _n(results["failures"]), _n(results["failures"])))
-    if "replaykit_equal" in results:  # benchmark
-        out.append(("sizes", *_equal_rows(results.get("rows"))))
-    zoo = results.get("zoo")
-    if isinstance(zoo, dict) and isinstance(zoo.get("rows"), int):
-        out.append(("zoo", zoo["rows"] - _n(zoo.get("failed")), _n(zoo.get("failed"))))
-    elif isinstance(zoo, dict):
-        out.append(("zoo", *_equal_rows(zoo.get("rows"))))
-    step = results.get("whole_step")
-    if isinstance(step, dict) and isinstance(step.get("total"), int):
-        out.append(
-            (
-                "whole step",
-                int(step.get("passed") or 0),
-                step["total"] - int(step.get("passed") or 0),
-            )
-        )
-    elif isinstance(step, dict):
-        out.append(("whole step", *_equal_rows(step.get("rows"))))
-    return out
-
-
-def _counts(results: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any] | None:
-    counts = results.get("counts") or summary.get("counts")
-    if isinstance(counts, dict):
-        return counts
-    found = parts(results)
-    if found:
-        return {"failed": sum(f for _, _, f in found), "passed": sum(p for _, p, _ in found)}
-    return None
-
-
-def _parts_text(results: dict[str, Any]) -> str:
-    """`` (scenarios 4/4, zoo 2/2, whole step 4/4)``: passed of total per part, when there are parts."""
-    found = parts(results)
-    if not found or isinstance(results.get("counts"), dict):
-        return ""
-    return " (" + ", ".join(f"{name} {p}/{p + f}" for name, p, f in found) + ")"
-
-
-def result_text(summary: dict[str, Any]) -> str:
-    """The Result column: counts (per repeat when they differ), flaky ids, and how the run ended."""
-    results = summary.get("results") if isinstance(summary.get("results"), dict) else {}
-    per_run = (
-        results.get("counts_per_run") if isinstance(results.get("counts_per_run"), dict) else {}
-    )
-    repeats = {k: v for k, v in per_run.items() if re.fullmatch(r"r\d+", k) and isinstance(v, dict)}
-    counts = _counts(results, summary)
-    if len(repeats) > 1:
-        texts = {k: counts_text(v) for k, v in repeats.items()}
-        if len(set(texts.values())) == 1:
-            text = f"{next(iter(texts.values()))} (×{len(texts)})"
-        else:
-            text = "; ".join(f"{k}: {t}" for k, t in texts.items())
-    elif counts is not None:
-        text = counts_text(counts) + _parts_text(results)
-    else:
-        text = str(results.get("line") or "")
-    if results.get("flaky_ids"):
-        text += f", {len(results['flaky_ids'])} flaky"
-    status, reason = summary.get("status"), summary.get("reason")
-    failing = counts is not None and any(counts.get(k) for k in ("failed", "error"))
-    run_errors = results.get("run_errors")
-    if run_errors:  # pytest did not end normally: a collection error, a timeout
-        extra = f" (+{len(run_errors) - 1} more)" if len(run_errors) > 1 else ""
-        return f"{text or status} (run error: {str(run_errors[0])[:160]}{extra})"
-    if not text:
-        return status if status == "passed" or not reason else f"{status} ({reason})"
-    if text.startswith("no tests ran") and status == "failed":
-        return text  # the notebook failed for exactly that reason
-    if status == "error" or (status == "failed" and not failing):
-        text += f" ({status}: {reason})" if reason else f" ({status})"
-    return text
 
 
 # --- failures ----------------------------------------------------------------

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from replaykit import tables
-from replaykit.workflow.evidence import tree_text
 from replaykit.workflow.folders import INDEX_FILE, slug, unique_folder
+from replaykit.workflow.verdict import tree_text
 
 __all__ = ["INDEX_COLUMNS", "INDEX_MD", "INDEX_SCHEMA", "index_rows", "new_folder", "write_index"]
 
@@ -42,6 +42,8 @@ def index_rows(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         status = c["status"]
         if c.get("reason") and status != "passed":
             status += f" ({c['reason']})"
+        elif status == "passed" and c.get("skipped"):  # not a full pass
+            status += f", {c['skipped']} skipped"
         params = json.dumps(c["parameters"], sort_keys=True) if c["parameters"] else ""
         rows.append(
             {
@@ -69,6 +71,8 @@ def write_index(folder: Path, doc: dict[str, Any], title: str) -> Path:
     tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     tmp.replace(path)
     tally = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no cells yet"
+    if rows_skipped := sum(int(c.get("skipped") or 0) for c in cells):
+        tally += f" ({rows_skipped} rows or tests skipped: never run, never counted as passed)"
     md = [
         f"# {title}",
         "",

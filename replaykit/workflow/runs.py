@@ -31,8 +31,10 @@ from typing import Any
 from replaykit.workflow.fingerprint import FINGERPRINT_FILE, fingerprint, fingerprint_slug, torch_of
 
 from .bootstrap import file_sha256
+from .errors import RunInterrupted
 from .folders import SUMMARY_FILE, unique_folder
 from .seal import seal
+from .verdict import result_text, status_text
 
 RESULTS_FILE = "results.json"
 SCHEMA = 1
@@ -465,10 +467,11 @@ def run_notebook(
             note = f"replaykit runner: cell timed out after {cell_timeout} s; kernel interrupted\n"
             cell.outputs.append(nbformat.v4.new_output("stream", name="stderr", text=note))
 
-    # The kernel's log at ERROR: its "running over TCP without encryption" warning is not printed on every run.
+    # The kernel's log at CRITICAL: its "running over TCP without encryption" warning is not printed
+    # on every run, nor the ZMQ tracebacks of a kernel shut down by Ctrl-C (the notebook holds what ran).
     engine_kwargs: dict[str, Any] = {
         "on_cell_error": on_cell_error,
-        "extra_arguments": ["--IPKernelApp.log_level=ERROR"],
+        "extra_arguments": ["--IPKernelApp.log_level=CRITICAL"],
     }
     if cell_timeout:
         # Interrupt instead of raising: papermill then marks the cell failed and later cells
@@ -539,7 +542,7 @@ def run_notebook(
     tmp.write_text(json.dumps(summary, indent=1, default=str) + "\n")
     tmp.replace(run_dir / SUMMARY_FILE)
     if isinstance(exc, KeyboardInterrupt):
-        raise exc
+        raise RunInterrupted(run_dir, out_path) from None
     return RunResult(run_dir=run_dir, notebook=out_path, summary=summary, ok=status == "passed")
 
 
@@ -606,7 +609,7 @@ def _summarise(
 def summary_line(summary: dict[str, Any]) -> str:
     """One line: status, notebook, failing cell and why (head and tail of the error), counts,
     duration, and for a run that did not pass, where to look (the executed notebook)."""
-    parts = [summary["status"], summary["notebook"]]
+    parts = [status_text(summary), summary["notebook"]]
     cell = summary.get("failed_cell")
     if cell:
         where = f"cell {cell['index']}"
@@ -621,6 +624,8 @@ def summary_line(summary: dict[str, Any]) -> str:
         parts.append("counts " + " ".join(f"{k}={v}" for k, v in counts.items()))
     elif counts is not None:
         parts.append(f"counts {counts}")
+    elif isinstance(summary.get("results"), dict) and (text := result_text(summary)):
+        parts.append(text)  # parity, hazards, benchmark: their parts, skipped rows apart
     parts.append(f"{summary['duration_s']:.1f} s")
     if summary["status"] != "passed" and summary.get("run_dir"):
         parts.append(f"see {Path(summary['run_dir']) / summary.get('output', '')}")

@@ -7,11 +7,17 @@ Two seals, one concept:
   notebook's sha256 into the summary. Evidence checks both ways.
 * **the notebook's own** (``finish``, its last cell; what a notebook run by hand or in Colab
   leaves): an output of type ``SEAL_MIME`` holding the verdict, counts, parameters, fingerprint,
-  the sha256 of every cell the kernel executed, and a digest over all of it, beside a visible
+  the sha256 of every cell the kernel executed, a digest of every execution's outputs (recorded
+  in the kernel as they were sent: ``outputs``), and a digest over all of it, beside a visible
   summary. A downloaded ``.ipynb`` is evidence on its own: ``check_notebook`` refuses an edited
-  seal, a cell whose source changed after it ran, and a pass beside a failed cell. (A digest is
-  not a signature: it shows an edit, not who may make one; outputs other than the seal are not
-  hashed, because the kernel never sees them.)
+  seal, a cell whose source or outputs changed after it ran, a seal whose visible summary is not
+  the one its body renders, a cell run after the seal, and a pass beside a failed cell.
+
+What the output digests cover, exactly: every execution after the one that started the recorder
+(the bootstrap cell: its fetch and install lines are not a result) up to the seal's own, and in
+the seal's cell the outputs before the seal; what the seal cell prints after it (the download
+line, the final assert) is not covered, and the seal's visible texts are checked against its body.
+(A digest is not a signature: it shows an edit, not who may make one.)
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from . import outputs as _outputs
 from .bootstrap import file_sha256, in_colab
+from .verdict import result_text, runtime_text, skipped, status_text, tree_text
 
 __all__ = [
     "KEY",
@@ -124,6 +132,8 @@ def check(notebook: Path, summary: dict[str, Any]) -> tuple[dict[str, Any] | Non
 SEAL_MIME = "application/vnd.replaykit.seal+json"
 """The output type of the seal the last cell displays (kept in the saved notebook)."""
 SEAL_FILE = "seal.json"
+SCHEMA = 2
+"""2: the seal covers outputs (``outputs``) and its own visible texts; 1 covered sources only."""
 RUNS_ENV = "REPLAYKIT_RUNS_DIR"
 """Where a notebook run without the runner writes its run folder (Colab: ``runs/`` here)."""
 
@@ -207,12 +217,10 @@ def notebook_seal(
     shell: Any = None,
 ) -> dict[str, Any]:
     """The seal's body and digest: verdict, counts, parameters, fingerprint, executed cells."""
-    from .evidence import result_text
-
     executed = _executed(shell)
     passed = (not failures) if ok is None else ok
     body = {
-        "schema": 1,
+        "schema": SCHEMA,
         "notebook": notebook,
         "status": "passed" if passed else "failed",
         "reason": None if passed else (reason or "exception"),
@@ -222,25 +230,32 @@ def notebook_seal(
         "parameters": parameters_of(executed),
         "fingerprint": fp,
         "executed": [_source_digest(s) for s in executed],
+        "outputs": _outputs.covered(shell) if shell is not None else {"from": None, "digests": []},
         "sealed_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     body = _finite(_normal(body))
     body["result"] = result_text(body)
+    body["skipped"] = skipped(body)
     return body | {"digest": hashlib.sha256(_canonical(body)).hexdigest()}
 
 
 def _markdown(sealed: dict[str, Any]) -> str:
-    from .evidence import runtime_text, tree_text
-
     fp = sealed.get("fingerprint") or {}
     lines = [
-        f"**replaykit verdict: {sealed['status']}** — {sealed['result']}",
+        f"**replaykit verdict: {status_text(sealed)}** — {sealed['result']}",
         "",
         f"`{sealed['notebook']}` · tree {tree_text(fp.get('tree') or {})} · {runtime_text(fp)} · "
-        f"{len(sealed['executed'])} cells executed · sealed {sealed['sealed_utc']} · digest `{sealed['digest'][:16]}`",
+        f"{len(sealed['executed'])} cells executed{_covered_text(sealed)} · sealed {sealed['sealed_utc']} · digest `{sealed['digest'][:16]}`",
     ]
     lines += [f"- failed: {f}" for f in sealed["failures"][:20]]
     return "\n".join(lines)
+
+
+def _covered_text(sealed: dict[str, Any]) -> str:
+    first = (sealed.get("outputs") or {}).get("from")
+    if not isinstance(first, int) or first > len(sealed["executed"]):
+        return " (no outputs sealed)"
+    return f" (outputs sealed from In[{first}])"
 
 
 def finish(
@@ -284,48 +299,109 @@ def finish(
     return sealed
 
 
-def find_seal(nb: Any) -> tuple[int, dict[str, Any]] | None:
-    """(cell index, seal) of the last seal output in an executed notebook, or None."""
+def _seal_output(nb: Any) -> tuple[int, int, dict[str, Any], dict[str, Any]] | None:
+    """(cell index, output index, seal, the output's data) of the last seal output, or None."""
     found = None
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
-        for out in cell.get("outputs", []):
-            data = (
-                out.get("data", {})
-                if out.get("output_type") in ("display_data", "execute_result")
-                else {}
-            )
+        for position, out in enumerate(cell.get("outputs", [])):
+            shown = out.get("output_type") in ("display_data", "execute_result")
+            data = dict(out.get("data", {})) if shown else {}
             if SEAL_MIME in data:
                 value = data[SEAL_MIME]
-                found = (index, json.loads(value) if isinstance(value, str) else dict(value))
+                sealed = json.loads(value) if isinstance(value, str) else dict(value)
+                found = (index, position, sealed, data)
     return found
+
+
+def find_seal(nb: Any) -> tuple[int, dict[str, Any]] | None:
+    """(cell index, seal) of the last seal output in an executed notebook, or None."""
+    found = _seal_output(nb)
+    return None if found is None else (found[0], found[2])
+
+
+def _shown_as_sealed(
+    path: Path, index: int, sealed: dict[str, Any], data: dict[str, Any]
+) -> list[str]:
+    """The seal output's visible texts are the ones its body renders, and it shows nothing else."""
+    expected = {SEAL_MIME, "text/markdown", "text/plain"}
+    problems = []
+    if set(data) - expected:
+        extra = ", ".join(sorted(set(data) - expected))
+        problems.append(f"{path}: the seal (cell {index}) shows {extra} it never wrote: EDITED")
+    try:
+        rendered = {"text/markdown": _markdown(sealed), "text/plain": sealed["result"]}
+    except (KeyError, TypeError):
+        return [*problems, f"{path}: the seal (cell {index}) is incomplete: EDITED"]
+    for mime, want in rendered.items():
+        if _outputs.text(data.get(mime, "")) != _outputs.text(want):
+            problems.append(
+                f"{path}: the seal's {mime} (cell {index}) was EDITED: it is not what the seal says"
+            )
+    return problems
+
+
+def _outputs_as_sealed(
+    path: Path, nb: Any, sealed: dict[str, Any], seal_at: tuple[int, int]
+) -> list[str]:
+    """Each covered execution's outputs (as saved) against the digest the kernel recorded."""
+    cover = sealed.get("outputs") or {}
+    first, digests = cover.get("from"), cover.get("digests") or []
+    if not isinstance(first, int):
+        return []
+    problems = []
+    for i, cell in enumerate(nb.cells):
+        count = cell.get("execution_count") if cell.cell_type == "code" else None
+        if not isinstance(count, int) or not first <= count < first + len(digests):
+            continue
+        outs = list(cell.get("outputs", []))
+        if i == seal_at[0]:
+            outs = outs[: seal_at[1]]  # the seal's own cell: what it showed before the seal
+        if _outputs.digest(outs) != digests[count - first]:
+            problems.append(
+                f"{path}: cell {i}'s outputs were EDITED after it ran (not what execution {count} showed)"
+            )
+    return problems
+
+
+def _sources_as_executed(path: Path, nb: Any, executed: list[str]) -> list[str]:
+    problems = []
+    for i, cell in enumerate(nb.cells):
+        count = cell.get("execution_count") if cell.cell_type == "code" else None
+        if not isinstance(count, int):
+            continue  # never run
+        if count > len(executed):
+            problems.append(
+                f"{path}: cell {i} ran after the seal (execution {count}): its outputs are not evidence"
+            )
+        elif executed[count - 1] != _source_digest(cell.source):
+            problems.append(
+                f"{path}: cell {i} was EDITED after it ran (its source is not what execution {count} ran)"
+            )
+    return problems
 
 
 def check_notebook(path: Path) -> tuple[dict[str, Any] | None, list[str], Any]:
     """(the notebook's own seal or None, problems, the notebook). A problem: a seal whose digest
-    does not match (edited), a code cell whose source differs from what the kernel executed, a
-    pass beside a failed cell. ValueError when the file is no notebook."""
+    does not match (edited), a code cell whose source or outputs differ from what the kernel
+    executed and showed, a seal whose visible texts are not its own, a cell run after the seal,
+    a pass beside a failed cell. ValueError when the file is no notebook."""
     _, nb = read(path)
-    problems: list[str] = []
-    found = find_seal(nb)
+    found = _seal_output(nb)
     if found is None:
-        return None, problems, nb
-    index, sealed = found
+        return None, [], nb
+    index, position, sealed, data = found
+    problems: list[str] = []
     body = {k: v for k, v in sealed.items() if k != "digest"}
     if hashlib.sha256(_canonical(body)).hexdigest() != sealed.get("digest"):
         problems.append(
             f"{path}: the seal (cell {index}) was EDITED after the run: its digest does not match"
         )
-    executed = sealed.get("executed") or []
-    for i, cell in enumerate(nb.cells):
-        count = cell.get("execution_count") if cell.cell_type == "code" else None
-        if not isinstance(count, int) or count > len(executed):
-            continue  # not run, or run after the seal (the verdict is the seal's either way)
-        if executed[count - 1] != _source_digest(cell.source):
-            problems.append(
-                f"{path}: cell {i} was EDITED after it ran (its source is not what execution {count} ran)"
-            )
+    problems += _sources_as_executed(path, nb, sealed.get("executed") or [])
+    if int(sealed.get("schema") or 1) >= 2:  # schema 1 sealed sources only
+        problems += _shown_as_sealed(path, index, sealed, data)
+        problems += _outputs_as_sealed(path, nb, sealed, (index, position))
     if sealed.get("status") == "passed" and cells_failed(nb):
         problems.append(f"{path}: a cell failed, but the seal says passed")
     return sealed, problems, nb

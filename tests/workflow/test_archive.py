@@ -328,3 +328,34 @@ def test_bootstrap(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         pk.bootstrap(str(edited))
     with pytest.raises(FileNotFoundError):
         pk.bootstrap(str(tmp_path / "nowhere"))
+
+
+def test_the_offline_recipe_names_the_archive_that_holds_the_wheels(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The recipe untars the archive as copied over (its own name) and installs from a wheelhouse
+    that this archive holds; the plain archive has none and says which one does."""
+
+    def fake_pip(cmd: list[str]) -> None:
+        (Path(cmd[cmd.index("-d") + 1]) / "tqdm-4.67.0-py3-none-any.whl").write_bytes(b"wheel")
+
+    monkeypatch.setattr(pk, "_run_pip", fake_pip)
+    py = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    plain = pk.pack(repo, tmp_path / "out")
+    made = pk.pack(repo, tmp_path / "out", wheelhouse=pk.Wheelhouse(["tqdm"], python=py))
+    with pytest.raises(ValueError, match=r"no wheelhouse.*wheelhouse-py"):
+        pk.offline_recipe(plain.path, plain.manifest)
+    assert pk.main(["--verify", str(plain.path)]) == 0
+    assert "wheels   none: an offline host needs the archive of `pack --wheelhouse`" in (
+        capsys.readouterr().out
+    )
+
+    recipe = pk.offline_recipe(made.path, made.manifest)
+    assert recipe[0] == f"tar xzf {made.top}-wheelhouse-py{py}.tar.gz"
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / made.path.name).write_bytes(made.path.read_bytes())  # "copy the archive over"
+    subprocess.run(["bash", "-c", recipe[0]], cwd=host, check=True)
+    links = recipe[2].split("--find-links ", 1)[1].split()[0]
+    assert [p.name for p in (host / links).iterdir()] == ["tqdm-4.67.0-py3-none-any.whl"]
+    assert recipe[3].startswith(f"cd {made.top} && ")

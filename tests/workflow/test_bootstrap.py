@@ -134,3 +134,27 @@ def test_the_cell_clones_each_git_url_and_ref_on_its_own(tmp_path: Path) -> None
         seen[tree] = (Path(where).parents[1], commit)
     assert [c for _, c in seen.values()] == [other, head, other]
     assert len({folder for folder, _ in seen.values()}) == 3  # one clone per URL and ref
+
+
+def test_the_torch_floor_is_the_trees_own_and_an_older_torch_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The bootstrap checks torch against the floor pyproject.toml declares (one source), so the
+    range the docs state (docs/workflow.md) is the one enforced; Colab's 2.8-2.11 pass."""
+    assert bootstrap.torch_floor(ROOT) == "2.4"
+    monkeypatch.setattr(sys, "path", [*sys.path])  # the bootstrap puts the tree first on both
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    versions = {"torch": "2.3.1"}
+    real = bootstrap.installed
+    monkeypatch.setattr(bootstrap, "installed", lambda n: versions.get(n) or real(n))
+    with pytest.raises(
+        RuntimeError, match=r"^torch 2\.3\.1 is older than this tree supports \(torch>=2\.4"
+    ):
+        bootstrap.bootstrap(str(ROOT), "hazards", install=False)
+    for colab in ("2.11.0+cu128", "2.10.0+cu126", "2.9.0+cu126", "2.8.0+cu126"):
+        versions["torch"] = colab
+        bootstrap.check_torch(ROOT)
+    assert "torch 2.8.0+cu126: supported (torch>=2.4), but no run" in capsys.readouterr().out
+    versions["torch"] = "2.11.0+cu128"
+    bootstrap.check_torch(ROOT)
+    assert capsys.readouterr().out == ""  # a release with run evidence: nothing to say

@@ -169,3 +169,75 @@ def test_the_wheel_runs_the_workflow_without_a_checkout(tmp_path: Path) -> None:
     assert verify.returncode == 2 and verify.stderr.startswith("error: needs a source tree:"), (
         verify.stderr
     )
+
+
+def _one_line_refusal(capsys: pytest.CaptureFixture[str], code: int, *words: str) -> None:
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert all(w in err for w in words), err
+
+
+def test_bad_input_is_refused_in_one_line_with_nothing_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    parity = str(ROOT / "notebooks" / "parity.ipynb")
+    code = cli.main(["evidence", parity])  # a notebook that never ran is not evidence
+    _one_line_refusal(capsys, code, "never executed")
+    code = cli.main(["run", str(ROOT / "notebooks" / "verify.ipynb"), "-p", "tree", "gone.tar.gz"])
+    _one_line_refusal(capsys, code, "gone.tar.gz", "no such archive or folder")
+    code = cli.main(["batch", "--env", "x=/nonexistent/python", "--notebook", parity])
+    _one_line_refusal(capsys, code, "environment x", "/nonexistent/python")
+    code = cli.main(["run", str(tmp_path / "missing.ipynb")])
+    _one_line_refusal(capsys, code, "notebook not found")
+    assert list(tmp_path.iterdir()) == []  # no runs/ folder, no batch folder
+
+
+def test_a_core_install_is_told_which_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(
+        sys.modules, "papermill", None
+    )  # not installed, as in `pip install replaykit`
+    code = cli.main(["run", str(ROOT / "notebooks" / "parity.ipynb")])
+    _one_line_refusal(capsys, code, "papermill", "pip install 'replaykit[workflow]'")
+    code = cli.main(["batch", "--notebook", str(ROOT / "notebooks" / "parity.ipynb")])
+    _one_line_refusal(capsys, code, "papermill", "pip install 'replaykit[workflow]'")
+
+
+def test_ctrl_c_is_one_line_and_exit_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from replaykit.workflow import evidence
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evidence, "collect", interrupted)
+    assert cli.main(["evidence", str(ROOT / "tests")]) == 130
+    err = capsys.readouterr().err
+    assert err == "replaykit-workflow evidence: interrupted\n"
+
+
+def test_ctrl_c_during_a_run_keeps_the_partial_notebook(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("papermill")
+    cells = [
+        nbformat.v4.new_code_cell('run_dir = ""', metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("print('before')"),
+        # the user's Ctrl-C reaches the runner (the kernel runs in a session of its own)
+        nbformat.v4.new_code_cell(
+            "import os, signal, time\nos.kill(os.getppid(), signal.SIGINT)\ntime.sleep(5)"
+        ),
+        nbformat.v4.new_code_cell("print('never')"),
+    ]
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), str(tmp_path / "stop.ipynb"))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "stop.ipynb", "--no-progress"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("interrupted: the partial notebook is saved: ")
+    saved = nbformat.read(err[0].rsplit(": ", 1)[1], as_version=4)
+    assert saved.cells[2].outputs[0]["text"] == "before\n"  # cells[1]: injected parameters
+    assert saved.cells[4].metadata["papermill"]["status"] == "pending"

@@ -146,3 +146,28 @@ def test_bootstrap_refuses_an_edited_archive(tmp_path: Path) -> None:
     )
     assert not result.ok
     assert "does not match its manifest" in json.dumps(result.summary["failed_cell"])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_run_all_without_tree_says_what_to_set(path: Path, tmp_path: Path) -> None:
+    """Colab's Run all with the default ``tree = ""`` and no replaykit installed: one clear line
+    naming the parameter to set (it was a bare StopIteration)."""
+    import subprocess
+    import sys
+
+    cell = next(
+        "".join(c["source"])
+        for c in json.loads(path.read_text())["cells"]
+        if "".join(c["source"]).startswith("# Bootstrap")
+    )
+    done = subprocess.run(  # -S: no site-packages, so no installed replaykit; the cell needs none
+        [sys.executable, "-S", "-c", 'tree = ""\n' + cell],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1 and last.startswith(
+        "RuntimeError: set `tree` in the parameters cell"
+    ), done.stderr
