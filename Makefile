@@ -13,7 +13,7 @@ ZOO_SPEC ?= torchvision==0.28.0 timm==1.0.31
 HF_SPEC ?= transformers==5.17.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo demo-core colab-sim gpu lint bench clean nbcheck nbstrip
+.PHONY: venv test e2e demo demo-core colab-sim gpu lint bench clean nbcheck nbstrip
 
 venv: $(STAMP)
 
@@ -34,7 +34,10 @@ test: $(STAMP)
 	$(BIN)/ruff check replaykit tests scripts
 	$(BIN)/ruff format --check replaykit tests scripts
 	$(BIN)/python -m replaykit.workflow.nbclean --check notebooks/*.ipynb
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile  # a file's tests share one worker (its fixtures, its caches)
+	# a file's tests share one worker (its fixtures, its caches); files with slow tests go first
+	# (tests/conftest.py orders them; xdist's reorder by test count would put them last)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not env"
+	# each notebook with its CPU-quick parameters (notebooks/conftest.py edits the parameters cell)
 	$(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
 		--nbval-sanitize-with notebooks/nbval_sanitize.cfg notebooks
 
@@ -42,7 +45,13 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
-# The four notebooks as Colab's Run all runs them, in a cached venv of what Colab preinstalls (part of `make test`).
+# The tests that build Python environments (marker `env`, not in `make test`: minutes each): the
+# four notebooks as Colab's Run all runs them, in a venv of what Colab preinstalls (cached under
+# ~/.cache/replaykit/colab-runtime/, keyed by tests/workflow/colab-runtime.txt: a CI job keeps that
+# folder), and the README's offline recipe (a wheelhouse, a venv of torch and lightning only).
+e2e: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m env
+
 colab-sim: $(STAMP)
 	$(BIN)/python -m pytest -q tests/workflow/test_colab.py
 
