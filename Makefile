@@ -34,12 +34,13 @@ test: $(STAMP)
 	$(BIN)/ruff check replaykit tests scripts
 	$(BIN)/ruff format --check replaykit tests scripts
 	$(BIN)/python -m replaykit.workflow.nbclean --check notebooks/*.ipynb
-	# a file's tests share one worker (its fixtures, its caches); files with slow tests go first
-	# (tests/conftest.py orders them; xdist's reorder by test count would put them last)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not env"
-	# each notebook with its CPU-quick parameters (notebooks/conftest.py edits the parameters cell)
-	$(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
-		--nbval-sanitize-with notebooks/nbval_sanitize.cfg notebooks
+	# One run on two workers: a file's tests (a notebook's cells: nbval, one kernel) share one worker;
+	# files with slow tests and the notebooks go first (tests/conftest.py orders them; xdist's reorder
+	# by test count would put them last). nbval runs each notebook with its CPU-quick parameters
+	# (notebooks/conftest.py edits the parameters cell).
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not env" \
+		--nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
+		tests notebooks
 
 # The main job: the parity notebook on the device present, saved under runs/ with its summary.
 demo: $(STAMP)

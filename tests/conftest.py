@@ -66,8 +66,9 @@ HEAVY_MARKS = ("slow", "ddp")
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that ask for the cuda-only fixture carry the marker too, so `-m cuda` selects them.
 
-    Files holding a heavy test run first (the order within a file kept): under `-n 2 --dist loadfile
-    --no-loadscope-reorder` a worker that draws one last is not left running it alone at the end.
+    Files holding a heavy test, and notebooks (nbval: `make test` collects notebooks/ in the same
+    run), go first, the order within a file kept: under `-n 2 --dist loadfile --no-loadscope-reorder`
+    a worker that draws one last is not left running it alone at the end.
     """
     for item in items:
         if "cuda_device" in getattr(item, "fixturenames", ()):
@@ -75,7 +76,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     heavy = {
         item.nodeid.split("::", 1)[0]
         for item in items
-        if any(item.get_closest_marker(m) for m in HEAVY_MARKS)
+        if item.nodeid.split("::", 1)[0].endswith(".ipynb")
+        or any(item.get_closest_marker(m) for m in HEAVY_MARKS)
     }
     items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in heavy)
 
