@@ -30,14 +30,14 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/zoo-site $(ZOO_SPEC)
 	touch $(STAMP)
 
+# pytest and nbval in one run on two workers: a file's tests (a notebook's cells: one kernel) share
+# one worker; files with slow tests and the notebooks go first (tests/conftest.py orders them;
+# xdist's reorder by test count would put them last). nbval runs each notebook with its CPU-quick
+# parameters (notebooks/conftest.py edits the parameters cell). Tests marked env: `make e2e`.
 test: $(STAMP)
 	$(BIN)/ruff check replaykit tests scripts
 	$(BIN)/ruff format --check replaykit tests scripts
 	$(BIN)/python -m replaykit.workflow.nbclean --check notebooks/*.ipynb
-	# One run on two workers: a file's tests (a notebook's cells: nbval, one kernel) share one worker;
-	# files with slow tests and the notebooks go first (tests/conftest.py orders them; xdist's reorder
-	# by test count would put them last). nbval runs each notebook with its CPU-quick parameters
-	# (notebooks/conftest.py edits the parameters cell).
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not env" \
 		--nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
 		tests notebooks
