@@ -13,7 +13,7 @@ ZOO_SPEC ?= torchvision==0.28.0 timm==1.0.31
 HF_SPEC ?= transformers==5.17.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo demo-core colab-sim gpu lint bench clean nbcheck nbstrip
+.PHONY: venv test e2e demo demo-core colab-sim gpu lint bench clean nbcheck nbstrip
 
 venv: $(STAMP)
 
@@ -30,19 +30,29 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/zoo-site $(ZOO_SPEC)
 	touch $(STAMP)
 
+# pytest and nbval in one run on two workers: a file's tests (a notebook's cells: one kernel) share
+# one worker; files with slow tests and the notebooks go first (tests/conftest.py orders them;
+# xdist's reorder by test count would put them last). nbval runs each notebook with its CPU-quick
+# parameters (notebooks/conftest.py edits the parameters cell). Tests marked env: `make e2e`.
 test: $(STAMP)
 	$(BIN)/ruff check replaykit tests scripts
 	$(BIN)/ruff format --check replaykit tests scripts
 	$(BIN)/python -m replaykit.workflow.nbclean --check notebooks/*.ipynb
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile  # a file's tests share one worker (its fixtures, its caches)
-	$(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
-		--nbval-sanitize-with notebooks/nbval_sanitize.cfg notebooks
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not env" \
+		--nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
+		tests notebooks
 
 # The main job: the parity notebook on the device present, saved under runs/ with its summary.
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
-# The four notebooks as Colab's Run all runs them, in a cached venv of what Colab preinstalls (part of `make test`).
+# The tests that build Python environments (marker `env`, not in `make test`: minutes each): the
+# four notebooks as Colab's Run all runs them, in a venv of what Colab preinstalls (cached under
+# ~/.cache/replaykit/colab-runtime/, keyed by tests/workflow/colab-runtime.txt: a CI job keeps that
+# folder), and the README's offline recipe (a wheelhouse, a venv of torch and lightning only).
+e2e: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m env
+
 colab-sim: $(STAMP)
 	$(BIN)/python -m pytest -q tests/workflow/test_colab.py
 

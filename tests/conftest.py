@@ -59,11 +59,27 @@ def _quiet_replay_warnings():
         yield
 
 
+HEAVY_MARKS = ("slow", "ddp")
+"""Markers of the tests that take seconds each (subprocesses, notebooks, DDP jobs)."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that ask for the cuda-only fixture carry the marker too, so `-m cuda` selects them."""
+    """Tests that ask for the cuda-only fixture carry the marker too, so `-m cuda` selects them.
+
+    Files holding a heavy test, and notebooks (nbval: `make test` collects notebooks/ in the same
+    run), go first, the order within a file kept: under `-n 2 --dist loadfile --no-loadscope-reorder`
+    a worker that draws one last is not left running it alone at the end.
+    """
     for item in items:
         if "cuda_device" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cuda)
+    heavy = {
+        item.nodeid.split("::", 1)[0]
+        for item in items
+        if item.nodeid.split("::", 1)[0].endswith(".ipynb")
+        or any(item.get_closest_marker(m) for m in HEAVY_MARKS)
+    }
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in heavy)
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", ["step", "capture"])
 def test_inductor_model_replays_on_cuda_or_runs_eagerly_on_the_cpu(backend, device, entry):
     cfg = CompiledConfig(entry=entry, accumulate=2, device=device, backend=backend)

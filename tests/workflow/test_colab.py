@@ -149,6 +149,7 @@ def test_the_parameters_cell_is_edited_as_a_user_edits_it() -> None:
         edit_parameters(nb, {"task": ["pose"]})
 
 
+@pytest.mark.env
 def test_the_runtime_has_only_what_colab_preinstalls(runtime: tuple[Path, Path]) -> None:
     _, python = runtime
     code = (
@@ -167,6 +168,7 @@ def test_the_runtime_has_only_what_colab_preinstalls(runtime: tuple[Path, Path])
     assert version.startswith(TORCH.split("==")[1]) and found == "[]\n", out.stdout
 
 
+@pytest.mark.env
 @pytest.mark.slow
 def test_run_all_as_colab_then_evidence(runtime: tuple[Path, Path], tmp_path: Path) -> None:
     """Every notebook passes with CPU settings, one through the upload path; the downloaded notebooks

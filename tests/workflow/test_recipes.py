@@ -248,6 +248,7 @@ def torch_only_venv(dest: Path) -> Path:
     return python
 
 
+@pytest.mark.env
 @pytest.mark.slow
 def test_offline_recipe_end_to_end(tmp_path: Path) -> None:
     """pack --wheelhouse -> copy -> tar -> --verify -> the printed install line -> the verify notebook,

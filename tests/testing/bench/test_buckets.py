@@ -3,9 +3,12 @@ records once, and memory reads n/a (nothing is measured off CUDA). Timings are n
 
 from __future__ import annotations
 
+import pytest
+
 from replaykit.testing.bench import buckets
 
 
+@pytest.mark.slow
 def test_bucket_bench_trains_like_eager_and_records_each_bucket_once():
     arms = ("eager", "TrainStep", "TrainStep per bucket, shared pool")
     rows = buckets.table(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from replaykit.testing.bench import compiled
 
 
+@pytest.mark.slow
 def test_sizes_run_in_their_own_processes_and_keep_exactness() -> None:
     rows = compiled.run_isolated(
         (1,),
@@ -23,6 +26,7 @@ def test_sizes_run_in_their_own_processes_and_keep_exactness() -> None:
     assert step.equal is True and step.equal_to == "eager" and "replay" in step.note
 
 
+@pytest.mark.slow
 def test_a_process_that_fails_leaves_rows_that_say_so() -> None:
     rows = compiled.run_isolated(
         (1,), sizes=(), zoo=("no_such_model",), arms=("eager",), device="cpu"
