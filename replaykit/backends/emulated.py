@@ -24,12 +24,14 @@ data-dependent output shapes, random ops on a private generator, sparse gradient
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
 
 from ..errors import ReplayError
 from ..guards.signature import autocast_key
+from ..guards.switches import Frozen
 from ..memory.pool import MemoryPool
 from .base import (
     Backend,
@@ -69,6 +71,7 @@ class EmulatedRecording(Recording):
     ) -> None:
         self.static_inputs = static_inputs
         self.params = params
+        self._tape: Tape | None = None
         leaves = [p.detach().requires_grad_(True) for p in params]
         self._targets = grad_targets(static_inputs, leaves)
         names = [f"input {i}" for i, x in enumerate(static_inputs) if x.requires_grad]
@@ -109,16 +112,19 @@ class EmulatedRecording(Recording):
         del grads
         tape.seal(outs)
         del outs
-        self._tape: Tape | None = tape
+        self._tape = tape
 
     def _grad(
         self, roots: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], retain: bool
     ) -> Sequence[torch.Tensor | None]:
         if not roots or not self._targets:
             return [None] * len(self._targets)
-        return torch.autograd.grad(
-            list(roots), self._targets, list(grads), retain_graph=retain, allow_unused=True
-        )
+        # the backward's kernels are the recording's too (None while recording: the switches of now)
+        tape = self._tape
+        with Frozen(tape.switches) if tape is not None else contextlib.nullcontext():
+            return torch.autograd.grad(
+                list(roots), self._targets, list(grads), retain_graph=retain, allow_unused=True
+            )
 
     def replay_forward(self) -> None:
         assert self._tape is not None, "replay of a freed recording"
