@@ -56,7 +56,7 @@ ENTRIES = {"capture": _capture_step, "step": _train_step}
 
 
 def _state(model: nn.Module, losses: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [*losses, *(t.detach().clone() for t in model.state_dict().values())]
+    return [*losses, *(t.detach().to_dense().clone() for t in model.state_dict().values())]
 
 
 def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
@@ -96,4 +96,52 @@ def test_a_numpy_scalar_attribute_is_keyed_not_restored_in_place(entry: str) -> 
     replayed = _scheduled(model, step)
     assert _same(reference, replayed)
     assert rec.counts["replay"] >= 1, rec.summary()  # the held rate replays
+    rec.release()
+
+
+# --------------------------------------------------------------------------- sparse COO (a GNN)
+def _adjacency(n: int = 8) -> torch.Tensor:
+    idx = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 0, 2], [1, 2, 3, 4, 5, 6, 7, 0, 4, 6]])
+    return torch.sparse_coo_tensor(idx, torch.ones(10), (n, n)).coalesce()
+
+
+class GCN(nn.Module):
+    """Two graph convolutions, ``torch.sparse.mm(adj, x)``; the adjacency passed or held as a buffer."""
+
+    def __init__(self, held: bool) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+        self.out = nn.Linear(6, 3)
+        if held:
+            self.register_buffer("adj", _adjacency())
+
+    def forward(self, x: torch.Tensor, adj: torch.Tensor | None = None) -> torch.Tensor:
+        adj = self.adj if adj is None else adj
+        return self.out(torch.sparse.mm(adj, torch.relu(torch.sparse.mm(adj, self.lin(x)))))
+
+
+def _graph_steps(model: GCN, step: Callable, passed: bool) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(2)
+    adj = _adjacency()
+    losses = [step(torch.randn(8, 6, generator=g), *((adj,) if passed else ())) for _ in range(4)]
+    return _state(model, losses)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("entry", list(ENTRIES))
+@pytest.mark.parametrize("passed", [True, False], ids=["input", "buffer"])
+def test_a_sparse_adjacency_runs_eagerly_with_a_reason(entry: str, passed: bool) -> None:
+    """A sparse input routes eager (``sparse_input``: a graph's static inputs are dense buffers); a
+    sparse buffer retires with the capture's reason. Neither crashes; both end as eager."""
+    torch.manual_seed(0)
+    eager, model = GCN(held=not passed), GCN(held=not passed)
+    model.load_state_dict(eager.state_dict())
+    reference = _graph_steps(eager, _eager_step(eager), passed)
+    step, rec = ENTRIES[entry](model)
+    replayed = _graph_steps(model, step, passed)
+    assert _same(reference, replayed)
+    if passed:
+        assert rec.eager_reasons["sparse_input"] >= 3, rec.summary()
+    else:
+        assert rec.retired and "capture failed" in rec.retire_reason, rec.summary()
     rec.release()
