@@ -145,3 +145,53 @@ def test_a_sparse_adjacency_runs_eagerly_with_a_reason(entry: str, passed: bool)
     else:
         assert rec.retired and "capture failed" in rec.retire_reason, rec.summary()
     rec.release()
+
+
+# --------------------------------------------------------------------------- a capture that fails
+def _eigh_syncing(c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.linalg.eigh`` as CUDA runs it: it reads its error code on the host, which a stream
+    under capture refuses (the emulated tape reports capturing as a CUDA capture does)."""
+    try:
+        capturing = torch.cuda.is_current_stream_capturing()
+    except RuntimeError:  # a CPU-only torch outside a recording
+        capturing = False
+    if capturing:
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+    return torch.linalg.eigh(c)
+
+
+class Whitened(nn.Module):
+    """Decorrelated features (a whitening layer, as in a self-supervised loss), after dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 4)
+        self.drop = nn.Dropout(0.25)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.drop(self.lin(x))
+        z = z - z.mean(0)
+        evals, evecs = _eigh_syncing(z.T @ z / z.shape[0] + 1e-3 * torch.eye(4))
+        return z @ evecs @ torch.diag(evals.rsqrt()) @ evecs.T
+
+
+def _whitened_steps(model: nn.Module, step: Callable) -> list[torch.Tensor]:
+    torch.manual_seed(5)  # dropout's masks: the failed capture must leave the generator as eager's
+    g = torch.Generator().manual_seed(4)
+    losses = [step(torch.randn(16, 6, generator=g)) for _ in range(4)]
+    return [*_state(model, losses), torch.rand(3)]
+
+
+@pytest.mark.parametrize("entry", list(ENTRIES))
+def test_a_capture_that_fails_retires_with_the_reason_and_leaves_eager_state(entry: str) -> None:
+    """The CPU stand-in for ``torch.linalg.eigh`` failing inside a CUDA capture: the call that tried
+    ends as eager's (parameters, optimizer state, the generator's draws), then eager with the reason."""
+    torch.manual_seed(0)
+    eager, model = Whitened(), Whitened()
+    model.load_state_dict(eager.state_dict())
+    reference = _whitened_steps(eager, _eager_step(eager))
+    step, rec = ENTRIES[entry](model)
+    replayed = _whitened_steps(model, step)
+    assert _same(reference, replayed)
+    assert rec.retired and "operation not permitted when stream is capturing" in rec.retire_reason
+    rec.release()
