@@ -104,9 +104,13 @@ class EmulatedRecording(Recording):
         if (
             self.differentiable and self._targets
         ):  # through the recorded graph: checks it can be differentiated
-            grads = self._grad(
-                [outs[i] for i in self.differentiable], _zero_grads(outs, self.differentiable), True
-            )
+            roots = [outs[i] for i in self.differentiable]
+            grads = self._grad(roots, _zero_grads(outs, self.differentiable), True)
+            # every replay differentiates this graph again: one that allows a single backward
+            # (selective activation checkpointing's cache) fails here, a clean "capture failed",
+            # not in the user's first replayed backward
+            self._grad(roots, _zero_grads(outs, self.differentiable), True)
+            del roots
         _check_dense(grads, names)
         self.static_grads = [None if g is None else torch.empty_like(g) for g in grads]
         del grads

@@ -3,12 +3,18 @@ with a reason, or raises a clear ReplayError."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 import replaykit as rk
 
@@ -194,4 +200,44 @@ def test_a_capture_that_fails_retires_with_the_reason_and_leaves_eager_state(ent
     replayed = _whitened_steps(model, step)
     assert _same(reference, replayed)
     assert rec.retired and "operation not permitted when stream is capturing" in rec.retire_reason
+    rec.release()
+
+
+# --------------------------------------------------------------------------- selective checkpointing
+def _save_matmuls(ctx: object, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:
+    matmuls = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+    return CheckpointPolicy.MUST_SAVE if op in matmuls else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class SelectivelyCheckpointed(nn.Module):
+    """A block under selective activation checkpointing: matmuls saved, the rest recomputed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 6))
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        contexts = functools.partial(create_selective_checkpoint_contexts, _save_matmuls)
+        return self.head(checkpoint(self.block, x, use_reentrant=False, context_fn=contexts))
+
+
+@pytest.mark.parametrize("entry", list(ENTRIES))
+def test_selective_activation_checkpointing_ends_as_eager(entry: str) -> None:
+    """Its cache allows one backward: the whole step (one backward per recording) replays; network
+    replay, whose every backward differentiates the recorded graph again, retires at record."""
+    torch.manual_seed(0)
+    eager, model = SelectivelyCheckpointed(), SelectivelyCheckpointed()
+    model.load_state_dict(eager.state_dict())
+    g = torch.Generator().manual_seed(6)
+    batches = [torch.randn(4, 6, generator=g) for _ in range(4)]
+    run = _eager_step(eager)
+    reference = _state(eager, [run(x) for x in batches])
+    step, rec = ENTRIES[entry](model)
+    replayed = _state(model, [step(x) for x in batches])
+    assert _same(reference, replayed)
+    if entry == "step":
+        assert rec.counts["replay"] >= 1, rec.summary()
+    else:
+        assert rec.retired and "backward an extra time" in rec.retire_reason, rec.summary()
     rec.release()
