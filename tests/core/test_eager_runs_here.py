@@ -4,6 +4,8 @@ with a reason, or raises a clear ReplayError."""
 from __future__ import annotations
 
 import functools
+import gc
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -241,3 +243,38 @@ def test_selective_activation_checkpointing_ends_as_eager(entry: str) -> None:
     else:
         assert rec.retired and "backward an extra time" in rec.retire_reason, rec.summary()
     rec.release()
+
+
+# --------------------------------------------------------------------------- lifetime
+def test_a_released_step_of_a_transformers_model_lets_the_model_go() -> None:
+    """A sweep of trials builds a model and a step per trial: after release and del, nothing of
+    replaykit's (a cycle through autograd nodes, a registry) may keep the model alive."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=16,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    step = rk.TrainStep(
+        model,
+        lambda m, **b: m(**b).loss,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        backend="emulated",
+    )
+    ids = torch.randint(0, 32, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 6:] = 0
+    for _ in range(3):
+        loss = step(input_ids=ids, attention_mask=mask, labels=ids)
+    assert step.counts["replay"] >= 1, step.summary()
+    alive = weakref.ref(model)
+    step.release()
+    del step, model, loss
+    gc.collect()
+    assert alive() is None
