@@ -145,6 +145,12 @@ REGISTRY: dict[str, Protection] = {
             "torch.compile'd frames run while the emulated tape records: their kernels bypass the dispatcher and a replay reads stale buffers",
         ),
         Protection(
+            "switches",
+            "both",
+            "process-wide kernel switches (SDPA backend, cuDNN/oneDNN enabled, TF32, matmul precision, deterministic "
+            "algorithms) changed after recording replay the kernels recorded under the old ones",
+        ),
+        Protection(
             "hooks", "step", "module, gradient and optimizer hooks run at the recording call only"
         ),
         Protection(

@@ -34,6 +34,7 @@ from torch import nn
 from .errors import ReplayError, ReplayWarning
 from .guards.module import ModuleGuard
 from .guards.storage import ModuleWatch
+from .guards.switches import key as switches_key
 from .journal import KINDS, Journal
 
 _grad_enabled = torch.is_grad_enabled
@@ -98,6 +99,7 @@ class Lifecycle:
         self._drop = drop  # the entry point frees its recordings (now, or after a pending backward)
         self._identity = "param_identity" not in disabled
         self._modes = "autograd_modes" not in disabled
+        self._switches = "switches" not in disabled
         self._watches: list[Watch] = []
         self._owner: int | None = None
         self._warned_share = False
@@ -223,7 +225,8 @@ class Lifecycle:
             verdict = self.guard.verdict()
         if verdict.eager is not None and self._identity:
             return None, verdict.eager
-        return verdict.key, None
+        # process-wide kernel switches join the key: a flipped one selects another recording
+        return ((verdict.key, switches_key()) if self._switches else verdict.key), None
 
     def _change(self, identity: str | None) -> str | None:
         if self._identity:

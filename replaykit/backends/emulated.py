@@ -24,12 +24,14 @@ data-dependent output shapes, random ops on a private generator, sparse gradient
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
 
 from ..errors import ReplayError
 from ..guards.signature import autocast_key
+from ..guards.switches import Frozen
 from ..memory.pool import MemoryPool
 from .base import (
     Backend,
@@ -69,6 +71,7 @@ class EmulatedRecording(Recording):
     ) -> None:
         self.static_inputs = static_inputs
         self.params = params
+        self._tape: Tape | None = None
         leaves = [p.detach().requires_grad_(True) for p in params]
         self._targets = grad_targets(static_inputs, leaves)
         names = [f"input {i}" for i, x in enumerate(static_inputs) if x.requires_grad]
@@ -101,24 +104,31 @@ class EmulatedRecording(Recording):
         if (
             self.differentiable and self._targets
         ):  # through the recorded graph: checks it can be differentiated
-            grads = self._grad(
-                [outs[i] for i in self.differentiable], _zero_grads(outs, self.differentiable), True
-            )
+            roots = [outs[i] for i in self.differentiable]
+            grads = self._grad(roots, _zero_grads(outs, self.differentiable), True)
+            # every replay differentiates this graph again: one that allows a single backward
+            # (selective activation checkpointing's cache) fails here, a clean "capture failed",
+            # not in the user's first replayed backward
+            self._grad(roots, _zero_grads(outs, self.differentiable), True)
+            del roots
         _check_dense(grads, names)
         self.static_grads = [None if g is None else torch.empty_like(g) for g in grads]
         del grads
         tape.seal(outs)
         del outs
-        self._tape: Tape | None = tape
+        self._tape = tape
 
     def _grad(
         self, roots: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], retain: bool
     ) -> Sequence[torch.Tensor | None]:
         if not roots or not self._targets:
             return [None] * len(self._targets)
-        return torch.autograd.grad(
-            list(roots), self._targets, list(grads), retain_graph=retain, allow_unused=True
-        )
+        # the backward's kernels are the recording's too (None while recording: the switches of now)
+        tape = self._tape
+        with Frozen(tape.switches) if tape is not None else contextlib.nullcontext():
+            return torch.autograd.grad(
+                list(roots), self._targets, list(grads), retain_graph=retain, allow_unused=True
+            )
 
     def replay_forward(self) -> None:
         assert self._tape is not None, "replay of a freed recording"

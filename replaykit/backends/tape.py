@@ -46,6 +46,8 @@ from torch.utils._pytree import tree_leaves
 
 from ..dispatch import WatchingMode
 from ..errors import ReplayError
+from ..guards.switches import Frozen
+from ..guards.switches import key as switches_key
 
 _aten = torch.ops.aten
 _MASKED_INDEX = {
@@ -213,10 +215,14 @@ class Tape:
         self._statics: list[torch.Tensor] = []
         self._versions: tuple[int, ...] = ()
         self._device_types: tuple[str, ...] = ()
+        #: the process-wide switches recorded under: a replay re-dispatches each op, and
+        #: ``aten.convolution`` would choose oneDNN or the native kernel anew; a graph does not
+        self.switches: tuple = switches_key()
 
     # ----------------------------------------------------------------- recording
     def recording(self) -> _Taping:
         """The context that records: dispatch mode plus saved-tensor hooks."""
+        self.switches = switches_key()
         return _Taping(self)
 
     def _encode(self, a: Any) -> Any:
@@ -339,8 +345,10 @@ class Tape:
         """Run the taped ops over the fixed tensors; static results are rewritten in place."""
         table: list[Any] = [None] * self._n
         table[: len(self._fixed)] = self._fixed
-        # below autograd (a replay builds no graph), each op in the grad mode it was recorded in
+        # below autograd (a replay builds no graph), each op in the grad mode it was recorded in,
+        # under the switches it was recorded under (the kernels a graph froze)
         with (
+            Frozen(self.switches),
             torch._C._AutoDispatchBelowAutograd(),
             torch.enable_grad(),
             _no_autocast(self._device_types),

@@ -12,6 +12,7 @@ never reach a signature.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
 from types import BuiltinFunctionType, FunctionType
 from typing import Any
@@ -76,9 +77,12 @@ _BY_IDENTITY = (FunctionType, BuiltinFunctionType, type)
 
 
 def _tensor_key(t: torch.Tensor) -> tuple:
+    stride = t.stride()
+    if 0 in stride:  # broadcast, or a sparse COO tensor (its strides read as zeros): look closer
+        _dense_only((t,))
     return (
         t.shape,
-        t.stride(),
+        stride,
         t.storage_offset(),
         t.dtype,
         t.device,
@@ -144,7 +148,11 @@ def signature(
     and ignores aliasing, as plain CUDA-graph wrappers do. ``tensor_key`` replaces the
     per-tensor key (the whole step keys storage offsets by alignment: :func:`replaykit.memory.layout.aligned_key`).
     """
-    tensors = tuple(map(tensor_key or _tensor_key, call.tensors))
+    try:
+        tensors = tuple(map(tensor_key or _tensor_key, call.tensors))
+    except RuntimeError:  # a sparse input has no strides: said once here, not checked per tensor
+        _dense_only(call.tensors)
+        raise
     aliases = aliasing(call.tensors) if exact_arguments else ()
     if call.spec is None:
         return (len(tensors), tensors, aliases, autocast_key(device_type))
@@ -158,6 +166,22 @@ def signature(
         constants,
         autocast_key(device_type),
     )
+
+
+_SPARSE = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+
+
+def _dense_only(tensors: Sequence[torch.Tensor]) -> None:
+    """Route eager for an input that is not a dense (strided) tensor: a graph's static inputs are
+    dense buffers of fixed size, and a sparse tensor's number of values is its own."""
+    for t in tensors:
+        if t.layout != torch.strided:
+            reason = "sparse_input" if t.layout in _SPARSE else "non_strided_input"
+            raise UnhashableArgument(
+                f"an input of layout {t.layout} (a graph's static inputs are dense buffers of fixed "
+                "size): pass it dense, or hold a fixed one as a buffer of the module",
+                reason,
+            )
 
 
 def _loose_key(x: Any) -> tuple:

@@ -34,6 +34,17 @@ _requires_grad = attrgetter("requires_grad")
 _data_ptr = torch.Tensor.data_ptr
 
 
+def _sparse_ptrs(t: torch.Tensor) -> tuple[int, ...]:
+    """A sparse tensor's storages' addresses (its compressed indices and values)."""
+    if t.layout == torch.sparse_coo:
+        return (t._indices().data_ptr(), t._values().data_ptr())
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return (t.crow_indices().data_ptr(), t.col_indices().data_ptr(), t.values().data_ptr())
+    if t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        return (t.ccol_indices().data_ptr(), t.row_indices().data_ptr(), t.values().data_ptr())
+    return (id(t),)
+
+
 def module_hooks(module: nn.Module) -> int:
     """Hooks of every module in the tree, the root's own included (a whole step runs those too)."""
     return sum(len(m.__dict__.get(name, ())) for m in module.modules() for name in _HOOK_DICTS)
@@ -60,9 +71,13 @@ class ModuleWatch:
     def rebaseline(self) -> None:
         """Take the module as it is now as the reference (done while no recording exists)."""
         module = self._module
-        self._tensors = [*module.parameters(), *module.buffers()]
+        tensors = [*module.parameters(), *module.buffers()]
+        self._tensors = [t for t in tensors if t.layout == torch.strided]
+        # a sparse buffer (a GNN's adjacency) has no data pointer: its indices' and values' are kept
+        self._sparse = [t for t in tensors if t.layout != torch.strided]
         self._frozen = [p for p in module.parameters() if not p.requires_grad]
         self._ptrs = list(map(_data_ptr, self._tensors))
+        self._sparse_ptrs = list(map(_sparse_ptrs, self._sparse))
         self._globals = sum(map(len, GLOBAL_HOOKS))
         self._hooks = sum(map(len, hook_dicts(module)))
 
@@ -72,7 +87,9 @@ class ModuleWatch:
 
     def reason(self) -> str | None:
         """Why the recordings are no longer valid, or None when nothing changed."""
-        if list(map(_data_ptr, self._tensors)) != self._ptrs:
+        if list(map(_data_ptr, self._tensors)) != self._ptrs or (
+            self._sparse and list(map(_sparse_ptrs, self._sparse)) != self._sparse_ptrs
+        ):
             return "parameter or buffer storage changed"
         if self._frozen and any(map(_requires_grad, self._frozen)):
             return "requires_grad of a parameter changed (a frozen parameter now requires grad)"
@@ -88,4 +105,4 @@ class ModuleWatch:
 
     def close(self) -> None:
         """Pin no old tensors (e.g. after .cpu())."""
-        self._tensors, self._frozen = [], []
+        self._tensors, self._frozen, self._sparse = [], [], []

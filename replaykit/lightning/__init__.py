@@ -47,6 +47,24 @@ def resolve(root: nn.Module, path: str) -> nn.Module:
     return module
 
 
+def callable_module(path: str, module: nn.Module) -> nn.Module:
+    """``module`` if it has a forward of its own; a container without one (``nn.ModuleDict``,
+    ``nn.ModuleList``) is never called itself (its children are), so capturing it would replay
+    nothing and say nothing: raise, naming the children to capture instead.
+
+    Not its children captured silently in its place: which of them run, how often per step and
+    with which arguments is the user's model, and each becomes a recorder with its own journal.
+    """
+    if type(module).forward is not nn.Module.forward:
+        return module
+    children = [f"{path}.{name}" for name, _ in module.named_children()]
+    example = ", ".join(repr(c) for c in children[:3]) or f"'{path}.<child>'"
+    raise ReplayError(
+        f"{path!r} is a {type(module).__name__} without a forward of its own: its children are "
+        f"called, never it, so nothing would be recorded. Name the children: ReplayCallback({example})"
+    )
+
+
 #: Strategies under which replay keeps parity: one device, and DDP (gradients reach the
 #: parameters' AccumulateGrad nodes as in eager, so DDP's hooks all-reduce them unchanged).
 SUPPORTED_STRATEGIES = ("SingleDeviceStrategy", "DDPStrategy")
@@ -109,7 +127,7 @@ class ReplayCallback(L.Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._release()
-        modules = {path: resolve(pl_module, path) for path in self.paths}
+        modules = {path: callable_module(path, resolve(pl_module, path)) for path in self.paths}
         self.recorders = {
             path: capture(module, **self.capture_kwargs) for path, module in modules.items()
         }

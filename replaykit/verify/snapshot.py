@@ -193,10 +193,16 @@ def held_state(
     return list(tensors.values()), list(generators.values())
 
 
+def _writable_array(value: object) -> bool:
+    """A numpy array a forward could write in place; a numpy scalar (``np.linspace(...)[i]``, a
+    DropBlock schedule's rate) has ``shape`` and ``tobytes`` too but is immutable: nothing to restore."""
+    return is_ndarray(value) and bool(value.flags.writeable)  # type: ignore[attr-defined]
+
+
 def _mutable(value: object) -> bool:
     return (
         isinstance(value, (list, dict, set, deque))
-        or is_ndarray(value)
+        or _writable_array(value)
         or (
             hasattr(value, "__dict__")
             and not isinstance(value, (nn.Module, torch.Tensor, type))
@@ -209,7 +215,7 @@ def _contents(value: object) -> object:
     """A shallow copy of a container's items, or of a plain object's attributes."""
     if isinstance(value, (list, deque)):
         return list(value)
-    if is_ndarray(value):
+    if _writable_array(value):
         return value.copy()  # type: ignore[attr-defined]
     if isinstance(value, (dict, set)):
         return value.copy()
@@ -223,7 +229,7 @@ def _put_back(value: object, contents: object) -> None:
     elif isinstance(value, deque):
         value.clear()
         value.extend(contents)  # type: ignore[arg-type]
-    elif is_ndarray(value):
+    elif _writable_array(value):
         value[...] = contents  # type: ignore[index]
     elif isinstance(value, (dict, set)):
         value.clear()

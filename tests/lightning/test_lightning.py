@@ -86,6 +86,54 @@ def test_bad_paths() -> None:
         _fit(ReplayCallback("nope"), limit_val_batches=0)
 
 
+class _Heads(L.LightningModule):
+    """Its network is a ModuleDict: the training step calls the children, never the dict."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.ModuleDict(
+            {"body": torch.nn.Linear(4, 4), "head": torch.nn.Linear(4, 2)}
+        )
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.net["head"](self.net["body"](batch[0])).square().mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_module_dict_whose_forward_is_never_called_is_refused_naming_its_children() -> None:
+    """Captured, it would record nothing and say nothing; its children are what runs."""
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=4
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[ReplayCallback("net")],
+    )
+    with pytest.raises(
+        rk.ReplayError, match=r"ModuleDict without a forward.*'net.body', 'net.head'"
+    ):
+        trainer.fit(_Heads(), data)
+    cb = ReplayCallback("net.body", "net.head")
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[cb],
+    )
+    trainer.fit(_Heads(), data)
+    assert cb.recorders["net.head"].counts["record"] == 1
+
+
 @pytest.mark.parametrize(
     "scenario",
     [

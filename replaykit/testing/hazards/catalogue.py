@@ -28,6 +28,7 @@ from . import (
     parameters,
     side_effects,
     step_python,
+    switches,
     two_backwards,
     under_capture,
 )
@@ -49,6 +50,7 @@ MODULES = (
     crashes,
     backend_diffs,
     under_capture,
+    switches,
 )
 
 

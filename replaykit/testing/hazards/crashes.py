@@ -13,9 +13,15 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 import replaykit as rk
 
@@ -208,6 +214,121 @@ PATTERNS: list[Pattern] = [
         mlp(),
         lambda m, a: loop(m, a, steps=3),
         target=lambda m: m.forward,
+    ),
+]
+
+
+# --------------------------------------------------------------------------- issue #33, class 4
+class RateScheduled(nn.Module):
+    """A DropBlock-like rate from a numpy schedule: ``self.p = np.linspace(0, .3, 10)[i]`` (a numpy scalar)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(6, 3)
+        self.p = 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * float(1 - self.p)
+
+
+def _numpy_rate(model: nn.Module, step: int) -> None:
+    import numpy as np  # a user's dependency, not the harness's: imported when the pattern runs
+
+    model.p = np.linspace(0, 0.3, 10)[min(step, 2)]
+
+
+def _adjacency(device: str) -> torch.Tensor:
+    idx = torch.tensor([[0, 1, 2, 3, 0, 2], [1, 2, 3, 0, 2, 1]])
+    return torch.sparse_coo_tensor(idx, torch.ones(6), (4, 4), device=device).coalesce()
+
+
+class GraphConv(nn.Module):
+    """Two graph convolutions ``torch.sparse.mm(adj, x)``, the adjacency passed with the batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+        self.out = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor, adj: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.sparse.mm(adj, torch.relu(torch.sparse.mm(adj, self.lin(x)))))
+
+
+def _graph(api: str) -> Callable[[nn.Module, Arm], Extras]:
+    def train(model: nn.Module, arm: Arm) -> Extras:
+        adj = _adjacency(arm.device)
+        if api == "step":
+            opt = sgd(model)
+            step = arm.train_step(model, lambda m, x, a: m(x, a).pow(2).mean(), opt)
+            return {f"loss{i}": step(arm.randn(4, 6), adj).detach() for i in range(4)}
+        return loop(model, arm, steps=4, call=lambda m, x, s: m(x, adj))
+
+    return train
+
+
+def _save_matmuls(ctx: object, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:
+    matmuls = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+    return CheckpointPolicy.MUST_SAVE if op in matmuls else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class SelectiveCheckpointed(nn.Module):
+    """A block under selective activation checkpointing (matmuls saved, the rest recomputed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 6))
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        contexts = partial(create_selective_checkpoint_contexts, _save_matmuls)
+        return self.head(checkpoint(self.block, x, use_reentrant=False, context_fn=contexts))
+
+
+PATTERNS += [
+    Pattern(
+        "numpy_scalar_attribute",
+        HAZARD,
+        "a module attribute set to a numpy scalar each step (np.linspace(0, .3, 10)[i])",
+        lambda d: RateScheduled().to(d),
+        lambda m, a: loop(m, a, steps=4, before=_numpy_rate),
+    ),
+    Pattern(
+        "step_numpy_scalar_attribute",
+        HAZARD,
+        "a module attribute set to a numpy scalar each step, whole step",
+        lambda d: RateScheduled().to(d),
+        lambda m, a: step_loop(m, a, steps=5, before=lambda m, o, s: _numpy_rate(m, s)),
+        api="step",
+    ),
+    Pattern(
+        "sparse_adjacency_input",
+        HAZARD,
+        "a sparse COO adjacency passed with each batch, torch.sparse.mm(adj, x) (a GNN)",
+        lambda d: GraphConv().to(d),
+        _graph("capture"),
+    ),
+    Pattern(
+        "step_sparse_adjacency_input",
+        HAZARD,
+        "a sparse COO adjacency passed with each batch, whole step",
+        lambda d: GraphConv().to(d),
+        _graph("step"),
+        api="step",
+    ),
+    Pattern(
+        "selective_activation_checkpointing",
+        HAZARD,
+        "checkpoint(..., use_reentrant=False, context_fn=create_selective_checkpoint_contexts(...))",
+        lambda d: SelectiveCheckpointed().to(d),
+        lambda m, a: loop(m, a, steps=4),
+    ),
+    Pattern(
+        "step_selective_activation_checkpointing",
+        HAZARD,
+        "selective activation checkpointing, whole step",
+        lambda d: SelectiveCheckpointed().to(d),
+        lambda m, a: step_loop(m, a, steps=5),
+        api="step",
     ),
 ]
 
