@@ -75,6 +75,9 @@ class LossInputs:
         self._attributes: set[tuple[int, str]] = set()  # (module, attribute) keyed already
         self._sources: list[tuple[str, Callable[[], Any]]] = []
         self._raw: list[Callable[[], Any]] = []  # the same sources' values as they are
+        # where the code binds names (closure cells, (globals, name)): a recording call's reruns put them back
+        self.cells: list[Any] = []
+        self.global_names: list[tuple[dict, str]] = []
         self.unwatched: list[str] = []
         if loss_fn is not None:
             self._walk(loss_fn, "loss_fn", 0)
@@ -126,6 +129,10 @@ class LossInputs:
     def tensors(self) -> list[torch.Tensor]:
         """The tensors ``loss_fn`` holds the same way (a running statistic it writes in place)."""
         return held_state([self._values_now()])[0]
+
+    def values(self) -> list[Any]:
+        """What the code holds now, source by source (a criterion, a teacher module, a closed-over list)."""
+        return list(self._values_now().values())
 
     def _values_now(self) -> dict[str, Any]:
         values: dict[str, Any] = {}
@@ -213,6 +220,7 @@ class LossInputs:
     def _function(self, fn: FunctionType, name: str, depth: int) -> None:
         code = fn.__code__
         for var, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
+            self.cells.append(cell)
             if self._values_only and not (cell_filled(cell) and _plain(cell.cell_contents)):
                 continue
             self._add(
@@ -227,6 +235,7 @@ class LossInputs:
         names = _names(code)
         for global_name in sorted(names):
             if global_name in globals_:
+                self.global_names.append((globals_, global_name))
                 value = globals_[global_name]
                 if isinstance(value, ModuleType):
                     self._module_attributes(value, names, depth)
