@@ -186,3 +186,39 @@ def test_a_capture_routed_eager_ends_as_a_plain_eager_loop(unsafe: tuple[str, ..
         assert not (same and n_eager == n_replayed and p_eager == p_replayed)
         return
     assert same and n_eager == n_replayed and p_eager == p_replayed == [1] * CALLS
+
+
+@pytest.mark.parametrize("unsafe", [(), ("call_state",)], ids=["safe", "unsafe"])
+def test_an_optimizer_step_keeps_its_param_group_counter_once_per_call(
+    unsafe: tuple[str, ...],
+) -> None:
+    """OptimizerStep's recording call runs the body at capture and again eagerly (its
+    verification): the param group's counter must move once per call, as eager's."""
+    from replaykit.optimizer_step import OptimizerStep
+
+    ends = []
+    for replay in (False, True):
+        torch.manual_seed(0)
+        net = nn.Linear(6, 3)
+        opt = CountingSGD(net.parameters(), lr=0.1, momentum=0.9)
+        step = (
+            OptimizerStep(
+                opt, backend="emulated", warmup=0, trust_optimizer=True, unsafe_disable=unsafe
+            )
+            if replay
+            else None
+        )
+        g = torch.Generator().manual_seed(1)
+        for _ in range(CALLS):
+            net(torch.randn(4, 6, generator=g)).pow(2).mean().backward()
+            if step is None:
+                opt.step()
+            else:
+                step(opt.step)
+            opt.zero_grad(set_to_none=True)
+        ends.append((net.weight.detach().clone(), opt.param_groups[0]["k"]))
+    (w_eager, k_eager), (w_replayed, k_replayed) = ends
+    if unsafe:
+        assert k_replayed != k_eager
+        return
+    assert k_replayed == k_eager == CALLS and torch.equal(w_eager, w_replayed)
