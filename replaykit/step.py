@@ -69,6 +69,7 @@ from .protections import disabled_protections
 from .recorder import recorder_of
 from .route import Lifecycle, Lifecycled
 from .step_recording import RecordingSteps
+from .verify.call_state import CallState
 from .verify.probe import foreign_leaves
 from .verify.step_check import StepSnapshot, difference, end_state, unique
 
@@ -438,7 +439,9 @@ class TrainStep(RecordingSteps, Lifecycled):
         """The shadow check (``check_every``): replay, then the twin's body from the same state; a
         difference retires the step and the state is eager's."""
         call = self._calls
-        snapshot = self._snapshot(tensors=True)
+        # the call state, not the snapshot alone: the replay ran what loss_fn's modules do (a
+        # teacher's statistics) and the eager body runs it again (step_recording.py)
+        snapshot = self._call_state(tensors=True)
         for static, x in zip(rec.static_inputs, callargs.tensors, strict=True):
             copy_into(static, x)
         rec.region.replay()
@@ -467,15 +470,16 @@ class TrainStep(RecordingSteps, Lifecycled):
         )
 
     def _against_eager(
-        self, snapshot: StepSnapshot, loss: torch.Tensor, phase: str, args: tuple, kwargs: dict
+        self, snapshot: CallState, loss: torch.Tensor, phase: str, args: tuple, kwargs: dict
     ) -> tuple[str | None, torch.Tensor]:
         """The recorded work's end state against the twin's body run from ``snapshot``: the first
         difference (or None) and eager's loss. The state left behind is eager's."""
         state = (self.model, self.optimizer, self.scaler, self.ema, self._trainable)
-        replayed = end_state(*state, loss, clone=True)
+        replayed = end_state(*state, loss, clone=True, extra=snapshot.outside)
         snapshot.restore()
         eager = self._body(phase, args, kwargs)
-        return difference(replayed, end_state(*state, eager, clone=False)), eager
+        now = end_state(*state, eager, clone=False, extra=snapshot.outside)
+        return difference(replayed, now), eager
 
     def _key(self, phase: str, state: Any, callargs: Any) -> tuple:
         grads = list(map(GRAD, self._trainable))

@@ -133,13 +133,14 @@ class RecordingSteps:
                 return CompileWatch.unseen_reason(regions[0][0])
         return None
 
-    def _call_state(self) -> CallState:
+    def _call_state(self, tensors: bool | None = None) -> CallState:
         """Everything the call's runs may change, taken before the first. Without ``call_state``
-        (unsafe) only the step's tensor snapshot, as before the call state existed."""
+        (unsafe) only the step's tensor snapshot, as before the call state existed. ``tensors``:
+        whether the runs execute kernels (default: the recording call's answer)."""
         assert self.backend is not None
-        verify = "verify_recording" not in self.disabled
-        # a CUDA capture executes no kernels: without the reference only Python runs twice
-        tensors = self.backend.name != "cuda" or verify
+        if tensors is None:
+            # a CUDA capture executes no kernels: without the reference only Python runs twice
+            tensors = self.backend.name != "cuda" or "verify_recording" not in self.disabled
         snapshot = self._snapshot(tensors=tensors)
         if "call_state" in self.disabled:
             return CallState(snapshot, self.model, whole=False)

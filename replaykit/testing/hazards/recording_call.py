@@ -49,7 +49,7 @@ def _ema_target(model: nn.Module, arm: Arm) -> Extras:
     return kept
 
 
-def _teacher_bn(model: nn.Module, arm: Arm) -> Extras:
+def _teacher_bn(model: nn.Module, arm: Arm, **step_kwargs: object) -> Extras:
     """Distillation from a teacher left in train mode: its BatchNorm statistics move every call."""
     teacher = MLP(bn=True).to(arm.device).requires_grad_(False)
 
@@ -58,7 +58,7 @@ def _teacher_bn(model: nn.Module, arm: Arm) -> Extras:
             soft = teacher(x)
         return (m(x) - soft).pow(2).mean()
 
-    kept = step_loop(model, arm, loss_fn=loss_fn, steps=4)
+    kept = step_loop(model, arm, loss_fn=loss_fn, steps=4, **step_kwargs)
     kept.update({f"teacher/{n}": b for n, b in teacher.named_buffers()})
     return kept
 
@@ -202,6 +202,15 @@ PATTERNS: list[Pattern] = [
         "a distillation teacher with BatchNorm, left in train mode, run inside loss_fn",
         mlp(),
         _teacher_bn,
+        guard="call_state",
+        api="step",
+    ),
+    Pattern(
+        "step_teacher_bn_in_loss_fn_checked",
+        HAZARD,
+        "the same teacher, every replay shadow-checked (check_every=1): replay, then eager again",
+        mlp(),
+        lambda m, a: _teacher_bn(m, a, check_every=1),
         guard="call_state",
         api="step",
     ),
