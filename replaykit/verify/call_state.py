@@ -209,7 +209,14 @@ def _reached(values: list[Any], inside: set[int]) -> tuple[list[nn.Module], list
             modules[id(value)] = value
             below |= tree - {id(value)}
             continue
-        if depth == 0 or id(value) in held or isinstance(value, torch.Tensor) or not mutable(value):
+        if depth == 0 or id(value) in held or isinstance(value, torch.Tensor):
+            continue
+        if isinstance(
+            value, (tuple, frozenset)
+        ):  # entered (a partial's arguments), nothing to put back
+            todo += [(v, depth - 1) for v in value]
+            continue
+        if not mutable(value):
             continue
         if isinstance(value, dict):
             items: list[Any] = list(value.values())

@@ -2,10 +2,12 @@
 
 A recording call runs the step's Python more than once (probe, eager reference, capture).
 Tensors and Python values are put back between runs (:mod:`.call_state`); what they wrote to
-the terminal or a log cannot be. So each run's prints (``sys.stdout``, ``sys.stderr``) and log
+the terminal or a log cannot be. So each run's prints (``sys.stdout``) and log
 records (``logging``) are held, and the call emits those of the one run that stands as eager's
 — once per call, as eager prints — and drops the others. Only the recording thread's output is
-held: another thread printing meanwhile goes straight through.
+held: another thread printing meanwhile goes straight through. ``sys.stderr`` is not held: a
+warning is shown once per place (``warnings``' registry), and one shown by a run that does not
+stand would never be shown again.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ _holders: dict[
 
 
 class _Stream:
-    """Stands in for ``sys.stdout`` / ``sys.stderr`` while a run's output is held."""
+    """Stands in for ``sys.stdout`` while a run's output is held."""
 
     def __init__(self, original: Any, name: str) -> None:
         self._original = original
@@ -72,7 +74,6 @@ class HeldOutput:
         with _lock:
             if not _holders:
                 sys.stdout = _Stream(sys.stdout, "stdout")
-                sys.stderr = _Stream(sys.stderr, "stderr")
                 logging.Logger.handle = _handle  # type: ignore[method-assign]
             _holders.setdefault(me, []).append(self)
         try:
@@ -102,8 +103,6 @@ class HeldOutput:
 
 def _unwrap() -> None:
     """The streams and the logger's ``handle`` as they were (a stream replaced meanwhile is left)."""
-    for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        if isinstance(stream, _Stream):
-            setattr(sys, name, stream._original)
+    if isinstance(sys.stdout, _Stream):
+        sys.stdout = sys.stdout._original
     logging.Logger.handle = _original_handle  # type: ignore[method-assign]

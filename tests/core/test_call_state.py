@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import logging
 
 import pytest
 import torch
@@ -155,11 +156,30 @@ class _Counting(CentredHead):
         global _FORWARDS
         _FORWARDS += 1
         print("forward")
+        logging.getLogger("replaykit.test_call_state").warning("forward")
         return super().forward(x)
 
 
 @pytest.mark.parametrize("unsafe", [(), ("call_state",)], ids=["safe", "unsafe"])
 def test_a_capture_routed_eager_ends_as_a_plain_eager_loop(unsafe: tuple[str, ...]) -> None:
+    """The probe, the reference and the capture each re-bind the centre, count, print and log."""
+    log = io.StringIO()
+    logger = logging.getLogger("replaykit.test_call_state")
+    handler = logging.StreamHandler(log)
+    logger.addHandler(handler)
+    try:
+        ends = _capture_runs(unsafe, log)
+    finally:
+        logger.removeHandler(handler)
+    (eager, n_eager, p_eager), (replayed, n_replayed, p_replayed) = ends
+    same = all(torch.equal(eager[k], replayed[k]) for k in eager)
+    if unsafe:
+        assert not (same and n_eager == n_replayed and p_eager == p_replayed)
+        return
+    assert same and n_eager == n_replayed and p_eager == p_replayed == [(1, 1)] * CALLS
+
+
+def _capture_runs(unsafe: tuple[str, ...], log: io.StringIO) -> list:
     ends = []
     for replay in (False, True):
         global _FORWARDS
@@ -173,19 +193,16 @@ def test_a_capture_routed_eager_ends_as_a_plain_eager_loop(unsafe: tuple[str, ..
         printed = []
         for _ in range(CALLS):
             buf = io.StringIO()
+            logged = len(log.getvalue())
             with contextlib.redirect_stdout(buf):
                 model(torch.randn(4, 6, generator=g)).pow(2).mean().backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            printed.append(buf.getvalue().count("forward"))
+            lines = log.getvalue()[logged:].count("forward")
+            printed.append((buf.getvalue().count("forward"), lines))
         end = {n: t.clone() for n, t in model.state_dict().items()}
         ends.append((end, _FORWARDS, printed))
-    (eager, n_eager, p_eager), (replayed, n_replayed, p_replayed) = ends
-    same = all(torch.equal(eager[k], replayed[k]) for k in eager)
-    if unsafe:
-        assert not (same and n_eager == n_replayed and p_eager == p_replayed)
-        return
-    assert same and n_eager == n_replayed and p_eager == p_replayed == [1] * CALLS
+    return ends
 
 
 @pytest.mark.parametrize("unsafe", [(), ("call_state",)], ids=["safe", "unsafe"])
