@@ -75,7 +75,8 @@ class LossInputs:
         self._attributes: set[tuple[int, str]] = set()  # (module, attribute) keyed already
         self._sources: list[tuple[str, Callable[[], Any]]] = []
         self._raw: list[Callable[[], Any]] = []  # the same sources' values as they are
-        # where the code binds names (closure cells, (globals, name)): a recording call's reruns put them back
+        # where the code binds names (closure cells, (globals, name); a forward's: those holding
+        # plain values only): a recording call's reruns put them back
         self.cells: list[Any] = []
         self.global_names: list[tuple[dict, str]] = []
         self.unwatched: list[str] = []
@@ -220,9 +221,9 @@ class LossInputs:
     def _function(self, fn: FunctionType, name: str, depth: int) -> None:
         code = fn.__code__
         for var, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
-            self.cells.append(cell)
             if self._values_only and not (cell_filled(cell) and _plain(cell.cell_contents)):
                 continue
+            self.cells.append(cell)
             self._add(
                 f"{name}'s closure variable {var!r}",
                 lambda cell=cell: cell.cell_contents if cell_filled(cell) else None,
@@ -235,13 +236,13 @@ class LossInputs:
         names = _names(code)
         for global_name in sorted(names):
             if global_name in globals_:
-                self.global_names.append((globals_, global_name))
                 value = globals_[global_name]
                 if isinstance(value, ModuleType):
                     self._module_attributes(value, names, depth)
                 if self._values_only and not _plain(value):
                     self._follow(value, global_name, depth)
                     continue
+                self.global_names.append((globals_, global_name))
                 self._add(f"global {global_name!r}", lambda g=globals_, n=global_name: g.get(n))
                 self._follow(value, global_name, depth)
 

@@ -43,7 +43,15 @@ _EMPTY = object()
 _DEPTH = 3
 #: plain objects of these are not entered (a module object, a library's state is not the call's)
 _LIBRARIES = frozenset(
-    {"builtins", "torch", "numpy", "lightning", "pytorch_lightning", "lightning_fabric"}
+    {
+        "builtins",
+        "replaykit",
+        "torch",
+        "numpy",
+        "lightning",
+        "pytorch_lightning",
+        "lightning_fabric",
+    }
 )
 _SLOTS = ("_parameters", "_buffers", "_modules")
 
@@ -76,6 +84,8 @@ class CallState:
             (c, c.cell_contents if cell_filled(c) else _EMPTY) for s in code for c in s.cells
         ]
         self._globals = [(g, n, g.get(n, _EMPTY)) for s in code for g, n in s.global_names]
+        # what the code reads (loss_fn's: every cell and global it names; a forward's: plain values
+        # only, not a cache it fills, whose tensors a recording made after the call may read)
         values = [v for s in code for v in s.values()]
         inside = {id(m) for m in model.modules()}
         modules, held = _reached(values, inside)
@@ -138,12 +148,16 @@ class CallState:
         for _, snapshot in self._modules:
             snapshot.restore()
         for cell, value in self._cells:
+            if cell_filled(cell) and isinstance(cell.cell_contents, torch.Tensor):
+                continue  # a tensor a recording made after the call may read: left bound
             if value is _EMPTY:
                 if cell_filled(cell):
                     del cell.cell_contents
             elif not cell_filled(cell) or cell.cell_contents is not value:
                 cell.cell_contents = value
         for g, name, value in self._globals:
+            if isinstance(g.get(name), torch.Tensor):
+                continue  # a tensor a recording made after the call may read: left bound
             if value is _EMPTY:
                 g.pop(name, None)
             elif g.get(name, _EMPTY) is not value:
@@ -232,6 +246,11 @@ def _reached(values: list[Any], inside: set[int]) -> tuple[list[nn.Module], list
 
 
 def _library(value: Any) -> bool:
-    """An object of a library or the standard library (a module object too): not entered."""
-    root = type(value).__module__.partition(".")[0]
-    return root in _LIBRARIES or root in sys.stdlib_module_names
+    """An object of a library, the standard library or replaykit (a module object, a step, a
+    Trainer): not entered. A user's objects are: their class's module is not installed."""
+    name = type(value).__module__
+    root = name.partition(".")[0]
+    if root in _LIBRARIES or root in sys.stdlib_module_names:
+        return True
+    path = getattr(sys.modules.get(name), "__file__", None) or ""
+    return "site-packages" in path or "dist-packages" in path
