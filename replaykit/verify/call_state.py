@@ -108,12 +108,16 @@ class CallState:
             for n, t in (*m.named_parameters(), *m.named_buffers())
         ]
         self._held = [(v, contents(v)) for v in held]
-        optimizers = _optimizers(optimizer)
+        self._take_optimizer(_optimizers(optimizer), objects)
+        self.runs: list[HeldOutput] = []
+
+    def _take_optimizer(self, optimizers: list, objects: Iterable[Any]) -> None:
+        """The param groups' values, the optimizers' and ``objects``' attributes, and an inner
+        optimizer's state (a Lookahead's base; the outer's is the tensor snapshot's)."""
         self._groups = [
             (o, list(o.param_groups), [dict(g) for g in o.param_groups]) for o in optimizers
         ]
         self._objects = [(o, dict(vars(o))) for o in (*optimizers, *objects) if o is not None]
-        # an inner optimizer (a Lookahead's base): its state too (the outer's is the tensor snapshot's)
         inner = optimizers[1:]
         self._entries = [(o, {p: dict(e) for p, e in o.state.items()}) for o in inner]
         self._inner = [
@@ -123,7 +127,6 @@ class CallState:
             for t in e.values()
             if isinstance(t, torch.Tensor)
         ]
-        self.runs: list[HeldOutput] = []
 
     def output(self) -> HeldOutput:
         """A new run's output, held until the call says which run stands."""

@@ -239,3 +239,36 @@ def test_an_optimizer_step_keeps_its_param_group_counter_once_per_call(
         assert k_replayed != k_eager
         return
     assert k_replayed == k_eager == CALLS and torch.equal(w_eager, w_replayed)
+
+
+class _Lookahead(torch.optim.Optimizer):
+    """A Lookahead-style wrapper: its own counter, the base optimizer's groups and state."""
+
+    def __init__(self, base: torch.optim.Optimizer) -> None:
+        self.base, self.k = base, 0
+        self.param_groups, self.defaults, self.state = base.param_groups, base.defaults, {}
+
+    def step(self, closure=None):  # type: ignore[override]
+        self.base.step()
+        self.k += 1
+        for group in self.param_groups:
+            group["pulls"] = group.get("pulls", 0) + 1
+
+
+def test_the_call_state_puts_back_a_wrapped_optimizers_python_and_state() -> None:
+    """What a recording call's extra run of a wrapper's step changes: its counter, a param-group
+    key, the base optimizer's state (created at its first step)."""
+    from replaykit.verify.call_state import CallState
+    from replaykit.verify.step_check import StepSnapshot
+
+    net = nn.Linear(3, 2)
+    opt = _Lookahead(torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
+    net(torch.ones(1, 3)).sum().backward()
+    params = list(net.parameters())
+    state = CallState(StepSnapshot(net, opt, None, None, params, True), net, opt)
+    before = [p.detach().clone() for p in params]
+    opt.step()
+    assert opt.k == 1 and opt.base.state and opt.param_groups[0]["pulls"] == 1
+    state.restore()
+    assert opt.k == 0 and not opt.base.state and "pulls" not in opt.param_groups[0]
+    assert all(torch.equal(b, p) for b, p in zip(before, params, strict=True))
