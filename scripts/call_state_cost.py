@@ -78,7 +78,7 @@ def main() -> None:
         def extra(code=code):  # the call state's own part: around a snapshot that costs nothing
             return CallState(_Nothing(), model, opt, [code])
 
-        X
+        rows.append((f"  CallState's own part, {name}", extra, None))
     for name, take, _ in rows:
         held = take()
         t_take = _ms(take, a.repeat, a.device)
