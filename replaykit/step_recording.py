@@ -32,7 +32,7 @@ import torch
 
 from .backends import Region, Scratch
 from .compiled import CompileWatch, compiled_regions
-from .guards.code import LossInputs
+from .guards.code import ForwardInputs, LossInputs
 from .guards.input_reads import NewInputRead, Provenance
 from .guards.module import host_dependence
 from .guards.optimizer import GRAD, host_state, tensors_of
@@ -144,12 +144,18 @@ class RecordingSteps:
         snapshot = self._snapshot(tensors=tensors)
         if "call_state" in self.disabled:
             return CallState(snapshot, self.model, whole=False)
-        code = self._loss_inputs
-        if code is None:  # the guard switched off: the call state still finds what loss_fn holds
-            code = self.__dict__.get("_loss_world")
-            if code is None:
-                code = self.__dict__["_loss_world"] = LossInputs(self.loss_fn, self.model)
-        return CallState(snapshot, self.model, self.optimizer, [code], [self.ema])
+        return CallState(snapshot, self.model, self.optimizer, self._code(), [self.ema])
+
+    def _code(self) -> list:
+        """Where loss_fn's and the model's forward code keep Python values (found once): the
+        loss_fn guard's own finder, or one of the call state's while that guard is switched off."""
+        world = self.__dict__.get("_code_world")
+        if world is None:
+            loss = self._loss_inputs or LossInputs(self.loss_fn, self.model)
+            world = self.__dict__["_code_world"] = [loss, ForwardInputs(self.model)]
+        elif self._loss_inputs is not None:
+            world[0] = self._loss_inputs
+        return world
 
     def _prepare(self, phase: str, key: tuple, callargs: Any, args: tuple, kwargs: dict) -> Attempt:
         """Static copies of the batch (one per distinct tensor: ``step(x, x)`` keeps ``a is b``, as the

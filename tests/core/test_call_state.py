@@ -5,7 +5,6 @@ of the optimizer's param groups and what loss_fn holds included, and print once 
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import logging
 
@@ -14,15 +13,21 @@ import torch
 from torch import nn
 
 import replaykit as rk
+from replaykit.testing.hazards.pattern import MLP
 from replaykit.testing.hazards.recording_call import CentredHead, CountingSGD, DinoLoss
 from replaykit.testing.hazards.under_capture import CaptureAware
 
 CALLS = 4
 _TICKS = 0  # a global loss_fn counts its calls in
+_CALLED = 0  # a global the model's forward counts its calls in
 
 
 class _Printing(CaptureAware):
+    """Prints and counts its calls in a global: one per call, as eager."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        global _CALLED
+        _CALLED += 1
         print("forward")
         return super().forward(x)
 
@@ -30,12 +35,11 @@ class _Printing(CaptureAware):
 def _world(outcome: str) -> dict:
     """Model, optimizer and a loss_fn holding a teacher with BatchNorm in train mode, DINO's loss
     module and (``retired``) a closure counter, a global counter and a list it appends to."""
-    global _TICKS
-    _TICKS = 0
+    global _TICKS, _CALLED
+    _TICKS = _CALLED = 0
     torch.manual_seed(0)
     model = _Printing()
-    teacher = copy.deepcopy(model).requires_grad_(False)
-    teacher.bn = nn.BatchNorm1d(8)  # the MLP's bn slot: statistics that move, train mode
+    teacher = MLP(bn=True).requires_grad_(False)  # statistics that move: train mode
     criterion = DinoLoss()
     seen: list[float] = []
     count = 0
@@ -53,7 +57,12 @@ def _world(outcome: str) -> dict:
         return loss
 
     opt = CountingSGD(model.parameters(), lr=0.1, momentum=0.9)
-    state = {"count": lambda: count, "ticks": lambda: _TICKS, "seen": lambda: list(seen)}
+    state = {
+        "count": lambda: count,
+        "ticks": lambda: _TICKS,
+        "seen": lambda: list(seen),
+        "called": lambda: _CALLED,
+    }
     return {"model": model, "opt": opt, "loss_fn": loss_fn, "teacher": teacher}, state, criterion
 
 
@@ -140,7 +149,7 @@ def test_a_step_routed_eager_ends_as_a_plain_eager_loop(outcome: str) -> None:
 def test_without_the_call_state_a_refused_step_differs() -> None:
     eager, _ = _run("diverged", None)
     unsafe, _ = _run("diverged", True, unsafe=("call_state",))
-    assert {"groups", "teacher bn.running_mean", "centre", "printed"} <= set(
+    assert {"groups", "teacher bn.running_mean", "centre", "printed", "called"} <= set(
         _differences(eager, unsafe)
     )
 
