@@ -47,6 +47,7 @@ from .guards.optimizer import (
 from .memory.layout import ALIGNMENT, aligned_copy, alignment
 from .protections import disabled_protections
 from .route import Lifecycle, Lifecycled
+from .verify.call_state import CallState
 from .verify.side_effects import SideEffects
 from .verify.step_check import StepSnapshot, difference, end_state, unique
 
@@ -218,7 +219,11 @@ class OptimizerStep(Lifecycled):
 
     # ----------------------------------------------------------------- record
     def _record(self, body: Callable[[], Any], key: tuple, grads: list) -> None:
-        """Record ``body`` over private gradient buffers, verify it against eager, keep it."""
+        """The recording call: capture -> judge -> keep over private gradient buffers, under one
+        :class:`~replaykit.verify.call_state.CallState` (taken before the capture, restored before
+        the one eager run a verification or a refusal makes: the param groups' Python values, an
+        inner optimizer's state, the optimizer's own attributes too). The capture's prints are
+        held: emitted when its work stands, dropped when an eager run follows."""
         call = self._calls
         frozen = host_state(self.optimizer, self.device)
         if frozen is not None:
@@ -231,70 +236,93 @@ class OptimizerStep(Lifecycled):
         for p, s in zip(self.params, static, strict=True):
             p.grad = s
         region = self.backend.region(buffers)
+        state = self._call_state()
+        kind, why = self._capture_step(region, body, state, static)
+        if kind == "eager":  # nothing of the capture stands: the body runs once, eagerly
+            region.free()
+            state.restore()
+            state.stands(None)
+            for p, g in zip(self.params, grads, strict=True):
+                p.grad = g  # their values before the step: the body runs again, eagerly
+            self.lifecycle.retire(why, call)
+            return self._eager(body, "retired")
+        stands = kind is None and self._judge_step(region, body, state, key)
+        if kind == "stands":  # the body ran once, as eager's does; the recording is not kept
+            region.free()
+            state.stands(state.runs[-1])
+            self.lifecycle.retire(why, call)
+        self._give_back(grads, static)
+        self._steps += 1
+        if stands:
+            self._recordings[key] = _Recording(region, buffers, tensors_of(self.optimizer))
+            self.journal.add("record", call, "optimizer_step", f"recording {len(self._recordings)}")
+        return None
+
+    def _call_state(self) -> CallState:
+        """What the capture and a verification's eager run may change (``call_state`` off,
+        unsafe: the tensor snapshot alone)."""
         snapshot = StepSnapshot(
             self._holder, self.optimizer, self.scaler, None, self.params, tensors=True
         )
+        if "call_state" in self.disabled:
+            return CallState(snapshot, self._holder, whole=False)
+        return CallState(snapshot, self._holder, self.optimizer)
+
+    def _capture_step(
+        self, region: Any, body: Callable[[], Any], state: CallState, static: list
+    ) -> tuple[str | None, str | None]:
+        """The capture (on CUDA it replays once: the step). ``("eager", why)``: nothing of it may
+        stand; ``("stands", why)``: its work is the call's, unkept (an effect a replay would not
+        repeat); ``(None, None)``: on to the judge."""
         # the body writes its gradient buffers in place by design (clipping, unscaling):
         # ``grad_inputs`` copies them back, so they are not inputs whose writes a replay would lose
         effects = SideEffects(self._holder, (), "host_rng" not in self.disabled)
         try:
-            with effects:
+            with effects, state.output().held():
                 region.capture(lambda: _run(body))
         except Exception as exc:
             region.abort()
-            snapshot.restore()
-            self._give_back(grads, static)
-            self.lifecycle.retire(f"capture failed: {type(exc).__name__}: {exc}", call)
-            return self._eager(body, "retired")
+            return "eager", f"capture failed: {type(exc).__name__}: {exc}"
         rebound = (
             [i for i, (p, s) in enumerate(zip(self.params, static, strict=True)) if p.grad is not s]
             if "grad_rebind" not in self.disabled
             else []
         )
         if rebound:  # the body's new .grad tensors: grad_inputs copies back into the buffers only
-            region.free()
-            snapshot.restore()
-            for p, g in zip(self.params, grads, strict=True):
-                p.grad = g  # their values before the step: the body runs again, eagerly
-            self.lifecycle.retire(
+            return "eager", (
                 f"the optimizer step assigns a new .grad to parameter(s) {rebound[:4]} (e.g. "
-                "p.grad = p.grad * s); a replay would leave the gradient it was given",
-                call,
+                "p.grad = p.grad * s); a replay would leave the gradient it was given"
             )
-            return self._eager(body, "retired")
         why = effects.reason("the optimizer step")
-        if why is not None:  # the body ran once, as eager's does; the recording is not kept
-            region.free()
-            self._give_back(grads, static)
-            self._steps += 1
-            self.lifecycle.retire(why, call)
-            return None
-        if self._verify:
-            found = self._against_eager(snapshot, body)
-            self.journal.add("check", call, "recording", found)
-            if found is not None:  # eager's work stands; this key runs eagerly from now on
-                region.free()
-                self._refused[key] = "diverged"
-                self.journal.add(
-                    "refuse", call, "diverged", f"the recording differs from eager: {found}"
-                )
-                self._give_back(grads, static)
-                self._steps += 1
-                return None
-        keep = tensors_of(self.optimizer)
-        self._recordings[key] = _Recording(region, buffers, keep)
-        self.journal.add("record", call, "optimizer_step", f"recording {len(self._recordings)}")
-        self._give_back(grads, static)
-        self._steps += 1
-        return None
+        return ("stands", why) if why is not None else (None, None)
 
-    def _against_eager(self, snapshot: StepSnapshot, body: Callable[[], Any]) -> str | None:
-        """The recorded work's end state against ``body`` run eagerly from ``snapshot``; eager's stays."""
-        state = (self._holder, self.optimizer, self.scaler, None, self.params)
-        replayed = end_state(*state, _NO_LOSS, clone=True)
-        snapshot.restore()
+    def _judge_step(
+        self, region: Any, body: Callable[[], Any], state: CallState, key: tuple
+    ) -> bool:
+        """The recording against the body run eagerly from the state put back (that run is the
+        call's): a difference refuses the key. Without verification the capture's work stands."""
+        call = self._calls
+        if not self._verify:
+            state.stands(state.runs[-1])
+            return True
+        found = self._against_eager(state, body)
+        self.journal.add("check", call, "recording", found)
+        if found is None:
+            return True
+        region.free()
+        self._refused[key] = "diverged"  # eager's work stands; this key runs eagerly from now on
+        self.journal.add("refuse", call, "diverged", f"the recording differs from eager: {found}")
+        return False
+
+    def _against_eager(self, state: CallState, body: Callable[[], Any]) -> str | None:
+        """The recorded work's end state against ``body`` run eagerly from the state put back
+        (``state``); eager's stays, as the call's one run."""
+        now = (self._holder, self.optimizer, self.scaler, None, self.params)
+        replayed = end_state(*now, _NO_LOSS, clone=True, extra=state.outside)
+        state.restore()
+        state.stands(None)
         body()
-        return difference(replayed, end_state(*state, _NO_LOSS, clone=False))
+        return difference(replayed, end_state(*now, _NO_LOSS, clone=False, extra=state.outside))
 
     def _give_back(self, grads: list, static: list) -> None:
         """The parameters get their own gradient tensors back, with the step's values (clipped, unscaled)."""

@@ -98,6 +98,13 @@ REGISTRY: dict[str, Protection] = {
             "a new recording is trusted unchecked: code that computes differently under capture (a library branching on it) replays that",
         ),
         Protection(
+            "call_state",
+            "both",
+            "a recording call's extra runs (probe, eager reference, capture, a retry) are put back only as far as the "
+            "model's tensors: a buffer re-bound in forward, modules and values loss_fn holds, the optimizer's "
+            "param-group values move two or three times in one call, and each run prints",
+        ),
+        Protection(
             "autograd_modes",
             "both",
             "calls under anomaly mode, saved-tensor hooks, torch.func transforms or inside a backward (checkpoint's recompute) replay as if none were on",
@@ -208,7 +215,7 @@ PROTECTIONS: tuple[str, ...] = tuple(REGISTRY)
 
 #: Step protections the replayed optimizer step (``replaykit.optimizer_step``) applies as well.
 SHARED: dict[str, tuple[str, ...]] = {
-    "optimizer_step": ("host_values", "state_identity", "optimizer_trust")
+    "optimizer_step": ("host_values", "state_identity", "optimizer_trust", "call_state")
 }
 
 
@@ -219,7 +226,7 @@ def in_scope(scope: str) -> tuple[str, ...]:
 
 
 #: protections of the recording call's verification itself (without it there is nothing to protect)
-OF_VERIFICATION = frozenset({"verify_recording", "pool_survivors"})
+OF_VERIFICATION = frozenset({"verify_recording", "pool_survivors", "call_state"})
 
 
 def negative_control(*names: str) -> tuple[str, ...]:

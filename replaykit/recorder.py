@@ -22,24 +22,21 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from .backends import Backend, Recording, module_device, resolve_backend
-from .compiled import CompileWatch, aot_compiled, compiled_regions, refuse_cudagraphs
+from .compiled import refuse_cudagraphs
 from .errors import ReplayError, ReplayWarning, check_count
 from .guards.code import ForwardInputs
-from .guards.input_reads import InputReads, Provenance
-from .guards.module import host_dependence, tree_contains
+from .guards.input_reads import InputReads
+from .guards.module import tree_contains
 from .guards.signature import CallArgs, UnhashableArgument, signature, split_call
 from .memory.copy_out import StaticAliases
 from .memory.hold import Hold, PendingBackward
 from .memory.layout import copy_into, same_layout
-from .memory.outputs import OutputTree
 from .memory.pool import MemoryPool, check_pool, storage_bytes
 from .memory.reentry import FirstUse
 from .protections import disabled_protections
+from .recording import Made, RecorderRecording
 from .route import Lifecycle, Lifecycled
-from .verify.contexts import recording as recording_context
-from .verify.probe import probe
 from .verify.shadow import Shadow
-from .verify.snapshot import StateSnapshot
 
 _RECORDER_ATTR = "_replaykit_recorder"
 _VERSION = operator.attrgetter("_version")
@@ -222,7 +219,7 @@ def _nothing() -> None:
     return None
 
 
-class Recorder(Lifecycled):
+class Recorder(RecorderRecording, Lifecycled):
     """Records a module's forward+backward per input signature and replays them.
 
     Made by :func:`replaykit.capture`; see its docstring for the routes and the
@@ -440,28 +437,6 @@ class Recorder(Lifecycled):
         self.journal.tick("replay", call)
         return self._replay(call, plan, callargs, args, kwargs)
 
-    def _early_shadow(
-        self,
-        callargs: CallArgs,
-        params: list[torch.Tensor],
-        snapshot: StateSnapshot,
-        written: list[torch.Tensor],
-    ) -> Shadow | None:
-        """The verification's eager forward, run after the probe and before the warm-up and capture,
-        from the state before the call: eager's activations come and go before the recording's
-        static memory exists, never beside it."""
-        if not self._verify:
-            return None
-        snapshot.restore()  # what the probe changed (statistics, RNG) is put back first
-        # an error here is the recording's: it retires with "capture failed: ..."
-        return Shadow(
-            self.module,
-            partial(self._run_forward, callargs, params),
-            callargs.tensors,
-            params,
-            written,
-        )
-
     def _first_use_call(self, call: int, plan: _Plan, args: tuple, kwargs: dict) -> Any:
         """A recording at risk of reentry (``reentry.py``) is first used eagerly, watched for a
         second call before this one's backward."""
@@ -530,139 +505,35 @@ class Recorder(Lifecycled):
             return self._forward(*args, **kwargs)
 
     def _record(self, call: int, callargs: CallArgs, key: tuple) -> _Plan | None:
-        life = self.lifecycle
-        self._not_recorded = "retired"  # the eager route's reason when this returns None
-        if not self._recordings:
-            life.first_record()
-        if life.watch.hooks_at_start:
-            self._retire("module hooks inside the module would not run under replay", call)
-            return None
-        frozen = host_dependence(self.module)
-        if (
-            frozen is not None
-        ):  # refused on both backends: the emulated one mirrors what a graph can do
-            self._retire(frozen, call)
-            return None
-        if self.backend.name == "emulated" and "compiled_code" not in self.disabled:
-            # refused before the probe runs compiled code the tape cannot see (compiled.py)
-            regions = compiled_regions(self.module)
-            if regions:
-                self._retire(CompileWatch.unseen_reason(regions[0][0]), call)
-                return None
-        compiled = aot_compiled(self.module)
-        if compiled is not None:
-            # measured on the H200: a recording's backward runs inductor's compiled backward again
-            # (the exact and verified backwards), which raises for the buffers it donates
-            self._retire(
-                f"{compiled} is torch.compile'd: its compiled backward donates its buffers, which network "
-                "replay's backward cannot run again; use rk.TrainStep over the compiled model (it replays it)",
-                call,
-            )
-            return None
-        snapshot = StateSnapshot(self.module)
-        static_inputs = self._static_inputs(callargs.tensors)
-        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
-        params = [p for _, p in named]
-        fn = partial(self._run_forward, callargs, params)
-        saved = list(
-            range(len(params))
-        )  # the parameters the backward reads (all, unless the probe says)
-        saved_inputs: list[int] = []  # the inputs it reads (none known without the probe)
-        multi_use: list[int] = []  # the parameters it reads more than once
-        written: list[torch.Tensor] = []  # the parameters it writes in place (frozen ones too)
-        reads = Provenance(static_inputs, discover=True)
-        probed: list[OutputTree] = []  # what the probe's forward returned besides tensors
-        watch = CompileWatch(self.backend.name == "emulated", "compiled_code" not in self.disabled)
-        try:
-            refusal = (
-                None
-                if "record_probe" in self.disabled
-                else probe(
-                    self.module,
-                    reads.wrap(fn),
-                    static_inputs,
-                    params,
-                    saved,
-                    "host_rng" not in self.disabled,
-                    saved_inputs,
-                    multi_use,
-                    probed,
-                    written,
-                )
-            )
-            key = self._input_reads.settle(key, reads.reads)
-            if refusal is None:
-                shadow = self._early_shadow(callargs, params, snapshot, written)
-                if (
-                    reads.reads
-                ):  # the recording is answered the values the probe read: no sync inside it
-                    fn = Provenance(static_inputs, dict(reads.reads)).wrap(fn)
-                with recording_context("capture_branches" not in self.disabled), watch:
-                    recording = self.backend.record(fn, static_inputs, params, self.warmup)
-                watch.check()
-        except Exception as exc:
-            snapshot.restore()
-            if watch.recompiled():  # this call runs eagerly (compiling it); the next records
-                self._not_recorded = "compiling"
-                return None
-            self._retire(f"capture failed: {type(exc).__name__}: {exc}", call, cause=exc)
-            return None
-        except (
-            BaseException
-        ):  # KeyboardInterrupt: leave nothing of the warm-up behind, record again later
-            snapshot.restore()
-            raise
-        snapshot.restore()
-        if refusal is not None:
-            if refusal.scope == "signature":
-                self._refused[key] = self._not_recorded = refusal.reason
-                self.journal.add("refuse", call, refusal.reason, refusal.detail)
-            elif refusal.scope == "call" and not self._first_write:
-                # a write the first call makes (transformers sets config.problem_type): eager makes it, the
-                # next call records; a write that happens again retires below
-                self._first_write = True
-                self._not_recorded = "first_write"
-                self.journal.add("refuse", call, "first_write", refusal.reason)
-            else:
-                self._retire(refusal.reason, call)
-            return None
-        varying = self._varying_outputs(probed, recording)
-        if varying is not None:
-            recording.free()
-            self._refused[key] = self._not_recorded = "output_constant"
-            self.journal.add("refuse", call, "output_constant", varying)
-            return None
+        """The recording call (the route's entry): its steps are in :mod:`.recording`; a kept
+        recording gets its plan here. None: not recorded (``_not_recorded``: the eager route)."""
+        made = self._record_call(call, callargs, key)
+        return None if made is None else self._keep(made, call, callargs)
+
+    def _keep(self, made: Made, call: int, callargs: CallArgs) -> _Plan:
+        """A recording that stands: kept under its key with the plan its replays read."""
+        key, recording = made.key, made.recording
         self._recordings[key] = recording
         plan = self._plans[key] = _Plan(
             key,
             recording,
-            [params[i] for i in saved],
-            saved_inputs if self._check_inputs else [],
+            [made.params[i] for i in made.saved],
+            made.saved_inputs if self._check_inputs else [],
             self._guard_outputs,
         )
-        plan.shadow = shadow
-        plan.written = list(written)
-        twice = set(multi_use)
+        plan.shadow = made.shadow
+        plan.written = list(made.written)
+        twice = set(made.multi_use)
         plan.autocast = (
             torch.is_autocast_enabled(self._device_kind) and torch.is_autocast_cache_enabled()
         )
-        plan.multi_use = [n for i, (n, _) in enumerate(named) if i in twice]
-        plan.cleared = not (self._reentry_said and (plan.multi_use or plan.autocast))
+        plan.multi_use = [n for i, (n, _) in enumerate(made.named) if i in twice]
+        plan.cleared = self._clears(made)
         self._aliases[key] = plan.aliases
         self._guard_new_grads(plan)
         shapes = ", ".join("x".join(map(str, t.shape)) for t in callargs.tensors)
         self.journal.add("record", call, None, f"[{shapes}] recording {len(self._recordings)}")
         return plan
-
-    def _varying_outputs(self, probed: list[OutputTree], recording: Recording) -> str | None:
-        """The probe's call and the recorded one must return the same structure and constants
-        (:mod:`replaykit.memory.outputs`): a replay hands back the recorded ones."""
-        if not probed or not self._check_constants:
-            return None
-        difference = probed[0].difference(recording.out_spec)
-        if difference is None:
-            return None
-        return f"{difference} (the probe's call, then the recording's): a replay would freeze one"
 
     def _static_inputs(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """Private copies of the inputs, in the caller's exact layout and with the caller's aliasing.

@@ -45,34 +45,32 @@ import torch
 from torch import nn
 
 from .backends import Backend, Region, Scratch, module_device, resolve_backend
-from .compiled import CompileWatch, compiled_regions, refuse_cudagraphs
+from .compiled import refuse_cudagraphs
 from .distributed import ddp_refusal
 from .ema import EMA
 from .errors import ReplayError, ReplayWarning, check_count
 from .guards.code import LossInputs
-from .guards.input_reads import InputReads, NewInputRead, Provenance
+from .guards.input_reads import InputReads
 from .guards.module import epoch as guard_epoch
-from .guards.module import gradient_hooks, host_dependence
+from .guards.module import gradient_hooks
 from .guards.optimizer import (
     GRAD,
     OptimizerWatch,
-    host_state,
     hyper_key,
     optimizer_hooks,
     optimizer_refusal,
     scaler_key,
-    tensors_of,
 )
 from .guards.signature import UnhashableArgument, signature, split_call
 from .guards.storage import GLOBAL_HOOKS, module_hooks
-from .memory.layout import aligned_copy, aligned_key, copy_into
+from .memory.layout import aligned_key, copy_into
 from .memory.pool import MemoryPool, check_pool, storage_bytes
 from .protections import disabled_protections
 from .recorder import recorder_of
 from .route import Lifecycle, Lifecycled
-from .verify.contexts import recording as recording_context
+from .step_recording import RecordingSteps
+from .verify.call_state import CallState
 from .verify.probe import foreign_leaves
-from .verify.side_effects import SideEffects
 from .verify.step_check import StepSnapshot, difference, end_state, unique
 
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
@@ -126,7 +124,7 @@ class StepRecording:
         self.keep = keep  # what the key names by id (incoming gradients, tensor hyperparameters): kept alive
 
 
-class TrainStep(Lifecycled):
+class TrainStep(RecordingSteps, Lifecycled):
     """A training step (forward, loss, backward, optimizer) replayed from graphs; see the module docstring."""
 
     # ``max_norm`` may change (it keys the recordings); ``on_optimizer_step`` runs outside them
@@ -441,7 +439,9 @@ class TrainStep(Lifecycled):
         """The shadow check (``check_every``): replay, then the twin's body from the same state; a
         difference retires the step and the state is eager's."""
         call = self._calls
-        snapshot = self._snapshot(tensors=True)
+        # the call state, not the snapshot alone: the replay ran what loss_fn's modules do (a
+        # teacher's statistics) and the eager body runs it again (step_recording.py)
+        snapshot = self._call_state(tensors=True)
         for static, x in zip(rec.static_inputs, callargs.tensors, strict=True):
             copy_into(static, x)
         rec.region.replay()
@@ -470,15 +470,16 @@ class TrainStep(Lifecycled):
         )
 
     def _against_eager(
-        self, snapshot: StepSnapshot, loss: torch.Tensor, phase: str, args: tuple, kwargs: dict
+        self, snapshot: CallState, loss: torch.Tensor, phase: str, args: tuple, kwargs: dict
     ) -> tuple[str | None, torch.Tensor]:
         """The recorded work's end state against the twin's body run from ``snapshot``: the first
         difference (or None) and eager's loss. The state left behind is eager's."""
         state = (self.model, self.optimizer, self.scaler, self.ema, self._trainable)
-        replayed = end_state(*state, loss, clone=True)
+        replayed = end_state(*state, loss, clone=True, extra=snapshot.outside)
         snapshot.restore()
         eager = self._body(phase, args, kwargs)
-        return difference(replayed, end_state(*state, eager, clone=False)), eager
+        now = end_state(*state, eager, clone=False, extra=snapshot.outside)
+        return difference(replayed, now), eager
 
     def _key(self, phase: str, state: Any, callargs: Any) -> tuple:
         grads = list(map(GRAD, self._trainable))
@@ -566,311 +567,8 @@ class TrainStep(Lifecycled):
     def _record(
         self, phase: str, key: tuple, callargs: Any, args: tuple, kwargs: dict
     ) -> torch.Tensor:
-        call = self._calls
-        before = list(
-            map(_use_count, self._storages)
-        )  # a recording adds holders of its own (private aliases)
-        frozen = host_dependence(self.model) or host_state(self.optimizer, self.device)
-        if frozen is not None:
-            return self._retire_eager(frozen, phase, args, kwargs)
-        if self.backend.name == "emulated" and "compiled_code" not in self.disabled:
-            regions = compiled_regions(self.model)  # the tape cannot see their kernels
-            if regions:
-                why = CompileWatch.unseen_reason(regions[0][0])
-                return self._retire_eager(why, phase, args, kwargs)
-        if not self._recordings:
-            self.lifecycle.first_record()
-        # one static copy per distinct tensor: step(x, x) keeps `a is b` (nn.MultiheadAttention's
-        # self-attention path) inside the recording, as the key's aliasing pattern says
-        copies: dict[int, torch.Tensor] = {}
-        static = [
-            copies[id(t)] if id(t) in copies else copies.setdefault(id(t), aligned_copy(t))
-            for t in callargs.tensors
-        ]
-        incoming = list(map(GRAD, self._trainable))
-        # the recording reads private aliases of the incoming gradients: a handed-out alias
-        # given storage of its own later (copy-out) must not move what the recording reads
-        private = [None if g is None else g.detach() for g in incoming]
-        for p, g in zip(self._trainable, private, strict=True):
-            p.grad = g
-        assert self.backend is not None
-        region = self.backend.region(static)
-        verify = "verify_recording" not in self.disabled
-        snapshot = self._snapshot(tensors=region.executes or verify)
-
-        # input-derived host reads are answered with this call's values; an unknown one stops the
-        # capture. The watch is a dispatch mode, and under any dispatch mode autograd keeps one more
-        # activation alive at the backward's peak: a pool that much larger for good. So it watches
-        # only once a capture without it has failed (a host read of GPU data fails a CUDA capture by
-        # itself), and always where a host read would not fail: a CPU input, the emulated tape.
-        watched = (
-            self._watch_reads
-            or self.backend.name != "cuda"
-            or any(t.device.type == "cpu" for t in static)
-        )
-        drawn_to = self._input_reads.drawn_to  # not None: its key's host draws are made before it
-        reads = (
-            Provenance(static, self._input_reads.answers(), draws=drawn_to is not None)
-            if watched
-            else None
-        )
-
-        def body() -> list[torch.Tensor]:
-            a, kw = callargs.rebuild(static)
-            if reads is None:
-                return [self._body(phase, a, kw)]
-            with reads:
-                return [self._body(phase, a, kw)]
-
-        reference = None
-        if (
-            verify
-        ):  # eager's half first: its temporaries are given back before the recording's pool grows
-            reference, why, eager = self._reference(region, snapshot, callargs, phase, args, kwargs)
-            if why is not None:  # that eager run was this call's work: it stands
-                region.free()
-                if isinstance(why, _Learning):
-                    self.journal.add("refuse", call, why.reason, why)
-                else:
-                    self._retire(why, call)
-                if phase in ("step", "last"):
-                    self._stepped()
-                return eager
-        effects = SideEffects(self.model, static, "host_rng" not in self.disabled, drawn_to)
-        self._walking, self._foreign = "foreign_grads" not in self.disabled, 0
-        watch = CompileWatch(self.backend.name == "emulated", "compiled_code" not in self.disabled)
-        try:
-            with effects, recording_context("capture_branches" not in self.disabled), watch:
-                (loss,) = region.capture(body)
-            watch.check()
-        except BaseException as exc:
-            self._walking = False
-            region.abort()
-            snapshot.restore()  # the twin's body runs this micro-batch again, the forward's Python included
-            for p, g in zip(self._trainable, incoming, strict=True):
-                p.grad = g
-            self._micro -= 1  # the micro-batch starts again from its beginning
-            self._calls -= 1
-            if not isinstance(
-                exc, Exception
-            ):  # KeyboardInterrupt: nothing of this call happened; record later
-                raise
-            if isinstance(exc, NewInputRead) and self._input_reads.learn(exc.program):
-                # a function of the batch alone: evaluated before choosing a recording from now on
-                self.journal.add(
-                    "refuse", call, "input_read", "an input-derived host read: keyed from now on"
-                )
-                return self(*args, **kwargs)
-            if watch.recompiled():  # this call runs eagerly (compiling it); the next records
-                self._micro += 1
-                self._calls += 1
-                return self._eager(phase, "compiling", args, kwargs)
-            if reads is None:  # perhaps a host read of the batch: captured again, watched
-                self._watch_reads = True
-                self.journal.add(
-                    "refuse",
-                    call,
-                    "input_read",
-                    f"capture failed ({type(exc).__name__}): again, watching input-derived host reads",
-                )
-                return self(*args, **kwargs)
-            self._retire(f"capture failed: {type(exc).__name__}: {exc}", call)
-            return self(*args, **kwargs)
-        self._walking = False
-        key = self._input_reads.settle(key, () if reads is None else reads.reads)
-        grads_out = [None if p.grad is None else p.grad for p in self._trainable]
-        keep = [*(g for g in private if g is not None), *tensors_of(self.optimizer)]
-        rec = StepRecording(region, static, loss, grads_out, keep)
-        why = effects.reason("the step", writes=self._check_effects)
-        if (
-            why is None
-            and reads is not None
-            and (reads.escaped or not self._input_reads.draws_match(reads.draws))
-        ):
-            why = _HOST_DRAWS_CHANGED
-        if why is None:
-            why = self._beyond_the_model()
-        if why is not None:
-            # the body ran once, as eager's does: its effects stand (an input written in place
-            # reaches the caller's tensor); the recording is not kept
-            with torch.no_grad():
-                for i in effects.written_inputs():
-                    callargs.tensors[i].copy_(static[i])
-            out = self._after(phase, rec)
-            region.free()
-            if effects.writes_only() and not self._first_write:
-                # a write made once (config.problem_type at the first call): it stands, as eager's; record later
-                self._first_write = True
-                self.journal.add("refuse", call, "first_write", why)
-                return out
-            self._retire(why, call)
-            return out
-        if reference is not None:
-            state = (self.model, self.optimizer, self.scaler, self.ema, self._trainable)
-            found = difference(end_state(*state, loss, clone=False), reference)
-            self.journal.add("check", call, "recording", found)
-            if found is not None:  # eager's work stands; this signature runs eagerly from now on
-                region.free()
-                self._refused[key] = "diverged"
-                self.journal.add(
-                    "refuse", call, "diverged", f"the recording differs from eager: {found}"
-                )
-                snapshot.restore()
-                eager = self._body(phase, args, kwargs)  # the twin's work from the same state
-                if phase in ("step", "last"):
-                    self._stepped()
-                return eager
-        self._recordings[key] = rec
-        self.journal.add("record", call, phase, f"recording {len(self._recordings)}")
-        after = map(_use_count, self._storages)
-        self._baseline = [b + a - c for b, a, c in zip(self._baseline, after, before, strict=True)]
-        return self._after(phase, rec)
-
-    def _reference(
-        self,
-        region: Region,
-        snapshot: StepSnapshot,
-        callargs: Any,
-        phase: str,
-        args: tuple,
-        kwargs: dict,
-    ) -> tuple[list, str | None, torch.Tensor | None]:
-        """The recording call's verification, eager half: the twin's body from the state before
-        the call, its end state kept (copies), the state put back.
-
-        It runs before the capture, and the backend gives eager's cached temporaries back
-        around it (``Backend.trim``): after the capture the recording's pool holds a step's
-        worth of memory, and an eager step beside it doubled the peak. Once recordings exist it
-        runs in their pool's free memory (``region.scratch``): what it leaves there frees them
-        (:meth:`_left_in_pool`). Python the body runs for its effects shows here first: then
-        this eager run is the call (``why``).
-        """
-        assert self.backend is not None
-        self.backend.trim()  # warm-up's cache (a side stream's blocks serve no other stream)
-        scratch = (
-            region.scratch()
-            if self._recordings and self._in_pool and self._sole_user()
-            else Scratch()
-        )
-        drawn_to = self._input_reads.drawn_to
-        effects = SideEffects(
-            self.model, callargs.tensors, "host_rng" not in self.disabled, drawn_to
-        )
-        # host draws seen before (beside a GPU model) and none known for this key: find them and
-        # what is read of them (a dispatch mode: this eager run only)
-        learning = self._learn_draws and drawn_to is None and "input_reads" not in self.disabled
-        found = Provenance(callargs.tensors, discover=True, draws=True) if learning else None
-        held = [
-            t
-            for t in (self._loss_inputs.tensors() if self._loss_inputs is not None else ())
-            if not t.is_inference()
-        ]
-        versions = [t._version for t in held]
-        self._walking, self._foreign = "foreign_grads" not in self.disabled, 0
-        try:
-            with effects, found if found is not None else contextlib.nullcontext(), scratch:
-                eager = self._body(phase, args, kwargs)
-        except BaseException:  # eager's exception: a cache it filled first stays in the pool
-            self._unchecked = scratch
-            raise
-        finally:
-            self._walking = False
-        why = effects.reason("the step", writes=self._check_effects)
-        if (
-            why is not None
-            and drawn_to is None
-            and effects.reason("the step", host_draws=False, writes=self._check_effects) is None
-        ):
-            why = self._host_draws(found) or why
-        if why is None:
-            why = self._beyond_the_model()
-        if why is None:
-            known = set(map(id, self._written))
-            written = [
-                t
-                for t, v in zip(held, versions, strict=True)
-                if t._version != v and id(t) not in known
-            ]
-            if written:  # the snapshot missed them: the capture would write them a second time
-                self._written += written
-                why = _Learning(
-                    f"loss_fn writes {len(written)} tensor(s) it holds in place: kept in the "
-                    "step's snapshots from the next recording call",
-                    "held_writes",
-                )
-        if why is not None:  # this run stands: what it hands back leaves the pool
-            with torch.no_grad():
-                for p in self._trainable:
-                    if p.grad is not None and scratch.owns(p.grad):
-                        p.grad = p.grad.clone()
-                eager = eager.clone() if scratch.owns(eager) else eager
-            self._left_in_pool(scratch)
-            return [], why, eager
-        state = (self.model, self.optimizer, self.scaler, self.ema, self._trainable)
-        reference = end_state(*state, eager, clone=True)
-        snapshot.restore()
-        del eager
-        self._left_in_pool(scratch)
-        self.backend.trim()
-        return reference, None, None
-
-    def _beyond_the_model(self) -> str | None:
-        """Why replays of the run just watched (a recording's capture or its reference) would
-        differ from eager outside what ``SideEffects`` sees: a second network, what loss_fn changes."""
-        if self._foreign:
-            return (
-                f"loss_fn reaches {self._foreign} tensor(s) requiring grad outside the model and the optimizer (a second "
-                "network): a replay would not give them this call's gradients"
-            )
-        if self._loss_inputs is not None:
-            changed = self._loss_inputs.changed(self._loss_key)
-            if changed is not None:
-                return f"loss_fn changes {changed}; a replay would not"
-        return None
-
-    def _sole_user(self) -> bool:
-        """A shared pool's other users' recordings would need freeing too: their reference runs beside it."""
-        return self._pool is None or all(u is self for u in self._pool.users())
-
-    def _left_in_pool(self, scratch: Scratch) -> None:
-        """The reference run left tensors in the pool: the earlier recordings, whose replays may
-        write there, are freed (recorded again at their next call), and references run beside
-        the pool from now on (no more freeing)."""
-        left = scratch.survivors()
-        if not left or "pool_survivors" in self.disabled:
-            return
-        for rec in self._recordings.values():
-            rec.region.free()
-        self._in_pool = False
-        self.journal.add(
-            "refuse",
-            self._calls,
-            "pool_survivors",
-            f"the recording call's reference step left {left} bytes in the pool: "
-            f"{len(self._recordings)} earlier recording(s) freed, recorded again at their next call",
-        )
-        self._recordings.clear()
-
-    def _host_draws(self, found: Provenance | None) -> _Learning | None:
-        """The reference run's only effect was a draw from torch's CPU generator: learn the draws
-        (``found``, this run's) and the reads made of them, or, at first sight, watch the next
-        recording call's run for them. None: they cannot be keyed (a draw reaching the computation)."""
-        if "input_reads" in self.disabled or "host_rng" in self.disabled:
-            return None
-        if found is None:
-            if self._learn_draws:
-                return None
-            self._learn_draws = True
-            return _Learning("host draws: the next recording call learns them")
-        if found.escaped or not found.draws:
-            return None
-        if not self._input_reads.learn_draws(found.reads, found.draws):
-            return None
-        self._watch_reads = True  # the capture answers their reads
-        return _Learning(
-            f"{len(found.draws)} host draw(s), {len(found.reads)} read(s) of them: drawn before "
-            "choosing a recording from now on"
-        )
+        """The recording call (the route's entry): its named steps are in :mod:`.step_recording`."""
+        return self._record_call(phase, key, callargs, args, kwargs)
 
     def _after(self, phase: str, rec: StepRecording) -> torch.Tensor:
         """Leave the gradients as eager would and hand back a copy of the loss."""
@@ -965,23 +663,6 @@ class TrainStep(Lifecycled):
         if not self.lifecycle.stopped():
             self._find_params()
 
-
-class _Learning(str):
-    """A recording call's reference run stands as the call while something is learnt (host
-    draws, tensors loss_fn writes): not a retirement. ``reason``: the journal's."""
-
-    reason: str
-
-    def __new__(cls, text: str, reason: str = "host_draws") -> _Learning:
-        self = super().__new__(cls, text)
-        self.reason = reason
-        return self
-
-
-_HOST_DRAWS_CHANGED = (
-    "the step's draws from torch's CPU generator changed, or a drawn value reached its computation; "
-    "a replay would repeat the first draw"
-)
 
 _streams: dict[torch.device, Any] = {}
 

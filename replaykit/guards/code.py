@@ -75,6 +75,10 @@ class LossInputs:
         self._attributes: set[tuple[int, str]] = set()  # (module, attribute) keyed already
         self._sources: list[tuple[str, Callable[[], Any]]] = []
         self._raw: list[Callable[[], Any]] = []  # the same sources' values as they are
+        # where the code binds names (closure cells, (globals, name); a forward's: those holding
+        # plain values only): a recording call's reruns put them back
+        self.cells: list[Any] = []
+        self.global_names: list[tuple[dict, str]] = []
         self.unwatched: list[str] = []
         if loss_fn is not None:
             self._walk(loss_fn, "loss_fn", 0)
@@ -126,6 +130,10 @@ class LossInputs:
     def tensors(self) -> list[torch.Tensor]:
         """The tensors ``loss_fn`` holds the same way (a running statistic it writes in place)."""
         return held_state([self._values_now()])[0]
+
+    def values(self) -> list[Any]:
+        """What the code holds now, source by source (a criterion, a teacher module, a closed-over list)."""
+        return list(self._values_now().values())
 
     def _values_now(self) -> dict[str, Any]:
         values: dict[str, Any] = {}
@@ -215,6 +223,7 @@ class LossInputs:
         for var, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
             if self._values_only and not (cell_filled(cell) and _plain(cell.cell_contents)):
                 continue
+            self.cells.append(cell)
             self._add(
                 f"{name}'s closure variable {var!r}",
                 lambda cell=cell: cell.cell_contents if cell_filled(cell) else None,
@@ -233,6 +242,7 @@ class LossInputs:
                 if self._values_only and not _plain(value):
                     self._follow(value, global_name, depth)
                     continue
+                self.global_names.append((globals_, global_name))
                 self._add(f"global {global_name!r}", lambda g=globals_, n=global_name: g.get(n))
                 self._follow(value, global_name, depth)
 

@@ -398,6 +398,10 @@ class InputReads:
         site = self._sites.get(self._last[0])
         return list(draws) == (site.draws if site is not None else [])
 
+    def rekey(self, tensors: Sequence[torch.Tensor]) -> tuple:
+        """The last call's key again, with what was learnt since (a recording call that met a new read)."""
+        return self.key(self._last[0], tensors)
+
     def learn(self, program: tuple) -> bool:
         """A program a recording met unknown: evaluate it from now on. False past ``MAX_READS``."""
         base, _ = self._last

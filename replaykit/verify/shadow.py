@@ -23,6 +23,7 @@ from ..guards.signature import autocast_key
 from ..memory.layout import same_layout
 from ..memory.outputs import OutputTree, split_outputs
 from .bitwise import diff
+from .output import HeldOutput
 from .snapshot import StateSnapshot, rng_states, tensor_attributes
 
 
@@ -152,7 +153,8 @@ class Shadow:
         now = StateSnapshot(module, parameters=False, extra=self._written)
         self.snapshot.restore()
         try:
-            with torch.enable_grad():
+            # a rerun: what it prints or logs is the first run's again, not shown (verify/output.py)
+            with torch.enable_grad(), HeldOutput().held():
                 outputs = split_outputs(self._forward(), strict=False)[0]
             again = first_difference(
                 (f"output {i} (eager rerun)", r, o.detach())

@@ -78,10 +78,7 @@ class StateSnapshot:
         # retried) must draw the numbers the first run drew, as the default generator does
         self._generators = [(g, g.get_state()) for g in generators]
         self._contents = [
-            (v, _contents(v))
-            for _, attrs in self._attributes
-            for v in attrs.values()
-            if _mutable(v)
+            (v, contents(v)) for _, attrs in self._attributes for v in attrs.values() if mutable(v)
         ]
 
     def restore(self) -> None:
@@ -93,8 +90,8 @@ class StateSnapshot:
             for name, value in attrs.items():
                 if now.get(name, _MISSING) is not value:
                     m.__dict__[name] = value
-        for value, contents in self._contents:
-            _put_back(value, contents)
+        for value, saved in self._contents:
+            put_back(value, saved)
         with torch.no_grad():
             for t, value in self._values:
                 t.data.copy_(value, non_blocking=True)  # from pinned host memory: in stream order
@@ -199,7 +196,7 @@ def _writable_array(value: object) -> bool:
     return is_ndarray(value) and bool(value.flags.writeable)  # type: ignore[attr-defined]
 
 
-def _mutable(value: object) -> bool:
+def mutable(value: object) -> bool:
     return (
         isinstance(value, (list, dict, set, deque))
         or _writable_array(value)
@@ -211,7 +208,7 @@ def _mutable(value: object) -> bool:
     )
 
 
-def _contents(value: object) -> object:
+def contents(value: object) -> object:
     """A shallow copy of a container's items, or of a plain object's attributes."""
     if isinstance(value, (list, deque)):
         return list(value)
@@ -222,7 +219,7 @@ def _contents(value: object) -> object:
     return dict(vars(value))
 
 
-def _put_back(value: object, contents: object) -> None:
+def put_back(value: object, contents: object) -> None:
     """Undo what a forward did to a container or object the module holds (a log it appended to)."""
     if isinstance(value, list):
         value[:] = contents  # type: ignore[index]

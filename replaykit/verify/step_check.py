@@ -105,22 +105,25 @@ def end_state(
     params: Sequence[torch.Tensor],
     loss: torch.Tensor,
     clone: bool,
+    extra: Sequence[tuple[str, torch.Tensor]] = (),
 ) -> list[tuple[str, torch.Tensor | None]]:
     """Everything a step leaves, named: the loss, parameters and their gradients, buffers, the
     optimizer's, scaler's and EMA's state tensors (``clone``: copies in host memory, to outlive the
     next run: on the GPU a copy of the whole state beside the step that follows would raise the
-    peak by the state's size, four times the parameters' under Adam)."""
+    peak by the state's size, four times the parameters' under Adam). ``extra``: named tensors
+    outside all these that the step changes (the modules ``loss_fn`` holds)."""
     names = {id(p): n for n, p in model.named_parameters()}
     out: list[tuple[str, torch.Tensor | None]] = [("loss", loss)]
     for i, p in enumerate(params):
         name = names.get(id(p), f"parameter {i}")
         out += [(f"parameter {name}", p), (f"grad {name}", p.grad)]
     out += [(f"buffer {n}", b) for n, b in model.named_buffers()]
-    extra = ema.tensors() if ema is not None else ()
+    outside, extra = extra, ema.tensors() if ema is not None else ()
     out += [
         (f"optimizer/scaler/EMA state {i}", t)
         for i, t in enumerate(unique(state_tensors(optimizer, scaler, extra)))
     ]
+    out += list(outside)
     if clone:
         out = [(n, None if t is None else host_copy(t)) for n, t in out]
     return out

@@ -26,6 +26,7 @@ from . import (
     lifecycle,
     lightning_whole_step,
     parameters,
+    recording_call,
     side_effects,
     step_python,
     switches,
@@ -51,6 +52,7 @@ MODULES = (
     backend_diffs,
     under_capture,
     switches,
+    recording_call,
 )
 
 

@@ -1,0 +1,222 @@
+"""Network replay's recording call, as named steps: refuse early -> probe -> reference -> capture -> judge.
+
+The recording call runs the module's forward more than once: the probe (forward and
+backward, looking for what no replay can repeat), the verification's eager forward (the
+shadow the first replay is compared with), the warm-up and the capture. Then the call
+itself replays, or runs eagerly when the recording is refused. Whatever the outcome, the
+module must be left as one eager call leaves it, so one
+:class:`~replaykit.verify.call_state.CallState`, taken before the first run, is restored after
+the last: values, the names parameters, buffers and submodules are bound to (a centre buffer
+re-bound in forward), the Python values the forward's code names. Each run's prints and log
+records are held: a recording that replays this call emits the probe's (once, as eager
+prints); a call that then runs eagerly emits none of them (its eager run prints).
+
+A mixin of :class:`~replaykit.recorder.Recorder` (its state is the recorder's); the recorder
+keeps the plan a kept recording gets (:meth:`Recorder._keep`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+
+from .backends import Recording
+from .compiled import CompileWatch, aot_compiled, compiled_regions
+from .guards.input_reads import Provenance
+from .guards.module import host_dependence
+from .guards.signature import CallArgs
+from .memory.outputs import OutputTree
+from .verify.call_state import CallState
+from .verify.contexts import recording as recording_context
+from .verify.probe import Refusal, probe
+from .verify.shadow import Shadow
+from .verify.snapshot import StateSnapshot
+
+__all__ = ["Made", "RecorderRecording"]
+
+
+@dataclass
+class Made:
+    """What the recording call's runs found and made, for the plan of a kept recording."""
+
+    key: tuple
+    static_inputs: list[torch.Tensor]
+    named: list[tuple[str, torch.Tensor]]
+    saved: list[int]  # the parameters the backward reads (all, unless the probe says)
+    saved_inputs: list[int] = field(default_factory=list)  # the inputs it reads
+    multi_use: list[int] = field(default_factory=list)  # the parameters it reads more than once
+    written: list[torch.Tensor] = field(default_factory=list)  # parameters written in place
+    probed: list[OutputTree] = field(default_factory=list)  # the probe's output structure
+    refusal: Refusal | None = None
+    shadow: Shadow | None = None
+    recording: Recording | None = None
+
+    @property
+    def params(self) -> list[torch.Tensor]:
+        return [p for _, p in self.named]
+
+
+class RecorderRecording:
+    """The recording call's steps, mixed into ``Recorder``."""
+
+    def _record_call(self, call: int, callargs: CallArgs, key: tuple) -> Made | None:
+        """Record ``callargs``' signature; None: not recorded (``_not_recorded`` says the eager route)."""
+        self._not_recorded = "retired"  # the eager route's reason when this returns None
+        if not self._recordings:
+            self.lifecycle.first_record()
+        why = self._unrecordable()
+        if why is not None:
+            self._retire(why, call)
+            return None
+        state = self._call_state()
+        static = self._static_inputs(callargs.tensors)
+        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        made = Made(key, static, named, list(range(len(named))))
+        try:
+            runs = self._runs(made, callargs, state)
+        finally:
+            state.restore()  # the replay or the eager run that follows is the call's one run
+        made = self._judge(made, call) if runs else None
+        # a recording that replays this call emits the probe's output; an eager call prints its own
+        kept = made is not None and self._clears(made)
+        state.stands(next((r for r in state.runs if r.items), None) if kept else None)
+        return made
+
+    def _unrecordable(self) -> str | None:
+        """What no recording of this module can hold (checked before any run): a retirement."""
+        if self.lifecycle.watch.hooks_at_start:
+            return "module hooks inside the module would not run under replay"
+        frozen = host_dependence(self.module)
+        if frozen is not None:  # refused on both backends: the emulated one mirrors a graph
+            return frozen
+        if self.backend.name == "emulated" and "compiled_code" not in self.disabled:
+            # refused before the probe runs compiled code the tape cannot see (compiled.py)
+            regions = compiled_regions(self.module)
+            if regions:
+                return CompileWatch.unseen_reason(regions[0][0])
+        compiled = aot_compiled(self.module)
+        if compiled is not None:
+            # measured on the H200: a recording's backward runs inductor's compiled backward again
+            # (the exact and verified backwards), which raises for the buffers it donates
+            return (
+                f"{compiled} is torch.compile'd: its compiled backward donates its buffers, which network "
+                "replay's backward cannot run again; use rk.TrainStep over the compiled model (it replays it)"
+            )
+        return None
+
+    def _call_state(self) -> CallState:
+        """Everything the call's runs may change, taken before the first (without ``call_state``,
+        unsafe: the module's values alone)."""
+        snapshot = StateSnapshot(self.module)
+        if "call_state" in self.disabled:
+            return CallState(snapshot, self.module, whole=False)
+        return CallState(snapshot, self.module, code=[self._forward_inputs])
+
+    def _runs(self, made: Made, callargs: CallArgs, state: CallState) -> bool:
+        """Probe, reference, capture (each run's output held); False: the recording call failed
+        (retired, or the call compiles: ``_not_recorded`` says which)."""
+        fn = partial(self._run_forward, callargs, made.params)
+        reads = Provenance(made.static_inputs, discover=True)
+        watch = CompileWatch(self.backend.name == "emulated", "compiled_code" not in self.disabled)
+        try:
+            with state.output().held():
+                made.refusal = self._probe(made, reads.wrap(fn))
+            made.key = self._input_reads.settle(made.key, reads.reads)
+            if made.refusal is not None:
+                return True
+            with state.output().held():
+                made.shadow = self._reference(made, callargs, state)
+            if (
+                reads.reads
+            ):  # the recording is answered the values the probe read: no sync inside it
+                fn = Provenance(made.static_inputs, dict(reads.reads)).wrap(fn)
+            branches = recording_context("capture_branches" not in self.disabled)
+            with branches, watch, state.output().held():
+                made.recording = self.backend.record(
+                    fn, made.static_inputs, made.params, self.warmup
+                )
+            watch.check()
+        except Exception as exc:
+            if watch.recompiled():  # this call runs eagerly (compiling it); the next records
+                self._not_recorded = "compiling"
+                return False
+            self._retire(f"capture failed: {type(exc).__name__}: {exc}", self._calls, cause=exc)
+            return False
+        return True
+
+    def _probe(self, made: Made, fn: Any) -> Refusal | None:
+        """One eager forward and backward that finds what no replay can repeat (verify/probe.py)."""
+        if "record_probe" in self.disabled:
+            return None
+        return probe(
+            self.module,
+            fn,
+            made.static_inputs,
+            made.params,
+            made.saved,
+            "host_rng" not in self.disabled,
+            made.saved_inputs,
+            made.multi_use,
+            made.probed,
+            made.written,
+        )
+
+    def _reference(self, made: Made, callargs: CallArgs, state: CallState) -> Shadow | None:
+        """The verification's eager forward, from the state before the call (the probe's changes put
+        back first), run before the warm-up and capture: eager's activations come and go before the
+        recording's static memory exists, never beside it. An error here is the recording's."""
+        if not self._verify:
+            return None
+        state.restore()
+        return Shadow(
+            self.module,
+            partial(self._run_forward, callargs, made.params),
+            callargs.tensors,
+            made.params,
+            made.written,
+        )
+
+    def _judge(self, made: Made, call: int) -> Made | None:
+        """What the probe refused, and outputs that differ between the probe's call and the
+        recorded one: the signature or the call runs eagerly, or the recorder retires."""
+        refusal = made.refusal
+        if refusal is not None:
+            if refusal.scope == "signature":
+                self._refused[made.key] = self._not_recorded = refusal.reason
+                self.journal.add("refuse", call, refusal.reason, refusal.detail)
+            elif refusal.scope == "call" and not self._first_write:
+                # a write the first call makes (transformers sets config.problem_type): eager makes it, the
+                # next call records; a write that happens again retires below
+                self._first_write = True
+                self._not_recorded = "first_write"
+                self.journal.add("refuse", call, "first_write", refusal.reason)
+            else:
+                self._retire(refusal.reason, call)
+            return None
+        varying = self._varying_outputs(made.probed, made.recording)
+        if varying is not None:
+            made.recording.free()
+            self._refused[made.key] = self._not_recorded = "output_constant"
+            self.journal.add("refuse", call, "output_constant", varying)
+            return None
+        return made
+
+    def _clears(self, made: Made) -> bool:
+        """Whether this call will replay the recording (not a watched first use, run eagerly)."""
+        autocast = (
+            torch.is_autocast_enabled(self._device_kind) and torch.is_autocast_cache_enabled()
+        )
+        return not (self._reentry_said and (made.multi_use or autocast))
+
+    def _varying_outputs(self, probed: list[OutputTree], recording: Recording) -> str | None:
+        """The probe's call and the recorded one must return the same structure and constants
+        (:mod:`replaykit.memory.outputs`): a replay hands back the recorded ones."""
+        if not probed or not self._check_constants:
+            return None
+        difference = probed[0].difference(recording.out_spec)
+        if difference is None:
+            return None
+        return f"{difference} (the probe's call, then the recording's): a replay would freeze one"

@@ -1,0 +1,494 @@
+"""The whole step's recording call, as named steps: reference -> capture -> judge -> keep.
+
+A recording call runs the step's Python more than once: the eager reference (the twin's
+body, whose end state the recording must match), then the capture (a retry after a new
+input read was learnt runs both again). It must end in exactly the state ONE eager call
+leaves, whatever its outcome. So:
+
+- one :class:`~replaykit.verify.call_state.CallState` is taken at its start and owns "put
+  everything back": the model, the optimizer (its param groups' Python values too), what
+  ``loss_fn`` holds (closure cells, globals, containers, modules outside the model). It is
+  restored after the reference, after a capture that raised, and before the eager run of a
+  recording refused or retired;
+- each run's prints and log records are held; the run that stands as the call emits its own.
+
+Each step returns None (go on) or an :class:`Outcome` the loop in
+:meth:`RecordingSteps._record_call` settles: ``stands`` (a run's work is the call's: a recording
+kept, or a run whose effects a replay would not repeat), ``eager`` (nothing stands: the state is
+put back and the twin's body runs once, journaled with its reason) or ``retry`` (put back, then
+record again: a read learnt, or reads to be watched). No re-entry into ``__call__``, no counter
+wound back.
+
+A mixin of :class:`~replaykit.step.TrainStep` (its per-call state is the step's own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .backends import Region, Scratch
+from .compiled import CompileWatch, compiled_regions
+from .guards.code import ForwardInputs, LossInputs
+from .guards.input_reads import NewInputRead, Provenance
+from .guards.module import host_dependence
+from .guards.optimizer import GRAD, host_state, tensors_of
+from .memory.layout import aligned_copy
+from .verify.call_state import CallState
+from .verify.contexts import recording as recording_context
+from .verify.output import HeldOutput
+from .verify.side_effects import SideEffects
+from .verify.step_check import difference, end_state
+
+_use_count = torch._C._storage_Use_Count
+
+__all__ = ["Outcome", "RecordingSteps"]
+
+
+@dataclass
+class Outcome:
+    """How a recording call ends. ``stands``: ``loss`` is the call's (``run``'s output is
+    emitted); ``eager``: the twin's body runs once from the state put back, journaled with
+    ``reason`` (None: journaled already); ``retry``: record again (``rekey``: a read was learnt)."""
+
+    kind: str
+    loss: torch.Tensor | None = None
+    run: HeldOutput | None = None
+    reason: str | None = None
+    rekey: bool = False
+
+
+@dataclass
+class Attempt:
+    """One try at recording: its static inputs, region and what its steps hand on."""
+
+    phase: str
+    key: tuple
+    callargs: Any
+    args: tuple
+    kwargs: dict
+    static: list[torch.Tensor]
+    region: Region
+    reads: Provenance | None
+    before: list[int]
+    reference: list | None = None
+    loss: torch.Tensor | None = None
+    effects: SideEffects | None = None
+    run: HeldOutput | None = None
+    rec: Any = None
+    private: list = field(default_factory=list)
+
+
+class RecordingSteps:
+    """The recording call's steps, mixed into ``TrainStep`` (their state is the step's)."""
+
+    # ----------------------------------------------------------------- the loop
+    def _record_call(
+        self, phase: str, key: tuple, callargs: Any, args: tuple, kwargs: dict
+    ) -> torch.Tensor:
+        why = self._unrecordable()
+        if why is not None:
+            return self._retire_eager(why, phase, args, kwargs)
+        if not self._recordings:
+            self.lifecycle.first_record()
+        state = self._call_state()
+        while True:
+            outcome = self._attempt(state, phase, key, callargs, args, kwargs)
+            if outcome.kind != "retry":
+                break
+            state.restore()
+            state.stands(None)
+            if outcome.rekey:
+                key = self._input_reads.rekey(callargs.tensors)
+        if outcome.kind == "stands":
+            state.stands(outcome.run)
+            return outcome.loss
+        state.restore()  # nothing of the recording call's runs stands: the twin's body runs once
+        state.stands(None)
+        return self._eager(phase, outcome.reason, args, kwargs)
+
+    def _attempt(
+        self, state: CallState, phase: str, key: tuple, callargs: Any, args: tuple, kwargs: dict
+    ) -> Outcome:
+        """One try: reference -> capture -> judge -> keep; the first step to decide ends it."""
+        a = self._prepare(phase, key, callargs, args, kwargs)
+        outcome = self._reference(a, state) if "verify_recording" not in self.disabled else None
+        if outcome is None:
+            outcome = self._capture(a, state)
+        if outcome is None:
+            outcome = self._judge(a, state)
+        return outcome if outcome is not None else self._keep(a)
+
+    def _unrecordable(self) -> str | None:
+        """What no recording of this step can hold (checked before any run): a retirement."""
+        frozen = host_dependence(self.model) or host_state(self.optimizer, self.device)
+        if frozen is not None:
+            return frozen
+        if self.backend.name == "emulated" and "compiled_code" not in self.disabled:
+            regions = compiled_regions(self.model)  # the tape cannot see their kernels
+            if regions:
+                return CompileWatch.unseen_reason(regions[0][0])
+        return None
+
+    def _call_state(self, tensors: bool | None = None) -> CallState:
+        """Everything the call's runs may change, taken before the first. Without ``call_state``
+        (unsafe) only the step's tensor snapshot, as before the call state existed. ``tensors``:
+        whether the runs execute kernels (default: the recording call's answer)."""
+        assert self.backend is not None
+        if tensors is None:
+            # a CUDA capture executes no kernels: without the reference only Python runs twice
+            tensors = self.backend.name != "cuda" or "verify_recording" not in self.disabled
+        snapshot = self._snapshot(tensors=tensors)
+        if "call_state" in self.disabled:
+            return CallState(snapshot, self.model, whole=False)
+        return CallState(snapshot, self.model, self.optimizer, self._code(), [self.ema])
+
+    def _code(self) -> list:
+        """Where loss_fn's and the model's forward code keep Python values (found once): the
+        loss_fn guard's own finder, or one of the call state's while that guard is switched off."""
+        world = self.__dict__.get("_code_world")
+        if world is None:
+            loss = self._loss_inputs or LossInputs(self.loss_fn, self.model)
+            world = self.__dict__["_code_world"] = [loss, ForwardInputs(self.model)]
+        elif self._loss_inputs is not None:
+            world[0] = self._loss_inputs
+        return world
+
+    def _prepare(self, phase: str, key: tuple, callargs: Any, args: tuple, kwargs: dict) -> Attempt:
+        """Static copies of the batch (one per distinct tensor: ``step(x, x)`` keeps ``a is b``, as the
+        key's aliasing says), private aliases of the incoming gradients (a handed-out alias given
+        storage of its own later must not move what the recording reads), the region."""
+        before = list(map(_use_count, self._storages))  # a recording adds holders of its own
+        copies: dict[int, torch.Tensor] = {}
+        static = [
+            copies[id(t)] if id(t) in copies else copies.setdefault(id(t), aligned_copy(t))
+            for t in callargs.tensors
+        ]
+        private = [None if g is None else g.detach() for g in map(GRAD, self._trainable)]
+        for p, g in zip(self._trainable, private, strict=True):
+            p.grad = g
+        region = self.backend.region(static)
+        # input-derived host reads are answered with this call's values; an unknown one stops the
+        # capture. The watch is a dispatch mode, under which autograd keeps one more activation
+        # alive at the backward's peak: a pool that much larger for good. So it watches only once
+        # a capture without it failed (a host read of GPU data fails a CUDA capture by itself),
+        # and always where a host read would not fail: a CPU input, the emulated tape.
+        watched = (
+            self._watch_reads
+            or self.backend.name != "cuda"
+            or any(t.device.type == "cpu" for t in static)
+        )
+        drawn_to = self._input_reads.drawn_to  # not None: its key's host draws are made before it
+        reads = (
+            Provenance(static, self._input_reads.answers(), draws=drawn_to is not None)
+            if watched
+            else None
+        )
+        return Attempt(
+            phase, key, callargs, args, kwargs, static, region, reads, before, private=private
+        )
+
+    # ----------------------------------------------------------------- reference
+    def _reference(self, a: Attempt, state: CallState) -> Outcome | None:
+        """The verification's eager half: the twin's body from the state before the call, its end
+        state kept (host copies), everything put back.
+
+        It runs before the capture, and the backend gives eager's cached temporaries back
+        around it (``Backend.trim``): after the capture the recording's pool holds a step's
+        worth of memory, and an eager step beside it doubled the peak. Once recordings exist it
+        runs in their pool's free memory (``region.scratch``): what it leaves there frees them
+        (:meth:`_left_in_pool`). Python the body runs for its effects shows here first: then
+        this eager run is the call (it stands).
+        """
+        self.backend.trim()  # warm-up's cache (a side stream's blocks serve no other stream)
+        scratch = (
+            a.region.scratch()
+            if self._recordings and self._in_pool and self._sole_user()
+            else Scratch()
+        )
+        drawn_to = self._input_reads.drawn_to
+        effects = SideEffects(
+            self.model, a.callargs.tensors, "host_rng" not in self.disabled, drawn_to
+        )
+        # host draws seen before (beside a GPU model) and none known for this key: find them and
+        # what is read of them (a dispatch mode: this eager run only)
+        learning = self._learn_draws and drawn_to is None and "input_reads" not in self.disabled
+        found = Provenance(a.callargs.tensors, discover=True, draws=True) if learning else None
+        loose = self._loss_inputs.tensors() if self._loss_inputs is not None else ()
+        held = [t for t in loose if not t.is_inference()]
+        versions = [t._version for t in held]
+        run = state.output()
+        self._walking, self._foreign = "foreign_grads" not in self.disabled, 0
+        try:
+            found_or_not = found if found is not None else contextlib.nullcontext()
+            with effects, found_or_not, scratch, run.held():
+                eager = self._body(a.phase, a.args, a.kwargs)
+        except BaseException:  # eager's exception: a cache it filled first stays in the pool
+            self._unchecked = scratch
+            state.stands(run)  # it printed what eager prints before raising
+            raise
+        finally:
+            self._walking = False
+        why = self._reference_why(effects, found, held, versions)
+        if why is not None:
+            return self._reference_stands(a, why, eager, scratch, run)
+        a.reference = end_state(*self._judged(), eager, clone=True, extra=state.outside)
+        state.restore()
+        for p, g in zip(self._trainable, a.private, strict=True):
+            p.grad = g  # what the capture reads (see _prepare)
+        del eager
+        self._left_in_pool(scratch)
+        self.backend.trim()
+        return None
+
+    def _reference_why(
+        self, effects: SideEffects, found: Provenance | None, held: list, versions: list
+    ) -> str | None:
+        """Why the reference run must stand as the call (a replay would not repeat what it did), or None."""
+        why = effects.reason("the step", writes=self._check_effects)
+        if (
+            why is not None
+            and self._input_reads.drawn_to is None
+            and effects.reason("the step", host_draws=False, writes=self._check_effects) is None
+        ):
+            why = self._host_draws(found) or why
+        if why is None:
+            why = self._beyond_the_model()
+        if why is not None:
+            return why
+        known = set(map(id, self._written))
+        written = [
+            t for t, v in zip(held, versions, strict=True) if t._version != v and id(t) not in known
+        ]
+        if not written:
+            return None
+        # loose tensors are watched, not copied (one may be a dataset): this run stands, and
+        # the call states from the next recording call keep them
+        self._written += written
+        return _Learning(
+            f"loss_fn writes {len(written)} tensor(s) it holds in place: kept in the "
+            "step's snapshots from the next recording call",
+            "held_writes",
+        )
+
+    def _reference_stands(
+        self, a: Attempt, why: str, eager: torch.Tensor, scratch: Scratch, run: HeldOutput
+    ) -> Outcome:
+        """The reference run is the call's work: what it hands back leaves the pool; retire, or
+        journal what is learnt (:class:`_Learning`: not a retirement)."""
+        with torch.no_grad():
+            for p in self._trainable:
+                if p.grad is not None and scratch.owns(p.grad):
+                    p.grad = p.grad.clone()
+            eager = eager.clone() if scratch.owns(eager) else eager
+        self._left_in_pool(scratch)
+        a.region.free()
+        if isinstance(why, _Learning):
+            self.journal.add("refuse", self._calls, why.reason, why)
+        else:
+            self._retire(why, self._calls)
+        if a.phase in ("step", "last"):
+            self._stepped()
+        return Outcome("stands", eager, run)
+
+    # ----------------------------------------------------------------- capture
+    def _capture(self, a: Attempt, state: CallState) -> Outcome | None:
+        """The recording: the body captured over the static inputs (on CUDA it then replays once:
+        the call's step). Effects a replay would not repeat let this run stand, unkept."""
+        a.effects = SideEffects(
+            self.model, a.static, "host_rng" not in self.disabled, self._input_reads.drawn_to
+        )
+        watch = CompileWatch(self.backend.name == "emulated", "compiled_code" not in self.disabled)
+        a.run = state.output()
+        self._walking, self._foreign = "foreign_grads" not in self.disabled, 0
+        try:
+            branches = recording_context("capture_branches" not in self.disabled)
+            with a.effects, branches, watch, a.run.held():
+                (a.loss,) = a.region.capture(lambda: self._captured_body(a))
+            watch.check()
+        except Exception as exc:
+            a.region.abort()
+            return self._capture_failed(a, exc, watch)
+        except BaseException:  # KeyboardInterrupt: nothing of this call happened; record later
+            a.region.abort()
+            state.restore()
+            state.stands(None)
+            raise
+        finally:
+            self._walking = False
+        from .step import StepRecording
+
+        a.key = self._input_reads.settle(a.key, () if a.reads is None else a.reads.reads)
+        grads_out = [p.grad for p in self._trainable]  # per parameter: its storage after, or None
+        keep = [*(g for g in a.private if g is not None), *tensors_of(self.optimizer)]
+        a.rec = StepRecording(a.region, a.static, a.loss, grads_out, keep)
+        why = self._capture_why(a)
+        if why is None:
+            return None
+        # the body ran once, as eager's does: its effects stand (an input written in place
+        # reaches the caller's tensor); the recording is not kept
+        with torch.no_grad():
+            for i in a.effects.written_inputs():
+                a.callargs.tensors[i].copy_(a.static[i])
+        out = self._after(a.phase, a.rec)
+        a.region.free()
+        if a.effects.writes_only() and not self._first_write:
+            # a write made once (config.problem_type at the first call): it stands, as eager's; record later
+            self._first_write = True
+            self.journal.add("refuse", self._calls, "first_write", why)
+        else:
+            self._retire(why, self._calls)
+        return Outcome("stands", out, a.run)
+
+    def _captured_body(self, a: Attempt) -> list[torch.Tensor]:
+        args, kwargs = a.callargs.rebuild(a.static)
+        if a.reads is None:
+            return [self._body(a.phase, args, kwargs)]
+        with a.reads:
+            return [self._body(a.phase, args, kwargs)]
+
+    def _capture_why(self, a: Attempt) -> str | None:
+        """Why replays of the captured run would differ from eager outside the tensors it computes."""
+        why = a.effects.reason("the step", writes=self._check_effects)
+        if (
+            why is None
+            and a.reads is not None
+            and (a.reads.escaped or not self._input_reads.draws_match(a.reads.draws))
+        ):
+            why = _HOST_DRAWS_CHANGED
+        return why if why is not None else self._beyond_the_model()
+
+    def _capture_failed(self, a: Attempt, exc: Exception, watch: CompileWatch) -> Outcome:
+        """A capture that raised: learn a read and retry, watch reads and retry, or run eagerly."""
+        call = self._calls
+        if isinstance(exc, NewInputRead) and self._input_reads.learn(exc.program):
+            # a function of the batch alone: evaluated before choosing a recording from now on
+            self.journal.add(
+                "refuse", call, "input_read", "an input-derived host read: keyed from now on"
+            )
+            return Outcome("retry", rekey=True)
+        if watch.recompiled():  # this call runs eagerly (compiling it); the next records
+            return Outcome("eager", reason="compiling")
+        if a.reads is None:  # perhaps a host read of the batch: captured again, watched
+            self._watch_reads = True
+            self.journal.add(
+                "refuse",
+                call,
+                "input_read",
+                f"capture failed ({type(exc).__name__}): again, watching input-derived host reads",
+            )
+            return Outcome("retry")
+        self._retire(f"capture failed: {type(exc).__name__}: {exc}", call)
+        return Outcome("eager", reason=self.lifecycle.stopped() or "retired")
+
+    # ----------------------------------------------------------------- judge and keep
+    def _judge(self, a: Attempt, state: CallState) -> Outcome | None:
+        """The recording's end state against the reference's, bit for bit (the modules loss_fn
+        holds included): a difference refuses the signature, and the twin's body runs once."""
+        if a.reference is None:
+            return None
+        now = end_state(*self._judged(), a.loss, clone=False, extra=state.outside)
+        found = difference(now, a.reference)
+        self.journal.add("check", self._calls, "recording", found)
+        if found is None:
+            return None
+        a.region.free()
+        self._refused[a.key] = "diverged"
+        self.journal.add(
+            "refuse", self._calls, "diverged", f"the recording differs from eager: {found}"
+        )
+        return Outcome("eager")  # journaled: the refusal says why
+
+    def _keep(self, a: Attempt) -> Outcome:
+        """The recording stands: kept under its key; its gradients are left as eager leaves them."""
+        self._recordings[a.key] = a.rec
+        self.journal.add("record", self._calls, a.phase, f"recording {len(self._recordings)}")
+        after = map(_use_count, self._storages)
+        self._baseline = [
+            b + n - c for b, n, c in zip(self._baseline, after, a.before, strict=True)
+        ]
+        return Outcome("stands", self._after(a.phase, a.rec), a.run)
+
+    def _judged(self) -> tuple:
+        """What end_state reads of the step."""
+        return (self.model, self.optimizer, self.scaler, self.ema, self._trainable)
+
+    # ----------------------------------------------------------------- what a run shows
+    def _beyond_the_model(self) -> str | None:
+        """Why replays of the run just watched (a recording's capture or its reference) would
+        differ from eager outside what ``SideEffects`` sees: a second network, what loss_fn changes."""
+        if self._foreign:
+            return (
+                f"loss_fn reaches {self._foreign} tensor(s) requiring grad outside the model and the optimizer (a second "
+                "network): a replay would not give them this call's gradients"
+            )
+        if self._loss_inputs is not None:
+            changed = self._loss_inputs.changed(self._loss_key)
+            if changed is not None:
+                return f"loss_fn changes {changed}; a replay would not"
+        return None
+
+    def _sole_user(self) -> bool:
+        """A shared pool's other users' recordings would need freeing too: their reference runs beside it."""
+        return self._pool is None or all(u is self for u in self._pool.users())
+
+    def _left_in_pool(self, scratch: Scratch) -> None:
+        """The reference run left tensors in the pool: the earlier recordings, whose replays may
+        write there, are freed (recorded again at their next call), and references run beside
+        the pool from now on (no more freeing)."""
+        left = scratch.survivors()
+        if not left or "pool_survivors" in self.disabled:
+            return
+        for rec in self._recordings.values():
+            rec.region.free()
+        self._in_pool = False
+        self.journal.add(
+            "refuse",
+            self._calls,
+            "pool_survivors",
+            f"the recording call's reference step left {left} bytes in the pool: "
+            f"{len(self._recordings)} earlier recording(s) freed, recorded again at their next call",
+        )
+        self._recordings.clear()
+
+    def _host_draws(self, found: Provenance | None) -> _Learning | None:
+        """The reference run's only effect was a draw from torch's CPU generator: learn the draws
+        (``found``, this run's) and the reads made of them, or, at first sight, watch the next
+        recording call's run for them. None: they cannot be keyed (a draw reaching the computation)."""
+        if "input_reads" in self.disabled or "host_rng" in self.disabled:
+            return None
+        if found is None:
+            if self._learn_draws:
+                return None
+            self._learn_draws = True
+            return _Learning("host draws: the next recording call learns them")
+        if found.escaped or not found.draws:
+            return None
+        if not self._input_reads.learn_draws(found.reads, found.draws):
+            return None
+        self._watch_reads = True  # the capture answers their reads
+        return _Learning(
+            f"{len(found.draws)} host draw(s), {len(found.reads)} read(s) of them: drawn before "
+            "choosing a recording from now on"
+        )
+
+
+class _Learning(str):
+    """A recording call's reference run stands as the call while something is learnt (host
+    draws, tensors loss_fn writes): not a retirement. ``reason``: the journal's."""
+
+    reason: str
+
+    def __new__(cls, text: str, reason: str = "host_draws") -> _Learning:
+        self = super().__new__(cls, text)
+        self.reason = reason
+        return self
+
+
+_HOST_DRAWS_CHANGED = (
+    "the step's draws from torch's CPU generator changed, or a drawn value reached its computation; "
+    "a replay would repeat the first draw"
+)

@@ -1,0 +1,252 @@
+"""The recording call runs the step's Python more than once (probe, eager reference, capture, a
+retry): what those extra runs change outside the model's tensors must be put back, so the call
+leaves exactly what one eager call leaves, whatever its outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+
+import torch
+from torch import nn
+
+from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, sgd, step_loop
+from .under_capture import CaptureAware
+
+
+class CentredHead(MLP):
+    """DINO's head: a centre buffer re-bound in forward (``self.center = m * self.center + ...``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("center", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        self.center = 0.9 * self.center + 0.1 * out.detach().mean(0)
+        return out - self.center
+
+
+def _centred(device: str) -> nn.Module:
+    return CentredHead().to(device)
+
+
+# --------------------------------------------------------------------------- what loss_fn holds
+def _ema_target(model: nn.Module, arm: Arm) -> Extras:
+    """BYOL: a target network, an EMA of the online one, updated inside loss_fn."""
+    target = copy.deepcopy(model).requires_grad_(False)
+
+    def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            for t, p in zip(target.parameters(), m.parameters(), strict=True):
+                t.mul_(0.9).add_(p, alpha=0.1)
+        return (m(x) - target(x)).pow(2).mean()
+
+    kept = step_loop(model, arm, loss_fn=loss_fn, steps=4)
+    kept.update({f"target/{n}": t for n, t in target.named_parameters()})
+    return kept
+
+
+def _teacher_bn(model: nn.Module, arm: Arm, **step_kwargs: object) -> Extras:
+    """Distillation from a teacher left in train mode: its BatchNorm statistics move every call."""
+    teacher = MLP(bn=True).to(arm.device).requires_grad_(False)
+
+    def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            soft = teacher(x)
+        return (m(x) - soft).pow(2).mean()
+
+    kept = step_loop(model, arm, loss_fn=loss_fn, steps=4, **step_kwargs)
+    kept.update({f"teacher/{n}": b for n, b in teacher.named_buffers()})
+    return kept
+
+
+class DinoLoss(nn.Module):
+    """DINO's loss: centres the teacher's output with a buffer it updates in place each call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("center", torch.zeros(3))
+
+    def forward(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            target = torch.softmax(teacher - self.center, dim=1)
+            self.center.mul_(0.9).add_(teacher.mean(0), alpha=0.1)
+        return -(target * torch.log_softmax(student, dim=1)).sum(1).mean()
+
+
+def _dino_loss(model: nn.Module, arm: Arm) -> Extras:
+    criterion = DinoLoss().to(arm.device)
+
+    def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return criterion(m(x), m(x.flip(0)).detach())
+
+    kept = step_loop(model, arm, loss_fn=loss_fn, steps=4)
+    kept["loss_centre"] = criterion.center
+    return kept
+
+
+# --------------------------------------------------------------------------- the optimizer's Python
+class CountingSGD(torch.optim.SGD):
+    """A Lookahead-style counter kept in the param group: every second step pulls the weights back."""
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        loss = super().step(closure)
+        for group in self.param_groups:
+            group["k"] = group.get("k", 0) + 1
+            if group["k"] % 2 == 0:
+                for p in group["params"]:
+                    p.mul_(0.5)
+        return loss
+
+
+def _counter_failed_verification(model: nn.Module, arm: Arm) -> Extras:
+    """The recording differs from eager (a capture-time branch): the call falls back to eager, the
+    counter must have moved once."""
+    kept = step_loop(
+        model,
+        arm,
+        optimizer=lambda m: CountingSGD(m.parameters(), lr=0.1),
+        steps=5,
+        trust_optimizer=True,  # its step launches kernels; the counter is a param-group value (keyed)
+    )
+    opt = arm.optimizers[-1]
+    kept["counter"] = torch.tensor(float(opt.param_groups[0]["k"]))
+    return kept
+
+
+# --------------------------------------------------------------------------- output
+class Printing(MLP):
+    """Prints from forward (a debugging line, a progress counter)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        print("forward", tuple(x.shape))
+        return super().forward(x)
+
+
+def _printing(device: str) -> nn.Module:
+    return Printing().to(device)
+
+
+def _counted(arm: Arm, calls: int, one_call) -> Extras:
+    """Runs ``one_call(i)`` ``calls`` times; every call that did not replay (a replay runs no
+    Python) must print exactly once, as eager's does: kept is how many lines they printed too
+    many or too few."""
+    wrong = 0
+    for i in range(calls):
+        replays = _replays(arm)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            one_call(i)
+        if _replays(arm) == replays:
+            wrong += abs(out.getvalue().count("forward") - 1)
+    return {"prints_not_once": torch.tensor(float(wrong))}
+
+
+def _replays(arm: Arm) -> int:
+    return 0 if arm.recorder is None else arm.recorder.counts["replay"]
+
+
+def _print_capture(model: nn.Module, arm: Arm) -> Extras:
+    opt = sgd(model)
+
+    def one(i: int) -> None:
+        opt.zero_grad(set_to_none=True)
+        model(arm.randn(4, 6)).pow(2).mean().backward()
+        opt.step()
+
+    return _counted(arm, 4, one)
+
+
+def _print_step(model: nn.Module, arm: Arm) -> Extras:
+    step = arm.train_step(model, lambda m, x: m(x).pow(2).mean(), sgd(model))
+    return _counted(arm, 4, lambda i: step(arm.randn(4, 6)))
+
+
+HAZARD = "recording_call"
+
+PATTERNS: list[Pattern] = [
+    Pattern(
+        "rebound_centre_buffer",
+        HAZARD,
+        "DINO's head re-binds a centre buffer in forward (self.center = m * self.center + ...)",
+        _centred,
+        lambda m, a: loop(m, a, steps=4),
+        guard="call_state",
+    ),
+    Pattern(
+        "step_rebound_centre_buffer",
+        HAZARD,
+        "DINO's head re-binds a centre buffer in forward, whole step",
+        _centred,
+        lambda m, a: step_loop(m, a, steps=4),
+        guard="call_state",
+        api="step",
+        unsafe_never="the step's eager reference sees the assignment first and stands as the call",
+    ),
+    Pattern(
+        "step_ema_target_in_loss_fn",
+        HAZARD,
+        "a BYOL target network, EMA of the online one, updated inside loss_fn",
+        mlp(),
+        _ema_target,
+        guard="call_state",
+        api="step",
+    ),
+    Pattern(
+        "step_teacher_bn_in_loss_fn",
+        HAZARD,
+        "a distillation teacher with BatchNorm, left in train mode, run inside loss_fn",
+        mlp(),
+        _teacher_bn,
+        guard="call_state",
+        api="step",
+    ),
+    Pattern(
+        "step_teacher_bn_in_loss_fn_checked",
+        HAZARD,
+        "the same teacher, every replay shadow-checked (check_every=1): replay, then eager again",
+        mlp(),
+        lambda m, a: _teacher_bn(m, a, check_every=1),
+        guard="call_state",
+        api="step",
+    ),
+    Pattern(
+        "step_dino_loss_centre",
+        HAZARD,
+        "DINO's loss module, held by loss_fn, updates its centre buffer in place",
+        mlp(),
+        _dino_loss,
+        guard="call_state",
+        api="step",
+    ),
+    Pattern(
+        "step_param_group_counter_failed_verification",
+        HAZARD,
+        "an optimizer counts steps in its param group; the recording fails verification",
+        lambda d: CaptureAware().to(d),
+        _counter_failed_verification,
+        guard="call_state",
+        api="step",
+    ),
+    Pattern(
+        "print_in_forward",
+        HAZARD,
+        "forward prints: the recording call prints once, as an eager call",
+        _printing,
+        _print_capture,
+        guard="call_state",
+    ),
+    Pattern(
+        "step_print_in_forward",
+        HAZARD,
+        "forward prints: the whole step's recording call prints once, as an eager call",
+        _printing,
+        _print_step,
+        guard="call_state",
+        api="step",
+    ),
+]

@@ -1,0 +1,259 @@
+"""The state one call of a step may change, taken once at the start of its recording call.
+
+A recording call runs the step's Python more than once (probe, eager reference, capture;
+a retry). Whatever it ends in (a recording that stands, a refusal, a retirement, a retry),
+it must leave exactly what ONE eager call leaves. :class:`CallState` is the one owner of
+"put everything back": it is taken at the start of the recording call and restored before
+the one real run and on every outcome that does not stand. It holds
+
+- the tensors (:class:`~.step_check.StepSnapshot` or :class:`~.snapshot.StateSnapshot`: the
+  model's values, ``.grad``, RNG, plain attributes, held containers, which tensor each
+  parameter / buffer / submodule name is bound to, the optimizer's, scaler's and EMA's state);
+- the Python values the code names (:class:`~replaykit.guards.code.LossInputs` finds them):
+  closure cells, globals, the containers and plain objects they hold, and every module they
+  hold outside the model (a BYOL target network, DINO's loss with its centre, a teacher whose
+  BatchNorm statistics move), snapshotted whole;
+- the optimizer's Python: its param groups' values (a Lookahead counter, a custom key
+  ``step()`` increments), its own attributes, an inner optimizer's state; other objects' plain
+  attributes (an EMA's counter);
+- the output each run prints or logs (:mod:`.output`): the run that stands emits its own.
+
+Tensors the code holds loose (a running mean in a closure) are watched by version, not
+copied (one may be a dataset): :meth:`CallState.unsaved_writes` names those written without
+a copy, and the entry point then lets the run that wrote them stand as the call.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..guards.module import cell_filled, hidden_modules
+from .output import HeldOutput
+from .snapshot import StateSnapshot, contents, host_copy, mutable, put_back
+
+__all__ = ["CallState"]
+
+_EMPTY = object()
+_DEPTH = 3
+#: plain objects of these are not entered (a module object, a library's state is not the call's)
+_LIBRARIES = frozenset(
+    {
+        "builtins",
+        "replaykit",
+        "torch",
+        "numpy",
+        "lightning",
+        "pytorch_lightning",
+        "lightning_fabric",
+    }
+)
+_SLOTS = ("_parameters", "_buffers", "_modules")
+
+
+class CallState:
+    """Taken once at the start of a recording call; :meth:`restore` puts everything back.
+
+    ``tensors``: the tensor snapshot of the entry point. ``model``: what it snapshots already (the
+    modules ``code`` holds outside it are snapshotted here). ``code``: the sources of the code the
+    call runs (``LossInputs`` / ``ForwardInputs``). ``objects``: plain objects whose attributes a
+    call may re-bind (an EMA). ``whole=False`` (unsafe: ``call_state`` switched off): the tensor
+    snapshot alone, every run printing as it goes.
+    """
+
+    def __init__(
+        self,
+        tensors: Any,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        code: Iterable[Any] = (),
+        objects: Iterable[Any] = (),
+        whole: bool = True,
+    ) -> None:
+        self._tensors = tensors
+        self._whole = whole
+        if not whole:  # unsafe (``call_state`` off): the tensor snapshot alone
+            model, optimizer, code, objects = nn.Module(), None, (), ()
+        code = [c for c in code if c is not None]
+        self._cells = [
+            (c, c.cell_contents if cell_filled(c) else _EMPTY) for s in code for c in s.cells
+        ]
+        self._globals = [(g, n, g.get(n, _EMPTY)) for s in code for g, n in s.global_names]
+        # what the code reads (loss_fn's: every cell and global it names; a forward's: plain values
+        # only, not a cache it fills, whose tensors a recording made after the call may read)
+        values = [v for s in code for v in s.values()]
+        inside = {id(m) for m in model.modules()}
+        modules, held = _reached(values, inside)
+        self._modules = [(m, StateSnapshot(m)) for m in modules]
+        # which tensor or module each name is bound to: a forward that re-binds a buffer
+        # (``self.center = m * self.center + ...``, DINO's centre) or adds a submodule at its
+        # first call changes these dicts, not the old tensor's values
+        trees = [*model.modules(), *(m for _, m in hidden_modules(model))]
+        trees += [s for m in modules for s in m.modules()]
+        self._slots = [
+            (d, dict(d))
+            for m in trees
+            for d in (m.__dict__.get(s) for s in _SLOTS)
+            if d is not None
+        ]
+        # their tensors, named: the judge compares them too
+        self.outside = [
+            (f"{type(m).__name__}[{i}] {n}", t)
+            for i, m in enumerate(modules)
+            for n, t in (*m.named_parameters(), *m.named_buffers())
+        ]
+        self._held = [(v, contents(v)) for v in held]
+        self._take_optimizer(_optimizers(optimizer), objects)
+        self.runs: list[HeldOutput] = []
+
+    def _take_optimizer(self, optimizers: list, objects: Iterable[Any]) -> None:
+        """The param groups' values, the optimizers' and ``objects``' attributes, and an inner
+        optimizer's state (a Lookahead's base; the outer's is the tensor snapshot's)."""
+        self._groups = [
+            (o, list(o.param_groups), [dict(g) for g in o.param_groups]) for o in optimizers
+        ]
+        self._objects = [(o, dict(vars(o))) for o in (*optimizers, *objects) if o is not None]
+        inner = optimizers[1:]
+        self._entries = [(o, {p: dict(e) for p, e in o.state.items()}) for o in inner]
+        self._inner = [
+            (t, host_copy(t))
+            for o in inner
+            for e in o.state.values()
+            for t in e.values()
+            if isinstance(t, torch.Tensor)
+        ]
+
+    def output(self) -> HeldOutput:
+        """A new run's output, held until the call says which run stands."""
+        out = HeldOutput(held=self._whole)
+        self.runs.append(out)
+        return out
+
+    def stands(self, run: HeldOutput | None) -> None:
+        """``run`` stands as the call's: its output is emitted, every other run's dropped."""
+        for out in self.runs:
+            if out is run:
+                out.emit()
+            else:
+                out.drop()
+        self.runs = []
+
+    def restore(self) -> None:
+        """Put back everything the call's runs changed (the same objects, values as they were)."""
+        for d, bound in self._slots:
+            _rebind(d, bound)
+        self._tensors.restore()
+        for _, snapshot in self._modules:
+            snapshot.restore()
+        for cell, value in self._cells:
+            if cell_filled(cell) and isinstance(cell.cell_contents, torch.Tensor):
+                continue  # a tensor a recording made after the call may read: left bound
+            if value is _EMPTY:
+                if cell_filled(cell):
+                    del cell.cell_contents
+            elif not cell_filled(cell) or cell.cell_contents is not value:
+                cell.cell_contents = value
+        for g, name, value in self._globals:
+            if isinstance(g.get(name), torch.Tensor):
+                continue  # a tensor a recording made after the call may read: left bound
+            if value is _EMPTY:
+                g.pop(name, None)
+            elif g.get(name, _EMPTY) is not value:
+                g[name] = value
+        for value, saved in self._held:
+            put_back(value, saved)
+        for o, groups, saved in self._groups:
+            o.param_groups[:] = groups
+            for g, values in zip(groups, saved, strict=True):
+                _rebind(g, values)
+        for o, attrs in self._objects:
+            _rebind(vars(o), attrs)
+        for o, entries in self._entries:
+            for p in list(o.state):
+                if p not in entries:
+                    del o.state[p]
+            for p, e in entries.items():
+                _rebind(o.state[p], e)
+        with torch.no_grad():
+            for t, v in self._inner:
+                t.data.copy_(v, non_blocking=True)
+
+
+def _rebind(d: dict, saved: dict) -> None:
+    """``d``'s keys bound as in ``saved`` (by identity: a value left alone is not touched)."""
+    if d.keys() == saved.keys() and all(d[k] is v for k, v in saved.items()):
+        return
+    for k in d.keys() - saved.keys():
+        del d[k]
+    for k, v in saved.items():
+        if d.get(k, _EMPTY) is not v:
+            d[k] = v
+
+
+def _optimizers(optimizer: torch.optim.Optimizer | None) -> list[torch.optim.Optimizer]:
+    """The optimizer and those it wraps (a Lookahead's base optimizer), one level down."""
+    if optimizer is None:
+        return []
+    inner = [v for v in vars(optimizer).values() if isinstance(v, torch.optim.Optimizer)]
+    return unique_objects([optimizer, *inner])
+
+
+def unique_objects(items: Sequence[Any]) -> list[Any]:
+    seen: set[int] = set()
+    return [x for x in items if id(x) not in seen and not seen.add(id(x))]
+
+
+def _reached(values: list[Any], inside: set[int]) -> tuple[list[nn.Module], list[Any]]:
+    """The modules outside the model that ``values`` hold (through containers and plain
+    objects, a few levels down; their own submodules are theirs), and the mutable containers
+    and user objects on the way."""
+    modules: dict[int, nn.Module] = {}
+    below: set[int] = set()  # submodules of a module found: snapshotted with it
+    held: dict[int, Any] = {}
+    todo = [(v, _DEPTH) for v in values]
+    while todo:
+        value, depth = todo.pop()
+        if isinstance(value, nn.Module):
+            tree = {id(m) for m in value.modules()}
+            # a module above the model (a LightningModule): its code's attributes are the sources
+            if id(value) in modules or id(value) in below or tree & inside:
+                continue
+            modules[id(value)] = value
+            below |= tree - {id(value)}
+            continue
+        if depth == 0 or id(value) in held or isinstance(value, torch.Tensor):
+            continue
+        if isinstance(
+            value, (tuple, frozenset)
+        ):  # entered (a partial's arguments), nothing to put back
+            todo += [(v, depth - 1) for v in value]
+            continue
+        if not mutable(value):
+            continue
+        if isinstance(value, dict):
+            items: list[Any] = list(value.values())
+        elif isinstance(value, (list, set, deque)):
+            items = list(value)
+        elif _library(value):
+            continue
+        else:
+            items = list(vars(value).values())
+        held[id(value)] = value
+        todo += [(v, depth - 1) for v in items]
+    return [m for i, m in modules.items() if i not in below], list(held.values())
+
+
+def _library(value: Any) -> bool:
+    """An object of a library, the standard library or replaykit (a module object, a step, a
+    Trainer): not entered. A user's objects are: their class's module is not installed."""
+    name = type(value).__module__
+    root = name.partition(".")[0]
+    if root in _LIBRARIES or root in sys.stdlib_module_names:
+        return True
+    path = getattr(sys.modules.get(name), "__file__", None) or ""
+    return "site-packages" in path or "dist-packages" in path
