@@ -77,24 +77,7 @@ def capture(
     diagnosis only. Capturing a module that is already captured, or one inside (or
     around) a captured module, raises :class:`ReplayError`.
     """
-    if not isinstance(module, nn.Module):
-        raise ReplayError(f"capture() takes an nn.Module, not {type(module).__name__}")
-    check_count("warmup", warmup, 1)
-    check_count("max_recordings", max_recordings, 1)
-    check_count("max_rerecords", max_rerecords, 0)
-    check_count("check_every", check_every, 0, "(0: off)")
-    if recorder_of(module) is not None:
-        raise ReplayError(
-            f"{type(module).__name__} is already captured; call release() on its recorder first"
-        )
-    _refuse_nesting(module)
-    refuse_cudagraphs(module, "capture")
-    lazy = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if is_lazy(t)]
-    if lazy:
-        raise ReplayError(
-            f"{type(module).__name__} has uninitialized (lazy) parameters or buffers ({lazy[0]}, ...): "
-            "run one forward eagerly to materialize them, then capture"
-        )
+    _refuse(module, warmup, max_recordings, max_rerecords, check_every)
     disabled = disabled_protections(unsafe_disable, "capture")
     pool = check_pool(pool)
     chosen = resolve_backend(backend, module, pool)
@@ -113,6 +96,30 @@ def capture(
     _live[id(recorder)] = weakref.ref(recorder)
     weakref.finalize(recorder, _live.pop, id(recorder), None)
     return recorder
+
+
+def _refuse(
+    module: nn.Module, warmup: int, max_recordings: int, max_rerecords: int, check_every: int
+) -> None:
+    """What may not be captured, or not with these settings: raise :class:`ReplayError`."""
+    if not isinstance(module, nn.Module):
+        raise ReplayError(f"capture() takes an nn.Module, not {type(module).__name__}")
+    check_count("warmup", warmup, 1)
+    check_count("max_recordings", max_recordings, 1)
+    check_count("max_rerecords", max_rerecords, 0)
+    check_count("check_every", check_every, 0, "(0: off)")
+    if recorder_of(module) is not None:
+        raise ReplayError(
+            f"{type(module).__name__} is already captured; call release() on its recorder first"
+        )
+    _refuse_nesting(module)
+    refuse_cudagraphs(module, "capture")
+    lazy = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if is_lazy(t)]
+    if lazy:
+        raise ReplayError(
+            f"{type(module).__name__} has uninitialized (lazy) parameters or buffers ({lazy[0]}, ...): "
+            "run one forward eagerly to materialize them, then capture"
+        )
 
 
 #: Live recorders, weakly: to refuse capturing a module inside or around a captured one.

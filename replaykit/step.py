@@ -178,6 +178,11 @@ class TrainStep(Entry):
         )
         if on.state_identity:
             self.lifecycle.add_watch(OptimizerWatch(optimizer, scaler, ema))
+        self._per_call_state()
+        self._recording_state(c)
+
+    def _per_call_state(self) -> None:
+        """Counters, recordings and the gradients handed out between micro-batches."""
         self._rg_keys: dict[tuple[bool, ...], int] = {}
         self._rg: tuple[bool, ...] = ()
         self._rg_key = 0
@@ -196,7 +201,6 @@ class TrainStep(Entry):
         self._storages: list[int] = []
         self._baseline: list[int] = []
         self._hooks_epoch, self._has_hooks = -1, False
-        self._recording_state(c)
 
     def _recording_state(self, c: StepConfig) -> None:
         """What the recording call learns and keeps between calls (``_record``, ``_reference``)."""
