@@ -317,6 +317,7 @@ class Entry:
     #: the entry point's kind, as ``__repr__`` names it
     kind: ClassVar[str] = "Entry"
     lifecycle: Lifecycle
+    journal: Journal  # the lifecycle's
     on: Switches
     backend: Any
     max_recordings: int
@@ -330,7 +331,7 @@ class Entry:
     ) -> Lifecycle:
         """This entry point's lifecycle; its drop frees the recordings (weakly: no cycle keeps it alive)."""
         me = weakref.ref(self)
-        return Lifecycle(
+        life = Lifecycle(
             name,
             module,
             strict=strict,
@@ -338,6 +339,8 @@ class Entry:
             max_rerecords=max_rerecords,
             drop=lambda: (e := me()) is not None and e._drop_recordings(),
         )
+        self.journal = life.journal  # a plain read: every replayed call ticks it
+        return life
 
     @property
     def disabled(self) -> frozenset[str]:
@@ -396,10 +399,6 @@ class Entry:
         return self.lifecycle.lock if reason == THREAD else _NO_LOCK
 
     # ----------------------------------------------------------------- read-outs
-    @property
-    def journal(self) -> Journal:
-        return self.lifecycle.journal
-
     @property
     def strict(self) -> bool:
         return self.lifecycle.strict
