@@ -46,7 +46,7 @@ from .guards.optimizer import (
 )
 from .memory.layout import ALIGNMENT, aligned_copy, alignment
 from .memory.pool import storage_bytes
-from .protections import Switches, disabled_protections
+from .protections import Switches, disabled_protections, switch
 from .route import Entry, signature_of
 from .verify.side_effects import SideEffects
 from .verify.step_check import StepSnapshot, difference, end_state, unique
@@ -72,6 +72,7 @@ class OptimizerStep(Entry):
     """Replays an optimizer step's body (clip, scaler, update) from graphs; see the module docstring."""
 
     kind = "OptimizerStep"
+    _verify = switch("verify_recording")  # the recording call's name for it (branch ``record``)
 
     def __init__(
         self,
@@ -129,10 +130,6 @@ class OptimizerStep(Entry):
         """Run ``body`` eagerly with ``reason`` journaled: the caller knows a replay would be wrong."""
         self._calls += 1
         self._eager(body, reason)
-
-    @property
-    def _verify(self) -> bool:  # the recording call's name for it (on branch ``record``)
-        return self.on.verify_recording
 
     def _label(self) -> str:
         return f"OptimizerStep {self.backend.name}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
+from operator import attrgetter
 from typing import NamedTuple
 
 from .errors import ReplayError, ReplayWarning
@@ -244,6 +245,13 @@ class Switches:
 
     def __repr__(self) -> str:
         return f"Switches(off={sorted(self.off)})"
+
+
+def switch(name: str) -> property:
+    """An entry point's read-only attribute that reads ``self.on.<name>`` (for code that names it so)."""
+    if name not in REGISTRY:
+        raise ReplayError(f"unknown protection {name!r}")
+    return property(attrgetter(f"on.{name}"), doc=f"``on.{name}``")
 
 
 def disabled_protections(

@@ -36,7 +36,7 @@ from .memory.layout import copy_into, same_layout
 from .memory.outputs import OutputTree
 from .memory.pool import MemoryPool, storage_bytes
 from .memory.reentry import FirstUse
-from .protections import Switches
+from .protections import Switches, switch
 from .route import Entry, signature_of
 from .verify.contexts import recording as recording_context
 from .verify.probe import probe
@@ -291,21 +291,8 @@ class Recorder(Entry):
         setattr(module, RECORDER_ATTR, self)
 
     # the recording call's names for its switches (it is rewritten on branch ``record``)
-    @property
-    def _check_inputs(self) -> bool:
-        return self.on.input_versions
-
-    @property
-    def _guard_outputs(self) -> bool:
-        return self.on.live_outputs
-
-    @property
-    def _reentry_said(self) -> bool:
-        return self.on.reentry
-
-    @property
-    def _check_constants(self) -> bool:
-        return self.on.output_constants
+    _check_inputs, _guard_outputs = switch("input_versions"), switch("live_outputs")
+    _reentry_said, _check_constants = switch("reentry"), switch("output_constants")
 
     # ----------------------------------------------------------------- read-outs (journal, counts, ... : Entry)
 

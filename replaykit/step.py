@@ -68,7 +68,7 @@ from .guards.signature import UnhashableArgument, signature, split_call
 from .guards.storage import GLOBAL_HOOKS, module_hooks
 from .memory.layout import aligned_copy, aligned_key, copy_into
 from .memory.pool import MemoryPool, storage_bytes
-from .protections import Switches
+from .protections import Switches, switch
 from .route import Entry, signature_of
 from .step_config import PRECISIONS, StepConfig, fixed
 from .verify.contexts import recording as recording_context
@@ -130,6 +130,7 @@ class TrainStep(Entry):
     check_every = fixed("check_every", "config.check_every")
     backend, device = fixed("backend", "_backend"), fixed("device", "_device")
     disabled = fixed("disabled", "on.off")
+    _check_effects = switch("side_effects")  # the recording call's name for it (branch ``record``)
 
     def __init__(
         self,
@@ -228,10 +229,6 @@ class TrainStep(Entry):
                 ReplayWarning,
                 stacklevel=3,
             )
-
-    @property
-    def _check_effects(self) -> bool:  # the recording call's name for it (on branch ``record``)
-        return self.on.side_effects
 
     # ----------------------------------------------------------------- read-outs (journal, counts, ... : Entry)
     def _label(self) -> str:
