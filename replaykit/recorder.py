@@ -355,9 +355,15 @@ class Recorder(Entry):
         call = self._calls
         state, why = self.admit(call)
         if why is None:
-            try:
+            try:  # the key: the module's state, the signature, what the forward reads beside it
                 callargs = split_call(args, kwargs)
-                key = self._key(state, callargs)
+                key = (
+                    state if self.on.module_state else None,
+                    *signature(callargs, self._device_kind, self.on.argument_values),
+                )
+                if self._forward_inputs is not None:
+                    key = (*key, self._forward_inputs.key())
+                key = self._input_reads.key(key, callargs.tensors)
             except UnhashableArgument as exc:
                 why = exc.reason
             else:
@@ -397,16 +403,6 @@ class Recorder(Entry):
         if self._first_use.pending:
             self._refuse_reentry(self._first_use.take(), call)
         return None
-
-    def _key(self, state: Any, callargs: CallArgs) -> tuple:
-        """The module's state key, the call's signature, what the forward reads beside it, input-derived reads."""
-        key = (
-            state if self.on.module_state else None,
-            *signature(callargs, self._device_kind, self.on.argument_values),
-        )
-        if self._forward_inputs is not None:
-            key = (*key, self._forward_inputs.key())
-        return self._input_reads.key(key, callargs.tensors)
 
     def _early_shadow(
         self,

@@ -54,6 +54,7 @@ from .journal import KINDS, Journal
 from .memory.pool import MemoryPool
 from .protections import Switches
 
+_get_ident = threading.get_ident
 _grad_enabled = torch.is_grad_enabled
 _anomaly = torch.is_anomaly_enabled
 _functorch = torch._C._are_functorch_transforms_active
@@ -115,7 +116,7 @@ class Lifecycle:
         self.watch = ModuleWatch(module)
         self._drop = drop  # the entry point frees its recordings (now, or after a pending backward)
         self._watches: list[Watch] = []
-        self._owner: int | None = None
+        self.owner: int | None = None  # the owning thread's ident, once one called
         self._warned_share = False
         #: held while recording and by other threads' eager calls: they wait for a recording under way
         self.lock = threading.RLock()
@@ -158,12 +159,12 @@ class Lifecycle:
     def owns_thread(self) -> bool:
         """The first thread to call owns the entry point; a call from any other runs eagerly."""
         me = threading.get_ident()
-        if self._owner == me:
+        if self.owner == me:
             return True
         with self.lock:  # two threads' first calls at once: one owner
-            if self._owner is None:
-                self._owner = me
-        return self._owner == me
+            if self.owner is None:
+                self.owner = me
+        return self.owner == me
 
     def mode(self) -> str | None:
         """Why autograd's mode forbids a replay now, or None (five C-level reads).
@@ -367,7 +368,7 @@ class Entry:
         why = self.early_checks()
         if why is not None:
             return None, why
-        if not life.owns_thread():
+        if life.owner != _get_ident() and not life.owns_thread():  # the owner's calls: one C call
             return None, THREAD
         why = life.mode()
         if why is None:
