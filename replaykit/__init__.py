@@ -9,6 +9,9 @@
     step = rk.TrainStep(model, loss_fn, optimizer, max_norm=1.0, accumulate=2)  # the whole step
     loss = step(x, y)          # forward, loss, backward, clip, optimizer: record | replay | eager(reason)
 
+    opt_step = rk.OptimizerStep(optimizer, scaler=scaler)  # the optimizer step alone, after your backward
+    opt_step(lambda: (scaler.step(optimizer), scaler.update()))
+
 This package is the core and imports only torch. Beside it: ``replaykit.lightning``
 (extra ``lightning``), ``replaykit.testing`` (the parity harness, extra ``testing``) and
 ``replaykit.workflow`` (notebook verification, extra ``workflow``).
@@ -24,12 +27,14 @@ __version__ = "0.1.0"
 if (
     TYPE_CHECKING
 ):  # what type checkers and IDEs see; at run time ``__getattr__`` imports on first use
+    from .capturing import capture, recorder_of
     from .determinism import enable_determinism
     from .errors import ReplayError, ReplayWarning
     from .journal import Event, Journal
     from .memory.pool import MemoryPool
+    from .optimizer_step import OptimizerStep
     from .protections import PROTECTIONS
-    from .recorder import Recorder, capture, recorder_of
+    from .recorder import Recorder
     from .step import EMA, TrainStep
 
 __all__ = [
@@ -38,6 +43,7 @@ __all__ = [
     "Event",
     "Journal",
     "MemoryPool",
+    "OptimizerStep",
     "Recorder",
     "ReplayError",
     "ReplayWarning",
@@ -56,13 +62,14 @@ _HOMES = {
     "Event": "journal",
     "Journal": "journal",
     "MemoryPool": "memory.pool",
+    "OptimizerStep": "optimizer_step",
     "Recorder": "recorder",
     "ReplayError": "errors",
     "ReplayWarning": "errors",
     "TrainStep": "step",
-    "capture": "recorder",
+    "capture": "capturing",
     "enable_determinism": "determinism",
-    "recorder_of": "recorder",
+    "recorder_of": "capturing",
 }
 
 

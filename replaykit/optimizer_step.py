@@ -18,14 +18,14 @@ reads by address (parameters, optimizer and scaler state, a tensor ``lr``) is re
 every replay; host values it bakes in (a float ``lr``, the clip threshold in ``key``, the
 scaler's growth settings) key the recordings (``host_values``); replaced state re-records
 (``state_identity``). Each new recording is verified once against the body run eagerly on
-the same state (``verify_recording``). One :class:`~replaykit.route.Lifecycle` decides
-every route, as for ``rk.capture`` and ``rk.TrainStep``.
+the same state (``verify_recording``). It takes the route every entry point takes
+(:class:`~replaykit.route.Entry`): its own checks are the optimizer/scaler refusal and the
+warm-up before the owner thread, optimizer hooks after autograd's mode.
 """
 
 from __future__ import annotations
 
 import operator
-import weakref
 from collections.abc import Callable, Hashable
 from functools import partial, reduce
 from typing import Any
@@ -45,8 +45,9 @@ from .guards.optimizer import (
     tensors_of,
 )
 from .memory.layout import ALIGNMENT, aligned_copy, alignment
-from .protections import disabled_protections
-from .route import Lifecycle, Lifecycled
+from .memory.pool import storage_bytes
+from .protections import Switches, disabled_protections
+from .route import Entry, signature_of
 from .verify.call_state import CallState
 from .verify.side_effects import SideEffects
 from .verify.step_check import StepSnapshot, difference, end_state, unique
@@ -68,8 +69,10 @@ class _Recording:
         self.region, self.grads, self.keep = region, grads, keep
 
 
-class OptimizerStep(Lifecycled):
+class OptimizerStep(Entry):
     """Replays an optimizer step's body (clip, scaler, update) from graphs; see the module docstring."""
+
+    kind = "OptimizerStep"
 
     def __init__(
         self,
@@ -92,7 +95,7 @@ class OptimizerStep(Lifecycled):
         check_count("warmup", warmup, 0)
         check_count("max_recordings", max_recordings, 1)
         check_count("max_rerecords", max_rerecords, 0)
-        self.disabled = disabled_protections(unsafe_disable, "optimizer_step")
+        self.on = Switches(disabled_protections(unsafe_disable, "optimizer_step"))
         self.optimizer, self.scaler = optimizer, scaler
         self.params: list[torch.Tensor] = []
         self._find_params()
@@ -101,26 +104,17 @@ class OptimizerStep(Lifecycled):
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.backend = resolve_backend(backend, self._holder)
         self.warmup, self.max_recordings = warmup, max_recordings
-        self._trust = bool(trust_optimizer) or "optimizer_trust" in self.disabled
-        me = weakref.ref(self)
-        self.lifecycle = Lifecycle(
-            name or f"OptimizerStep({type(optimizer).__name__})",
-            self._holder,
-            strict=strict,
-            disabled=self.disabled,
-            max_rerecords=max_rerecords,
-            drop=lambda: (s := me()) is not None and s._drop_recordings(),
-        )
-        self.lifecycle.add_watch(OptimizerWatch(optimizer, scaler), "state_identity")
+        self._trust = bool(trust_optimizer) or not self.on.optimizer_trust
+        name = name or f"OptimizerStep({type(optimizer).__name__})"
+        self.lifecycle = self._lifecycle(name, self._holder, strict, max_rerecords)
+        if self.on.state_identity:
+            self.lifecycle.add_watch(OptimizerWatch(optimizer, scaler))
         self._refusal = refusal(optimizer, scaler, self.device, self._trust)
+        self._pool = None  # its recordings live in the backend's own pool
         self._recordings: dict[tuple, _Recording] = {}
         self._refused: dict[tuple, str] = {}
         self._calls = 0
         self._steps = 0
-        self._keyed_hyper = "host_values" not in self.disabled
-        self._keyed_state = "module_state" not in self.disabled
-        self._grads_in = "grad_inputs" not in self.disabled
-        self._verify = "verify_recording" not in self.disabled
         self._align_mask = ALIGNMENT.get(self.device.type, 512) - 1
 
     def _find_params(self) -> None:
@@ -137,13 +131,20 @@ class OptimizerStep(Lifecycled):
         self._calls += 1
         self._eager(body, reason)
 
-    @property
-    def recordings(self) -> int:
-        """How many recordings are held now."""
-        return len(self._recordings)
+    def _label(self) -> str:
+        return f"OptimizerStep {self.backend.name}"
 
-    def __repr__(self) -> str:
-        return f"<OptimizerStep {self.backend.name} {self.recordings} recordings {self.counts}>"
+    def _memory_rows(self) -> list[dict[str, Any]]:
+        """A recording's only static memory is its gradient buffers."""
+        return [
+            {
+                "signature": signature_of(rec.grads),
+                "static_inputs": 0,
+                "static_outputs": 0,
+                "static_grads": storage_bytes(rec.grads),
+            }
+            for rec in self._recordings.values()
+        ]
 
     # ----------------------------------------------------------------- the call
     def __call__(self, body: Callable[[], Any], key: tuple[Hashable, ...] = ()) -> None:
@@ -153,47 +154,41 @@ class OptimizerStep(Lifecycled):
         (the clip threshold and algorithm); a changed key records anew.
         """
         self._calls += 1
-        call, life = self._calls, self.lifecycle
-        stopped = life.stopped()
-        if stopped is not None:
-            return self._eager(body, stopped)
-        if self._refusal is not None:
-            return self._eager(body, self._refusal)
-        if self._steps < self.warmup:
-            return self._eager(body, "warmup")
-        if not life.owns_thread():
-            with life.lock:
-                return self._eager(body, "thread")
-        mode = life.mode()
-        if mode is not None:
-            return self._eager(body, mode)
-        if optimizer_hooks(self.optimizer):
-            return self._eager(body, "hooks")
-        state, eager = life.gate(call, bool(self._recordings))
-        if eager is not None:
-            return self._eager(body, eager)
-        grads = [p.grad for p in self.params]
-        present = [g for g in grads if g is not None]
-        if not present:
-            return self._eager(body, "no gradients")
-        full = self._key(state, key, grads, present)
-        rec = self._recordings.get(full)
+        call = self._calls
+        state, why = self.admit(call)
+        if why is None:
+            grads = [p.grad for p in self.params]
+            present = [g for g in grads if g is not None]
+            if not present:
+                why = "no gradients"
+            else:
+                full = self._key(state, key, grads, present)
+                rec, why = self.choose(self._recordings, full, call)
+        if why is not None:
+            with self.held(why):
+                return self._eager(body, why)
         if rec is None:
-            refused = self._refused.get(full)
-            if refused is not None:
-                return self._eager(body, refused)
-            if len(self._recordings) >= self.max_recordings:
-                return self._eager(body, "budget")
-            with life.lock:
+            with self.lifecycle.lock:
                 return self._record(body, full, grads)
-        if self._grads_in:
+        grads_in = self.on.grad_inputs
+        if grads_in:
             torch._foreach_copy_(rec.grads, present)
         rec.region.replay()
-        if self._grads_in:
+        if grads_in:
             torch._foreach_copy_(present, rec.grads)
         self._steps += 1
         self.journal.tick("replay", call, "optimizer_step")
         return None
+
+    def early_checks(self) -> str | None:
+        """An optimizer/scaler pair that never replays, then the warm-up."""
+        if self._refusal is not None:
+            return self._refusal
+        return "warmup" if self._steps < self.warmup else None
+
+    def late_checks(self, call: int) -> str | None:
+        """Optimizer hooks run Python a replay skips."""
+        return "hooks" if optimizer_hooks(self.optimizer) else None
 
     def _key(self, state: Any, key: tuple, grads: list, present: list) -> tuple:
         """Host values, the gradients' None pattern and layout (a recording's buffers mirror them).
@@ -202,14 +197,16 @@ class OptimizerStep(Lifecycled):
         (a view into a bucket) may differ, so they key. Kept to C-level maps: it runs every step.
         """
         hyper = (
-            hyper_key(self.optimizer, (*key, scaler_key(self.scaler))) if self._keyed_hyper else ()
+            hyper_key(self.optimizer, (*key, scaler_key(self.scaler)))
+            if self.on.host_values
+            else ()
         )
         nones = len(grads) - len(present)
         pattern = tuple(map(_IS_NONE, grads)) if nones else None
         misaligned = reduce(operator.or_, map(_PTR, present)) & self._align_mask
         aligned = tuple(map(alignment, present)) if misaligned else 0
         strides = tuple(map(_STRIDE, present))
-        return (state if self._keyed_state else None, hyper, pattern, strides, aligned)
+        return (state, hyper, pattern, strides, aligned)
 
     def _eager(self, body: Callable[[], Any], reason: str | None) -> None:
         if reason is not None:
@@ -264,7 +261,7 @@ class OptimizerStep(Lifecycled):
         snapshot = StepSnapshot(
             self._holder, self.optimizer, self.scaler, None, self.params, tensors=True
         )
-        if "call_state" in self.disabled:
+        if not self.on.call_state:
             return CallState(snapshot, self._holder, whole=False)
         return CallState(snapshot, self._holder, self.optimizer)
 
@@ -276,7 +273,7 @@ class OptimizerStep(Lifecycled):
         repeat); ``(None, None)``: on to the judge."""
         # the body writes its gradient buffers in place by design (clipping, unscaling):
         # ``grad_inputs`` copies them back, so they are not inputs whose writes a replay would lose
-        effects = SideEffects(self._holder, (), "host_rng" not in self.disabled)
+        effects = SideEffects(self._holder, (), self.on.host_rng)
         try:
             with effects, state.output().held():
                 region.capture(lambda: _run(body))
@@ -285,7 +282,7 @@ class OptimizerStep(Lifecycled):
             return "eager", f"capture failed: {type(exc).__name__}: {exc}"
         rebound = (
             [i for i, (p, s) in enumerate(zip(self.params, static, strict=True)) if p.grad is not s]
-            if "grad_rebind" not in self.disabled
+            if self.on.grad_rebind
             else []
         )
         if rebound:  # the body's new .grad tensors: grad_inputs copies back into the buffers only
@@ -302,7 +299,7 @@ class OptimizerStep(Lifecycled):
         """The recording against the body run eagerly from the state put back (that run is the
         call's): a difference refuses the key. Without verification the capture's work stands."""
         call = self._calls
-        if not self._verify:
+        if not self.on.verify_recording:
             state.stands(state.runs[-1])
             return True
         found = self._against_eager(state, body)
@@ -332,15 +329,7 @@ class OptimizerStep(Lifecycled):
                     g.copy_(s)
                 p.grad = g
 
-    # ----------------------------------------------------------------- stop
-    def retire(self, reason: str = "retired by the user") -> None:
-        """Run eagerly for good: recordings are freed."""
-        self.lifecycle.retire(reason, self._calls, user=True)
-
-    def release(self) -> None:
-        """Free every recording; later calls run eagerly (reason ``released``). Not a retirement."""
-        self.lifecycle.release(self._calls)
-
+    # ----------------------------------------------------------------- stop (retire, release: Entry)
     def _drop_recordings(self) -> None:
         for rec in self._recordings.values():
             rec.region.free()

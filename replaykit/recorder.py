@@ -1,9 +1,12 @@
-"""The recorder: routes every call of a captured module to record, replay, or eager with a reason.
+"""The recorder: what a captured module's call does on the route: record, replay, or eager with a reason.
 
-One module (about 900 lines) because routing, recording, the replayed forward and backward
-and retirement all read and write the same per-recorder state (recordings, aliases, the
-hold, the journal); the concepts they use live in modules of their own (signature, guards,
-probe, hold, copy_out, retirement, shadow, backends). ``capture`` is at the end.
+The route itself is :class:`~replaykit.route.Entry`'s; a recorder adds its checks (``paused``
+before the owner thread; ``eval``, the hold and reentry after autograd's mode), its key, and
+the replayed call: one ``autograd.Function`` whose forward and backward replay the recording.
+Recording, the replayed forward and backward and the drop of recordings stay together because
+they read and write the same per-recorder state (plans, aliases, the hold); the concepts they
+use live in modules of their own (signature, guards, probe, hold, copy_out, shadow, backends).
+:func:`replaykit.capturing.capture` makes recorders.
 """
 
 from __future__ import annotations
@@ -19,26 +22,24 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parameter import is_lazy
 
-from .backends import Backend, Recording, module_device, resolve_backend
-from .compiled import refuse_cudagraphs
-from .errors import ReplayError, ReplayWarning, check_count
+from .backends import Backend, Recording, module_device
+from .errors import ReplayError, ReplayWarning
 from .guards.code import ForwardInputs
 from .guards.input_reads import InputReads
-from .guards.module import tree_contains
 from .guards.signature import CallArgs, UnhashableArgument, signature, split_call
 from .memory.copy_out import StaticAliases
 from .memory.hold import Hold, PendingBackward
 from .memory.layout import copy_into, same_layout
-from .memory.pool import MemoryPool, check_pool, storage_bytes
+from .memory.pool import MemoryPool, storage_bytes
 from .memory.reentry import FirstUse
-from .protections import disabled_protections
+from .protections import Switches
 from .recording import Made, RecorderRecording
-from .route import Lifecycle, Lifecycled
+from .route import Entry, signature_of
 from .verify.shadow import Shadow
 
-_RECORDER_ATTR = "_replaykit_recorder"
+#: where a captured module keeps its recorder (``rk.recorder_of`` reads it)
+RECORDER_ATTR = "_replaykit_recorder"
 _VERSION = operator.attrgetter("_version")
 _detach = torch.Tensor.detach
 
@@ -61,7 +62,7 @@ class _Replay(torch.autograd.Function):
             not torch.is_grad_enabled()
         ):  # autograd runs a backward without create_graph in no-grad mode
             return (None, *step.recorder._backward_replay(step, grads))
-        if "repeat_backward" not in step.recorder.disabled:
+        if step.recorder.on.repeat_backward:
             step.recorder._refuse_double_backward(
                 step
             )  # create_graph=True: replayed gradients carry no graph
@@ -219,13 +220,15 @@ def _nothing() -> None:
     return None
 
 
-class Recorder(RecorderRecording, Lifecycled):
+class Recorder(RecorderRecording, Entry):
     """Records a module's forward+backward per input signature and replays them.
 
     Made by :func:`replaykit.capture`; see its docstring for the routes and the
     guarantees. Read ``journal``, ``counts``, ``eager_reasons``, ``retired`` and
     ``retire_reason``; call ``retire(reason)``, ``paused()`` or ``release()``.
     """
+
+    kind = "Recorder"
 
     def __init__(
         self,
@@ -245,19 +248,12 @@ class Recorder(RecorderRecording, Lifecycled):
         self.backend = backend
         self.warmup = warmup
         self.max_recordings = max_recordings
-        self.disabled = disabled
+        self.on = on = Switches(disabled)
         self.check_every = check_every
         self.multi_backward = multi_backward
-        me = weakref.ref(
-            self
-        )  # neither the hold nor the lifecycle may keep their recorder alive (no cycle)
-        self.lifecycle = Lifecycle(
-            f"{self.module_name} recorder",
-            module,
-            strict=strict,
-            disabled=disabled,
-            max_rerecords=max_rerecords,
-            drop=lambda: (r := me()) is not None and r._drop_recordings(),
+        me = weakref.ref(self)  # neither the hold nor the lifecycle may keep their recorder alive
+        self.lifecycle = self._lifecycle(
+            f"{self.module_name} recorder", module, strict, max_rerecords
         )
         self._device_kind = _device_kind(module, backend)
         self._calls = 0
@@ -266,25 +262,14 @@ class Recorder(RecorderRecording, Lifecycled):
         self._recordings: dict[tuple, Recording] = {}
         self._refused: dict[tuple, str] = {}  # signatures the probe refused, with the eager route
         self._plans: dict[tuple, _Plan] = {}  # per recording: what its replays need
-        self._guard_grads = "copy_out" not in disabled
-        self._guard_outputs = "live_outputs" not in disabled
-        self._verify = "verify_recording" not in disabled
         self._aliases: dict[tuple, StaticAliases] = {}
         self._hold = Hold(lambda call: (r := me()) is not None and r._on_hold_end(call, "dropped"))
-        self._hold_enabled = "hold" not in disabled
-        self._reentry_said = "reentry" not in disabled
         self._first_use = FirstUse()
-        self._exact_none = "none_pattern" not in disabled
-        self._check_versions = "inplace_weights" not in disabled
-        self._check_inputs = "input_versions" not in disabled
-        self._key_state = "module_state" not in disabled  # flags, not a frozenset lookup per call
-        self._exact_arguments = "argument_values" not in disabled
-        self._check_constants = "output_constants" not in disabled
         # the plain values the tree's own classes read outside it (class attributes, globals): keyed
-        inputs = ForwardInputs(module) if "forward_inputs" not in disabled else None
+        inputs = ForwardInputs(module) if on.forward_inputs else None
         self._forward_inputs = inputs if inputs is not None and inputs.key() else None
         # host reads of input-derived values: found at the probe, keyed per call (a padded batch, an unpadded one)
-        self._input_reads = InputReads(keyed="input_reads" not in disabled)
+        self._input_reads = InputReads(keyed=on.input_reads)
         self._not_recorded = "retired"  # why the last call that could not record ran eagerly
         self._first_write = False  # a call routed eager for a write into the model (once)
         self._free_after_backward = False
@@ -293,25 +278,21 @@ class Recorder(RecorderRecording, Lifecycled):
         )
         self._paused = 0
         self._pool = pool  # shared with other entry points (None: the backend's private pool)
-        self._pool_safe = "shared_pool" not in disabled
         if pool is not None:
             pool.join(self)
         self._own_forward = "forward" in module.__dict__
         self._forward = module.forward
         module.forward = _RoutedForward(self, module)
-        setattr(module, _RECORDER_ATTR, self)
+        setattr(module, RECORDER_ATTR, self)
 
-    # ----------------------------------------------------------------- read-outs (journal, counts, ... : Lifecycled)
+    # the recording call's names for its switches (it is rewritten on branch ``record``)
+
+    # ----------------------------------------------------------------- read-outs (journal, counts, ... : Entry)
 
     @property
     def backward_reasons(self) -> Counter[str]:
         """Backwards run eagerly through the recorded graph, by reason (``partial``, ``layout``, ``retained``, ...)."""
         return Counter(self.journal.backward_reasons)
-
-    @property
-    def recordings(self) -> int:
-        """How many recordings are held now."""
-        return len(self._recordings)
 
     def __deepcopy__(self, memo: dict) -> None:
         """A deep copy of a captured module is a plain module: it gets no recorder."""
@@ -321,11 +302,8 @@ class Recorder(RecorderRecording, Lifecycled):
         """A pickled captured module loads as a plain module: its recorder pickles as None."""
         return (_nothing, ())
 
-    def __repr__(self) -> str:
-        state = (
-            f"retired: {self.retire_reason}" if self.retired else f"{self.recordings} recordings"
-        )
-        return f"<Recorder {self.module_name} backend={self.backend.name} {state} {self.counts}>"
+    def _label(self) -> str:
+        return f"Recorder {self.module_name} backend={self.backend.name}"
 
     @contextmanager
     def paused(self) -> Iterator[Recorder]:
@@ -337,26 +315,16 @@ class Recorder(RecorderRecording, Lifecycled):
             self._paused -= 1
 
     # ----------------------------------------------------------------- memory
-    def memory(self) -> dict[str, Any]:
-        """The bytes each recording holds (static inputs, outputs, gradient buffers: distinct
-        storages), their sum, and the bytes its memory pool reserves on the GPU (``pool_reserved``:
-        None on the emulated backend; a shared pool's whole size)."""
-        rows = [
+    def _memory_rows(self) -> list[dict[str, Any]]:
+        return [
             {
-                "signature": "x".join("/".join(map(str, x.shape)) for x in recording.static_inputs),
+                "signature": signature_of(recording.static_inputs),
                 "static_inputs": storage_bytes(recording.static_inputs),
                 "static_outputs": storage_bytes(recording.static_outputs),
                 "static_grads": storage_bytes(recording.static_grads),
             }
             for recording in self._recordings.values()
         ]
-        for row in rows:
-            row["bytes"] = row["static_inputs"] + row["static_outputs"] + row["static_grads"]
-        return {
-            "recordings": rows,
-            "static_bytes": sum(r["bytes"] for r in rows),
-            "pool_reserved": self.backend.pool_reserved(),
-        }
 
     def quiesce(self, call: int) -> bool:
         """A shared pool's question before another entry point runs there: copy out what was
@@ -378,51 +346,28 @@ class Recorder(RecorderRecording, Lifecycled):
     def _route(self, args: tuple, kwargs: dict) -> Any:
         self._calls += 1
         call = self._calls
-        life = self.lifecycle
-        stopped = life.stopped()
-        if stopped is not None:
-            return self._eager(call, stopped, args, kwargs)
-        if self._paused:
-            return self._eager(call, "paused", args, kwargs)
-        if not life.owns_thread():
-            with life.lock:
-                return self._eager(call, "thread", args, kwargs)
-        mode = life.mode()
-        if mode is not None:
-            return self._eager(call, mode, args, kwargs)
-        if not self.module.training:
-            return self._eager(call, "eval", args, kwargs)
-        if self._hold_enabled and self._hold.active:
-            self._reentered(call)
-            return self._eager(call, "hold", args, kwargs)
-        if self._first_use.pending:
-            self._refuse_reentry(self._first_use.take(), call)
-        state, eager = life.gate(call, bool(self._recordings))
-        if eager is not None:
-            return self._eager(call, eager, args, kwargs)
-        try:
-            callargs = split_call(args, kwargs)
-            key = (
-                state if self._key_state else None,
-                *signature(callargs, self._device_kind, self._exact_arguments),
-            )
-            if self._forward_inputs is not None:
-                key = (*key, self._forward_inputs.key())
-            key = self._input_reads.key(key, callargs.tensors)
-        except UnhashableArgument as exc:
-            return self._eager(call, exc.reason, args, kwargs)
-        refused = self._refused.get(key)
-        if refused is not None:
-            return self._eager(call, refused, args, kwargs)
-        plan = self._plans.get(key)
-        if plan is None and len(self._recordings) >= self.max_recordings:
-            return self._eager(call, "budget", args, kwargs)
-        if self._pool is not None and not self._pool.claim(self, call, self._pool_safe):
-            return self._eager(call, "pool_busy", args, kwargs)
+        state, why = self.admit(call)
+        if why is None:
+            try:  # the key: the module's state, the signature, what the forward reads beside it
+                callargs = split_call(args, kwargs)
+                key = (
+                    state,
+                    *signature(callargs, self._device_kind, self.on.argument_values),
+                )
+                if self._forward_inputs is not None:
+                    key = (*key, self._forward_inputs.key())
+                key = self._input_reads.key(key, callargs.tensors)
+            except UnhashableArgument as exc:
+                why = exc.reason
+            else:
+                plan, why = self.choose(self._plans, key, call)
+        if why is not None:
+            with self.held(why):
+                return self._eager(call, why, args, kwargs)
         if plan is None:
             if not self._copy_out(call):
                 return self._eager(call, "live_alias", args, kwargs)
-            with life.lock:
+            with self.lifecycle.lock:
                 plan = self._record(call, callargs, key)
             if plan is None:
                 return self._eager(call, self._not_recorded, args, kwargs)
@@ -436,6 +381,21 @@ class Recorder(RecorderRecording, Lifecycled):
             return self._eager(call, "live_alias", args, kwargs)
         self.journal.tick("replay", call)
         return self._replay(call, plan, callargs, args, kwargs)
+
+    def early_checks(self) -> str | None:
+        """Inside ``paused()``: eager."""
+        return "paused" if self._paused else None
+
+    def late_checks(self, call: int) -> str | None:
+        """Eval mode; the hold (a replayed call's backward is pending); a watched first use called again."""
+        if not self.module.training:
+            return "eval"
+        if self.on.hold and self._hold.active:
+            self._reentered(call)
+            return "hold"
+        if self._first_use.pending:
+            self._refuse_reentry(self._first_use.take(), call)
+        return None
 
     def _first_use_call(self, call: int, plan: _Plan, args: tuple, kwargs: dict) -> Any:
         """A recording at risk of reentry (``reentry.py``) is first used eagerly, watched for a
@@ -469,7 +429,7 @@ class Recorder(RecorderRecording, Lifecycled):
         where the graph cast its own copy. Said once, and the signature runs eagerly from now on
         (both calls then eager, so exact)."""
         plan = self._pending_plan
-        if plan is None or plan.key in self._refused or not self._reentry_said:
+        if plan is None or plan.key in self._refused or not self.on.reentry:
             return
         if not plan.multi_use and not (
             plan.autocast
@@ -518,8 +478,8 @@ class Recorder(RecorderRecording, Lifecycled):
             key,
             recording,
             [made.params[i] for i in made.saved],
-            made.saved_inputs if self._check_inputs else [],
-            self._guard_outputs,
+            made.saved_inputs if self.on.input_versions else [],
+            self.on.live_outputs,
         )
         plan.shadow = made.shadow
         plan.written = list(made.written)
@@ -541,8 +501,8 @@ class Recorder(RecorderRecording, Lifecycled):
         A kernel's reduction order can depend on strides and offset, so an expanded or
         sliced input copied into a contiguous buffer could sum differently from eager.
         """
-        exact = "input_layout" not in self.disabled
-        same = "input_aliasing" not in self.disabled
+        exact = self.on.input_layout
+        same = self.on.input_aliasing
         made: dict[int, torch.Tensor] = {}
         out = []
         for t in tensors:
@@ -557,7 +517,7 @@ class Recorder(RecorderRecording, Lifecycled):
 
     def _guard_new_grads(self, plan: _Plan) -> None:
         """Put static gradient buffers a recording has (now) under copy-out."""
-        if not self._guard_grads:
+        if not self.on.copy_out:
             return
         recording = plan.recording
         params = recording.params
@@ -578,7 +538,7 @@ class Recorder(RecorderRecording, Lifecycled):
         recording = plan.recording
         step = _Step(self, plan, call)
         self._replayed_calls += 1
-        verifying = self._verify and not plan.verified
+        verifying = self.on.verify_recording and not plan.verified
         if shadow is not None:  # the recording call's, made before the recording
             step.shadow = shadow
         elif verifying or (self.check_every and (self._replayed_calls - 1) % self.check_every == 0):
@@ -626,14 +586,14 @@ class Recorder(RecorderRecording, Lifecycled):
                 copy_into(static, tensors[i])
         recording.replay_forward()
         if (
-            self._check_versions
+            self.on.inplace_weights
         ):  # what eager's saved-tensor check covers: the parameters the backward reads
             step.versions = list(map(_VERSION, plan.saved))
         if plan.saved_inputs:  # and the caller's inputs it reads
             step.inputs = [(tensors[i], tensors[i]._version) for i in plan.saved_inputs]
         self._replays += 1
         step.generation = self._replays
-        if self._hold_enabled:
+        if self.on.hold:
             # ctx (and so step) lives exactly as long as the pending autograd graph
             step.pending = self._hold.begin(step.call)
             self._pending_plan = plan
@@ -663,11 +623,11 @@ class Recorder(RecorderRecording, Lifecycled):
             )
         wanted = (
             grads
-            if plan.all_differentiable and self._exact_none
+            if plan.all_differentiable and self.on.none_pattern
             else self._incoming(recording, grads)
         )
         step.backwards += 1
-        if step.backwards > 1 and "repeat_backward" not in self.disabled:
+        if step.backwards > 1 and self.on.repeat_backward:
             result, how = recording.exact_backward(wanted), "repeat"
         elif self.multi_backward:
             result, how = recording.exact_backward(wanted), "multi_backward"
@@ -700,12 +660,12 @@ class Recorder(RecorderRecording, Lifecycled):
         if not step.recording.static_inputs:
             raise ReplayError("replaykit: the recording was freed before this backward ran")
         overwritten = self._replays != step.generation
-        if overwritten and (self._hold_enabled or step.backwards):
+        if overwritten and (self.on.hold or step.backwards):
             raise ReplayError(
                 f"replaykit: backward of call {step.call} after a later replay overwrote its activations "
                 "(a retained graph differentiated across replays)"
             )
-        if step.backwards and "repeat_backward" not in self.disabled and not step.exact:
+        if step.backwards and self.on.repeat_backward and not step.exact:
             raise ReplayError(
                 f"replaykit: a second backward through replayed call {step.call} of {self.module_name} "
                 "(retain_graph=True, or one autograd.grad per loss): the first one replayed the backward graph, "
@@ -717,7 +677,7 @@ class Recorder(RecorderRecording, Lifecycled):
         self, recording: Recording, grads: tuple[torch.Tensor | None, ...]
     ) -> list[torch.Tensor | None]:
         wanted = [grads[i] for i in recording.differentiable]
-        if self._exact_none:
+        if self.on.none_pattern:
             return wanted
         # unsafe: unread outputs get zeros, as plain CUDA graphs do
         return [
@@ -767,7 +727,9 @@ class Recorder(RecorderRecording, Lifecycled):
         if difference is None:
             step.plan.verified = True
             return result
-        self._diverged(step.plan, difference, step.call, self._verify and not step.plan.verified)
+        self._diverged(
+            step.plan, difference, step.call, self.on.verify_recording and not step.plan.verified
+        )
         return full
 
     def _diverged(self, plan: _Plan, difference: str, call: int, verifying: bool) -> None:
@@ -815,10 +777,7 @@ class Recorder(RecorderRecording, Lifecycled):
         if self._free_after_backward and reason == "dropped":
             self._free_recordings()
 
-    # ----------------------------------------------------------------- retirement
-    def _retire(self, reason: str, call: int, cause: BaseException | None = None) -> None:
-        self.lifecycle.retire(reason, call, cause)
-
+    # ----------------------------------------------------------------- retirement (retire: Entry)
     def _drop_recordings(self) -> None:
         """The lifecycle's drop (re-record, retire, release): free every recording now, or after
         the pending backward that still reads one."""
@@ -843,24 +802,18 @@ class Recorder(RecorderRecording, Lifecycled):
         self._pending_plan = None
         self._first_use.clear()
 
-    def retire(self, reason: str = "retired by the user") -> None:
-        """Switch to eager for good: graphs and static memory are freed; training goes on eagerly."""
-        self.lifecycle.retire(reason, self._calls, user=True)
-
     def release(self) -> None:
         """Restore ``module.forward`` and free everything; safe to call twice. Not a retirement."""
         self._hold.clear()
-        if not self.lifecycle.release(self._calls):
+        if not self._release():
             return
-        if self._pool is not None:
-            self._pool.leave(self)
         module = self.module
         assert module is not None
         if self._own_forward:
             module.forward = self._forward
         else:
             module.__dict__.pop("forward", None)
-        module.__dict__.pop(_RECORDER_ATTR, None)
+        module.__dict__.pop(RECORDER_ATTR, None)
         self.module = None  # a released recorder keeps its journal, not the module
         self._forward = None
 
@@ -916,119 +869,3 @@ def _device_kind(module: nn.Module, backend: Backend) -> str:
     """The device type whose autocast state enters signatures."""
     device = getattr(backend, "device", None) or module_device(module)
     return device.type if device is not None else "cpu"
-
-
-def recorder_of(module: nn.Module) -> Recorder | None:
-    """The live recorder of a captured module, or None."""
-    return module.__dict__.get(_RECORDER_ATTR)
-
-
-def capture(
-    module: nn.Module,
-    *,
-    backend: str = "auto",
-    warmup: int = 3,
-    max_recordings: int = 8,
-    strict: bool = False,
-    check_every: int = 0,
-    multi_backward: bool = False,
-    max_rerecords: int = 8,
-    unsafe_disable: tuple[str, ...] | list[str] | str = (),
-    pool: MemoryPool | None = None,
-) -> Recorder:
-    """Route every call of ``module`` through a recorder: record, replay, or eager with a reason.
-
-    - A call in training mode with grad enabled and no replay backward pending records
-      its signature (shapes, dtypes, strides, devices, requires_grad, non-tensor
-      arguments, autocast state) while ``max_recordings`` lasts, then replays it.
-    - Host-side values the forward reads are guarded (:mod:`replaykit.guards.module`): every
-      submodule's ``training`` flag and plain attributes (``dropout.p``, ``momentum``, a
-      float schedule) are part of the key, so a change records anew; parameters swapped
-      for other tensors (``torch.func.functional_call``) route eager.
-    - Otherwise it runs eagerly, with the reason in the journal: ``no_grad``, ``eval``,
-      ``hold``, ``budget``, ``unhashable_argument``, ``object_argument``,
-      ``parameters_swapped``, ``input_reused``, ``thread``, ``paused``, ``retired``.
-    - Replays end bitwise equal to eager training: live gradients and outputs are
-      copied out before each replay, the hold keeps a pending backward's activations,
-      and parameters behind unread outputs keep ``.grad is None``.
-    - A parameter, buffer or submodule registered anew, storage changed (``.to()``,
-      ``load_state_dict(..., assign=True)``) or a frozen layer unfrozen drops the
-      recordings and records anew (``rerecord`` in the journal, at most ``max_rerecords``
-      times). New submodule hooks, a forward with side effects a replay cannot repeat
-      (:mod:`replaykit.verify.probe`) or a failing capture retire the recorder (permanent eager,
-      graphs freed, one warning).
-    - What cannot be replayed exactly raises :class:`ReplayError` rather than give a
-      wrong number: ``create_graph=True`` through a replayed call, a second backward
-      through a call whose first backward replayed the graph (pass
-      ``multi_backward=True`` to run every backward exactly through the recorded graph).
-
-    ``backend`` is ``"cuda"``, ``"emulated"`` or ``"auto"`` (cuda for a module on a CUDA
-    device). ``strict=True`` raises :class:`ReplayError` instead of any eager route or
-    retirement. ``check_every=N`` compares every N-th replayed call with eager on the
-    same state and retires with reason ``diverged: ...`` on any difference
-    (:mod:`replaykit.verify.shadow`). ``pool=rk.MemoryPool()`` records into a pool shared with other
-    entry points (:mod:`replaykit.memory.pool`; a call while another holds live memory there runs
-    eagerly, ``pool_busy``). ``unsafe_disable`` switches protections off, for
-    diagnosis only. Capturing a module that is already captured, or one inside (or
-    around) a captured module, raises :class:`ReplayError`.
-    """
-    if not isinstance(module, nn.Module):
-        raise ReplayError(f"capture() takes an nn.Module, not {type(module).__name__}")
-    check_count("warmup", warmup, 1)
-    check_count("max_recordings", max_recordings, 1)
-    check_count("max_rerecords", max_rerecords, 0)
-    check_count("check_every", check_every, 0, "(0: off)")
-    if recorder_of(module) is not None:
-        raise ReplayError(
-            f"{type(module).__name__} is already captured; call release() on its recorder first"
-        )
-    _refuse_nesting(module)
-    refuse_cudagraphs(module, "capture")
-    lazy = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if is_lazy(t)]
-    if lazy:
-        raise ReplayError(
-            f"{type(module).__name__} has uninitialized (lazy) parameters or buffers ({lazy[0]}, ...): "
-            "run one forward eagerly to materialize them, then capture"
-        )
-    disabled = disabled_protections(unsafe_disable, "capture")
-    pool = check_pool(pool)
-    chosen = resolve_backend(backend, module, pool)
-    recorder = Recorder(
-        module,
-        chosen,
-        warmup,
-        max_recordings,
-        bool(strict),
-        disabled,
-        check_every,
-        bool(multi_backward),
-        max_rerecords,
-        pool,
-    )
-    _live[id(recorder)] = weakref.ref(recorder)
-    weakref.finalize(recorder, _live.pop, id(recorder), None)
-    return recorder
-
-
-#: Live recorders, weakly: to refuse capturing a module inside or around a captured one.
-_live: dict[int, weakref.ref[Recorder]] = {}
-
-
-def _refuse_nesting(module: nn.Module) -> None:
-    """A captured module's forward runs inside the other's recording: two recorders would share one call."""
-    for m in module.modules():
-        if m is not module and recorder_of(m) is not None:
-            raise ReplayError(
-                f"{type(m).__name__} inside {type(module).__name__} is captured already; release it first"
-            )
-    for ref in list(_live.values()):
-        other = ref()
-        if (
-            other is not None
-            and other.module is not None
-            and not other.released
-            and tree_contains(other.module, module)
-        ):
-            raise ReplayError(
-                f"{type(module).__name__} is inside {other.module_name}, which is captured; release that recorder first"
-            )

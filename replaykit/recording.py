@@ -92,7 +92,7 @@ class RecorderRecording:
         frozen = host_dependence(self.module)
         if frozen is not None:  # refused on both backends: the emulated one mirrors a graph
             return frozen
-        if self.backend.name == "emulated" and "compiled_code" not in self.disabled:
+        if self.backend.name == "emulated" and self.on.compiled_code:
             # refused before the probe runs compiled code the tape cannot see (compiled.py)
             regions = compiled_regions(self.module)
             if regions:
@@ -111,7 +111,7 @@ class RecorderRecording:
         """Everything the call's runs may change, taken before the first (without ``call_state``,
         unsafe: the module's values alone)."""
         snapshot = StateSnapshot(self.module)
-        if "call_state" in self.disabled:
+        if not self.on.call_state:
             return CallState(snapshot, self.module, whole=False)
         return CallState(snapshot, self.module, code=[self._forward_inputs])
 
@@ -120,7 +120,7 @@ class RecorderRecording:
         (retired, or the call compiles: ``_not_recorded`` says which)."""
         fn = partial(self._run_forward, callargs, made.params)
         reads = Provenance(made.static_inputs, discover=True)
-        watch = CompileWatch(self.backend.name == "emulated", "compiled_code" not in self.disabled)
+        watch = CompileWatch(self.backend.name == "emulated", self.on.compiled_code)
         try:
             with state.output().held():
                 made.refusal = self._probe(made, reads.wrap(fn))
@@ -133,7 +133,7 @@ class RecorderRecording:
                 reads.reads
             ):  # the recording is answered the values the probe read: no sync inside it
                 fn = Provenance(made.static_inputs, dict(reads.reads)).wrap(fn)
-            branches = recording_context("capture_branches" not in self.disabled)
+            branches = recording_context(self.on.capture_branches)
             with branches, watch, state.output().held():
                 made.recording = self.backend.record(
                     fn, made.static_inputs, made.params, self.warmup
@@ -149,7 +149,7 @@ class RecorderRecording:
 
     def _probe(self, made: Made, fn: Any) -> Refusal | None:
         """One eager forward and backward that finds what no replay can repeat (verify/probe.py)."""
-        if "record_probe" in self.disabled:
+        if not self.on.record_probe:
             return None
         return probe(
             self.module,
@@ -157,7 +157,7 @@ class RecorderRecording:
             made.static_inputs,
             made.params,
             made.saved,
-            "host_rng" not in self.disabled,
+            self.on.host_rng,
             made.saved_inputs,
             made.multi_use,
             made.probed,
@@ -168,7 +168,7 @@ class RecorderRecording:
         """The verification's eager forward, from the state before the call (the probe's changes put
         back first), run before the warm-up and capture: eager's activations come and go before the
         recording's static memory exists, never beside it. An error here is the recording's."""
-        if not self._verify:
+        if not self.on.verify_recording:
             return None
         state.restore()
         return Shadow(
@@ -209,12 +209,12 @@ class RecorderRecording:
         autocast = (
             torch.is_autocast_enabled(self._device_kind) and torch.is_autocast_cache_enabled()
         )
-        return not (self._reentry_said and (made.multi_use or autocast))
+        return not (self.on.reentry and (made.multi_use or autocast))
 
     def _varying_outputs(self, probed: list[OutputTree], recording: Recording) -> str | None:
         """The probe's call and the recorded one must return the same structure and constants
         (:mod:`replaykit.memory.outputs`): a replay hands back the recorded ones."""
-        if not probed or not self._check_constants:
+        if not probed or not self.on.output_constants:
             return None
         difference = probed[0].difference(recording.out_spec)
         if difference is None:

@@ -1,7 +1,18 @@
-"""What both entry points share: who may call, what happened, and when recordings stop being trusted.
+"""The one route every entry point takes, and what the entry points share.
 
-``rk.capture``'s :class:`~replaykit.recorder.Recorder` and :class:`~replaykit.step.TrainStep`
-each compose one :class:`Lifecycle`; the policy below is written here once:
+``rk.capture``'s :class:`~replaykit.recorder.Recorder`, :class:`~replaykit.step.TrainStep` and
+:class:`~replaykit.optimizer_step.OptimizerStep` ask each call the same questions. They are
+written here once, so that no entry point skips one or asks them in another order:
+
+- :meth:`Entry.admit`: stopped (retired / released) -> the entry's early checks -> owner
+  thread -> autograd mode -> the entry's late checks -> the gate. The two hooks
+  (:meth:`Entry.early_checks`, :meth:`Entry.late_checks`) are where the entry points differ,
+  and only there: a step's refusal and warm-up come before the owner thread; a network's
+  ``eval``, hold and reentry, a step's hooks, after the mode;
+- the entry point keys the call (its own signature);
+- :meth:`Entry.choose`: refused -> budget -> pool -> record | replay.
+
+:class:`Lifecycle` holds the policy the route reads:
 
 - **owner**: the first thread to call owns the entry point; another thread's calls run
   eagerly (reason ``thread``), after any recording under way (:attr:`Lifecycle.lock`);
@@ -9,7 +20,7 @@ each compose one :class:`Lifecycle`; the policy below is written here once:
   come from the journal's kinds;
 - **gate**: before a call picks a recording, the module guard's verdict (its state key,
   or an eager route such as ``parameters_swapped``) and the watches (storages,
-  ``requires_grad`` flips, global hooks; the step adds its optimizer watch) are read;
+  ``requires_grad`` flips, global hooks; the steps add their optimizer watch) are read;
 - **re-record**: a well-defined change seen by the gate (optimizer state loaded, a
   parameter group added, a layer unfrozen, a parameter or buffer registered anew or
   given new storage) drops every recording, journals ``rerecord`` with its cause, and
@@ -18,15 +29,20 @@ each compose one :class:`Lifecycle`; the policy below is written here once:
   ``strict=True`` raises instead of any eager route (warm-up aside) or retirement;
 - **release**: frees everything; later calls run eagerly (reason ``released``). It is not
   a retirement (``retired`` stays False).
+
+:class:`Entry` is the base all three are built on: the route, the read-outs, retire and
+release, dropping recordings, ``memory()`` and ``__repr__``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
+import weakref
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -36,7 +52,10 @@ from .guards.module import ModuleGuard
 from .guards.storage import ModuleWatch
 from .guards.switches import key as switches_key
 from .journal import KINDS, Journal
+from .memory.pool import MemoryPool
+from .protections import Switches
 
+_get_ident = threading.get_ident
 _grad_enabled = torch.is_grad_enabled
 _anomaly = torch.is_anomaly_enabled
 _functorch = torch._C._are_functorch_transforms_active
@@ -81,13 +100,13 @@ class Lifecycle:
         module: nn.Module,
         *,
         strict: bool,
-        disabled: frozenset[str],
+        on: Switches,
         max_rerecords: int,
         drop: Callable[[], None],
     ) -> None:
         self.name = name
         self.strict = strict
-        self.disabled = disabled
+        self.on = on
         self.max_rerecords = max_rerecords
         self.journal = Journal()
         self.retired = False
@@ -97,15 +116,12 @@ class Lifecycle:
         self.guard = ModuleGuard(module)
         self.watch = ModuleWatch(module)
         self._drop = drop  # the entry point frees its recordings (now, or after a pending backward)
-        self._identity = "param_identity" not in disabled
-        self._modes = "autograd_modes" not in disabled
-        self._switches = "switches" not in disabled
         self._watches: list[Watch] = []
-        self._owner: int | None = None
+        self.owner: int | None = None  # the owning thread's ident, once one called
         self._warned_share = False
         #: held while recording and by other threads' eager calls: they wait for a recording under way
         self.lock = threading.RLock()
-        for protection in sorted(disabled):
+        for protection in sorted(on.off):
             self.journal.add("unsafe", 0, protection)
 
     # ----------------------------------------------------------------- read-outs
@@ -144,12 +160,12 @@ class Lifecycle:
     def owns_thread(self) -> bool:
         """The first thread to call owns the entry point; a call from any other runs eagerly."""
         me = threading.get_ident()
-        if self._owner == me:
+        if self.owner == me:
             return True
         with self.lock:  # two threads' first calls at once: one owner
-            if self._owner is None:
-                self._owner = me
-        return self._owner == me
+            if self.owner is None:
+                self.owner = me
+        return self.owner == me
 
     def mode(self) -> str | None:
         """Why autograd's mode forbids a replay now, or None (five C-level reads).
@@ -162,7 +178,7 @@ class Lifecycle:
         """
         if not _grad_enabled():
             return "no_grad"
-        if self._modes:
+        if self.on.autograd_modes:
             if _anomaly():
                 return "anomaly_mode"
             if _graph_task() != -1:
@@ -201,10 +217,9 @@ class Lifecycle:
             stacklevel=4,
         )
 
-    def add_watch(self, watch: Watch, protection: str) -> None:
-        """Compare ``watch`` per call while recordings exist, unless ``protection`` is switched off."""
-        if protection not in self.disabled:
-            self._watches.append(watch)
+    def add_watch(self, watch: Watch) -> None:
+        """Compare ``watch`` per call while recordings exist."""
+        self._watches.append(watch)
 
     def gate(self, call: int, recorded: bool) -> tuple[Any, str | None]:
         """Before a call picks a recording: ``(state key, None)``, or ``(None, eager reason)``.
@@ -223,13 +238,15 @@ class Lifecycle:
         if not recorded and verdict.retire is not None:
             self.guard.rebaseline()
             verdict = self.guard.verdict()
-        if verdict.eager is not None and self._identity:
+        if verdict.eager is not None and self.on.param_identity:
             return None, verdict.eager
-        # process-wide kernel switches join the key: a flipped one selects another recording
-        return ((verdict.key, switches_key()) if self._switches else verdict.key), None
+        # the module's host values (protection module_state) and the process-wide kernel switches
+        # (protection switches; a flipped one selects another recording) are the state key
+        module = verdict.key if self.on.module_state else None
+        return ((module, switches_key()) if self.on.switches else module), None
 
     def _change(self, identity: str | None) -> str | None:
-        if self._identity:
+        if self.on.param_identity:
             change = identity or self.watch.reason()
             if change is not None:
                 return change
@@ -288,15 +305,105 @@ class Lifecycle:
         self._watches = []
 
 
-class Lifecycled:
-    """The read-outs both entry points give, from their ``lifecycle``."""
+#: eager route of another thread's call: it waits for a recording under way (``Lifecycle.lock``)
+THREAD = "thread"
+_NO_LOCK = contextlib.nullcontext()
 
+
+class Entry:
+    """What the three entry points share: the route, the read-outs, retire and release.
+
+    A subclass sets ``lifecycle`` (:meth:`_lifecycle`), ``on`` (its :class:`Switches`),
+    ``_recordings`` and ``_refused`` (by key), ``max_recordings``, ``backend``, ``_pool``
+    and ``_calls``; it writes its own key, record and replay, and names its extra checks in
+    :meth:`early_checks` and :meth:`late_checks`.
+    """
+
+    #: the entry point's kind, as ``__repr__`` names it
+    kind: ClassVar[str] = "Entry"
     lifecycle: Lifecycle
+    journal: Journal  # the lifecycle's
+    on: Switches
+    backend: Any
+    max_recordings: int
+    _recordings: dict[tuple, Any]
+    _refused: dict[tuple, str]
+    _pool: MemoryPool | None
+    _calls: int
+
+    def _lifecycle(
+        self, name: str, module: nn.Module, strict: bool, max_rerecords: int
+    ) -> Lifecycle:
+        """This entry point's lifecycle; its drop frees the recordings (weakly: no cycle keeps it alive)."""
+        me = weakref.ref(self)
+        life = Lifecycle(
+            name,
+            module,
+            strict=strict,
+            on=self.on,
+            max_rerecords=max_rerecords,
+            drop=lambda: (e := me()) is not None and e._drop_recordings(),
+        )
+        self.journal = life.journal  # a plain read: every replayed call ticks it
+        return life
 
     @property
-    def journal(self) -> Journal:
-        return self.lifecycle.journal
+    def disabled(self) -> frozenset[str]:
+        """The protections ``unsafe_disable`` switched off (``on`` is the same as booleans)."""
+        return self.on.off
 
+    # ----------------------------------------------------------------- the route
+    def early_checks(self) -> str | None:
+        """The entry's own eager reason, asked before the owner thread (none by default)."""
+        return None
+
+    def late_checks(self, call: int) -> str | None:
+        """The entry's own eager reason, asked after autograd's mode and before the gate (none by default)."""
+        return None
+
+    def admit(self, call: int) -> tuple[Any, str | None]:
+        """May this call replay at all? ``(state key, None)``, or ``(None, eager reason)``.
+
+        stopped -> :meth:`early_checks` -> owner thread -> mode -> :meth:`late_checks` -> gate.
+        """
+        life = self.lifecycle
+        if life.retired or life.released:
+            return None, "retired" if life.retired else "released"
+        why = self.early_checks()
+        if why is not None:
+            return None, why
+        if life.owner != _get_ident() and not life.owns_thread():  # the owner's calls: one C call
+            return None, THREAD
+        why = life.mode()
+        if why is None:
+            why = self.late_checks(call)
+        if why is not None:
+            return None, why
+        return life.gate(call, bool(self._recordings))
+
+    def choose(self, table: dict[tuple, Any], key: tuple, call: int) -> tuple[Any, str | None]:
+        """``table``'s entry for ``key`` (None: record one), or ``(None, eager reason)``.
+
+        refused -> budget -> pool. A refused key wins over a recording it still has (a
+        network's reentry refuses a signature whose backward is pending).
+        """
+        if self._refused:
+            refused = self._refused.get(key)
+            if refused is not None:
+                return None, refused
+        chosen = table.get(key)
+        if chosen is None and len(table) >= self.max_recordings:
+            return None, "budget"
+        pool = self._pool
+        if pool is not None and not pool.claim(self, call, self.on.shared_pool):
+            return None, "pool_busy"
+        return chosen, None
+
+    def held(self, reason: str) -> contextlib.AbstractContextManager:
+        """What an eager route runs under: another thread's call holds the lock (a recording under way finishes first)."""
+        return self.lifecycle.lock if reason == THREAD else _NO_LOCK
+
+    # ----------------------------------------------------------------- read-outs
     @property
     def strict(self) -> bool:
         return self.lifecycle.strict
@@ -326,3 +433,66 @@ class Lifecycled:
     def summary(self) -> str:
         """One line of counts, eager reasons and state."""
         return self.lifecycle.summary()
+
+    @property
+    def recordings(self) -> int:
+        """How many recordings are held now."""
+        return len(self._recordings)
+
+    def _label(self) -> str:
+        """What ``__repr__`` names before the state: the kind and what it replays."""
+        return self.kind
+
+    def __repr__(self) -> str:
+        life = self.lifecycle
+        state = (
+            f"retired: {life.retire_reason}" if life.retired else f"{self.recordings} recordings"
+        )
+        return f"<{self._label()} {state} {self.counts}>"
+
+    # ----------------------------------------------------------------- memory
+    def _memory_rows(self) -> list[dict[str, Any]]:
+        """Per recording: ``signature`` and the bytes of its ``static_inputs``, ``static_outputs``, ``static_grads``."""
+        return []
+
+    def memory(self) -> dict[str, Any]:
+        """The bytes each recording holds (static inputs, outputs, gradient buffers: distinct
+        storages), their sum, and the bytes its memory pool reserves on the GPU (``pool_reserved``:
+        None on the emulated backend or without graphs; a shared pool's whole size)."""
+        rows = self._memory_rows()
+        for row in rows:
+            row["bytes"] = row["static_inputs"] + row["static_outputs"] + row["static_grads"]
+        backend = self.backend
+        return {
+            "recordings": rows,
+            "static_bytes": sum(r["bytes"] for r in rows),
+            "pool_reserved": backend.pool_reserved() if backend is not None else None,
+        }
+
+    # ----------------------------------------------------------------- retire, release, drop
+    def _retire(self, reason: str, call: int, cause: BaseException | None = None) -> None:
+        self.lifecycle.retire(reason, call, cause)
+
+    def retire(self, reason: str = "retired by the user") -> None:
+        """Run eagerly for good: recordings and static memory are freed; training goes on eagerly."""
+        self.lifecycle.retire(reason, self._calls, user=True)
+
+    def release(self) -> None:
+        """Free every recording; later calls run eagerly (reason ``released``). Not a retirement."""
+        self._release()
+
+    def _release(self) -> bool:
+        """Release and leave a shared pool; False when released already."""
+        released = self.lifecycle.release(self._calls)
+        if self._pool is not None:
+            self._pool.leave(self)
+        return released
+
+    def _drop_recordings(self) -> None:
+        """The lifecycle's drop (re-record, retire, release): free every recording."""
+        raise NotImplementedError
+
+
+def signature_of(static_inputs: list) -> str:
+    """A recording's input shapes, as ``memory()`` names them: ``4/8x4``."""
+    return "x".join("/".join(map(str, x.shape)) for x in static_inputs)

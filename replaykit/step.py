@@ -1,8 +1,10 @@
 """Whole-step replay: forward, loss, backward and the optimizer step, recorded and replayed.
 
-(One module of about 650 lines: the route, the recording and the hand-back of gradients between
-micro-batches share the step's per-phase state; what they use lives elsewhere: the lifecycle,
-step_guards, step_check, loss_inputs, layout, the backends' regions.)
+The route is :class:`~replaykit.route.Entry`'s; a step adds its checks (its refusal and the
+warm-up before the owner thread, hooks after autograd's mode), its key (phase, gradients it
+starts from, host values, what ``loss_fn`` reads) and the hand-back of gradients between
+micro-batches, which shares the per-phase state with the recording call. Its settings are one
+frozen :class:`~replaykit.step_config.StepConfig`.
 
     step = rk.TrainStep(model, loss_fn, optimizer, scaler=None, max_norm=None, ema=None, accumulate=1)
     for x, y in loader:
@@ -37,7 +39,6 @@ import contextlib
 import operator
 import sys
 import warnings
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -45,10 +46,9 @@ import torch
 from torch import nn
 
 from .backends import Backend, Region, Scratch, module_device, resolve_backend
-from .compiled import refuse_cudagraphs
 from .distributed import ddp_refusal
 from .ema import EMA
-from .errors import ReplayError, ReplayWarning, check_count
+from .errors import ReplayWarning
 from .guards.code import LossInputs
 from .guards.input_reads import InputReads
 from .guards.module import epoch as guard_epoch
@@ -64,10 +64,10 @@ from .guards.optimizer import (
 from .guards.signature import UnhashableArgument, signature, split_call
 from .guards.storage import GLOBAL_HOOKS, module_hooks
 from .memory.layout import aligned_key, copy_into
-from .memory.pool import MemoryPool, check_pool, storage_bytes
-from .protections import disabled_protections
-from .recorder import recorder_of
-from .route import Lifecycle, Lifecycled
+from .memory.pool import MemoryPool, storage_bytes
+from .protections import Switches
+from .route import Entry, signature_of
+from .step_config import PRECISIONS, StepConfig, fixed
 from .step_recording import RecordingSteps
 from .verify.call_state import CallState
 from .verify.probe import foreign_leaves
@@ -76,30 +76,9 @@ from .verify.step_check import StepSnapshot, difference, end_state, unique
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
-class _Setting:
-    """A TrainStep setting a recording bakes in and nothing keys: set at construction, refused after.
-
-    A data descriptor, not ``__setattr__``: the per-call counters' writes stay plain attribute writes.
-    """
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, step: Any, owner: type | None = None) -> Any:
-        return self if step is None else step.__dict__[self.name]
-
-    def __set__(self, step: Any, value: Any) -> None:
-        if "lifecycle" in step.__dict__:
-            raise ReplayError(
-                f"TrainStep.{self.name} is fixed at construction (its recordings bake it in); build a new TrainStep instead"
-            )
-        step.__dict__[self.name] = value
-
-
 _use_count = torch._C._storage_Use_Count
-_PRECISIONS = {"32": None, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 
-__all__ = ["EMA", "StepRecording", "TrainStep"]
+__all__ = ["EMA", "StepConfig", "StepRecording", "TrainStep"]
 
 
 class StepRecording:
@@ -124,25 +103,30 @@ class StepRecording:
         self.keep = keep  # what the key names by id (incoming gradients, tensor hyperparameters): kept alive
 
 
-class TrainStep(RecordingSteps, Lifecycled):
-    """A training step (forward, loss, backward, optimizer) replayed from graphs; see the module docstring."""
+class TrainStep(RecordingSteps, Entry):
+    """A training step (forward, loss, backward, optimizer) replayed from graphs; see the module docstring.
 
-    # ``max_norm`` may change (it keys the recordings); ``on_optimizer_step`` runs outside them
-    model, loss_fn, optimizer, scaler, ema = (
-        _Setting(),
-        _Setting(),
-        _Setting(),
-        _Setting(),
-        _Setting(),
+    Its settings are ``config`` (a :class:`StepConfig`), readable as attributes and fixed:
+    ``step.accumulate = 4`` raises. ``max_norm`` keys the recordings and may change;
+    ``on_optimizer_step`` runs outside them.
+    """
+
+    kind = "TrainStep"
+    model, loss_fn, optimizer = (
+        fixed("model", "config.model"),
+        fixed("loss_fn", "config.loss_fn"),
+        fixed("optimizer", "config.optimizer"),
     )
-    accumulate, precision, replay, backend, device = (
-        _Setting(),
-        _Setting(),
-        _Setting(),
-        _Setting(),
-        _Setting(),
+    scaler, ema = fixed("scaler", "config.scaler"), fixed("ema", "config.ema")
+    accumulate, precision = (
+        fixed("accumulate", "config.accumulate"),
+        fixed("precision", "config.precision"),
     )
-    warmup, max_recordings, check_every, disabled = _Setting(), _Setting(), _Setting(), _Setting()
+    replay, warmup = fixed("replay", "config.replay"), fixed("warmup", "config.warmup")
+    max_recordings = fixed("max_recordings", "config.max_recordings")
+    check_every = fixed("check_every", "config.check_every")
+    backend, device = fixed("backend", "_backend"), fixed("device", "_device")
+    disabled = fixed("disabled", "on.off")
 
     def __init__(
         self,
@@ -167,63 +151,35 @@ class TrainStep(RecordingSteps, Lifecycled):
         on_optimizer_step: Callable[[], None] | None = None,
         pool: MemoryPool | None = None,
     ) -> None:
-        if not isinstance(model, nn.Module):
-            raise ReplayError(
-                f"TrainStep takes an nn.Module as its model, not {type(model).__name__}"
-            )
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise ReplayError(
-                f"TrainStep takes a torch.optim.Optimizer, not {type(optimizer).__name__}"
-            )
-        if isinstance(optimizer, torch.optim.LBFGS):
-            raise ReplayError(
-                "TrainStep steps the optimizer without a closure; LBFGS re-evaluates one (and reads the loss on the "
-                "host): train LBFGS with its own closure loop"
-            )
-        if not callable(loss_fn):
-            raise ReplayError(
-                f"loss_fn must be callable as loss_fn(model, *batch), not {type(loss_fn).__name__}"
-            )
-        check_count("accumulate", accumulate, 1)
-        check_count("warmup", warmup, 0)
-        check_count("max_recordings", max_recordings, 1)
-        check_count("max_rerecords", max_rerecords, 0)
-        check_count("check_every", check_every, 0, "(0: off)")
-        if precision not in _PRECISIONS:
-            raise ReplayError(f"precision {precision!r}: choose from {list(_PRECISIONS)}")
-        if recorder_of(model) is not None:
-            raise ReplayError(
-                "the model is captured by rk.capture already: a whole step records it itself"
-            )
-        if replay:
-            refuse_cudagraphs(model, "TrainStep")
-        self.disabled = disabled_protections(unsafe_disable, "step")
-        self._trust = bool(trust_optimizer) or "optimizer_trust" in self.disabled
-        self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
-        self.scaler, self.max_norm, self.ema = scaler, max_norm, ema
-        self.accumulate, self.precision, self.replay = accumulate, precision, replay
-        self.warmup, self.max_recordings, self.check_every = warmup, max_recordings, check_every
+        self.config = c = StepConfig(
+            model, loss_fn, optimizer, scaler=scaler, max_norm=max_norm, ema=ema,
+            accumulate=accumulate, precision=precision, replay=replay, backend=backend,
+            warmup=warmup, max_recordings=max_recordings, max_rerecords=max_rerecords,
+            check_every=check_every, strict=strict, trust_optimizer=trust_optimizer,
+            unsafe_disable=unsafe_disable, on_optimizer_step=on_optimizer_step, pool=pool,
+        )  # fmt: skip
+        self.on = on = Switches(c.unsafe_disable)
+        self._trust = c.trust_optimizer or not on.optimizer_trust
+        self.max_norm = max_norm  # keys the recordings: may change
         self.on_optimizer_step = (
             on_optimizer_step  # Python run after every optimizer step (a replay runs none)
         )
-        self.device = module_device(model) or torch.device("cpu")
-        pool = check_pool(pool)
-        self.backend: Backend | None = resolve_backend(backend, model, pool) if replay else None
+        self._device = module_device(model) or torch.device("cpu")
+        self._backend: Backend | None = resolve_backend(backend, model, c.pool) if replay else None
         # shared with other entry points (None: the backend's private pool); read per call
-        self._pool = pool if replay else None
-        self._pool_safe = "shared_pool" not in self.disabled
+        self._pool = c.pool if c.replay else None
         if self._pool is not None:
             self._pool.join(self)
-        me = weakref.ref(self)
-        self.lifecycle = Lifecycle(
-            f"TrainStep({type(model).__name__})",
-            model,
-            strict=strict,
-            disabled=self.disabled,
-            max_rerecords=max_rerecords,
-            drop=lambda: (s := me()) is not None and s._drop_recordings(),
+        self.lifecycle = self._lifecycle(
+            f"TrainStep({type(model).__name__})", model, c.strict, max_rerecords
         )
-        self.lifecycle.add_watch(OptimizerWatch(optimizer, scaler, ema), "state_identity")
+        if on.state_identity:
+            self.lifecycle.add_watch(OptimizerWatch(optimizer, scaler, ema))
+        self._per_call_state()
+        self._recording_state(c)
+
+    def _per_call_state(self) -> None:
+        """Counters, recordings and the gradients handed out between micro-batches."""
         self._rg_keys: dict[tuple[bool, ...], int] = {}
         self._rg: tuple[bool, ...] = ()
         self._rg_key = 0
@@ -234,11 +190,6 @@ class TrainStep(RecordingSteps, Lifecycled):
         self._steps = 0  # optimizer steps taken (eager or replayed)
         self._recordings: dict[tuple, StepRecording] = {}
         self._refused: dict[tuple, str] = {}  # signatures whose recording differed from eager
-        # a reference step runs in the pool's free memory (backends/scratch.py) until one leaves something there
-        self._in_pool = True
-        # a reference step that raised: what it left in the pool is looked at by the next call,
-        # once the exception (whose frames hold its temporaries) is gone
-        self._unchecked: Scratch | None = None
         self._replayed = 0  # calls that replayed (the shadow check samples them)
         self._handed: list[
             torch.Tensor
@@ -247,25 +198,20 @@ class TrainStep(RecordingSteps, Lifecycled):
         self._storages: list[int] = []
         self._baseline: list[int] = []
         self._hooks_epoch, self._has_hooks = -1, False
-        # the per-call path reads these plain attributes, not the settings' descriptors
-        self._acc, self._warmup_steps, self._check_n, self._replaying = (
-            accumulate,
-            warmup,
-            check_every,
-            replay,
-        )
-        self._opt, self._device_type = optimizer, self.device.type
-        self._keyed_hyper = "host_values" not in self.disabled
-        self._keyed_state = "module_state" not in self.disabled
-        self._copy_out_on = "copy_out" not in self.disabled
-        self._check_hooks = "hooks" not in self.disabled
-        self._check_effects = "side_effects" not in self.disabled
+
+    def _recording_state(self, c: StepConfig) -> None:
+        """What the recording call learns and keeps between calls (``_record``, ``_reference``)."""
+        # a reference step runs in the pool's free memory (backends/scratch.py) until one leaves something there
+        self._in_pool = True
+        # a reference step that raised: what it left in the pool is looked at by the next call,
+        # once the exception (whose frames hold its temporaries) is gone
+        self._unchecked: Scratch | None = None
         self._loss_inputs = (
-            LossInputs(loss_fn, model) if replay and "loss_inputs" not in self.disabled else None
+            LossInputs(c.loss_fn, c.model) if c.replay and self.on.loss_inputs else None
         )
         self._loss_key: tuple = ()
         # host reads of input-derived values (a padding mask's .all()): learnt at recording, keyed per call
-        self._input_reads = InputReads(keyed="input_reads" not in self.disabled)
+        self._input_reads = InputReads(keyed=self.on.input_reads)
         self._watch_reads = False  # set once a capture without the watch failed (see _record)
         self._first_write = False  # a recording call dropped for a write into the model (once)
         self._learn_draws = False  # set at the first host draw seen: the next reference learns them
@@ -277,50 +223,32 @@ class TrainStep(RecordingSteps, Lifecycled):
                 f"replaykit: TrainStep cannot see what loss_fn reads through {', '.join(self._loss_inputs.unwatched)}: "
                 "a Python value read there is frozen at the recording call",
                 ReplayWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
 
-    # ----------------------------------------------------------------- read-outs (journal, counts, ... : Lifecycled)
-    @property
-    def recordings(self) -> int:
-        """How many recordings are held now."""
-        return len(self._recordings)
-
-    def __repr__(self) -> str:
-        life = self.lifecycle
-        state = (
-            f"retired: {life.retire_reason}" if life.retired else f"{self.recordings} recordings"
-        )
-        mode = self.backend.name if self.backend is not None else "eager twin"
-        return f"<TrainStep {type(self.model).__name__} {mode} {state} {self.counts}>"
+    # ----------------------------------------------------------------- read-outs (journal, counts, ... : Entry)
+    def _label(self) -> str:
+        mode = self._backend.name if self._backend is not None else "eager twin"
+        return f"TrainStep {type(self.config.model).__name__} {mode}"
 
     # ----------------------------------------------------------------- memory
-    def memory(self) -> dict[str, Any]:
-        """The bytes each recording holds (its static inputs, loss and the gradient buffers it
-        leaves: distinct storages), their sum, and the bytes its memory pool reserves on the GPU
-        (``pool_reserved``: None on the emulated backend; a shared pool's whole size)."""
-        rows = []
-        for key, rec in self._recordings.items():
-            row = {
+    def _memory_rows(self) -> list[dict[str, Any]]:
+        """Per recording its phase, static inputs, loss and the gradient buffers it leaves."""
+        return [
+            {
                 "phase": key[0],
-                "signature": "x".join("/".join(map(str, x.shape)) for x in rec.static_inputs),
+                "signature": signature_of(rec.static_inputs),
                 "static_inputs": storage_bytes(rec.static_inputs),
                 "static_outputs": storage_bytes([rec.loss]),
                 "static_grads": storage_bytes(rec.grads_out),
             }
-            row["bytes"] = row["static_inputs"] + row["static_outputs"] + row["static_grads"]
-            rows.append(row)
-        backend = self.backend
-        return {
-            "recordings": rows,
-            "static_bytes": sum(r["bytes"] for r in rows),
-            "pool_reserved": backend.pool_reserved() if backend is not None else None,
-        }
+            for key, rec in self._recordings.items()
+        ]
 
     def quiesce(self, call: int) -> bool:
         """A shared pool's question before another entry point runs there: copy out the gradients
         handed out; False between micro-batches (the static gradient buffers are ``.grad``)."""
-        if self._micro not in (0, self._acc):
+        if self._micro not in (0, self.config.accumulate):
             return False
         self._copy_out(self._calls)  # journaled at its own latest call
         return not self._live_alias()
@@ -334,12 +262,12 @@ class TrainStep(RecordingSteps, Lifecycled):
         return out
 
     # ----------------------------------------------------------------- the call
-    def _phase(self) -> str:
-        if self._acc == 1:
+    def _phase(self, acc: int) -> str:
+        if acc == 1:
             return "step"
         if self._micro == 1:
             return "first"
-        return "last" if self._micro == self._acc else "accumulate"
+        return "last" if self._micro == acc else "accumulate"
 
     def _find_params(self) -> None:
         """The model's and the optimizer's parameters (again after a re-record: a group may have been added)."""
@@ -368,63 +296,55 @@ class TrainStep(RecordingSteps, Lifecycled):
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         self._calls += 1
         self._refresh_trainable()
-        self._micro = self._micro % self._acc + 1
-        phase = self._phase()
-        if not self._replaying:  # the eager twin
+        config = self.config
+        self._micro = self._micro % config.accumulate + 1
+        phase = self._phase(config.accumulate)
+        if not config.replay:  # the eager twin
             return self._eager(phase, None, args, kwargs)
         return self._route(phase, args, kwargs)
 
-    def _route(self, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:
-        call = self._calls
-        life = self.lifecycle
-        stopped = life.stopped()
-        if stopped is not None:
-            return self._eager(phase, stopped, args, kwargs)
+    def early_checks(self) -> str | None:
+        """The optimizer/model refusal (DDP, an untrusted step), then the warm-up."""
         if self._refusal is not None:
-            return self._eager(phase, self._refusal, args, kwargs)
-        if self._steps < self._warmup_steps:
-            return self._eager(phase, "warmup", args, kwargs)
-        if not life.owns_thread():
-            with life.lock:
-                return self._eager(phase, "thread", args, kwargs)
-        if self._unchecked is not None:  # before any replay can overwrite what it left
+            return self._refusal
+        return "warmup" if self._steps < self.config.warmup else None
+
+    def late_checks(self, call: int) -> str | None:
+        """What a reference step that raised left in the pool, looked at before any replay can
+        overwrite it; then hooks (Python a replay skips)."""
+        if self._unchecked is not None:
             scratch, self._unchecked = self._unchecked, None
             self._left_in_pool(scratch)
-        mode = life.mode()
-        if mode is not None:
-            return self._eager(phase, mode, args, kwargs)
-        if self._check_hooks and self._hooks():
-            return self._eager(phase, "hooks", args, kwargs)
-        state, eager = life.gate(call, bool(self._recordings))
-        if eager is not None:
-            return self._eager(phase, eager, args, kwargs)
-        try:
-            callargs = split_call(args, kwargs)
-            key = self._input_reads.key(self._key(phase, state, callargs), callargs.tensors)
-        except UnhashableArgument as exc:
-            return self._eager(phase, exc.reason, args, kwargs)
-        if any(
-            map(_REQUIRES_GRAD, callargs.tensors)
-        ):  # eager's backward gives it a .grad; a static copy none
-            return self._eager(phase, "input_requires_grad", args, kwargs)
-        rec = self._recordings.get(key)
+        return "hooks" if self.on.hooks and self._hooks() else None
+
+    def _route(self, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:
+        call = self._calls
+        state, why = self.admit(call)
+        if why is None:
+            try:
+                callargs = split_call(args, kwargs)
+                key = self._input_reads.key(self._key(phase, state, callargs), callargs.tensors)
+            except UnhashableArgument as exc:
+                why = exc.reason
+            else:
+                # eager's backward gives an input requiring grad a .grad; a static copy none
+                if any(map(_REQUIRES_GRAD, callargs.tensors)):
+                    why = "input_requires_grad"
+                else:
+                    rec, why = self.choose(self._recordings, key, call)
+        if why is not None:
+            with self.held(why):
+                return self._eager(phase, why, args, kwargs)
         if rec is None:
-            refused = self._refused.get(key)
-            if refused is not None:
-                return self._eager(phase, refused, args, kwargs)
-            if len(self._recordings) >= self.max_recordings:
-                return self._eager(phase, "budget", args, kwargs)
-        if self._pool is not None and not self._pool.claim(self, call, self._pool_safe):
-            return self._eager(phase, "pool_busy", args, kwargs)
-        if rec is None:
-            with life.lock:
+            with self.lifecycle.lock:
                 return self._record(phase, key, callargs, args, kwargs)
         if phase == "first":
             self._copy_out(call)
-            if self._copy_out_on and self._live_alias():
+            if self.on.copy_out and self._live_alias():
                 return self._eager(phase, "live_alias", args, kwargs)
         self._replayed += 1
-        if self._check_n and (self._replayed - 1) % self._check_n == 0:
+        check = self.config.check_every
+        if check and (self._replayed - 1) % check == 0:
             return self._checked_replay(phase, rec, callargs, args, kwargs)
         for static, x in zip(rec.static_inputs, callargs.tensors, strict=True):
             copy_into(static, x)
@@ -488,16 +408,15 @@ class TrainStep(RecordingSteps, Lifecycled):
             if grads.count(None) == len(grads)
             else tuple(0 if g is None else g.data_ptr() for g in grads)
         )
-        if self._keyed_hyper:
+        on = self.on
+        if on.host_values:
             extra = (
                 None if self.max_norm is None else float(self.max_norm).hex(),
-                scaler_key(self.scaler),
+                scaler_key(self.config.scaler),
             )
-            hyper: tuple = hyper_key(self._opt, extra)
+            hyper: tuple = hyper_key(self.config.optimizer, extra)
         else:
             hyper = ()
-        if not self._keyed_state:
-            state = None
         self._loss_key = self._loss_inputs.key() if self._loss_inputs is not None else ()
         return (
             phase,
@@ -506,54 +425,56 @@ class TrainStep(RecordingSteps, Lifecycled):
             incoming,
             hyper,
             self._loss_key,
-            *signature(callargs, self._device_type, True, aligned_key),
+            *signature(callargs, self._device.type, True, aligned_key),
         )
 
     # ----------------------------------------------------------------- eager (the twin)
     def _body(self, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:
         """One micro-batch, and the optimizer step after the last: the twin's code and the recorded code."""
-        dtype = _PRECISIONS[self.precision]
+        c = self.config
+        dtype = PRECISIONS[c.precision]
         ctx = (
-            torch.autocast(self.device.type, dtype=dtype)
+            torch.autocast(self._device.type, dtype=dtype)
             if dtype is not None
             else contextlib.nullcontext()
         )
         with ctx:
-            loss = self.loss_fn(self.model, *args, **kwargs)
+            loss = c.loss_fn(c.model, *args, **kwargs)
         if (
             self._walking
         ):  # the recording call: does the loss reach parameters we do not hand gradients to?
             self._foreign = foreign_leaves([loss], self.params)
-        scaled = loss / self.accumulate if self.accumulate > 1 else loss
-        if self.scaler is not None:
-            scaled = self.scaler.scale(scaled)
+        scaler, optimizer = c.scaler, c.optimizer
+        scaled = loss / c.accumulate if c.accumulate > 1 else loss
+        if scaler is not None:
+            scaled = scaler.scale(scaled)
         scaled.backward()
         if phase in ("step", "last"):
             if self.max_norm is not None:
-                if self.scaler is not None:
-                    self.scaler.unscale_(self.optimizer)
+                if scaler is not None:
+                    scaler.unscale_(optimizer)
                 params = [p for p in self._trainable if p.grad is not None]
                 torch.nn.utils.clip_grad_norm_(
                     params, self.max_norm, foreach=True, error_if_nonfinite=False
                 )
-            if self.scaler is not None:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
             else:
-                self.optimizer.step()
-            if self.ema is not None:
-                self.ema.update()
-            self.optimizer.zero_grad(set_to_none=True)
+                optimizer.step()
+            if c.ema is not None:
+                c.ema.update()
+            optimizer.zero_grad(set_to_none=True)
         return loss.detach()
 
     def _eager(self, phase: str, reason: str | None, args: tuple, kwargs: dict) -> torch.Tensor:
         if reason is not None:
             self.lifecycle.eager(self._calls, reason)
-        stream = _side_stream(self.device) if reason == "warmup" else None
+        stream = _side_stream(self._device) if reason == "warmup" else None
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             loss = self._body(phase, args, kwargs)
         if stream is not None:
-            torch.cuda.current_stream(self.device).wait_stream(stream)
+            torch.cuda.current_stream(self._device).wait_stream(stream)
         if phase in ("step", "last"):
             self._stepped()
         return loss
@@ -610,7 +531,7 @@ class TrainStep(RecordingSteps, Lifecycled):
         Eager's next micro-batch makes new gradients and leaves the old ones with their holders.
         """
         handed, self._handed = self._handed, []
-        if "copy_out" in self.disabled:
+        if not self.on.copy_out:
             return
         held = [
             a for a in handed if sys.getrefcount(a) > 3
@@ -624,7 +545,7 @@ class TrainStep(RecordingSteps, Lifecycled):
     def _hooks(self) -> bool:
         """Hooks run Python a replay skips: the optimizer's and global module hooks are read every
         call; module and parameter hooks only when a watched write happened."""
-        if optimizer_hooks(self._opt) or any(GLOBAL_HOOKS):
+        if optimizer_hooks(self.config.optimizer) or any(GLOBAL_HOOKS):
             return True
         now = guard_epoch()
         if now != self._hooks_epoch:
@@ -632,22 +553,9 @@ class TrainStep(RecordingSteps, Lifecycled):
             self._has_hooks = gradient_hooks(self._trainable) > 0 or module_hooks(self.model) > 0
         return self._has_hooks
 
-    def _retire(self, reason: str, call: int) -> None:
-        self.lifecycle.retire(reason, call)
-
     def _retire_eager(self, reason: str, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:
         self._retire(reason, self._calls)
         return self._eager(phase, "retired", args, kwargs)
-
-    def retire(self, reason: str = "retired by the user") -> None:
-        """Run eagerly for good: recordings are freed; training goes on with the twin's body."""
-        self.lifecycle.retire(reason, self._calls, user=True)
-
-    def release(self) -> None:
-        """Free every recording; later calls run the twin's body (reason ``released``). Not a retirement."""
-        self.lifecycle.release(self._calls)
-        if self._pool is not None:
-            self._pool.leave(self)
 
     def _drop_recordings(self) -> None:
         """The lifecycle's drop (re-record, retire, release): free every recording; parameters and

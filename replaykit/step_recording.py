@@ -115,7 +115,7 @@ class RecordingSteps:
     ) -> Outcome:
         """One try: reference -> capture -> judge -> keep; the first step to decide ends it."""
         a = self._prepare(phase, key, callargs, args, kwargs)
-        outcome = self._reference(a, state) if "verify_recording" not in self.disabled else None
+        outcome = self._reference(a, state) if self.on.verify_recording else None
         if outcome is None:
             outcome = self._capture(a, state)
         if outcome is None:
@@ -127,7 +127,7 @@ class RecordingSteps:
         frozen = host_dependence(self.model) or host_state(self.optimizer, self.device)
         if frozen is not None:
             return frozen
-        if self.backend.name == "emulated" and "compiled_code" not in self.disabled:
+        if self.backend.name == "emulated" and self.on.compiled_code:
             regions = compiled_regions(self.model)  # the tape cannot see their kernels
             if regions:
                 return CompileWatch.unseen_reason(regions[0][0])
@@ -140,9 +140,9 @@ class RecordingSteps:
         assert self.backend is not None
         if tensors is None:
             # a CUDA capture executes no kernels: without the reference only Python runs twice
-            tensors = self.backend.name != "cuda" or "verify_recording" not in self.disabled
+            tensors = self.backend.name != "cuda" or self.on.verify_recording
         snapshot = self._snapshot(tensors=tensors)
-        if "call_state" in self.disabled:
+        if not self.on.call_state:
             return CallState(snapshot, self.model, whole=False)
         return CallState(snapshot, self.model, self.optimizer, self._code(), [self.ema])
 
@@ -210,18 +210,16 @@ class RecordingSteps:
             else Scratch()
         )
         drawn_to = self._input_reads.drawn_to
-        effects = SideEffects(
-            self.model, a.callargs.tensors, "host_rng" not in self.disabled, drawn_to
-        )
+        effects = SideEffects(self.model, a.callargs.tensors, self.on.host_rng, drawn_to)
         # host draws seen before (beside a GPU model) and none known for this key: find them and
         # what is read of them (a dispatch mode: this eager run only)
-        learning = self._learn_draws and drawn_to is None and "input_reads" not in self.disabled
+        learning = self._learn_draws and drawn_to is None and self.on.input_reads
         found = Provenance(a.callargs.tensors, discover=True, draws=True) if learning else None
         loose = self._loss_inputs.tensors() if self._loss_inputs is not None else ()
         held = [t for t in loose if not t.is_inference()]
         versions = [t._version for t in held]
         run = state.output()
-        self._walking, self._foreign = "foreign_grads" not in self.disabled, 0
+        self._walking, self._foreign = self.on.foreign_grads, 0
         try:
             found_or_not = found if found is not None else contextlib.nullcontext()
             with effects, found_or_not, scratch, run.held():
@@ -248,11 +246,11 @@ class RecordingSteps:
         self, effects: SideEffects, found: Provenance | None, held: list, versions: list
     ) -> str | None:
         """Why the reference run must stand as the call (a replay would not repeat what it did), or None."""
-        why = effects.reason("the step", writes=self._check_effects)
+        why = effects.reason("the step", writes=self.on.side_effects)
         if (
             why is not None
             and self._input_reads.drawn_to is None
-            and effects.reason("the step", host_draws=False, writes=self._check_effects) is None
+            and effects.reason("the step", host_draws=False, writes=self.on.side_effects) is None
         ):
             why = self._host_draws(found) or why
         if why is None:
@@ -298,14 +296,12 @@ class RecordingSteps:
     def _capture(self, a: Attempt, state: CallState) -> Outcome | None:
         """The recording: the body captured over the static inputs (on CUDA it then replays once:
         the call's step). Effects a replay would not repeat let this run stand, unkept."""
-        a.effects = SideEffects(
-            self.model, a.static, "host_rng" not in self.disabled, self._input_reads.drawn_to
-        )
-        watch = CompileWatch(self.backend.name == "emulated", "compiled_code" not in self.disabled)
+        a.effects = SideEffects(self.model, a.static, self.on.host_rng, self._input_reads.drawn_to)
+        watch = CompileWatch(self.backend.name == "emulated", self.on.compiled_code)
         a.run = state.output()
-        self._walking, self._foreign = "foreign_grads" not in self.disabled, 0
+        self._walking, self._foreign = self.on.foreign_grads, 0
         try:
-            branches = recording_context("capture_branches" not in self.disabled)
+            branches = recording_context(self.on.capture_branches)
             with a.effects, branches, watch, a.run.held():
                 (a.loss,) = a.region.capture(lambda: self._captured_body(a))
             watch.check()
@@ -352,7 +348,7 @@ class RecordingSteps:
 
     def _capture_why(self, a: Attempt) -> str | None:
         """Why replays of the captured run would differ from eager outside the tensors it computes."""
-        why = a.effects.reason("the step", writes=self._check_effects)
+        why = a.effects.reason("the step", writes=self.on.side_effects)
         if (
             why is None
             and a.reads is not None
@@ -440,7 +436,7 @@ class RecordingSteps:
         write there, are freed (recorded again at their next call), and references run beside
         the pool from now on (no more freeing)."""
         left = scratch.survivors()
-        if not left or "pool_survivors" in self.disabled:
+        if not left or not self.on.pool_survivors:
             return
         for rec in self._recordings.values():
             rec.region.free()
@@ -458,7 +454,7 @@ class RecordingSteps:
         """The reference run's only effect was a draw from torch's CPU generator: learn the draws
         (``found``, this run's) and the reads made of them, or, at first sight, watch the next
         recording call's run for them. None: they cannot be keyed (a draw reaching the computation)."""
-        if "input_reads" in self.disabled or "host_rng" in self.disabled:
+        if not self.on.input_reads or not self.on.host_rng:
             return None
         if found is None:
             if self._learn_draws:

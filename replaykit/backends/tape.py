@@ -1,6 +1,6 @@
 """A forward's aten operator sequence, recorded once and replayed without the module's Python.
 
-(One module of about 400 lines: recording, slot resolution and replay share the tape's data model.)
+(One module because recording, slot resolution and replay share the tape's data model.)
 
 This is what a CUDA graph freezes, on any device. Recording runs the forward once
 under a ``TorchDispatchMode`` that appends every aten call to the tape; every tensor

@@ -1,16 +1,17 @@
-"""What makes recordings invalid for good, checked on every call before a replay.
+"""Changes no write notification reports, compared on every call before a replay.
 
 A recording reads parameter and buffer memory by address and runs no Python of the
-submodules, so the recorder retires (permanent eager, graphs freed) when
-- a parameter or submodule is registered anew in the module tree
-  (``load_state_dict(..., assign=True)``, ``module.weight = nn.Parameter(...)``;
-  reported by the guard, :mod:`replaykit.guards.module`),
+submodules, so its recordings stop being valid when
 - a parameter's or buffer's storage changes (``.to()`` of dtype or device,
   ``param.data = ...``), or a parameter frozen when recording starts to require grad
   (the recording computes no gradient for it; freezing a parameter is harmless: autograd
   drops the gradient the replay returns for it, as eager never computes it),
-- forward or backward hooks of submodules (or global module hooks) change: under
-  replay they would silently not run.
+- global module hooks change: under replay they would silently not run.
+(A parameter or submodule registered anew, ``load_state_dict(..., assign=True)`` included,
+is reported by the guard, :mod:`replaykit.guards.module`.) The route
+(:meth:`replaykit.route.Lifecycle.gate`) drops the recordings for such a change and records
+anew, within ``max_rerecords``; only then does the entry point retire. Submodule hooks
+present at a network's first recording retire it (they would not run under replay).
 The per-call check is two C-level ``map`` passes over the parameters, flat in the number
 of calls; nothing process-wide refers to the module, so a dropped one is collected.
 """

@@ -28,9 +28,10 @@ import lightning as L
 import torch
 from torch import nn
 
+from ..capturing import capture
 from ..errors import ReplayError
 from ..optimizer_step import OptimizerStep
-from ..recorder import Recorder, capture
+from ..recorder import Recorder
 
 
 def resolve(root: nn.Module, path: str) -> nn.Module:

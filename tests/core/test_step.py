@@ -195,6 +195,22 @@ def test_clear_errors_for_bad_input():
     rec.release()
 
 
+def test_settings_a_recording_bakes_in_are_fixed_and_max_norm_is_not():
+    """``step.config`` is frozen; its settings read as attributes; assigning one raises ReplayError."""
+    model = SmallNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = TrainStep(model, small_loss, opt, accumulate=2, backend="emulated")
+    assert step.model is model and step.optimizer is opt and step.accumulate == 2
+    for name, value in (("accumulate", 4), ("model", SmallNet()), ("backend", None)):
+        with pytest.raises(rk.ReplayError, match=f"TrainStep.{name} is fixed"):
+            setattr(step, name, value)
+    with pytest.raises(AttributeError):
+        step.config.accumulate = 4
+    assert step.accumulate == 2
+    step.max_norm = 0.5  # keys the recordings: may change
+    assert step.max_norm == 0.5
+
+
 def test_lbfgs_is_refused_at_construction():
     """TrainStep steps the optimizer without a closure; LBFGS needs one (its twin could not run either)."""
     model = nn.Linear(8, 4)

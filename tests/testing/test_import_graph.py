@@ -1,4 +1,4 @@
-"""The harness has no import cycle: its modules import one another in one direction only.
+"""replaykit has no import cycle: its modules import one another in one direction only.
 
 A cycle works only while its modules are imported in one order (the hazard catalogue once
 closed its patterns with imports at the bottom of its largest file, which broke whenever a
@@ -12,7 +12,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TESTING = ROOT / "replaykit" / "testing"
+PACKAGE = ROOT / "replaykit"
+TESTING = PACKAGE / "testing"
+
+#: Pairs of modules whose cycle is known and being removed (each pair's edges are left out).
+KNOWN_CYCLES: set[frozenset[str]] = set()
 
 
 def module_name(path: Path, package: Path) -> str:
@@ -84,6 +88,18 @@ def test_the_testing_package_has_no_import_cycle() -> None:
     graph = import_graph(TESTING)
     assert "replaykit.testing.hazards.runner" in graph["replaykit.testing.hazards"]
     assert "replaykit.testing.hazards.pattern" in graph["replaykit.testing.hazards.inputs"]
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def test_the_whole_package_has_no_import_cycle() -> None:
+    """The core, its rooms, the harness, the extras and the workflow: imports inside functions count."""
+    graph = import_graph(PACKAGE)
+    assert "replaykit.route" in graph["replaykit.recorder"]
+    assert "replaykit.capturing" in graph["replaykit"]  # the root's TYPE_CHECKING imports count
+    for pair in KNOWN_CYCLES:
+        a, b = sorted(pair)
+        graph[a].discard(b)
+        graph[b].discard(a)
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 
 

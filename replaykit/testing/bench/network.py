@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from replaykit import tables
-from replaykit.recorder import capture
+from replaykit.capturing import capture
 
 from ..nets import DetectionNet
 from .timing import (

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from replaykit import tables
-from replaykit.recorder import capture
+from replaykit.capturing import capture
 
 from ...step import TrainStep
 from ...verify.bitwise import diff_states

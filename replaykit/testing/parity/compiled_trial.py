@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ...recorder import capture
+from ...capturing import capture
 from ...step import TrainStep
 from ...verify.bitwise import TensorDiff, diff_states
 from .end_state import module_state, optimizer_state

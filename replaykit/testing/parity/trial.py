@@ -18,7 +18,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from replaykit.recorder import Recorder, capture
+from replaykit.capturing import capture
+from replaykit.recorder import Recorder
 
 from ...verify.bitwise import TensorDiff, diff_states
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from replaykit.recorder import capture
+from replaykit.capturing import capture
 from replaykit.step import TrainStep
 
 from ..bench import network, timing

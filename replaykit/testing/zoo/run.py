@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from replaykit.capturing import capture
 from replaykit.errors import ReplayError, ReplayWarning
-from replaykit.recorder import capture
 from replaykit.step import TrainStep
 from replaykit.verify.bitwise import TensorDiff, diff_states
 

@@ -1,0 +1,109 @@
+"""A whole step's settings, validated once and frozen: what its recordings bake in.
+
+A recording freezes the model, ``loss_fn``, the optimizer, scaler and EMA it was made with, the
+accumulation and the precision; changing one under it would replay the old one. So the settings
+are one frozen record, checked together at construction (an incompatible one raises
+:class:`ReplayError` before anything is built), and :class:`~replaykit.step.TrainStep` reads them
+from there: ``step.accumulate = 4`` raises (:func:`fixed`). ``max_norm`` here is the starting
+value: it keys the recordings, so ``step.max_norm`` may change.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .capturing import recorder_of
+from .compiled import refuse_cudagraphs
+from .ema import EMA
+from .errors import ReplayError, check_count
+from .memory.pool import MemoryPool, check_pool
+from .protections import disabled_protections
+
+#: ``precision`` -> the autocast dtype (None: no autocast)
+PRECISIONS = {"32": None, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
+
+#: frames from :func:`disabled_protections` up to whoever called ``TrainStep(...)``
+_TRAINSTEP_CALLER = 5
+
+
+@dataclass(frozen=True, eq=False)
+class StepConfig:
+    """:class:`~replaykit.step.TrainStep`'s settings; see its docstring for each."""
+
+    model: nn.Module
+    loss_fn: Callable[..., torch.Tensor]
+    optimizer: torch.optim.Optimizer
+    scaler: Any = None
+    max_norm: float | None = None
+    ema: EMA | None = None
+    accumulate: int = 1
+    precision: str = "32"
+    replay: bool = True
+    backend: str = "auto"
+    warmup: int = 1
+    max_recordings: int = 8
+    max_rerecords: int = 8
+    check_every: int = 0
+    strict: bool = False
+    trust_optimizer: bool = False
+    #: validated (a warning per name) and kept as a frozenset
+    unsafe_disable: frozenset[str] | tuple[str, ...] | list[str] | str = frozenset()
+    on_optimizer_step: Callable[[], None] | None = None
+    pool: MemoryPool | None = None
+
+    def __post_init__(self) -> None:
+        self._check_objects()
+        check_count("accumulate", self.accumulate, 1)
+        check_count("warmup", self.warmup, 0)
+        check_count("max_recordings", self.max_recordings, 1)
+        check_count("max_rerecords", self.max_rerecords, 0)
+        check_count("check_every", self.check_every, 0, "(0: off)")
+        if self.precision not in PRECISIONS:
+            raise ReplayError(f"precision {self.precision!r}: choose from {list(PRECISIONS)}")
+        if recorder_of(self.model) is not None:
+            raise ReplayError(
+                "the model is captured by rk.capture already: a whole step records it itself"
+            )
+        if self.replay:
+            refuse_cudagraphs(self.model, "TrainStep")
+        disabled = disabled_protections(self.unsafe_disable, "step", _TRAINSTEP_CALLER)
+        object.__setattr__(self, "unsafe_disable", disabled)
+        object.__setattr__(self, "pool", check_pool(self.pool))
+        for flag in ("replay", "strict", "trust_optimizer"):
+            object.__setattr__(self, flag, bool(getattr(self, flag)))
+
+    def _check_objects(self) -> None:
+        if not isinstance(self.model, nn.Module):
+            raise ReplayError(
+                f"TrainStep takes an nn.Module as its model, not {type(self.model).__name__}"
+            )
+        if not isinstance(self.optimizer, torch.optim.Optimizer):
+            raise ReplayError(
+                f"TrainStep takes a torch.optim.Optimizer, not {type(self.optimizer).__name__}"
+            )
+        if isinstance(self.optimizer, torch.optim.LBFGS):
+            raise ReplayError(
+                "TrainStep steps the optimizer without a closure; LBFGS re-evaluates one (and reads the loss on the "
+                "host): train LBFGS with its own closure loop"
+            )
+        if not callable(self.loss_fn):
+            raise ReplayError(
+                f"loss_fn must be callable as loss_fn(model, *batch), not {type(self.loss_fn).__name__}"
+            )
+
+
+def fixed(name: str, path: str) -> property:
+    """A read-only view of a setting (``path``, dotted, from the step): assigning it raises."""
+
+    def refuse(step: Any, value: Any) -> None:
+        raise ReplayError(
+            f"TrainStep.{name} is fixed at construction (its recordings bake it in); build a new TrainStep instead"
+        )
+
+    return property(operator.attrgetter(path), refuse, doc=f"``{path}``, fixed at construction")
