@@ -48,6 +48,28 @@ _use_count = torch._C._storage_Use_Count
 __all__ = ["Outcome", "RecordingSteps"]
 
 
+class StepRecording:
+    """One phase of one signature: its region, static inputs and loss, and the gradients it leaves."""
+
+    __slots__ = ("grads_out", "keep", "loss", "region", "static_inputs")
+
+    def __init__(
+        self,
+        region: Region,
+        static_inputs: list[torch.Tensor],
+        loss: torch.Tensor,
+        grads_out: list,
+        keep: list,
+    ) -> None:
+        self.region = region
+        self.static_inputs = static_inputs
+        self.loss = loss
+        self.grads_out = (
+            grads_out  # per parameter: the static gradient storage after this phase, or None
+        )
+        self.keep = keep  # what the key names by id (incoming gradients, tensor hyperparameters): kept alive
+
+
 @dataclass
 class Outcome:
     """How a recording call ends. ``stands``: ``loss`` is the call's (``run``'s output is
@@ -315,7 +337,6 @@ class RecordingSteps:
             raise
         finally:
             self._walking = False
-        from .step import StepRecording
 
         a.key = self._input_reads.settle(a.key, () if a.reads is None else a.reads.reads)
         grads_out = [p.grad for p in self._trainable]  # per parameter: its storage after, or None
