@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import operator
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -23,9 +23,6 @@ from .memory.copy_out import StaticAliases
 from .memory.hold import PendingBackward
 from .memory.layout import copy_into
 from .verify.shadow import Shadow
-
-if TYPE_CHECKING:
-    from .recorder import Recorder
 
 __all__ = ["Plan", "RecorderReplay"]
 
@@ -160,7 +157,7 @@ class _Step:
         "versions",
     )
 
-    def __init__(self, recorder: Recorder, plan: Plan, call: int) -> None:
+    def __init__(self, recorder: RecorderReplay, plan: Plan, call: int) -> None:
         self.recorder = recorder
         self.plan = plan
         self.recording = plan.recording
