@@ -13,8 +13,8 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from .backends import resolve_backend
-from .compiled import refuse_cudagraphs
 from .errors import ReplayError, check_count
+from .guards.compiled import refuse_cudagraphs
 from .guards.module import tree_contains
 from .memory.pool import MemoryPool, check_pool
 from .protections import disabled_protections

@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from .backends import Region, Scratch
-from .compiled import CompileWatch, compiled_regions
 from .guards.code import ForwardInputs, LossInputs
+from .guards.compiled import CompileWatch, compiled_regions
 from .guards.input_reads import NewInputRead, Provenance
 from .guards.module import host_dependence
 from .guards.optimizer import GRAD, host_state, tensors_of

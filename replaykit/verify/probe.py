@@ -41,11 +41,11 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from ..dispatch import WatchingMode, written_positions
-from ..dispatch import written as written_by
 from ..guards.module import gradient_hooks
 from ..guards.signature import autocast_key
 from ..memory.outputs import OutputTree, objects, split_outputs
+from .dispatch import WatchingMode, written_positions
+from .dispatch import written as written_by
 from .side_effects import SideEffects
 
 
