@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .backends import Backend, Region, Scratch, module_device, resolve_backend
+from .backends import Backend, Scratch, module_device, resolve_backend
 from .ema import EMA
 from .errors import ReplayWarning
 from .guards.code import LossInputs
@@ -68,7 +68,7 @@ from .memory.pool import MemoryPool, storage_bytes
 from .protections import Switches
 from .route import Entry, signature_of
 from .step_config import PRECISIONS, StepConfig, fixed
-from .step_recording import RecordingSteps
+from .step_recording import RecordingSteps, StepRecording
 from .verify.call_state import CallState
 from .verify.probe import foreign_leaves
 from .verify.step_check import StepSnapshot, difference, end_state, unique
@@ -79,28 +79,6 @@ _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 _use_count = torch._C._storage_Use_Count
 
 __all__ = ["EMA", "StepConfig", "StepRecording", "TrainStep"]
-
-
-class StepRecording:
-    """One phase of one signature: its region, static inputs and loss, and the gradients it leaves."""
-
-    __slots__ = ("grads_out", "keep", "loss", "region", "static_inputs")
-
-    def __init__(
-        self,
-        region: Region,
-        static_inputs: list[torch.Tensor],
-        loss: torch.Tensor,
-        grads_out: list,
-        keep: list,
-    ) -> None:
-        self.region = region
-        self.static_inputs = static_inputs
-        self.loss = loss
-        self.grads_out = (
-            grads_out  # per parameter: the static gradient storage after this phase, or None
-        )
-        self.keep = keep  # what the key names by id (incoming gradients, tensor hyperparameters): kept alive
 
 
 class TrainStep(RecordingSteps, Entry):

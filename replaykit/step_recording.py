@@ -45,7 +45,29 @@ from .verify.step_check import difference, end_state
 
 _use_count = torch._C._storage_Use_Count
 
-__all__ = ["Outcome", "RecordingSteps"]
+__all__ = ["Outcome", "RecordingSteps", "StepRecording"]
+
+
+class StepRecording:
+    """One phase of one signature: its region, static inputs and loss, and the gradients it leaves."""
+
+    __slots__ = ("grads_out", "keep", "loss", "region", "static_inputs")
+
+    def __init__(
+        self,
+        region: Region,
+        static_inputs: list[torch.Tensor],
+        loss: torch.Tensor,
+        grads_out: list,
+        keep: list,
+    ) -> None:
+        self.region = region
+        self.static_inputs = static_inputs
+        self.loss = loss
+        self.grads_out = (
+            grads_out  # per parameter: the static gradient storage after this phase, or None
+        )
+        self.keep = keep  # what the key names by id (incoming gradients, tensor hyperparameters): kept alive
 
 
 @dataclass
@@ -315,8 +337,6 @@ class RecordingSteps:
             raise
         finally:
             self._walking = False
-        from .step import StepRecording
-
         a.key = self._input_reads.settle(a.key, () if a.reads is None else a.reads.reads)
         grads_out = [p.grad for p in self._trainable]  # per parameter: its storage after, or None
         keep = [*(g for g in a.private if g is not None), *tensors_of(self.optimizer)]
