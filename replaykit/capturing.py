@@ -76,6 +76,9 @@ def capture(
     eagerly, ``pool_busy``). ``unsafe_disable`` switches protections off, for
     diagnosis only. Capturing a module that is already captured, or one inside (or
     around) a captured module, raises :class:`ReplayError`.
+
+    Over 60 lines for this docstring alone (the routes' reference, what ``help(rk.capture)``
+    shows); the code below is a few lines.
     """
     _refuse(module, warmup, max_recordings, max_rerecords, check_every)
     disabled = disabled_protections(unsafe_disable, "capture")
