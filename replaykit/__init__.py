@@ -28,7 +28,6 @@ if (
     TYPE_CHECKING
 ):  # what type checkers and IDEs see; at run time ``__getattr__`` imports on first use
     from .capturing import capture, recorder_of
-    from .determinism import enable_determinism
     from .errors import ReplayError, ReplayWarning
     from .journal import Event, Journal
     from .memory.pool import MemoryPool
@@ -36,6 +35,7 @@ if (
     from .protections import PROTECTIONS
     from .recorder import Recorder
     from .step import EMA, TrainStep
+    from .verify.determinism import enable_determinism
 
 __all__ = [
     "EMA",
@@ -68,7 +68,7 @@ _HOMES = {
     "ReplayWarning": "errors",
     "TrainStep": "step",
     "capture": "capturing",
-    "enable_determinism": "determinism",
+    "enable_determinism": "verify.determinism",
     "recorder_of": "capturing",
 }
 

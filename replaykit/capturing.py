@@ -13,8 +13,8 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from .backends import resolve_backend
-from .compiled import refuse_cudagraphs
 from .errors import ReplayError, check_count
+from .guards.compiled import refuse_cudagraphs
 from .guards.module import tree_contains
 from .memory.pool import MemoryPool, check_pool
 from .protections import disabled_protections
@@ -76,6 +76,9 @@ def capture(
     eagerly, ``pool_busy``). ``unsafe_disable`` switches protections off, for
     diagnosis only. Capturing a module that is already captured, or one inside (or
     around) a captured module, raises :class:`ReplayError`.
+
+    Over 60 lines for this docstring alone (the routes' reference, what ``help(rk.capture)``
+    shows); the code below is a few lines.
     """
     _refuse(module, warmup, max_recordings, max_rerecords, check_every)
     disabled = disabled_protections(unsafe_disable, "capture")

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from .backends import Recording
-from .compiled import CompileWatch, aot_compiled, compiled_regions
+from .guards.compiled import CompileWatch, aot_compiled, compiled_regions
 from .guards.input_reads import Provenance
 from .guards.module import host_dependence
 from .guards.signature import CallArgs

@@ -46,10 +46,10 @@ import torch
 from torch import nn
 
 from .backends import Backend, Scratch, module_device, resolve_backend
-from .distributed import ddp_refusal
 from .ema import EMA
 from .errors import ReplayWarning
 from .guards.code import LossInputs
+from .guards.distributed import ddp_refusal
 from .guards.input_reads import InputReads
 from .guards.module import epoch as guard_epoch
 from .guards.module import gradient_hooks

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from .capturing import recorder_of
-from .compiled import refuse_cudagraphs
 from .ema import EMA
 from .errors import ReplayError, check_count
+from .guards.compiled import refuse_cudagraphs
 from .memory.pool import MemoryPool, check_pool
 from .protections import disabled_protections
 

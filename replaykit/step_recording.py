@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from .backends import Region, Scratch
-from .compiled import CompileWatch, compiled_regions
 from .guards.code import ForwardInputs, LossInputs
+from .guards.compiled import CompileWatch, compiled_regions
 from .guards.input_reads import NewInputRead, Provenance
 from .guards.module import host_dependence
 from .guards.optimizer import GRAD, host_state, tensors_of
@@ -45,7 +45,7 @@ from .verify.step_check import difference, end_state
 
 _use_count = torch._C._storage_Use_Count
 
-__all__ = ["Outcome", "RecordingSteps"]
+__all__ = ["Outcome", "RecordingSteps", "StepRecording"]
 
 
 class StepRecording:
@@ -337,7 +337,6 @@ class RecordingSteps:
             raise
         finally:
             self._walking = False
-
         a.key = self._input_reads.settle(a.key, () if a.reads is None else a.reads.reads)
         grads_out = [p.grad for p in self._trainable]  # per parameter: its storage after, or None
         keep = [*(g for g in a.private if g is not None), *tensors_of(self.optimizer)]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from replaykit.determinism import enable_determinism
 from replaykit.testing import bench
+from replaykit.verify.determinism import enable_determinism
 from replaykit.workflow.fingerprint import fingerprint
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import replaykit as rk
-from replaykit.determinism import enable_determinism
+from replaykit.verify.determinism import enable_determinism
 
 HAS_CUDA = torch.cuda.is_available()
 if HAS_CUDA:

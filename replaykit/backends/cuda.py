@@ -152,6 +152,27 @@ class CudaRecording(Recording):
                     allow_unused=True,
                 )
 
+        self._warm_up(forward, backward, warmup, device)
+        outs = self._capture_forward(forward, pool, device, spent)
+        self.differentiable = differentiable_indices(outs)
+        self.static_outputs = outs
+        self._hooks.disown(outs)
+        self.static_grads = [None] * len(self._targets)
+        self._pool, self._device = pool, device
+        self._bwd: torch.cuda.CUDAGraph | None = None
+        self._bwd_layout: tuple | None = None
+        self._grad_bases: list[torch.Tensor] = []  # one per gradient the captured backward reads
+        self._broadcast: list[bool] = []
+        self.capture_error: str | None = None
+
+    def _warm_up(
+        self,
+        forward: Callable[[], list[torch.Tensor]],
+        backward: Callable[..., Sequence[torch.Tensor | None]],
+        warmup: int,
+        device: torch.device,
+    ) -> None:
+        """Eager warm-up runs on a side stream, each a forward and a backward, as before a capture."""
         current = torch.cuda.current_stream(device)
         # eager's workspaces and cached blocks go first, so the warm-up's never add to them
         torch.cuda.synchronize(device)
@@ -174,6 +195,14 @@ class CudaRecording(Recording):
         workspaces.clear()
         torch.cuda.empty_cache()
 
+    def _capture_forward(
+        self,
+        forward: Callable[[], list[torch.Tensor]],
+        pool: tuple[int, int],
+        device: torch.device,
+        spent: Callable[[tuple[int, int]], None],
+    ) -> list[torch.Tensor]:
+        """The forward graph's capture, its saved tensors under our hooks; a failed capture ends cleanly."""
         self._fwd = torch.cuda.CUDAGraph()
         self._hooks = _SavedHooks()
         try:
@@ -182,21 +211,11 @@ class CudaRecording(Recording):
                 workspaces.own_workspaces(),
                 torch.cuda.graph(self._fwd, pool=pool),
             ):
-                outs = forward()
+                return forward()
         except BaseException:
             if end_failed_capture(device, pool):
                 spent(pool)
             raise
-        self.differentiable = differentiable_indices(outs)
-        self.static_outputs = outs
-        self._hooks.disown(outs)
-        self.static_grads = [None] * len(self._targets)
-        self._pool, self._device = pool, device
-        self._bwd: torch.cuda.CUDAGraph | None = None
-        self._bwd_layout: tuple | None = None
-        self._grad_bases: list[torch.Tensor] = []  # one per gradient the captured backward reads
-        self._broadcast: list[bool] = []
-        self.capture_error: str | None = None
 
     def replay_forward(self) -> None:
         self._fwd.replay()

@@ -44,10 +44,10 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
-from ..dispatch import WatchingMode
 from ..errors import ReplayError
 from ..guards.switches import Frozen
 from ..guards.switches import key as switches_key
+from ..verify.dispatch import WatchingMode
 
 _aten = torch.ops.aten
 _MASKED_INDEX = {

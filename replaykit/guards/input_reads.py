@@ -33,8 +33,8 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
-from ..dispatch import WatchingMode, written, written_positions
 from ..errors import ReplayError
+from ..verify.dispatch import WatchingMode, written, written_positions
 
 _READ = torch.ops.aten._local_scalar_dense.default
 

@@ -39,6 +39,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .signature import PLAIN_VALUES
+
 #: Dict-valued module attributes that are containers, not values the forward reads.
 _CONTAINERS = ("_parameters", "_buffers", "_modules")
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
@@ -224,18 +226,6 @@ class listen_for_writes:
 
 
 # ----------------------------------------------------------------------------- value keys
-_PLAIN = (
-    type(None),
-    bool,
-    int,
-    str,
-    bytes,
-    torch.dtype,
-    torch.device,
-    torch.layout,
-    torch.memory_format,
-    Enum,
-)
 
 
 def value_key(value: Any) -> Any:
@@ -246,7 +236,7 @@ def value_key(value: Any) -> Any:
     """
     if isinstance(value, float):
         return ("f", value.hex())
-    if isinstance(value, _PLAIN):
+    if isinstance(value, PLAIN_VALUES):
         return (type(value), value)
     if isinstance(value, (tuple, list)):
         return (type(value), tuple(value_key(v) for v in value))
@@ -360,7 +350,7 @@ def _needs_polling(value: Any) -> bool:
     ):
         return False
     return (hasattr(value, "__dict__") or bool(_slots(value))) and not isinstance(
-        value, (Enum, *_PLAIN, float, complex, tuple)
+        value, (Enum, *PLAIN_VALUES, float, complex, tuple)
     )
 
 

@@ -61,7 +61,8 @@ class UnhashableArgument(TypeError):
         self.reason = reason
 
 
-_VALUES = (
+#: plain values keyed by value (a float by its bits, beside them): here and in the module guard's keys
+PLAIN_VALUES = (
     type(None),
     bool,
     int,
@@ -93,7 +94,7 @@ def _tensor_key(t: torch.Tensor) -> tuple:
 def _leaf_key(x: Any) -> tuple:
     if isinstance(x, float):
         return (float, x.hex())
-    if isinstance(x, _VALUES):
+    if isinstance(x, PLAIN_VALUES):
         return (type(x), x)
     if isinstance(x, complex):
         return (complex, x.real.hex(), x.imag.hex())

@@ -169,6 +169,11 @@ def _sdp_priority() -> Switch | None:
 
 
 def _switches() -> tuple[Switch, ...]:
+    """Every process-wide switch a recording keys and freezes, those this torch has.
+
+    Over 60 lines because it is a data table (one row per switch), not logic: one list
+    read top to bottom is easier to check against torch's switches than pieces of it.
+    """
     found = [
         # cuDNN (convolutions, RNNs, batch norm)
         _c("cudnn.enabled", "_get_cudnn_enabled", "_set_cudnn_enabled"),

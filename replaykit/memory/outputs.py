@@ -19,7 +19,6 @@ object, where it sits and what to change.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,22 +33,14 @@ from torch.utils._pytree import (
 )
 
 from ..errors import ReplayError
+from ..guards.signature import PLAIN_VALUES
 
 #: Leaf types a recording keeps as they were: immutable host values, compared by value.
 CONSTANT_TYPES: tuple[type, ...] = (
-    type(None),
-    bool,
-    int,
+    *PLAIN_VALUES,  # the values a signature keys by value
     float,
     complex,
-    str,
-    bytes,
-    torch.dtype,
-    torch.device,
-    torch.layout,
-    torch.memory_format,
     torch.Size,
-    enum.Enum,
     type(Ellipsis),
 )
 

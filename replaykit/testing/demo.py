@@ -16,8 +16,8 @@ import warnings
 import torch
 
 from replaykit import tables
-from replaykit.determinism import enable_determinism
 from replaykit.errors import ReplayWarning
+from replaykit.verify.determinism import enable_determinism
 
 from .nets import DetectionNet
 from .parity.trial import Trial, arms

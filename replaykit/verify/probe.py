@@ -41,11 +41,11 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from ..dispatch import WatchingMode, written_positions
-from ..dispatch import written as written_by
 from ..guards.module import gradient_hooks
 from ..guards.signature import autocast_key
 from ..memory.outputs import OutputTree, objects, split_outputs
+from .dispatch import WatchingMode, written_positions
+from .dispatch import written as written_by
 from .side_effects import SideEffects
 
 
@@ -228,11 +228,8 @@ def probe(
     a verification's rerun must find them as the call found them.
     The caller snapshots and restores module state and RNG around this call.
     """
-    if gradient_hooks(params) > 1:
-        return Refusal(
-            "module",
-            f"gradient hooks on {gradient_hooks(params)} parameters would run in another order than eager",
-        )
+    if (refusal := _hook_order(params)) is not None:
+        return refusal
     leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the storages
     effects = SideEffects(module, static_inputs, host_rng)
     inspector = _Inspector(leaves)
@@ -240,9 +237,8 @@ def probe(
     # the backends record with autocast's cast cache off: so does the probe, to count the casts a recording makes
     device = next((t.device.type for t in (*static_inputs, *params)), "cpu")
     autocast, dtype = autocast_key(device)
-    shared_casts = (
-        autocast and torch.is_autocast_cache_enabled()
-    )  # eager casts a parameter once per region
+    # eager casts a parameter once per region
+    shared_casts = autocast and torch.is_autocast_cache_enabled()
     with (
         effects,
         torch.autocast(device, dtype=dtype, enabled=autocast, cache_enabled=False),
@@ -253,6 +249,43 @@ def probe(
     outs, _ = tree_flatten(result)
     rebuilt = _output_refusal(result, outputs)
     del result
+    _found(module, inspector, hooks, len(leaves), written, saved, saved_inputs)
+    tensors = [o for o in outs if isinstance(o, torch.Tensor)]
+    del outs
+    refusal = (
+        _forward_refusal(effects, inspector, rebuilt)
+        or _aliased_output(tensors, static_inputs)
+        or (_shared_cast(module, params, inspector, dtype) if shared_casts else None)
+    )
+    if refusal is not None:
+        return refusal
+    diff = [o for o in tensors if o.requires_grad]
+    del tensors
+    if not diff:
+        return None
+    return _backward_refusal(diff, [x for x in static_inputs if x.requires_grad], leaves, multi_use)
+
+
+def _hook_order(params: Sequence[torch.Tensor]) -> Refusal | None:
+    """Gradient hooks on more than one parameter: a replay would run them in another order."""
+    if gradient_hooks(params) > 1:
+        return Refusal(
+            "module",
+            f"gradient hooks on {gradient_hooks(params)} parameters would run in another order than eager",
+        )
+    return None
+
+
+def _found(
+    module: nn.Module,
+    inspector: _Inspector,
+    hooks: _SavedParameters,
+    n_leaves: int,
+    written: list[torch.Tensor] | None,
+    saved: list[int] | None,
+    saved_inputs: list[int] | None,
+) -> None:
+    """Fill the caller's lists: the parameters written in place, what the backward reads."""
     if written is not None:  # by storage: ``.data`` has a version counter of its own
         written[:] = [
             p
@@ -260,9 +293,16 @@ def probe(
             if p.numel() and p.untyped_storage().data_ptr() in inspector.storages
         ]
     if saved is not None:
-        saved[:] = sorted(i for i in hooks.saved if i < len(leaves))
+        saved[:] = sorted(i for i in hooks.saved if i < n_leaves)
     if saved_inputs is not None:
-        saved_inputs[:] = sorted(i - len(leaves) for i in hooks.saved if i >= len(leaves))
+        saved_inputs[:] = sorted(i - n_leaves for i in hooks.saved if i >= n_leaves)
+
+
+def _forward_refusal(
+    effects: SideEffects, inspector: _Inspector, rebuilt: Refusal | None
+) -> Refusal | None:
+    """What the forward did that a graph cannot repeat: a side effect, a private generator, a host
+    read, outputs a replay cannot rebuild."""
     effect = effects.reason("forward")
     if effect is not None:
         return Refusal("call" if effects.writes_only() else "module", effect)
@@ -277,31 +317,49 @@ def probe(
             f"{inspector.data_dependent[0]} reads tensor data on the host or has a data-dependent output shape "
             "(.item(), nonzero, a boolean mask): a graph would freeze it",
         )
-    if rebuilt is not None:
-        return rebuilt
-    tensors = [o for o in outs if isinstance(o, torch.Tensor)]
+    return rebuilt
+
+
+def _aliased_output(
+    tensors: list[torch.Tensor], static_inputs: Sequence[torch.Tensor]
+) -> Refusal | None:
+    """Eager hands back a view of the caller's tensor, a replay a static copy."""
     storages = {x.untyped_storage().data_ptr() for x in static_inputs}
     aliased = [i for i, o in enumerate(tensors) if o.untyped_storage().data_ptr() in storages]
-    if aliased:  # eager hands back a view of the caller's tensor, a replay a static copy
+    if aliased:
         return Refusal(
             "signature", "output_aliases_input", f"output {aliased[0]} is (a view of) an input"
         )
-    recast = {i: n for i, n in inspector.casts.items() if n > 1} if shared_casts else {}
-    if recast:  # eager: one cast per region, its uses' gradients summed in low precision before the cast back
-        i, n = next(iter(recast.items()))
-        pname = {id(p): name for name, p in module.named_parameters()}.get(
-            id(params[i]), f"parameter {i}"
-        )
-        return Refusal(
-            "signature",
-            "autocast_shared_weight",
-            f"{pname} is used {n} times under autocast ({dtype}): eager casts it once (autocast's cache) and sums "
-            "its uses' gradients in that dtype, a recording casts per use and sums them in float32",
-        )
-    diff = [o for o in tensors if o.requires_grad]
-    wanting = [x for x in static_inputs if x.requires_grad]
-    if not diff:
+    return None
+
+
+def _shared_cast(
+    module: nn.Module, params: Sequence[torch.Tensor], inspector: _Inspector, dtype: Any
+) -> Refusal | None:
+    """Eager: one cast per region, its uses' gradients summed in low precision before the cast back."""
+    recast = {i: n for i, n in inspector.casts.items() if n > 1}
+    if not recast:
         return None
+    i, n = next(iter(recast.items()))
+    pname = {id(p): name for name, p in module.named_parameters()}.get(
+        id(params[i]), f"parameter {i}"
+    )
+    return Refusal(
+        "signature",
+        "autocast_shared_weight",
+        f"{pname} is used {n} times under autocast ({dtype}): eager casts it once (autocast's cache) and sums "
+        "its uses' gradients in that dtype, a recording casts per use and sums them in float32",
+    )
+
+
+def _backward_refusal(
+    diff: list[torch.Tensor],
+    wanting: list[torch.Tensor],
+    leaves: list[torch.Tensor],
+    multi_use: list[int] | None,
+) -> Refusal | None:
+    """The backward's part: tensors outside the module, sparse gradients, an input read twice
+    (``multi_use`` receives the parameters read more than once)."""
     uses, foreign = _uses(
         diff, [*wanting, *leaves], []
     )  # before the backward, which frees the graph as it goes
@@ -318,7 +376,7 @@ def probe(
         diff, wanting + leaves, [torch.zeros_like(o) for o in diff], allow_unused=True
     )
     layouts = [g.layout for g in grads if g is not None]
-    del grads, outs, tensors, diff
+    del grads, diff
     sparse = [lay for lay in layouts if lay != torch.strided]
     if sparse:
         return Refusal(

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import replaykit as rk
-from replaykit.compiled import CompileWatch
 from replaykit.errors import ReplayError
+from replaykit.guards.compiled import CompileWatch
 from replaykit.protections import negative_control
 from replaykit.testing.parity.compiled_trial import MLP, CompiledConfig, model_loss, trial
 

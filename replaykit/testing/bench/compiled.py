@@ -352,7 +352,7 @@ def main() -> None:
         "--one-process", action="store_true", help="every size in this process (see run_isolated)"
     )
     args = parser.parse_args()
-    from ...determinism import enable_determinism
+    from ...verify.determinism import enable_determinism
 
     timing = {k: getattr(args, k) for k in ("warmup", "rounds", "per") if getattr(args, k)}
     if args.one_process or len(args.accumulate) * (len(args.sizes) + len(args.zoo)) <= 1:

@@ -136,7 +136,7 @@ def _worker(spec_path: Path) -> None:
         if (
             spec["device"] == "cuda"
         ):  # eager must repeat itself, or each recording's check refuses it
-            from ...determinism import enable_determinism
+            from ...verify.determinism import enable_determinism
 
             enable_determinism()
         rows = _rank_rows(spec)

@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write the rows and lines here")
     args = ap.parse_args(argv)
     if args.device == "cuda":  # eager must repeat itself, or each recording's check refuses it
-        from ...determinism import enable_determinism
+        from ...verify.determinism import enable_determinism
 
         enable_determinism()
     sizes = [s for s in SIZES if s.name in args.sizes.split(",")]

@@ -163,7 +163,9 @@ def _outcome(
 def _run_here(pattern: Pattern, backend: str, unsafe: bool, seconds: float) -> Outcome:
     device = _device_of(backend)
     if device == "cuda":
-        from replaykit.determinism import enable_determinism  # the core's, as the parity suite uses
+        from replaykit.verify.determinism import (
+            enable_determinism,  # the core's, as the parity suite uses
+        )
 
         enable_determinism()
     start = time.perf_counter()

@@ -246,7 +246,7 @@ def matrix(device: str = "cuda", backend: str = "cuda") -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    from ...determinism import enable_determinism
+    from ...verify.determinism import enable_determinism
 
     enable_determinism()
     out = matrix()

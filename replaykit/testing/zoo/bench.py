@@ -165,7 +165,7 @@ def run(
     """Every model × precision at each of its batches."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda":
-        from replaykit.determinism import enable_determinism
+        from replaykit.verify.determinism import enable_determinism
 
         enable_determinism()  # each arm's end state is compared with eager's bit for bit
     results = []

@@ -206,7 +206,7 @@ def _setup(case: ZooCase) -> tuple[nn.Module, Callable, torch.optim.Optimizer, l
     """What every arm of a case trains: the model, its loss, SGD, the batches, a GradScaler for fp16."""
     device_type = torch.device(case.device).type
     if device_type == "cuda":
-        from replaykit.determinism import enable_determinism
+        from replaykit.verify.determinism import enable_determinism
 
         enable_determinism()  # parity presupposes that eager repeats itself
     torch.manual_seed(case.seed)

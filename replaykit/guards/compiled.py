@@ -31,7 +31,7 @@ from typing import Any
 
 from torch import nn
 
-from .errors import ReplayError
+from ..errors import ReplayError
 
 __all__ = ["CompileWatch", "Recompiled", "compiled_regions", "refuse_cudagraphs"]
 
