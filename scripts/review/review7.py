@@ -302,6 +302,14 @@ class SlowWeights(torch.optim.SGD):
         return out
 
 
+SCALE = torch.tensor(1.0)  # re-bound between steps by _between (a schedule held in a global)
+
+
+class GlobalScaled(MLP):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * SCALE
+
+
 class RNN(nn.Module):
     def __init__(self, kind: str, packed: bool = False) -> None:
         super().__init__()
@@ -785,6 +793,7 @@ WORLDS: dict[str, tuple[Callable[[], dict], dict]] = {
     "teacher_bn_acc2": (world_teacher_bn, {"accumulate": 2}),
     "byol_acc4_check2": (world_byol, {"accumulate": 4, "check_every": 2}),
     "dino_loss_bf16": (world_dino_loss, {"precision": "bf16-mixed"}),
+    "global_tensor_rebound": (world_plain(GlobalScaled), {"rebind": True}),
 }
 
 
@@ -817,6 +826,8 @@ def _reset_switches() -> None:
 
 
 def _seed() -> None:
+    global SCALE
+    SCALE = torch.tensor(1.0)
     torch.manual_seed(0)
     random.seed(0)
     np.random.seed(0)
@@ -833,6 +844,9 @@ def _between(w: dict, opts: dict, i: int, batches: list) -> list:
     if opts.get("sched"):
         for g in w["opt"].param_groups:
             g["lr"] = g["lr"] * 0.5
+    if opts.get("rebind"):
+        global SCALE
+        SCALE = torch.tensor(1.0 + i)
     if opts.get("np_change") and i == 4:
         w["model"].scale = np.float32(0.25)
     return seen
@@ -1005,11 +1019,82 @@ def one(name: str, entry: str, backend: str, timeout: int = 120) -> str:
         _reset_switches()
 
 
+# ----------------------------------------------------------------------------- Lightning
+
+
+def lightning_cases() -> list[str]:
+    """``ReplayCallback("net", optimizer_step=True)`` against a plain Trainer fit, same seed."""
+    import lightning as L
+
+    from replaykit.lightning import ReplayCallback
+
+    for name in ("lightning", "lightning.pytorch"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+    class Module(L.LightningModule):
+        def __init__(self, net: nn.Module) -> None:
+            super().__init__()
+            self.net = net
+
+        def training_step(self, batch: tuple, i: int) -> torch.Tensor:
+            loss = _ce(self.net, *batch)
+            self.log("loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return _fsgd(self.net)
+
+    def fit(make: Callable[[], nn.Module], cb: Any, prec: str, acc: int) -> list:
+        GLOBAL_SUM.zero_()
+        ClassCounter.calls = 0
+        L.seed_everything(0, verbose=False)
+        module = Module(make())
+        ds = torch.utils.data.TensorDataset(*map(torch.cat, zip(*_batches(), strict=True)))
+        trainer = L.Trainer(
+            max_epochs=1,
+            callbacks=[cb] if cb else [],
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            precision=prec,
+            accumulate_grad_batches=acc,
+            accelerator="cpu",
+            gradient_clip_val=1.0 if prec == "32" else None,
+        )
+        trainer.fit(module, torch.utils.data.DataLoader(ds, batch_size=6))
+        end = [v.clone() for v in module.state_dict().values()]
+        return [*end, GLOBAL_SUM.clone(), ClassCounter.calls]
+
+    cases = {
+        "L_bn": (lambda: MLP(bn=True), "32", 1),
+        "L_bn_bf16_acc2": (lambda: MLP(bn=True), "bf16-mixed", 2),
+        "L_global_tensor": (GlobalTensor, "32", 1),
+        "L_class_counter": (ClassCounter, "32", 1),
+    }
+    lines = []
+    for name, (make, prec, acc) in cases.items():
+        ref = fit(make, None, prec, acc)
+        cb = ReplayCallback("net", optimizer_step=True)
+        got = fit(make, cb, prec, acc)
+        bad = [i for i, (a, b) in enumerate(zip(ref, got, strict=True)) if not _same(a, b)]
+        net = cb.summary()["net"]
+        lines.append(
+            f"{name:22} L    auto     exact={'N' if bad else 'Y'} diff_at={bad} record={net['record']}"
+            f" replay={net['replay']} reasons={net['eager_reasons']} retired={net['retired']!r}"
+            f" | {cb.optimizer_step.summary()}"
+        )
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="")
     ap.add_argument("--entry", default="step,cap")
     ap.add_argument("--backend", default="emulated,auto")
+    ap.add_argument(
+        "--lightning", action="store_true", help="also ReplayCallback against a plain fit"
+    )
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     for name in WORLDS:
@@ -1018,7 +1103,9 @@ def main() -> None:
         for entry in args.entry.split(","):
             for backend in args.backend.split(","):
                 print(one(name, entry, backend), flush=True)
-    sys.stdout.flush()
+    if args.lightning:
+        for line in lightning_cases():
+            print(line, flush=True)
 
 
 if __name__ == "__main__":
