@@ -24,11 +24,14 @@ import sys
 import traceback
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's replaykit
 
 import replaykit as rk
 
