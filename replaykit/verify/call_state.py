@@ -127,6 +127,7 @@ class CallState:
             for t in e.values()
             if isinstance(t, torch.Tensor)
         ]
+        self._inner += [(t, host_copy(t)) for t in _attribute_tensors(optimizers)]
 
     def output(self) -> HeldOutput:
         """A new run's output, held until the call says which run stands."""
@@ -201,6 +202,27 @@ def _optimizers(optimizer: torch.optim.Optimizer | None) -> list[torch.optim.Opt
         return []
     inner = [v for v in vars(optimizer).values() if isinstance(v, torch.optim.Optimizer)]
     return unique_objects([optimizer, *inner])
+
+
+#: an optimizer's own attributes that other snapshots cover (or that hold no step's writes)
+_OPTIMIZER_OWN = frozenset({"param_groups", "state", "defaults"})
+
+
+def _attribute_tensors(optimizers: list[torch.optim.Optimizer]) -> list[torch.Tensor]:
+    """Tensors the optimizers hold as attributes beside ``state`` (Lookahead's or SWA's slow
+    weights, alone or in a list, tuple or dict): a trusted step writes them in place, and the
+    recording call runs the step more than once. The parameters are the tensor snapshot's."""
+    params = {id(p) for o in optimizers for g in o.param_groups for p in g["params"]}
+    found: list[torch.Tensor] = []
+    for o in optimizers:
+        for k, v in vars(o).items():
+            if k in _OPTIMIZER_OWN:
+                continue
+            items = (
+                v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else [v]
+            )
+            found += [t for t in items if isinstance(t, torch.Tensor) and id(t) not in params]
+    return unique_objects(found)
 
 
 def unique_objects(items: Sequence[Any]) -> list[Any]:

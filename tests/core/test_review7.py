@@ -1,0 +1,319 @@
+"""Review of issue #33 (a call that runs eagerly leaves exactly what eager leaves), as a user breaks it.
+
+Each test trains a few steps with replaykit and with a plain eager loop from the same state and
+compares what the user can see. The ``xfail(strict=True)`` ones are open findings: each fails today
+(a silent difference: no eager reason, no retirement) and turns the suite red once fixed, so the
+mark must then be removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import warnings
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+import replaykit as rk
+
+STEPS = 5
+TOTAL = torch.zeros(2)  # a module-level tensor the forward adds to (a global statistic)
+STATS: dict[str, int] = {"calls": 0}  # a module-level dict the forward counts in
+TICKS = itertools.count()  # a module-level iterator the forward draws ids from
+
+
+class _Net(nn.Linear):
+    """``nn.Linear(4, 2)`` whose forward has one host-side effect, chosen by ``kind``."""
+
+    calls = 0  # a class attribute the forward counts in
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(4, 2)
+        self.kind = kind
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "global_tensor":
+            with torch.no_grad():
+                TOTAL.add_(1.0)
+        elif self.kind == "global_dict":
+            STATS["calls"] += 1
+        elif self.kind == "class_attr":
+            type(self).calls += 1
+        elif self.kind == "iterator":
+            next(TICKS)
+        elif self.kind == "stderr":
+            print("forward", file=__import__("sys").stderr)
+        return super().forward(x)
+
+
+def _seen(kind: str) -> object:
+    """What the forward's effect left, read the way the user reads it."""
+    return {
+        "global_tensor": lambda: TOTAL.clone(),
+        "global_dict": lambda: STATS["calls"],
+        "class_attr": lambda: _Net.calls,
+        "iterator": lambda: repr(TICKS),
+    }.get(kind, lambda: None)()
+
+
+def _reset() -> None:
+    global TICKS
+    TOTAL.zero_()
+    STATS["calls"] = 0
+    _Net.calls = 0
+    TICKS = itertools.count()
+
+
+def _loss(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return m(x).square().mean()
+
+
+def _train(kind: str, entry: str) -> tuple[list, str]:
+    """Per call: (what the effect left, stderr lines); ``entry``: eager, step or capture."""
+    _reset()
+    torch.manual_seed(0)
+    model = _Net(kind)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
+    run: Callable[[torch.Tensor], object]
+    rec = None
+    if entry == "step":
+        rec = rk.TrainStep(model, _loss, opt, backend="emulated")
+        run = rec
+    else:
+        if entry == "capture":
+            rec = rk.capture(model, backend="emulated")
+
+        def run(x: torch.Tensor) -> None:
+            _loss(model, x).backward()
+            opt.step()
+            opt.zero_grad()
+
+    seen = []
+    for i in range(STEPS):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            run(torch.randn(3, 4, generator=torch.Generator().manual_seed(i)))
+        seen.append((_seen(kind), err.getvalue().count("forward")))
+    summary = rec.summary() if rec is not None else "eager"
+    if entry == "capture":
+        rec.release()
+    return seen, summary
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(
+        torch.equal(x[0], y[0]) if isinstance(x[0], torch.Tensor) else x == y
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> None:
+    warnings.simplefilter("ignore", rk.ReplayWarning)
+
+
+SILENT = "silent: {}; no eager reason, no retirement (review7)"
+
+
+@pytest.mark.parametrize("entry", ["step", "capture"])
+@pytest.mark.xfail(
+    strict=True,
+    reason=SILENT.format(
+        "a module-level tensor updated in place in forward is advanced by every run of the recording"
+        " call (TrainStep: 2x, capture: 8x); CallState does not put back tensors reachable only via globals"
+    ),
+)
+def test_global_tensor_updated_in_forward_moves_once_per_call(entry: str) -> None:
+    eager, _ = _train("global_tensor", "eager")
+    got, summary = _train("global_tensor", entry)
+    assert _same(got, eager), (got, eager, summary)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=SILENT.format(
+        "a module-level dict counted in forward moves once at the recording call, then the replays"
+        " freeze it (not detected as an effect a replay cannot repeat, as loss_fn's closure is)"
+    ),
+)
+def test_global_dict_counted_in_forward_step() -> None:
+    eager, _ = _train("global_dict", "eager")
+    got, summary = _train("global_dict", "step")
+    assert _same(got, eager), (got, eager, summary)
+
+
+def test_global_dict_counted_in_forward_capture_is_exact() -> None:
+    """Under capture the global's value keys the recordings: exact (one recording per call)."""
+    eager, _ = _train("global_dict", "eager")
+    got, _ = _train("global_dict", "capture")
+    assert _same(got, eager)
+
+
+@pytest.mark.parametrize("entry", ["step", "capture"])
+@pytest.mark.xfail(
+    strict=True,
+    reason=SILENT.format(
+        "a class attribute counted in forward (type(self).calls += 1): TrainStep's recording call"
+        " moves it twice and replays freeze it; capture moves it 7x per call (records every call)"
+    ),
+)
+def test_class_attribute_counted_in_forward(entry: str) -> None:
+    eager, _ = _train("class_attr", "eager")
+    got, summary = _train("class_attr", entry)
+    assert _same(got, eager), (got, eager, summary)
+
+
+@pytest.mark.parametrize("entry", ["step", "capture"])
+@pytest.mark.xfail(
+    strict=True,
+    reason=SILENT.format("an itertools.count drawn in forward (next(ids)): replays do not draw"),
+)
+def test_iterator_drawn_in_forward(entry: str) -> None:
+    eager, _ = _train("iterator", "eager")
+    got, summary = _train("iterator", entry)
+    assert _same(got, eager), (got, eager, summary)
+
+
+@pytest.mark.parametrize("entry", ["step", "capture"])
+@pytest.mark.xfail(
+    strict=True,
+    reason="a print to sys.stderr in forward is not held: the recording call prints it once per"
+    " run (TrainStep 2x, capture 7x) where eager prints once (verify/output.py holds stdout only)",
+)
+def test_stderr_printed_once_by_the_recording_call(entry: str) -> None:
+    got, summary = _train("stderr", entry)
+    assert max(n for _, n in got) == 1, (got, summary)
+
+
+class _SlowSGD(torch.optim.SGD):
+    """SGD that pulls slow weights it holds (an attribute, not ``state``) towards the parameters:
+    its step only launches kernels, so ``trust_optimizer=True`` is honest."""
+
+    def __init__(self, params: object, **kw: object) -> None:
+        super().__init__(params, **kw)
+        self.slow = [p.detach().clone() for g in self.param_groups for p in g["params"]]
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> object:
+        out = super().step(closure)
+        params = [p for g in self.param_groups for p in g["params"]]
+        torch._foreach_lerp_(self.slow, params, 0.5)
+        return out
+
+
+@pytest.mark.parametrize("unsafe", [(), ("call_state",)], ids=["safe", "unsafe"])
+def test_trusted_optimizer_tensor_attribute_moves_once_per_call(unsafe: tuple) -> None:
+    """Slow weights a trusted optimizer holds outside ``.state`` (Lookahead, SWA) are lerped by the
+    reference and the capture of the recording call: the call state puts them back in between
+    (fixed in review7); with ``call_state`` off they move twice."""
+    ends = []
+    for replay in (False, True):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2)
+        opt = _SlowSGD(model.parameters(), lr=0.1)
+        step = rk.TrainStep(
+            model,
+            _loss,
+            opt,
+            backend="emulated",
+            trust_optimizer=True,
+            replay=replay,
+            unsafe_disable=unsafe if replay else (),
+        )
+        for i in range(3):
+            step(torch.randn(3, 4, generator=torch.Generator().manual_seed(i)))
+        ends.append((opt.slow, model.weight.detach().clone(), step.counts["replay"]))
+    (eager_slow, eager_w, _), (slow, w, replays) = ends
+    assert replays >= 1 and torch.equal(w, eager_w)
+    same = all(torch.equal(a, b) for a, b in zip(slow, eager_slow, strict=True))
+    assert same is not bool(unsafe)
+
+
+class _Counters:
+    """A user's class-level counter, as a trainer keeps one."""
+
+    seen = 0
+
+
+def _loss_counting(kind: str) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
+    def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if kind == "class_attr":
+            _Counters.seen += 1
+        else:
+            next(TICKS)
+        return _loss(m, x)
+
+    return loss_fn
+
+
+@pytest.mark.parametrize("kind", ["class_attr", "iterator"])
+@pytest.mark.xfail(
+    strict=True,
+    reason=SILENT.format(
+        "loss_fn counting in a class attribute (_Counters.seen += 1) or drawing from a global"
+        " itertools.count: the recording call moves it twice, the replays not at all (a global"
+        " dict counted there retires: 'loss_fn changes global')"
+    ),
+)
+def test_loss_fn_counting_outside_closures(kind: str) -> None:
+    ends = []
+    for replay in (False, True):
+        _reset()
+        _Counters.seen = 0
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, fused=True)
+        step = rk.TrainStep(model, _loss_counting(kind), opt, backend="emulated", replay=replay)
+        for i in range(4):
+            step(torch.randn(3, 4, generator=torch.Generator().manual_seed(i)))
+        ends.append((_Counters.seen, repr(TICKS)))
+    assert ends[0] == ends[1], ends
+
+
+SCALE = torch.tensor(1.0)  # a module-level tensor the training script re-binds (a schedule)
+
+
+class _Scaled(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * SCALE
+
+
+def _train_scaled(entry: str) -> torch.Tensor:
+    global SCALE
+    torch.manual_seed(0)
+    model = _Scaled(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, fused=True)
+    rec = None
+    if entry == "step":
+        rec = rk.TrainStep(model, _loss, opt, backend="emulated")
+    elif entry == "capture":
+        rec = rk.capture(model, backend="emulated")
+    for i in range(4):
+        SCALE = torch.tensor(1.0 + i)
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(i))
+        if entry == "step":
+            rec(x)
+        else:
+            _loss(model, x).backward()
+            opt.step()
+            opt.zero_grad()
+    if entry == "capture":
+        rec.release()
+    return model.weight.detach().clone()
+
+
+@pytest.mark.parametrize("entry", ["step", "capture"])
+@pytest.mark.xfail(
+    strict=True,
+    reason=SILENT.format(
+        "a module-level tensor the forward reads, re-bound between steps (SCALE = torch.tensor(s)):"
+        " replays read the old tensor (ForwardInputs keys plain globals only, _plain excludes tensors;"
+        " the same global read by loss_fn is keyed and records anew)"
+    ),
+)
+def test_global_tensor_rebound_between_steps_read_in_forward(entry: str) -> None:
+    assert torch.equal(_train_scaled(entry), _train_scaled("eager"))
