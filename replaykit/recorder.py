@@ -35,6 +35,7 @@ from .memory.outputs import OutputTree
 from .memory.pool import MemoryPool, check_pool, storage_bytes
 from .memory.reentry import FirstUse
 from .protections import disabled_protections
+from .recurrent import flat_weights_follow
 from .route import Lifecycle, Lifecycled
 from .verify.contexts import recording as recording_context
 from .verify.probe import probe
@@ -1022,7 +1023,8 @@ def stand_ins(
     for d, k, v in entries:
         dict.__setitem__(d, k, swap[id(v)])
     try:
-        yield
+        with flat_weights_follow(module):  # an RNN's weight cache follows (replaykit/recurrent.py)
+            yield
     finally:
         for d, k, v in entries:
             dict.__setitem__(d, k, v)
