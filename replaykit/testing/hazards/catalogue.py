@@ -26,6 +26,7 @@ from . import (
     lifecycle,
     lightning_whole_step,
     parameters,
+    recurrent,
     side_effects,
     step_python,
     two_backwards,
@@ -49,6 +50,7 @@ MODULES = (
     crashes,
     backend_diffs,
     under_capture,
+    recurrent,
 )
 
 
