@@ -16,6 +16,9 @@ are *state*. At each host read (``aten._local_scalar_dense``: ``.item()``, ``boo
 ``if t:``) of an input-derived tensor it answers from the values already computed for
 this call (no synchronisation inside a capture), or, in an eager pass, makes the read and
 notes the program. A read of state passes through: the backends refuse it as before.
+Some kernels read an integer argument on the host inside C++, where no ``.item()`` shows
+(``pack_padded_sequence``'s lengths): those are noted as reads of the whole tensor, its
+elements together one value of the key.
 
 :class:`InputReads` keeps, per recording key, the programs found and the variants recorded
 (which reads, with which values). Each call evaluates that key's programs on the new
