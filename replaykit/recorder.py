@@ -24,6 +24,7 @@ from .backends import Backend, Recording, module_device
 from .errors import ReplayError, ReplayWarning
 from .guards.code import ForwardInputs
 from .guards.input_reads import InputReads
+from .guards.recurrent import flat_weights_follow
 from .guards.signature import CallArgs, UnhashableArgument, signature, split_call
 from .memory.copy_out import StaticAliases
 from .memory.hold import Hold
@@ -452,7 +453,10 @@ def stand_ins(
     for d, k, v in entries:
         dict.__setitem__(d, k, swap[id(v)])
     try:
-        yield
+        with flat_weights_follow(
+            module
+        ):  # an RNN's weight cache follows (replaykit/guards/recurrent.py)
+            yield
     finally:
         for d, k, v in entries:
             dict.__setitem__(d, k, v)

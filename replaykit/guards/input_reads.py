@@ -16,6 +16,9 @@ are *state*. At each host read (``aten._local_scalar_dense``: ``.item()``, ``boo
 ``if t:``) of an input-derived tensor it answers from the values already computed for
 this call (no synchronisation inside a capture), or, in an eager pass, makes the read and
 notes the program. A read of state passes through: the backends refuse it as before.
+Some kernels read an integer argument on the host inside C++, where no ``.item()`` shows
+(``pack_padded_sequence``'s lengths): those are noted as reads of the whole tensor, its
+elements together one value of the key.
 
 :class:`InputReads` keeps, per recording key, the programs found and the variants recorded
 (which reads, with which values). Each call evaluates that key's programs on the new
@@ -57,6 +60,12 @@ _UNTRACKED = _Tag("untracked")
 _DRAW = _Tag(
     "draw"
 )  # a host draw's place in a program's node: (_DRAW, its order among the run's draws)
+_WHOLE = _Tag("whole")  # a program's third part: its tensor is read whole, by a kernel on the host
+#: Kernels that read an integer tensor argument on the host inside C++ (no ``.item()`` the mode
+#: could see), by the argument's position: the whole tensor is the value read. A packed sequence's
+#: lengths decide its batch sizes, which the recurrent kernels then read the same way (unseen):
+#: keying by the lengths keys those reads too.
+_WHOLE_READS = {torch.ops.aten._pack_padded_sequence.default: 1}
 #: Reads per recording key beyond which a step stops learning them (each one found costs a capture attempt).
 MAX_READS = 32
 _DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
@@ -157,6 +166,9 @@ class Provenance(WatchingMode):
         kwargs = kwargs or {}
         if func is _READ and args and id(args[0]) in self._nodes:
             return self._read(func, args[0])
+        whole = _WHOLE_READS.get(func)
+        if whole is not None and id(args[whole]) in self._nodes:
+            self._read_whole(args[whole])
         out = self.run(func, args, kwargs)
         drawn = bool(self._drawn) and any(
             id(t) in self._drawn for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
@@ -211,6 +223,22 @@ class Provenance(WatchingMode):
         self.reads.append((program, value))
         return value
 
+    def _read_whole(self, t: torch.Tensor) -> None:
+        """A kernel's own host read of all of ``t`` (a packed sequence's lengths): noted as one
+        read whose value is the tuple of its elements. The kernel reads ``t`` itself, so there is
+        nothing to answer: a known program only needs its value noted for the key."""
+        if t.device.type != "cpu" or t.dtype.is_floating_point or t.dtype.is_complex:
+            return  # not a host read (a device tensor), or not one this key could hold exactly
+        program = (self._nodes[id(t)], t.dtype, _WHOLE)
+        if program in self._answers:
+            value = self._answers[program]
+        elif self._discover:
+            with _disable_current_modes():
+                value = tuple(t.reshape(-1).tolist())
+        else:
+            raise NewInputRead(program)
+        self.reads.append((program, value))
+
 
 def _host_draw(func: Any, args: tuple, kwargs: dict, out: Any) -> bool:
     """A draw from torch's default CPU generator made from no tensor (``torch.rand([])`` on the
@@ -253,8 +281,8 @@ def _run(node: tuple, table: Sequence[torch.Tensor], memo: dict[Any, torch.Tenso
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    """One element as int64: integers and bools by value, floats by their float64 bits (exact)."""
-    t = t.reshape(1)
+    """Each element as int64: integers and bools by value, floats by their float64 bits (exact)."""
+    t = t.reshape(-1)
     if t.dtype.is_floating_point:
         return t.to(torch.float64).view(torch.int64)
     return t.to(torch.int64)
@@ -289,15 +317,22 @@ def evaluate(
         try:
             for node in draws:
                 _run(node, tensors, memo)
-            results = [_run(node, tensors, memo) for node, _ in programs]
+            results = [_decode(program[0], tensors, memo) for program in programs]
         finally:
             for c in reversed(ctxs):
                 c.__exit__(None, None, None)
-        if any(r.numel() != 1 for r in results):
+        wholes = [len(program) > 2 for program in programs]
+        if any(r.numel() != 1 for r, w in zip(results, wholes, strict=True) if not w):
             raise ReplayError("an input read's program no longer yields one element")
         device = results[0].device if results else torch.device("cpu")
-        flat = torch.cat([_bits(r).to(device) for r in results]).tolist()
-    return [_value(raw, dtype) for raw, (_, dtype) in zip(flat, programs, strict=True)]
+        flat = torch.cat([_bits(r).to(device) for r in results]).tolist() if results else []
+    values, at = [], 0
+    for r, w, program in zip(results, wholes, programs, strict=True):
+        n = r.numel() if w else 1
+        raw = [_value(x, program[1]) for x in flat[at : at + n]]
+        values.append(tuple(raw) if w else raw[0])
+        at += n
+    return values
 
 
 class _Site:

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .recurrent import cudnn_dropout_refusal
 from .signature import PLAIN_VALUES
 
 #: Dict-valued module attributes that are containers, not values the forward reads.
@@ -566,7 +567,8 @@ def host_dependence(module: nn.Module) -> str | None:
     """Why a graph would freeze a host-side value of this module, or None.
 
     BatchNorm with ``momentum=None`` averages with ``1 / num_batches_tracked`` read on the
-    host at every call; a graph would replay the first call's factor for ever.
+    host at every call; a graph would replay the first call's factor for ever. A CUDA RNN with
+    dropout in training draws from cuDNN's private state (``replaykit/guards/recurrent.py``).
     """
     for name, m in module.named_modules():
         if (
@@ -575,4 +577,4 @@ def host_dependence(module: nn.Module) -> str | None:
             and m.track_running_stats
         ):
             return f"BatchNorm {name or type(m).__name__} with momentum=None reads a host-side counter every call"
-    return None
+    return cudnn_dropout_refusal(module)

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..guards.module import hidden_modules, is_ndarray
+from ..guards.recurrent import restore_cuda_rng
 
 
 def host_copy(t: torch.Tensor) -> torch.Tensor:
@@ -108,7 +109,9 @@ class StateSnapshot:
             cpu, cuda = self._rng
             torch.set_rng_state(cpu)
             for device, state in cuda.items():
-                torch.cuda.set_rng_state(state, device)
+                restore_cuda_rng(
+                    state, device
+                )  # not set_rng_state: it re-seeds cuDNN's RNN dropout
 
 
 _MISSING = object()

@@ -172,3 +172,25 @@ def test_a_write_at_every_call_still_retires():
     model = Counter()
     same, rec = _captured_run(model, "cpu", "emulated", 3, lambda i: (torch.randn(3, 4),))
     assert same and model.calls == 3 and rec.retired and "calls" in rec.retire_reason, rec.summary()
+
+
+class Prefix(nn.Module):
+    """Reads its argument itself on the host: ``int(k)`` of a 0-d input is the slice bound."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return self.lin(x[:, : int(k)])
+
+
+def test_a_read_of_an_argument_itself_keys_the_recording():
+    """The read's program is the argument alone (no aten call made it): it is evaluated per call."""
+    torch.manual_seed(0)
+    model = Prefix()
+    same, rec = _captured_run(
+        model, "cpu", "emulated", 6, lambda i: (torch.randn(2, 5, 4), torch.tensor(2 + i % 2))
+    )
+    assert same and not rec.retired, rec.journal.format()
+    assert rec.counts["replay"] >= 2, rec.journal.format()

@@ -27,6 +27,7 @@ from . import (
     lightning_whole_step,
     parameters,
     recording_call,
+    recurrent,
     side_effects,
     step_python,
     switches,
@@ -53,6 +54,7 @@ MODULES = (
     under_capture,
     switches,
     recording_call,
+    recurrent,
 )
 
 

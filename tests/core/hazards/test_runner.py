@@ -154,6 +154,10 @@ NOT_APPLICABLE = {
         "whole_step",
     ): "Lightning's whole step is a TrainStep: with module or gradient hooks it runs eagerly",
     ("two_backwards", "whole_step"): "Lightning's whole step runs the TrainStep's single backward",
+    (
+        "recurrent",
+        "whole_step",
+    ): "what the model's own code does: Lightning adds nothing over TrainStep's recurrent patterns",
 }
 #: classes whose Lightning whole-step patterns are still to be written (the gap, said here)
 NO_LIGHTNING_YET: set[str] = {

@@ -1,0 +1,102 @@
+"""Recurrent nets (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``): the private state torch keeps beside them.
+
+``nn.RNNBase`` caches its weights in ``_flat_weights`` (with weak references,
+``_flat_weight_refs``) and, at every forward, compares the cache with the module's
+parameters: a parameter found changed makes the forward assign a fresh cache and call
+``flatten_parameters()``, which on CUDA copies every weight into a new cuDNN buffer and
+rebinds (``set_``) each weight's storage to it. A run on stand-ins for the parameters (the
+recorder's probe, warm-up, capture and shadow check: detached leaves of the same storage)
+is such a change: the forward's assignment read as a side effect a replay would not
+repeat (so ``rk.capture`` of any recurrent net retired to eager), and on CUDA the stand-ins
+were re-flattened into a buffer of the recording's own, away from the parameters.
+
+:func:`flat_weights_follow` points each RNN's cache at the stand-ins while they stand, so
+the forward sees nothing changed: no assignment, no flattening, and cuDNN reads the
+parameters' own flat buffer (the stand-ins share it).
+
+cuDNN's RNN dropout draws from a state buffer of ATen's own (a per-device cache in
+``cudnn/RNN.cpp``, out of Python's reach), advanced in place by every train-mode forward
+with ``dropout > 0``, and re-seeded from the CUDA generator at the first such forward after
+the generator's seed was set. ``torch.cuda.set_rng_state`` sets the seed, so a snapshot's
+restore of the CUDA RNG re-seeded it (measured on the H200: an eager loop with a snapshot
+taken and restored before each step already differed from eager in every dropout pattern).
+:func:`restore_cuda_rng` puts the generator back without that side effect. The buffer
+itself cannot be snapshotted, and a recording call runs the forward more than once, so
+such an RNN on CUDA is refused up front (:func:`cudnn_dropout_refusal`): eager, exact.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+
+@contextmanager
+def flat_weights_follow(module: nn.Module) -> Iterator[None]:
+    """Each RNN in ``module``'s tree caches the parameters it holds now, until the block ends.
+
+    Only an RNN whose every flat weight is a plain entry of its ``_parameters`` is touched
+    (a parametrized weight is computed anew at each access: its forward refreshes the
+    cache in eager too, and is left to do so). The caches are put back as they were, the
+    same objects, so no guard sees a change.
+    """
+    held = []
+    for m in module.modules():
+        if not isinstance(m, nn.RNNBase) or "_flat_weights" not in m.__dict__:
+            continue
+        params = m._parameters
+        if not all(n in params for n in m._flat_weights_names):
+            continue
+        now = [params[n] for n in m._flat_weights_names]
+        held.append((m, m.__dict__["_flat_weights"], m.__dict__.get("_flat_weight_refs")))
+        m.__dict__["_flat_weights"] = now
+        m.__dict__["_flat_weight_refs"] = [None if w is None else weakref.ref(w) for w in now]
+    try:
+        yield
+    finally:
+        for m, weights, refs in held:
+            m.__dict__["_flat_weights"] = weights
+            m.__dict__["_flat_weight_refs"] = refs
+
+
+def restore_cuda_rng(state: torch.Tensor, device: torch.device) -> None:
+    """``torch.cuda.set_rng_state(state, device)`` without re-seeding cuDNN's RNN dropout state.
+
+    The default generator's seed and offset live in a state object; its "re-seed the RNN
+    dropout state" flag lives on the generator. ``graphsafe_get_state`` gives a second
+    generator on the same state object, so setting the state through it moves the seed and
+    offset (graphs registered with the state see it) and leaves the default generator's
+    flag as eager left it.
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    generator = torch.cuda.default_generators[index]
+    view = getattr(generator, "graphsafe_get_state", None)
+    if view is None:  # an older torch: the plain restore (it re-seeds the dropout state)
+        torch.cuda.set_rng_state(state, device)
+        return
+    view().set_state(state)
+
+
+def cudnn_dropout_refusal(module: nn.Module) -> str | None:
+    """Why a recording would change what a CUDA RNN with dropout computes, or None.
+
+    A recording call runs the forward more than once (reference, capture, check) and each
+    train-mode cuDNN forward with ``dropout > 0`` advances cuDNN's private dropout state (and
+    the first one after a seed re-seeds it, reading the seed on the host: a capture cannot):
+    later masks would differ from eager's. Refused up front so that no extra run happens.
+    """
+    if not torch.backends.cudnn.enabled:
+        return None
+    for name, m in module.named_modules():
+        if not isinstance(m, nn.RNNBase) or not m.dropout or not m.training:
+            continue
+        if any(p.is_cuda for p in m.parameters(recurse=False)):
+            return (
+                f"{name or type(m).__name__}: cuDNN's RNN dropout (dropout={m.dropout}) draws from a state "
+                "of its own that every extra run of a recording call would advance"
+            )
+    return None
