@@ -6,6 +6,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 O="${OUT:-/tmp/out}/bench"; mkdir -p "$O"
 one() { local name=$1 t=$2; shift 2; local s; s=$(date +%s)
   timeout "$t" "$@" > "$O/$name.log" 2>&1; echo "rc $? in $(( $(date +%s) - s )) s" >> "$O/$name.log"; tail -1 "$O/$name.log" | sed "s/^/$name: /"; }
+one rnn_diag 90 python3 scripts/gpu/rnn_diag.py
 one rnn 240 python3 scripts/gpu/rnn_bench.py
 one step_vs_raw 120 python3 scripts/gpu/step_vs_raw.py
 one switches 90 python3 scripts/gpu/switches_key.py
