@@ -115,6 +115,12 @@ class RecorderRecording:
             return CallState(snapshot, self.module, whole=False)
         return CallState(snapshot, self.module, code=[self._forward_inputs])
 
+    def _forward_held(self) -> list[torch.Tensor]:
+        """Tensors the forward names through globals and cells (a total it adds to in place): an
+        eager check's runs put them back, as the call state does (the replay writes them once)."""
+        inputs = self._forward_inputs
+        return inputs.held_tensors() if inputs is not None and self.on.call_state else []
+
     def _runs(self, made: Made, callargs: CallArgs, state: CallState) -> bool:
         """Probe, reference, capture (each run's output held); False: the recording call failed
         (retired, or the call compiles: ``_not_recorded`` says which)."""
@@ -177,6 +183,7 @@ class RecorderRecording:
             callargs.tensors,
             made.params,
             made.written,
+            self._forward_held(),
         )
 
     def _judge(self, made: Made, call: int) -> Made | None:
