@@ -455,11 +455,14 @@ class RecordingSteps:
         if self._forward_inputs is None:
             return None
         changed = self._forward_inputs.changed(self._forward_key)
-        return (
-            None
-            if changed is None
-            else f"the model's forward changes {changed}; a replay would not"
-        )
+        if changed is not None:
+            return f"the model's forward changes {changed}; a replay would not"
+        if any(t._version != v for t, v in self._host_held):
+            return (
+                "the model's forward writes a CPU tensor it names (a global, a cell) beside a GPU "
+                "model: a CUDA graph would not replay that host op"
+            )
+        return None
 
     def _sole_user(self) -> bool:
         """A shared pool's other users' recordings would need freeing too: their reference runs beside it."""

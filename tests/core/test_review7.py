@@ -297,3 +297,22 @@ def _train_scaled(entry: str) -> torch.Tensor:
 @pytest.mark.parametrize("entry", ["step", "capture"])
 def test_global_tensor_rebound_between_steps_read_in_forward(entry: str) -> None:
     assert torch.equal(_train_scaled(entry), _train_scaled("eager"))
+
+
+def test_cpu_global_tensor_written_beside_a_gpu_model_routes_eager(cuda_device: str) -> None:
+    """A CUDA graph does not replay a host op: a forward adding to a CPU global beside a GPU model
+    must not replay (the step retires with a reason), and ends as eager."""
+    global TOTAL
+    ends = []
+    for replay in (False, True):
+        TOTAL = torch.zeros(2)
+        torch.manual_seed(0)
+        model = _Net("global_tensor").to(cuda_device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        step = rk.TrainStep(model, _loss, opt, backend="cuda", replay=replay)
+        for i in range(4):
+            step(torch.randn(3, 4, generator=torch.Generator().manual_seed(i)).to(cuda_device))
+        ends.append((TOTAL.clone(), model.weight.detach().cpu()))
+    TOTAL = torch.zeros(2)
+    assert torch.equal(ends[0][0], ends[1][0]) and torch.equal(ends[0][1], ends[1][1])
+    assert step.retired and "CPU tensor" in step.summary()
