@@ -316,3 +316,23 @@ def test_cpu_global_tensor_written_beside_a_gpu_model_routes_eager(cuda_device: 
     TOTAL = torch.zeros(2)
     assert torch.equal(ends[0][0], ends[1][0]) and torch.equal(ends[0][1], ends[1][1])
     assert step.retired and "CPU tensor" in step.summary()
+
+
+def test_cpu_global_tensor_written_beside_a_gpu_module_capture(cuda_device: str) -> None:
+    """The same forward under rk.capture: retired with the reason, exact."""
+    global TOTAL
+    ends = []
+    for capture in (False, True):
+        TOTAL = torch.zeros(2)
+        torch.manual_seed(0)
+        model = _Net("global_tensor").to(cuda_device)
+        rec = rk.capture(model, backend="cuda") if capture else None
+        for i in range(4):
+            _loss(
+                model, torch.randn(3, 4, generator=torch.Generator().manual_seed(i)).to(cuda_device)
+            ).backward()
+        ends.append((TOTAL.clone(), model.weight.grad.cpu()))
+    TOTAL = torch.zeros(2)
+    assert torch.equal(ends[0][0], ends[1][0]) and torch.equal(ends[0][1], ends[1][1])
+    assert rec is not None and rec.retired and "CPU tensor" in rec.summary()
+    rec.release()
