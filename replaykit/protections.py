@@ -116,8 +116,9 @@ REGISTRY: dict[str, Protection] = {
         ),
         Protection(
             "forward_inputs",
-            "capture",
-            "a class attribute or a module-level value the captured forward reads is frozen at recording",
+            "both",
+            "a class attribute or a module-level value (a tensor by identity) the model's forward reads is frozen at "
+            "recording, and a global container it changes changes once then never again (TrainStep)",
         ),
         Protection(
             "output_constants",

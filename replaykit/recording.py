@@ -59,6 +59,12 @@ class Made:
         return [p for _, p in self.named]
 
 
+_HOST_WRITE = (
+    "the forward writes a CPU tensor it names (a global, a cell) beside a GPU module: a CUDA graph "
+    "would not replay that host op"
+)
+
+
 class RecorderRecording:
     """The recording call's steps, mixed into ``Recorder``."""
 
@@ -75,10 +81,15 @@ class RecorderRecording:
         static = self._static_inputs(callargs.tensors)
         named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
         made = Made(key, static, named, list(range(len(named))))
+        host = self._host_held()
         try:
             runs = self._runs(made, callargs, state)
+            written = any(t._version != v for t, v in host)
         finally:
             state.restore()  # the replay or the eager run that follows is the call's one run
+        if runs and written:
+            self._retire(_HOST_WRITE, call)
+            runs = False
         made = self._judge(made, call) if runs else None
         # a recording that replays this call emits the probe's output; an eager call prints its own
         kept = made is not None and self._clears(made)
@@ -114,6 +125,19 @@ class RecorderRecording:
         if not self.on.call_state:
             return CallState(snapshot, self.module, whole=False)
         return CallState(snapshot, self.module, code=[self._forward_inputs])
+
+    def _forward_held(self) -> list[torch.Tensor]:
+        """Tensors the forward names through globals and cells (a total it adds to in place): an
+        eager check's runs put them back, as the call state does (the replay writes them once)."""
+        inputs = self._forward_inputs
+        return inputs.held_tensors() if inputs is not None and self.on.call_state else []
+
+    def _host_held(self) -> list[tuple[torch.Tensor, int]]:
+        """CPU tensors the forward names beside a GPU module, with their versions: a CUDA graph
+        does not replay a host op that writes one."""
+        if self._device_kind == "cpu":
+            return []
+        return [(t, t._version) for t in self._forward_held() if t.device.type == "cpu"]
 
     def _runs(self, made: Made, callargs: CallArgs, state: CallState) -> bool:
         """Probe, reference, capture (each run's output held); False: the recording call failed
@@ -177,6 +201,7 @@ class RecorderRecording:
             callargs.tensors,
             made.params,
             made.written,
+            self._forward_held(),
         )
 
     def _judge(self, made: Made, call: int) -> Made | None:

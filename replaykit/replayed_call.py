@@ -211,6 +211,7 @@ class RecorderReplay:
                 callargs.tensors,
                 recording.params,
                 plan.written,
+                self._forward_held(),
             )
         outputs = _apply(step, callargs.tensors, recording.params)
         shadow = step.shadow

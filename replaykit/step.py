@@ -48,7 +48,7 @@ from torch import nn
 from .backends import Backend, Scratch, module_device, resolve_backend
 from .ema import EMA
 from .errors import ReplayWarning
-from .guards.code import LossInputs
+from .guards.code import ForwardInputs, LossInputs
 from .guards.distributed import ddp_refusal
 from .guards.input_reads import InputReads
 from .guards.module import epoch as guard_epoch
@@ -188,6 +188,13 @@ class TrainStep(RecordingSteps, Entry):
             LossInputs(c.loss_fn, c.model) if c.replay and self.on.loss_inputs else None
         )
         self._loss_key: tuple = ()
+        # what the model's forward reads outside the model (globals, cells, class values), keyed
+        # as capture keys it, and checked after the reference run (a dict it counts in)
+        self._forward_inputs = (
+            ForwardInputs(c.model) if c.replay and self.on.forward_inputs else None
+        )
+        self._forward_key: tuple = ()
+        self._host_held: list[tuple[torch.Tensor, int]] = []  # see _host_tensors
         # host reads of input-derived values (a padding mask's .all()): learnt at recording, keyed per call
         self._input_reads = InputReads(keyed=self.on.input_reads)
         self._watch_reads = False  # set once a capture without the watch failed (see _record)
@@ -396,6 +403,8 @@ class TrainStep(RecordingSteps, Entry):
         else:
             hyper = ()
         self._loss_key = self._loss_inputs.key() if self._loss_inputs is not None else ()
+        self._forward_key = self._forward_inputs.key() if self._forward_inputs is not None else ()
+        self._host_held = self._host_tensors()
         return (
             phase,
             state,
@@ -403,8 +412,17 @@ class TrainStep(RecordingSteps, Entry):
             incoming,
             hyper,
             self._loss_key,
+            self._forward_key,
             *signature(callargs, self._device.type, True, aligned_key),
         )
+
+    def _host_tensors(self) -> list[tuple[torch.Tensor, int]]:
+        """CPU tensors the forward names through globals and cells beside a GPU model, with their
+        versions: a CUDA graph does not replay a host op that writes one (``_forward_changes``)."""
+        if self._forward_inputs is None or self._device.type == "cpu":
+            return []
+        held = self._forward_inputs.held_tensors()
+        return [(t, t._version) for t in held if t.device.type == "cpu"]
 
     # ----------------------------------------------------------------- eager (the twin)
     def _body(self, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:

@@ -174,7 +174,8 @@ class RecordingSteps:
         world = self.__dict__.get("_code_world")
         if world is None:
             loss = self._loss_inputs or LossInputs(self.loss_fn, self.model)
-            world = self.__dict__["_code_world"] = [loss, ForwardInputs(self.model)]
+            forward = self._forward_inputs or ForwardInputs(self.model)
+            world = self.__dict__["_code_world"] = [loss, forward]
         elif self._loss_inputs is not None:
             world[0] = self._loss_inputs
         return world
@@ -445,6 +446,22 @@ class RecordingSteps:
             changed = self._loss_inputs.changed(self._loss_key)
             if changed is not None:
                 return f"loss_fn changes {changed}; a replay would not"
+        return self._forward_changes()
+
+    def _forward_changes(self) -> str | None:
+        """Why replays would differ: the model's forward changed a value it names outside the model
+        (``STATS["n"] += 1`` in a global dict; the call state put it back before this run, so this
+        run's change is the call's one)."""
+        if self._forward_inputs is None:
+            return None
+        changed = self._forward_inputs.changed(self._forward_key)
+        if changed is not None:
+            return f"the model's forward changes {changed}; a replay would not"
+        if any(t._version != v for t, v in self._host_held):
+            return (
+                "the model's forward writes a CPU tensor it names (a global, a cell) beside a GPU "
+                "model: a CUDA graph would not replay that host op"
+            )
         return None
 
     def _sole_user(self) -> bool:

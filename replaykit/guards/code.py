@@ -221,7 +221,7 @@ class LossInputs:
     def _function(self, fn: FunctionType, name: str, depth: int) -> None:
         code = fn.__code__
         for var, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
-            if self._values_only and not (cell_filled(cell) and _plain(cell.cell_contents)):
+            if self._values_only and not (cell_filled(cell) and self._keyed(cell.cell_contents)):
                 continue
             self.cells.append(cell)
             self._add(
@@ -239,12 +239,16 @@ class LossInputs:
                 value = globals_[global_name]
                 if isinstance(value, ModuleType):
                     self._module_attributes(value, names, depth)
-                if self._values_only and not _plain(value):
+                if self._values_only and not self._keyed(value):
                     self._follow(value, global_name, depth)
                     continue
                 self.global_names.append((globals_, global_name))
                 self._add(f"global {global_name!r}", lambda g=globals_, n=global_name: g.get(n))
                 self._follow(value, global_name, depth)
+
+    def _keyed(self, value: Any) -> bool:
+        """A value a forward names that is keyed (``ForwardInputs``: plain values and tensors)."""
+        return _plain(value)
 
     def _module_attributes(self, module: ModuleType, names: set[str], depth: int) -> None:
         """``settings.SCALE`` or ``helpers.scaled(x)`` through an imported module of the user's: its plain
@@ -353,6 +357,24 @@ class ForwardInputs(LossInputs):
             if isinstance(forward, FunctionType):
                 self._function(forward, f"{cls.__name__}.forward", 1)
         self._check_sources()
+
+    def _keyed(self, value: Any) -> bool:
+        """Plain values, and tensors by identity: a module-level tensor the script re-binds
+        (``SCALE = torch.tensor(s)``) is another input, and a graph reads the old one's memory."""
+        return _plain(value) or _loose_tensor(value)
+
+    def held_tensors(self) -> list[torch.Tensor]:
+        """The tensors the forward names through globals and closure cells (a running total it adds
+        to in place under ``no_grad``): the recording call's extra runs write them too, so its call
+        state copies them and puts them back before the one run that stands."""
+        found = [g.get(n) for g, n in self.global_names]
+        found += [c.cell_contents for c in self.cells if cell_filled(c)]
+        return [t for t in found if _loose_tensor(t) and not t.is_inference()]
+
+
+def _loose_tensor(value: Any) -> bool:
+    """A tensor that is not a parameter (the model's are guarded by the module's own key)."""
+    return isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter)
 
 
 def _plain(value: Any) -> bool:

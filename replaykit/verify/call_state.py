@@ -109,6 +109,7 @@ class CallState:
         ]
         self._held = [(v, contents(v)) for v in held]
         self._take_optimizer(_optimizers(optimizer), objects)
+        self._forward_tensors = _forward_copies(code)
         self.runs: list[HeldOutput] = []
 
     def _take_optimizer(self, optimizers: list, objects: Iterable[Any]) -> None:
@@ -183,6 +184,16 @@ class CallState:
         with torch.no_grad():
             for t, v in self._inner:
                 t.data.copy_(v, non_blocking=True)
+            for t, v in self._forward_tensors:
+                t.data.copy_(v, non_blocking=True)
+
+
+def _forward_copies(code: list[Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Copies of the tensors a forward names through globals and cells (``ForwardInputs.held_tensors``:
+    ``TOTAL.add_(1.0)`` under ``no_grad``): every run of the recording call writes them, the call
+    state puts them back so that the run that stands writes them once."""
+    found = [t for s in code for t in getattr(s, "held_tensors", list)()]
+    return [(t, host_copy(t)) for t in unique_objects(found)]
 
 
 def _rebind(d: dict, saved: dict) -> None:

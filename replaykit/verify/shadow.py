@@ -68,11 +68,14 @@ class Shadow:
         inputs: Sequence[torch.Tensor],
         params: Sequence[torch.Tensor],
         written: Sequence[torch.Tensor] = (),
+        held: Sequence[torch.Tensor] = (),
     ) -> None:
         # the eager run differentiates stand-ins: only the parameters the forward writes in place
-        # (``written``, found by the probe) change, and those are kept to be put back
+        # (``written``, found by the probe) change, and those are kept to be put back; ``held``:
+        # tensors outside the module the forward names (a global total it adds to), put back too
         self._written = list(written)
-        snapshot = StateSnapshot(module, parameters=False, extra=self._written)
+        self._kept = [*self._written, *held]
+        snapshot = StateSnapshot(module, parameters=False, extra=self._kept)
         stand_ins: dict[
             int, torch.Tensor
         ] = {}  # one per distinct tensor: `q is k` stays true, as in eager
@@ -150,7 +153,7 @@ class Shadow:
         if self._versions is None or [p._version for p in self._params] != self._versions:
             return None, None
         # the state as the replay (and since) left it
-        now = StateSnapshot(module, parameters=False, extra=self._written)
+        now = StateSnapshot(module, parameters=False, extra=self._kept)
         self.snapshot.restore()
         try:
             # a rerun: what it prints or logs is the first run's again, not shown (verify/output.py)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -166,6 +167,97 @@ def _print_step(model: nn.Module, arm: Arm) -> Extras:
     return _counted(arm, 4, lambda i: step(arm.randn(4, 6)))
 
 
+# --------------------------------------------------------------------------- the forward's globals
+_TOTAL = torch.zeros(3)  # a running total the forward adds to (re-made on the arm's device by make)
+_SCALE = torch.tensor(1.0)  # a schedule the training script re-binds between steps
+_STATS: dict[str, int] = {"calls": 0}  # a global dict the forward counts its calls in
+
+
+class GlobalTotal(MLP):
+    """Adds its batch mean to a module-level tensor in place (a global statistic)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        with torch.no_grad():
+            _TOTAL.add_(out.detach().mean(0))
+        return out
+
+
+class GlobalScale(MLP):
+    """Scales by a module-level tensor that the script re-binds each step."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * _SCALE
+
+
+class GlobalCount(MLP):
+    """Counts its calls in a module-level dict, and scales by the count (a warm-up ramp)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _STATS["calls"] += 1
+        return super().forward(x) * min(_STATS["calls"], 3)
+
+
+def _globals_made(cls: type[MLP]) -> Callable[[str], nn.Module]:
+    def make(device: str) -> nn.Module:
+        global _TOTAL, _SCALE
+        _TOTAL, _SCALE = torch.zeros(3, device=device), torch.tensor(1.0, device=device)
+        _STATS["calls"] = 0
+        return cls().to(device)
+
+    return make
+
+
+def _rebind_scale(device: str, i: int) -> None:
+    global _SCALE
+    _SCALE = torch.tensor(1.0 + i, device=device)
+
+
+def _global_kept(kept: Extras) -> Extras:
+    return {**kept, "global_total": _TOTAL.clone(), "calls": torch.tensor(float(_STATS["calls"]))}
+
+
+def _global_capture(model: nn.Module, arm: Arm) -> Extras:
+    before = lambda m, i: _rebind_scale(arm.device, i)  # noqa: E731
+    return _global_kept(loop(model, arm, steps=4, before=before))
+
+
+def _global_step(model: nn.Module, arm: Arm) -> Extras:
+    before = lambda m, o, i: _rebind_scale(arm.device, i)  # noqa: E731
+    return _global_kept(step_loop(model, arm, steps=4, before=before))
+
+
+def _forward_globals() -> list[Pattern]:
+    """Each forward above, under both entry points; what protects it: the call state puts back the
+    total the extra runs add to, ``forward_inputs`` keys the re-bound tensor and sees the count."""
+    cases = [
+        ("global_total", "adds to a module-level tensor in place", GlobalTotal, "call_state"),
+        (
+            "global_rebound",
+            "reads a module-level tensor re-bound each step",
+            GlobalScale,
+            "forward_inputs",
+        ),
+        ("global_dict", "counts its calls in a module-level dict", GlobalCount, "forward_inputs"),
+    ]
+    return [
+        Pattern(
+            f"{prefix}forward_{name}",
+            HAZARD,
+            f"forward {what}{suffix}",
+            _globals_made(cls),
+            train,
+            guard=guard,
+            api=api,
+        )
+        for name, what, cls, guard in cases
+        for prefix, suffix, train, api in (
+            ("", "", _global_capture, "capture"),
+            ("step_", ", whole step", _global_step, "step"),
+        )
+    ]
+
+
 HAZARD = "recording_call"
 
 PATTERNS: list[Pattern] = [
@@ -249,4 +341,5 @@ PATTERNS: list[Pattern] = [
         guard="call_state",
         api="step",
     ),
+    *_forward_globals(),
 ]
