@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from ..guards.module import cell_filled, hidden_modules
-from .output import HeldOutput
+from .output import HeldOutput, WarningRegistries
 from .snapshot import StateSnapshot, contents, host_copy, mutable, put_back
 
 __all__ = ["CallState"]
@@ -110,6 +110,7 @@ class CallState:
         self._held = [(v, contents(v)) for v in held]
         self._take_optimizer(_optimizers(optimizer), objects)
         self.runs: list[HeldOutput] = []
+        self._warnings = WarningRegistries() if whole else None
 
     def _take_optimizer(self, optimizers: list, objects: Iterable[Any]) -> None:
         """The param groups' values, the optimizers' and ``objects``' attributes, and an inner
@@ -136,7 +137,10 @@ class CallState:
         return out
 
     def stands(self, run: HeldOutput | None) -> None:
-        """``run`` stands as the call's: its output is emitted, every other run's dropped."""
+        """``run`` stands as the call's: its output is emitted, every other run's dropped (the
+        warning registries as at the call's start first: its warnings register as eager's do)."""
+        if self._warnings is not None:
+            self._warnings.restore()
         for out in self.runs:
             if out is run:
                 out.emit()
@@ -148,6 +152,8 @@ class CallState:
         """Put back everything the call's runs changed (the same objects, values as they were)."""
         for d, bound in self._slots:
             _rebind(d, bound)
+        if self._warnings is not None:
+            self._warnings.restore()
         self._tensors.restore()
         for _, snapshot in self._modules:
             snapshot.restore()
