@@ -84,6 +84,7 @@ class CallState:
             (c, c.cell_contents if cell_filled(c) else _EMPTY) for s in code for c in s.cells
         ]
         self._globals = [(g, n, g.get(n, _EMPTY)) for s in code for g, n in s.global_names]
+        self._classes = _class_attributes(code)
         # what the code reads (loss_fn's: every cell and global it names; a forward's: plain values
         # only, not a cache it fills, whose tensors a recording made after the call may read)
         values = [v for s in code for v in s.values()]
@@ -172,6 +173,7 @@ class CallState:
                 g.pop(name, None)
             elif g.get(name, _EMPTY) is not value:
                 g[name] = value
+        _put_back_classes(self._classes)
         for value, saved in self._held:
             put_back(value, saved)
         for o, groups, saved in self._groups:
@@ -189,6 +191,25 @@ class CallState:
         with torch.no_grad():
             for t, v in self._inner:
                 t.data.copy_(v, non_blocking=True)
+
+
+def _class_attributes(code: list[Any]) -> list[tuple[type, str, Any]]:
+    """The class attributes the code reads (``type(self).calls``, ``Counters.seen``: the finders'
+    ``class_attributes``), bound as now (``_EMPTY``: not on that class of the chain)."""
+    found = dict.fromkeys(a for s in code for a in getattr(s, "class_attributes", ()))
+    return [(cls, name, vars(cls).get(name, _EMPTY)) for cls, name in found]
+
+
+def _put_back_classes(saved: list[tuple[type, str, Any]]) -> None:
+    """Each class attribute bound as it was (one a run added to a subclass removed again)."""
+    for cls, name, value in saved:
+        now = vars(cls).get(name, _EMPTY)
+        if now is value:
+            continue
+        if value is _EMPTY:
+            delattr(cls, name)
+        else:
+            setattr(cls, name, value)
 
 
 def _rebind(d: dict, saved: dict) -> None:
