@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ..errors import ReplayWarning
+
 __all__ = ["HeldOutput", "WarningRegistries"]
 
 _original_handle = logging.Logger.handle
@@ -124,7 +126,8 @@ def _showwarning(
 ) -> None:
     """``warnings.showwarning`` while a run is held: the warning and its module's globals are kept."""
     held = _holders.get(threading.get_ident())
-    if not held or file is not None:
+    if not held or file is not None or issubclass(category, ReplayWarning):
+        # replaykit's own (a nested entry point retiring) is about state no run puts back
         _original_showwarning(message, category, filename, lineno, file, line)
         return
     frame = sys._getframe(1)

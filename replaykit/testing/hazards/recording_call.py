@@ -134,27 +134,39 @@ def _printing(device: str) -> nn.Module:
     return Printing().to(device)
 
 
-def _counted(arm: Arm, calls: int, one_call, stream: str = "stdout") -> Extras:
+def _counted(
+    arm: Arm, calls: int, one_call, stream: str = "stdout", log: list | None = None
+) -> Extras:
     """Runs ``one_call(i)`` ``calls`` times; every call that did not replay (a replay runs no
     Python) must print exactly once, as eager's does: kept is how many lines they printed too
-    many or too few. ``stream``: where forward prints (``stdout``, ``stderr``)."""
+    many or too few. ``stream``: where forward prints (``stdout``, ``stderr``); ``log``: the
+    warnings recorded meanwhile (forward warns once per call too)."""
     wrong = 0
     redirect = contextlib.redirect_stderr if stream == "stderr" else contextlib.redirect_stdout
     for i in range(calls):
-        replays = _replays(arm)
+        replays, warned = _replays(arm), _warned(log)
         out = io.StringIO()
         with redirect(out):
             one_call(i)
         if _replays(arm) == replays:
             wrong += abs(out.getvalue().count("forward") - 1)
+            if log is not None:
+                wrong += abs(_warned(log) - warned - 1)
     return {"prints_not_once": torch.tensor(float(wrong))}
+
+
+def _warned(log: list | None) -> int:
+    """How many of forward's warnings ``log`` holds (not replaykit's own)."""
+    return sum("forward warns" in str(w.message) for w in log or ())
 
 
 def _replays(arm: Arm) -> int:
     return 0 if arm.recorder is None else arm.recorder.counts["replay"]
 
 
-def _print_capture(model: nn.Module, arm: Arm, stream: str = "stdout") -> Extras:
+def _print_capture(
+    model: nn.Module, arm: Arm, stream: str = "stdout", log: list | None = None
+) -> Extras:
     opt = sgd(model)
 
     def one(i: int) -> None:
@@ -162,12 +174,14 @@ def _print_capture(model: nn.Module, arm: Arm, stream: str = "stdout") -> Extras
         model(arm.randn(4, 6)).pow(2).mean().backward()
         opt.step()
 
-    return _counted(arm, 4, one, stream)
+    return _counted(arm, 4, one, stream, log)
 
 
-def _print_step(model: nn.Module, arm: Arm, stream: str = "stdout") -> Extras:
+def _print_step(
+    model: nn.Module, arm: Arm, stream: str = "stdout", log: list | None = None
+) -> Extras:
     step = arm.train_step(model, lambda m, x: m(x).pow(2).mean(), sgd(model))
-    return _counted(arm, 4, lambda i: step(arm.randn(4, 6)), stream)
+    return _counted(arm, 4, lambda i: step(arm.randn(4, 6)), stream, log)
 
 
 class PrintingToStderr(MLP):
@@ -180,15 +194,15 @@ class PrintingToStderr(MLP):
 
 
 def _stderr_capture(model: nn.Module, arm: Arm) -> Extras:
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(record=True) as log:
         warnings.filterwarnings("always", "forward warns")
-        return _print_capture(model, arm, "stderr")
+        return _print_capture(model, arm, "stderr", log)
 
 
 def _stderr_step(model: nn.Module, arm: Arm) -> Extras:
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(record=True) as log:
         warnings.filterwarnings("always", "forward warns")
-        return _print_step(model, arm, "stderr")
+        return _print_step(model, arm, "stderr", log)
 
 
 # --------------------------------------------------------------------------- class attributes, iterators
