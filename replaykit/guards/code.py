@@ -82,9 +82,8 @@ class LossInputs:
         # the class attributes the code reads, on every class of the chain that may hold one
         # (``type(self).calls += 1`` binds ``calls`` on the subclass): the reruns put them back
         self.class_attributes: list[tuple[type, str]] = []
-        self._class_sources: set[str] = (
-            set()
-        )  # their sources' names (what ``changed`` may limit to)
+        # their sources' names (what ``changed(classes=True)`` limits itself to)
+        self._class_sources: set[str] = set()
         self._iterators: list[tuple[str, Callable[[], Any]]] = []  # sources holding an iterator
         self.unwatched: list[str] = []
         if loss_fn is not None:

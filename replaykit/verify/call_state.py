@@ -13,10 +13,13 @@ the one real run and on every outcome that does not stand. It holds
   closure cells, globals, the containers and plain objects they hold, and every module they
   hold outside the model (a BYOL target network, DINO's loss with its centre, a teacher whose
   BatchNorm statistics move), snapshotted whole;
+- the class attributes that code reads (``type(self).calls``, ``Counters.seen``: the finders'
+  ``class_attributes``), on every class of the chain (a ``+=`` binds the subclass's own);
 - the optimizer's Python: its param groups' values (a Lookahead counter, a custom key
   ``step()`` increments), its own attributes, an inner optimizer's state; other objects' plain
   attributes (an EMA's counter);
-- the output each run prints or logs (:mod:`.output`): the run that stands emits its own.
+- the output each run prints, logs or warns (:mod:`.output`), and the warnings' registries: the
+  run that stands emits its own.
 
 Tensors the code holds loose (a running mean in a closure) are watched by version, not
 copied (one may be a dataset): :meth:`CallState.unsaved_writes` names those written without
