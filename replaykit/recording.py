@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from .backends import Recording
+from .guards.code import iterator_reason
 from .guards.compiled import CompileWatch, aot_compiled, compiled_regions
 from .guards.input_reads import Provenance
 from .guards.module import host_dependence
@@ -103,6 +104,10 @@ class RecorderRecording:
         frozen = host_dependence(self.module)
         if frozen is not None:  # refused on both backends: the emulated one mirrors a graph
             return frozen
+        if self.on.call_state and self._forward_inputs is not None:
+            held = self._forward_inputs.iterators()
+            if held:
+                return iterator_reason("forward", held[0])
         if self.backend.name == "emulated" and self.on.compiled_code:
             # refused before the probe runs compiled code the tape cannot see (compiled.py)
             regions = compiled_regions(self.module)
@@ -146,8 +151,9 @@ class RecorderRecording:
         reads = Provenance(made.static_inputs, discover=True)
         watch = CompileWatch(self.backend.name == "emulated", self.on.compiled_code)
         try:
+            before = self._forward_inputs.key() if self._forward_inputs is not None else ()
             with state.output().held():
-                made.refusal = self._probe(made, reads.wrap(fn))
+                made.refusal = self._probe(made, reads.wrap(fn)) or self._class_writes(before)
             made.key = self._input_reads.settle(made.key, reads.reads)
             if made.refusal is not None:
                 return True
@@ -187,6 +193,16 @@ class RecorderRecording:
             made.probed,
             made.written,
         )
+
+    def _class_writes(self, before: tuple) -> Refusal | None:
+        """A class attribute the probe's forward changed (``type(self).calls += 1``): a replay would
+        not. A write into the model's class, as an attribute's: this call eager, again retires."""
+        if self._forward_inputs is None or not self.on.side_effects:
+            return None
+        changed = self._forward_inputs.changed(before, classes=True)
+        if changed is None:
+            return None
+        return Refusal("call", f"forward changes class attribute {changed}; a replay would not")
 
     def _reference(self, made: Made, callargs: CallArgs, state: CallState) -> Shadow | None:
         """The verification's eager forward, from the state before the call (the probe's changes put

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from .backends import Region, Scratch
-from .guards.code import ForwardInputs, LossInputs
+from .guards.code import ForwardInputs, LossInputs, iterator_reason
 from .guards.compiled import CompileWatch, compiled_regions
 from .guards.input_reads import NewInputRead, Provenance
 from .guards.module import host_dependence
@@ -116,6 +116,7 @@ class RecordingSteps:
             return self._retire_eager(why, phase, args, kwargs)
         if not self._recordings:
             self.lifecycle.first_record()
+        self._forward_key = self._code()[1].key()  # its class attributes: changed by a run?
         state = self._call_state()
         while True:
             outcome = self._attempt(state, phase, key, callargs, args, kwargs)
@@ -149,6 +150,10 @@ class RecordingSteps:
         frozen = host_dependence(self.model) or host_state(self.optimizer, self.device)
         if frozen is not None:
             return frozen
+        if self.on.call_state:
+            held = [name for code in self._code() for name in code.iterators()]
+            if held:
+                return iterator_reason("the step", held[0])
         if self.backend.name == "emulated" and self.on.compiled_code:
             regions = compiled_regions(self.model)  # the tape cannot see their kernels
             if regions:
@@ -446,7 +451,7 @@ class RecordingSteps:
             changed = self._loss_inputs.changed(self._loss_key)
             if changed is not None:
                 return f"loss_fn changes {changed}; a replay would not"
-        return self._forward_changes()
+        return self._forward_changes() or self._class_writes()
 
     def _forward_changes(self) -> str | None:
         """Why replays would differ: the model's forward changed a value it names outside the model
@@ -463,6 +468,16 @@ class RecordingSteps:
                 "model: a CUDA graph would not replay that host op"
             )
         return None
+
+    def _class_writes(self) -> str | None:
+        """A class attribute the forward changed (``type(self).calls += 1``): a replay would not
+        (loss_fn's are its sources, found above)."""
+        if not self.on.side_effects:
+            return None
+        changed = self._code()[1].changed(self._forward_key, classes=True)
+        if changed is None:
+            return None
+        return f"forward changes class attribute {changed}; a replay would not"
 
     def _sole_user(self) -> bool:
         """A shared pool's other users' recordings would need freeing too: their reference runs beside it."""

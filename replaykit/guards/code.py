@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any
 
@@ -79,6 +79,12 @@ class LossInputs:
         # plain values only): a recording call's reruns put them back
         self.cells: list[Any] = []
         self.global_names: list[tuple[dict, str]] = []
+        # the class attributes the code reads, on every class of the chain that may hold one
+        # (``type(self).calls += 1`` binds ``calls`` on the subclass): the reruns put them back
+        self.class_attributes: list[tuple[type, str]] = []
+        # their sources' names (what ``changed(classes=True)`` limits itself to)
+        self._class_sources: set[str] = set()
+        self._iterators: list[tuple[str, Callable[[], Any]]] = []  # sources holding an iterator
         self.unwatched: list[str] = []
         if loss_fn is not None:
             self._walk(loss_fn, "loss_fn", 0)
@@ -97,12 +103,18 @@ class LossInputs:
         """The values ``loss_fn`` would read now."""
         return tuple(read() for _, read in self._sources)
 
-    def changed(self, before: tuple) -> str | None:
-        """The first source whose value differs from ``before`` (a key taken earlier), or None."""
+    def changed(self, before: tuple, classes: bool = False) -> str | None:
+        """The first source whose value differs from ``before`` (a key taken earlier), or None.
+        ``classes``: class attributes only (``type(self).calls``, ``Counters.seen``)."""
         for (name, read), old in zip(self._sources, before, strict=True):
-            if read() != old:
+            if (not classes or name in self._class_sources) and read() != old:
                 return name
         return None
+
+    def iterators(self) -> list[str]:
+        """The sources that hold an iterator or generator now (``itertools.count()``, a generator,
+        an open file): ``next()`` moves it, and its position can be neither copied nor put back."""
+        return [name for name, get in self._iterators if isinstance(_get(get), Iterator)]
 
     def _submodules(self, module: nn.Module) -> list[tuple[str, nn.Module]]:
         """A criterion's submodules outside the model, listed once per criterion (a per-call walk of a
@@ -119,6 +131,8 @@ class LossInputs:
     def _add(self, name: str, get: Callable[[], Any]) -> None:
         self._sources.append((name, lambda: self._value(get())))
         self._raw.append(get)
+        if isinstance(_get(get), Iterator):
+            self._iterators.append((name, get))
 
     def generators(self) -> list[torch.Generator]:
         """The private ``torch.Generator`` objects ``loss_fn`` reads, held directly or in what its
@@ -280,15 +294,39 @@ class LossInputs:
             self._walk(type(value).forward, f"{type(value).__name__}.forward", depth + 1)
         elif isinstance(value, type) and issubclass(value, torch.autograd.Function):
             self._autograd_function(value, depth)
+        elif (
+            isinstance(value, type)
+            and id(value) not in self._seen
+            and not _library(value.__module__)
+        ):
+            self._seen.add(id(value))  # a user's class the code names (``Counters.seen += 1``)
+            self._class_values(value)
 
     def _class_values(self, cls: type) -> None:
         """A user class's plain class attributes (along its MRO, up to torch's classes), keyed."""
+        chain = []
         for klass in cls.__mro__:
             if klass.__module__.startswith("torch.") or klass is object:
                 break
+            chain.append(klass)
             for k, v in vars(klass).items():
                 if not k.startswith("__") and _plain(v):
                     self._add(f"{klass.__name__}.{k}", lambda klass=klass, k=k: vars(klass).get(k))
+                    self._class_sources.add(f"{klass.__name__}.{k}")
+        self._class_attributes(chain)
+
+    def _class_attributes(self, chain: list[type]) -> None:
+        """Every (class, name) of ``chain`` for the plain names found along it."""
+        names = {
+            k
+            for klass in chain
+            for k, v in vars(klass).items()
+            if not k.startswith("__") and _plain(v)
+        }
+        known = set(self.class_attributes)
+        self.class_attributes += [
+            (klass, k) for klass in chain for k in sorted(names) if (klass, k) not in known
+        ]
 
     def _autograd_function(self, cls: type, depth: int) -> None:
         """A custom ``autograd.Function`` the code applies: a graph freezes its backward's Python
@@ -313,6 +351,22 @@ def _library(module_name: str) -> bool:
     """A module of torch, numpy, Lightning or the standard library: no user schedule lives there."""
     root = module_name.partition(".")[0]
     return root in _LIBRARIES or root in sys.stdlib_module_names
+
+
+def iterator_reason(who: str, name: str) -> str:
+    """Why code that holds an iterator runs eagerly, before any run (each run would draw from it)."""
+    return (
+        f"{who}'s code holds an iterator or generator ({name}): next() moves it, its position can be "
+        "neither copied nor put back, and a replay would not move it; every call runs eagerly"
+    )
+
+
+def _get(get: Callable[[], Any]) -> Any:
+    """A source's value, None where reading it raises (named in ``unwatched`` already)."""
+    try:
+        return get()
+    except Exception:
+        return None
 
 
 def _read(owner: object, attr: str) -> Any:

@@ -13,10 +13,13 @@ the one real run and on every outcome that does not stand. It holds
   closure cells, globals, the containers and plain objects they hold, and every module they
   hold outside the model (a BYOL target network, DINO's loss with its centre, a teacher whose
   BatchNorm statistics move), snapshotted whole;
+- the class attributes that code reads (``type(self).calls``, ``Counters.seen``: the finders'
+  ``class_attributes``), on every class of the chain (a ``+=`` binds the subclass's own);
 - the optimizer's Python: its param groups' values (a Lookahead counter, a custom key
   ``step()`` increments), its own attributes, an inner optimizer's state; other objects' plain
   attributes (an EMA's counter);
-- the output each run prints or logs (:mod:`.output`): the run that stands emits its own.
+- the output each run prints, logs or warns (:mod:`.output`), and the warnings' registries: the
+  run that stands emits its own.
 
 Tensors the code holds loose (a running mean in a closure) are watched by version, not
 copied (one may be a dataset): :meth:`CallState.unsaved_writes` names those written without
@@ -34,7 +37,7 @@ import torch
 from torch import nn
 
 from ..guards.module import cell_filled, hidden_modules
-from .output import HeldOutput
+from .output import HeldOutput, WarningRegistries
 from .snapshot import StateSnapshot, contents, host_copy, mutable, put_back
 
 __all__ = ["CallState"]
@@ -84,6 +87,7 @@ class CallState:
             (c, c.cell_contents if cell_filled(c) else _EMPTY) for s in code for c in s.cells
         ]
         self._globals = [(g, n, g.get(n, _EMPTY)) for s in code for g, n in s.global_names]
+        self._classes = _class_attributes(code)
         # what the code reads (loss_fn's: every cell and global it names; a forward's: plain values
         # only, not a cache it fills, whose tensors a recording made after the call may read)
         values = [v for s in code for v in s.values()]
@@ -111,6 +115,7 @@ class CallState:
         self._take_optimizer(_optimizers(optimizer), objects)
         self._forward_tensors = _forward_copies(code)
         self.runs: list[HeldOutput] = []
+        self._warnings = WarningRegistries() if whole else None
 
     def _take_optimizer(self, optimizers: list, objects: Iterable[Any]) -> None:
         """The param groups' values, the optimizers' and ``objects``' attributes, and an inner
@@ -137,7 +142,10 @@ class CallState:
         return out
 
     def stands(self, run: HeldOutput | None) -> None:
-        """``run`` stands as the call's: its output is emitted, every other run's dropped."""
+        """``run`` stands as the call's: its output is emitted, every other run's dropped (the
+        warning registries as at the call's start first: its warnings register as eager's do)."""
+        if self._warnings is not None:
+            self._warnings.restore()
         for out in self.runs:
             if out is run:
                 out.emit()
@@ -149,6 +157,8 @@ class CallState:
         """Put back everything the call's runs changed (the same objects, values as they were)."""
         for d, bound in self._slots:
             _rebind(d, bound)
+        if self._warnings is not None:
+            self._warnings.restore()
         self._tensors.restore()
         for _, snapshot in self._modules:
             snapshot.restore()
@@ -167,6 +177,7 @@ class CallState:
                 g.pop(name, None)
             elif g.get(name, _EMPTY) is not value:
                 g[name] = value
+        _put_back_classes(self._classes)
         for value, saved in self._held:
             put_back(value, saved)
         for o, groups, saved in self._groups:
@@ -194,6 +205,25 @@ def _forward_copies(code: list[Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     state puts them back so that the run that stands writes them once."""
     found = [t for s in code for t in getattr(s, "held_tensors", list)()]
     return [(t, host_copy(t)) for t in unique_objects(found)]
+
+
+def _class_attributes(code: list[Any]) -> list[tuple[type, str, Any]]:
+    """The class attributes the code reads (``type(self).calls``, ``Counters.seen``: the finders'
+    ``class_attributes``), bound as now (``_EMPTY``: not on that class of the chain)."""
+    found = dict.fromkeys(a for s in code for a in getattr(s, "class_attributes", ()))
+    return [(cls, name, vars(cls).get(name, _EMPTY)) for cls, name in found]
+
+
+def _put_back_classes(saved: list[tuple[type, str, Any]]) -> None:
+    """Each class attribute bound as it was (one a run added to a subclass removed again)."""
+    for cls, name, value in saved:
+        now = vars(cls).get(name, _EMPTY)
+        if now is value:
+            continue
+        if value is _EMPTY:
+            delattr(cls, name)
+        else:
+            setattr(cls, name, value)
 
 
 def _rebind(d: dict, saved: dict) -> None:

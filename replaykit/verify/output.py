@@ -4,10 +4,15 @@ A recording call runs the step's Python more than once (probe, eager reference, 
 Tensors and Python values are put back between runs (:mod:`.call_state`); what they wrote to
 the terminal or a log cannot be. So each run's prints (``sys.stdout``) and log
 records (``logging``) are held, and the call emits those of the one run that stands as eager's
-— once per call, as eager prints — and drops the others. Only the recording thread's output is
-held: another thread printing meanwhile goes straight through. ``sys.stderr`` is not held: a
-warning is shown once per place (``warnings``' registry), and one shown by a run that does not
-stand would never be shown again.
+— once per call, as eager prints — and drops the others. ``sys.stderr`` is held alike (a
+``print(..., file=sys.stderr)``, a traceback a user logs). Only the recording thread's output is
+held: another thread printing meanwhile goes straight through.
+
+Warnings are held as warnings, not as text: a ``default`` one shown by a run that is dropped
+would enter its module's ``__warningregistry__`` and never show again. So the registries are
+put back as they were at the call's start (:class:`WarningRegistries`) and the standing run's
+warnings are issued again (``warn_explicit``, their category, file and line): the filters
+decide as they do for one eager call (``default``: once, ``always``: every call).
 """
 
 from __future__ import annotations
@@ -15,13 +20,17 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["HeldOutput"]
+from ..errors import ReplayWarning
+
+__all__ = ["HeldOutput", "WarningRegistries"]
 
 _original_handle = logging.Logger.handle
+_original_showwarning = warnings.showwarning
 _lock = threading.Lock()
 _holders: dict[
     int, list[HeldOutput]
@@ -29,7 +38,7 @@ _holders: dict[
 
 
 class _Stream:
-    """Stands in for ``sys.stdout`` while a run's output is held."""
+    """Stands in for ``sys.stdout`` or ``sys.stderr`` while a run's output is held."""
 
     def __init__(self, original: Any, name: str) -> None:
         self._original = original
@@ -74,6 +83,10 @@ class HeldOutput:
         with _lock:
             if not _holders:
                 sys.stdout = _Stream(sys.stdout, "stdout")
+                sys.stderr = _Stream(sys.stderr, "stderr")
+                global _original_showwarning
+                _original_showwarning = warnings.showwarning
+                warnings.showwarning = _showwarning
                 logging.Logger.handle = _handle  # type: ignore[method-assign]
             _holders.setdefault(me, []).append(self)
         try:
@@ -93,6 +106,8 @@ class HeldOutput:
         for where, item in items:
             if isinstance(where, logging.Logger):
                 where.handle(item)
+            elif where == "warning":
+                _warn_again(*item)
             else:
                 getattr(sys, where).write(item)
 
@@ -101,8 +116,78 @@ class HeldOutput:
         self.items = []
 
 
+def _showwarning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    """``warnings.showwarning`` while a run is held: the warning and its module's globals are kept."""
+    held = _holders.get(threading.get_ident())
+    if not held or file is not None or issubclass(category, ReplayWarning):
+        # replaykit's own (a nested entry point retiring) is about state no run puts back
+        _original_showwarning(message, category, filename, lineno, file, line)
+        return
+    frame = sys._getframe(1)
+    while frame is not None and not (
+        frame.f_code.co_filename == filename and frame.f_lineno == lineno
+    ):
+        frame = frame.f_back
+    where = frame.f_globals if frame is not None else None
+    held[-1].items.append(("warning", (message, category, filename, lineno, where)))
+
+
+def _warn_again(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, where: dict | None
+) -> None:
+    """A held warning issued again where it was issued, through the filters and its registry."""
+    if where is None:
+        warnings.warn_explicit(message, category, filename, lineno)
+        return
+    registry = where.setdefault("__warningregistry__", {})
+    warnings.warn_explicit(
+        message, category, filename, lineno, where.get("__name__"), registry, where
+    )
+
+
+class WarningRegistries:
+    """Every module's ``__warningregistry__`` (and ``warnings.onceregistry``) as it is now:
+    :meth:`restore` forgets what the runs since registered (the standing run's warnings are
+    issued again, and register then)."""
+
+    def __init__(self) -> None:
+        now = _registries()
+        self._saved = [(r, dict(r)) for r in now.values()]
+        self._known = set(now)
+
+    def restore(self) -> None:
+        for registry, saved in self._saved:
+            if registry != saved:
+                registry.clear()
+                registry.update(saved)
+        for key, registry in _registries().items():
+            if key not in self._known:
+                registry.clear()
+
+
+def _registries() -> dict[int, dict]:
+    """The registries that exist now, by id: the modules' and the ``once`` one."""
+    found = {id(warnings.onceregistry): warnings.onceregistry}
+    for module in list(sys.modules.values()):
+        registry = getattr(module, "__dict__", {}).get("__warningregistry__")
+        if isinstance(registry, dict):
+            found[id(registry)] = registry
+    return found
+
+
 def _unwrap() -> None:
     """The streams and the logger's ``handle`` as they were (a stream replaced meanwhile is left)."""
     if isinstance(sys.stdout, _Stream):
         sys.stdout = sys.stdout._original
+    if isinstance(sys.stderr, _Stream):
+        sys.stderr = sys.stderr._original
     logging.Logger.handle = _original_handle  # type: ignore[method-assign]
+    if warnings.showwarning is _showwarning:
+        warnings.showwarning = _original_showwarning

@@ -8,6 +8,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import itertools
+import sys
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -132,26 +135,39 @@ def _printing(device: str) -> nn.Module:
     return Printing().to(device)
 
 
-def _counted(arm: Arm, calls: int, one_call) -> Extras:
+def _counted(
+    arm: Arm, calls: int, one_call, stream: str = "stdout", log: list | None = None
+) -> Extras:
     """Runs ``one_call(i)`` ``calls`` times; every call that did not replay (a replay runs no
     Python) must print exactly once, as eager's does: kept is how many lines they printed too
-    many or too few."""
+    many or too few. ``stream``: where forward prints (``stdout``, ``stderr``); ``log``: the
+    warnings recorded meanwhile (forward warns once per call too)."""
     wrong = 0
+    redirect = contextlib.redirect_stderr if stream == "stderr" else contextlib.redirect_stdout
     for i in range(calls):
-        replays = _replays(arm)
+        replays, warned = _replays(arm), _warned(log)
         out = io.StringIO()
-        with contextlib.redirect_stdout(out):
+        with redirect(out):
             one_call(i)
         if _replays(arm) == replays:
             wrong += abs(out.getvalue().count("forward") - 1)
+            if log is not None:
+                wrong += abs(_warned(log) - warned - 1)
     return {"prints_not_once": torch.tensor(float(wrong))}
+
+
+def _warned(log: list | None) -> int:
+    """How many of forward's warnings ``log`` holds (not replaykit's own)."""
+    return sum("forward warns" in str(w.message) for w in log or ())
 
 
 def _replays(arm: Arm) -> int:
     return 0 if arm.recorder is None else arm.recorder.counts["replay"]
 
 
-def _print_capture(model: nn.Module, arm: Arm) -> Extras:
+def _print_capture(
+    model: nn.Module, arm: Arm, stream: str = "stdout", log: list | None = None
+) -> Extras:
     opt = sgd(model)
 
     def one(i: int) -> None:
@@ -159,12 +175,88 @@ def _print_capture(model: nn.Module, arm: Arm) -> Extras:
         model(arm.randn(4, 6)).pow(2).mean().backward()
         opt.step()
 
-    return _counted(arm, 4, one)
+    return _counted(arm, 4, one, stream, log)
 
 
-def _print_step(model: nn.Module, arm: Arm) -> Extras:
+def _print_step(
+    model: nn.Module, arm: Arm, stream: str = "stdout", log: list | None = None
+) -> Extras:
     step = arm.train_step(model, lambda m, x: m(x).pow(2).mean(), sgd(model))
-    return _counted(arm, 4, lambda i: step(arm.randn(4, 6)))
+    return _counted(arm, 4, lambda i: step(arm.randn(4, 6)), stream, log)
+
+
+class PrintingToStderr(MLP):
+    """Prints to ``sys.stderr`` from forward, and warns there (``warnings``' ``always`` filter)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        print("forward", tuple(x.shape), file=sys.stderr)
+        warnings.warn("forward warns", UserWarning, stacklevel=1)
+        return super().forward(x)
+
+
+def _stderr_capture(model: nn.Module, arm: Arm) -> Extras:
+    with warnings.catch_warnings(record=True) as log:
+        warnings.filterwarnings("always", "forward warns")
+        return _print_capture(model, arm, "stderr", log)
+
+
+def _stderr_step(model: nn.Module, arm: Arm) -> Extras:
+    with warnings.catch_warnings(record=True) as log:
+        warnings.filterwarnings("always", "forward warns")
+        return _print_step(model, arm, "stderr", log)
+
+
+# --------------------------------------------------------------------------- class attributes, iterators
+class ClassCounting(MLP):
+    """Counts its calls in a class attribute (``type(self).calls += 1``): a trainer's global step."""
+
+    calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        type(self).calls += 1
+        return super().forward(x)
+
+
+def _class_counting(device: str) -> nn.Module:
+    ClassCounting.calls = 0  # each arm starts from none
+    return ClassCounting().to(device)
+
+
+def _class_calls(extras: Extras) -> Extras:
+    return {**extras, "class_calls": torch.tensor(float(ClassCounting.calls))}
+
+
+IDS = itertools.count()  # a module-level iterator code draws ids from
+
+
+class Ticking(MLP):
+    """Draws an id per call from a module-level ``itertools.count`` (``next(IDS)``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        next(IDS)
+        return super().forward(x)
+
+
+def _ticking(device: str) -> nn.Module:
+    global IDS
+    IDS = itertools.count()  # each arm starts from 0
+    return Ticking().to(device)
+
+
+def _drawn(extras: Extras) -> Extras:
+    """How far the iterator moved (the next id: drawn here, after the arm's last call)."""
+    return {**extras, "ids_drawn": torch.tensor(float(next(IDS)))}
+
+
+def _ticking_loss_fn(model: nn.Module, arm: Arm) -> Extras:
+    global IDS
+    IDS = itertools.count()
+
+    def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        next(IDS)
+        return m(x).pow(2).mean()
+
+    return _drawn(step_loop(model, arm, loss_fn=loss_fn, steps=4))
 
 
 # --------------------------------------------------------------------------- the forward's globals
@@ -342,4 +434,65 @@ PATTERNS: list[Pattern] = [
         api="step",
     ),
     *_forward_globals(),
+    Pattern(
+        "stderr_and_warning_in_forward",
+        HAZARD,
+        "forward prints to sys.stderr and warns: the recording call shows them once, as an eager call",
+        lambda d: PrintingToStderr().to(d),
+        _stderr_capture,
+        guard="call_state",
+    ),
+    Pattern(
+        "step_stderr_and_warning_in_forward",
+        HAZARD,
+        "forward prints to sys.stderr and warns, whole step: shown once by the recording call",
+        lambda d: PrintingToStderr().to(d),
+        _stderr_step,
+        guard="call_state",
+        api="step",
+    ),
+    Pattern(
+        "class_counter_in_forward",
+        HAZARD,
+        "forward counts its calls in a class attribute (type(self).calls += 1)",
+        _class_counting,
+        lambda m, a: _class_calls(loop(m, a, steps=4)),
+        guard="call_state",
+    ),
+    Pattern(
+        "step_class_counter_in_forward",
+        HAZARD,
+        "forward counts its calls in a class attribute, whole step",
+        _class_counting,
+        lambda m, a: _class_calls(step_loop(m, a, steps=4)),
+        guard="call_state",
+        api="step",
+        unsafe_never="the step's eager reference sees the class attribute change first and stands as the call",
+    ),
+    Pattern(
+        "iterator_in_forward",
+        HAZARD,
+        "forward draws an id from a module-level itertools.count (next(IDS))",
+        _ticking,
+        lambda m, a: _drawn(loop(m, a, steps=4)),
+        guard="call_state",
+    ),
+    Pattern(
+        "step_iterator_in_forward",
+        HAZARD,
+        "forward draws an id from a module-level itertools.count, whole step",
+        _ticking,
+        lambda m, a: _drawn(step_loop(m, a, steps=4)),
+        guard="call_state",
+        api="step",
+    ),
+    Pattern(
+        "step_iterator_in_loss_fn",
+        HAZARD,
+        "loss_fn draws an id from a module-level itertools.count",
+        mlp(),
+        _ticking_loss_fn,
+        guard="call_state",
+        api="step",
+    ),
 ]
