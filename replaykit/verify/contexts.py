@@ -28,6 +28,11 @@ def register(name: str, factory: Callable[[], AbstractContextManager]) -> None:
     _CONTEXTS[name] = factory
 
 
+def unregister(name: str) -> None:
+    """Stop entering ``name``'s context (a test's, once it is done)."""
+    _CONTEXTS.pop(name, None)
+
+
 @contextmanager
 def recording(enabled: bool = True) -> Iterator[None]:
     """Around one recording (its warm-up and capture): every registered integration's context."""

@@ -4,10 +4,14 @@ Prints one row per case: exact (torch.equal of the global and the weights) and t
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 
 import torch
 from torch import nn
+
+sys.path.insert(0, os.getcwd())  # this checkout's replaykit, not an installed one
 
 import replaykit as rk
 

@@ -3,8 +3,10 @@ reason, one warning), with parity either way."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from torch import nn
 
 import replaykit as rk
 from replaykit.testing.nets import DetectionNet
+from replaykit.verify import contexts
 from replaykit.verify.bitwise import diff_states
 
 
@@ -181,27 +184,43 @@ def test_hooks_present_before_recording_retire(backend: str, device: str) -> Non
     rec.release()
 
 
-class FailsOnSecondCall(DetectionNet):
-    """Raises during warm-up (its second forward), after touching BatchNorm stats once."""
+_IN_RECORDING = [False]
 
-    calls = 0
 
+@contextlib.contextmanager
+def _recording_flag() -> Iterator[None]:
+    _IN_RECORDING[0] = True
+    try:
+        yield
+    finally:
+        _IN_RECORDING[0] = False
+
+
+@pytest.fixture
+def fails_in_recording() -> Iterator[type]:
+    """A model that raises inside a recording (its warm-up), after touching BatchNorm stats: a
+    capture failure. It learns that it is being recorded from a context registered for the test
+    (a counter of its own calls would be put back by the recording call's state, as it should)."""
+    contexts.register("test_retirement", _recording_flag)
+    yield FailsInRecording
+    contexts.unregister("test_retirement")
+
+
+class FailsInRecording(DetectionNet):
     def forward(self, x):
-        FailsOnSecondCall.calls += 1
         out = super().forward(x)
-        if FailsOnSecondCall.calls == 2:
+        if _IN_RECORDING[0]:
             raise RuntimeError("boom in warm-up")
         return out
 
 
 def test_a_capture_that_raises_restores_state_and_continues_eager(
-    backend: str, device: str
+    backend: str, device: str, fails_in_recording: type
 ) -> None:
     torch.manual_seed(0)
     ref = DetectionNet().to(device)
     torch.manual_seed(0)
-    model = FailsOnSecondCall().to(device)
-    FailsOnSecondCall.calls = 0
+    model = fails_in_recording().to(device)
     rec = rk.capture(model, backend=backend)
     x = torch.randn(2, 3, 8, 8, device=device)
     out, ref_out = model(x), ref(x)
@@ -213,9 +232,8 @@ def test_a_capture_that_raises_restores_state_and_continues_eager(
     rec.release()
 
 
-def test_strict_capture_failure_raises(backend: str, device: str) -> None:
-    model = FailsOnSecondCall().to(device)
-    FailsOnSecondCall.calls = 0
+def test_strict_capture_failure_raises(backend: str, device: str, fails_in_recording: type) -> None:
+    model = fails_in_recording().to(device)
     rec = rk.capture(model, backend=backend, strict=True)
     with pytest.raises(rk.ReplayError, match="boom"):
         model(torch.randn(2, 3, 8, 8, device=device))

@@ -379,6 +379,11 @@ PATTERNS: list[Pattern] = [
         _ema_target,
         guard="call_state",
         api="step",
+        cpu_only=(
+            "a CUDA capture runs no kernel, so without the call state only the eager reference "
+            "moves the target before the replay: on the H200 the unguarded arm replayed bitwise "
+            "(measured); the emulated capture executes, moving it twice"
+        ),
     ),
     Pattern(
         "step_teacher_bn_in_loss_fn",

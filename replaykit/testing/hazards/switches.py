@@ -173,6 +173,11 @@ PATTERNS: list[Pattern] = [
         lambda d: Attention().to(d),
         _flash_off_at(2, "capture"),
         guard="switches",
+        cpu_only=(
+            "this fp32 attention runs no flash kernel on CUDA (flash needs fp16/bf16), so turning "
+            "flash off changes no kernel there: the unguarded arm replayed bitwise on the H200 "
+            "(measured); the CPU's SDPA honours the switch"
+        ),
     ),
     Pattern(
         "step_flash_sdp_disabled_mid_fit",
@@ -182,6 +187,11 @@ PATTERNS: list[Pattern] = [
         _flash_off_at(3, "step"),
         guard="switches",
         api="step",
+        cpu_only=(
+            "this fp32 attention runs no flash kernel on CUDA (flash needs fp16/bf16), so turning "
+            "flash off changes no kernel there: the unguarded arm replayed bitwise on the H200 "
+            "(measured); the CPU's SDPA honours the switch"
+        ),
     ),
     Pattern(
         "step_sdpa_kernel_math_every_other_step",
