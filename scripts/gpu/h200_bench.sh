@@ -10,4 +10,4 @@ one rnn_diag 90 python3 scripts/gpu/rnn_diag.py
 one rnn 240 python3 scripts/gpu/rnn_bench.py
 one step_vs_raw 120 python3 scripts/gpu/step_vs_raw.py
 one switches 90 python3 scripts/gpu/switches_key.py
-one call_state 60 python3 scripts/call_state_cost.py --device cuda
+one call_state 60 python3 scripts/gpu/call_state_cost.py --device cuda

@@ -276,12 +276,10 @@ class _CountsRows(nn.Module):
         return self.lin(x)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limit (review5): a tensor the model's forward writes outside the model is not "
-    "in the step's snapshot; a recording call writes it twice (reference step + capture)",
-)
 def test_a_global_tensor_the_forward_writes_is_written_once_per_recording_call():
+    """Once a known limit (review5): the call state now puts back what the recording call's extra
+    run wrote into a tensor the forward names through its globals."""
+
     def train(replay: bool) -> torch.Tensor:
         torch.manual_seed(0)
         _SEEN.zero_()

@@ -1,6 +1,6 @@
 """What the recording call's CallState adds over the step snapshot it wraps, side by side.
 
-    python scripts/call_state_cost.py [--device cpu|cuda] [--layers 4] [--repeat 50]
+    python scripts/gpu/call_state_cost.py [--device cpu|cuda] [--layers 4] [--repeat 50]
 
 Times taking and restoring a ``StepSnapshot`` (what the recording call took before) and a
 ``CallState`` around the same snapshot (name bindings, what loss_fn holds, the optimizer's
