@@ -33,12 +33,12 @@ $(STAMP): pyproject.toml Makefile
 # pytest and nbval in one run on two workers: a file's tests (a notebook's cells: one kernel) share
 # one worker; files with slow tests and the notebooks go first (tests/conftest.py orders them;
 # xdist's reorder by test count would put them last). nbval runs each notebook with its CPU-quick
-# parameters (notebooks/conftest.py edits the parameters cell). Tests marked env: `make e2e`.
+# parameters (notebooks/conftest.py edits the parameters cell). Tests marked env or e2e: `make e2e`.
 test: $(STAMP)
 	$(BIN)/ruff check replaykit tests scripts
 	$(BIN)/ruff format --check replaykit tests scripts
 	$(BIN)/python -m replaykit.workflow.nbclean --check notebooks/*.ipynb
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not env" \
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not env and not e2e" \
 		--nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
 		tests notebooks
 
@@ -46,12 +46,13 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
-# The tests that build Python environments (marker `env`, not in `make test`: minutes each): the
+# The tests that build Python environments (marker `env`) or run the harness end to end in child
+# processes (marker `e2e`; the compiled bench), not in `make test`: minutes each. The
 # four notebooks as Colab's Run all runs them, in a venv of what Colab preinstalls (cached under
 # ~/.cache/replaykit/colab-runtime/, keyed by tests/workflow/colab-runtime.txt: a CI job keeps that
 # folder), and the README's offline recipe (a wheelhouse, a venv of torch and lightning only).
 e2e: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m env
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "env or e2e"
 
 colab-sim: $(STAMP)
 	$(BIN)/python -m pytest -q tests/workflow/test_colab.py

@@ -7,7 +7,7 @@ import pytest
 from replaykit.testing.bench import compiled
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_sizes_run_in_their_own_processes_and_keep_exactness() -> None:
     rows = compiled.run_isolated(
         (1,),
@@ -26,7 +26,7 @@ def test_sizes_run_in_their_own_processes_and_keep_exactness() -> None:
     assert step.equal is True and step.equal_to == "eager" and "replay" in step.note
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_process_that_fails_leaves_rows_that_say_so() -> None:
     rows = compiled.run_isolated(
         (1,), sizes=(), zoo=("no_such_model",), arms=("eager",), device="cpu"
