@@ -47,7 +47,7 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 # The tests that build Python environments (marker `env`) or run the harness end to end in child
-# processes (marker `e2e`; the compiled bench), not in `make test`: minutes each. The
+# processes (marker `e2e`; the compiled and DDP benches), not in `make test`: minutes each. The
 # four notebooks as Colab's Run all runs them, in a venv of what Colab preinstalls (cached under
 # ~/.cache/replaykit/colab-runtime/, keyed by tests/workflow/colab-runtime.txt: a CI job keeps that
 # folder), and the README's offline recipe (a wheelhouse, a venv of torch and lightning only).

@@ -10,6 +10,7 @@ from replaykit.testing.bench.lightning_ddp import ARMS, NETWORK, STEP, run
 
 
 @pytest.mark.ddp
+@pytest.mark.e2e
 @pytest.mark.parametrize("one_device", [False, True], ids=["ddp", "one-device"])
 def test_ddp_bench_times_every_arm_and_replays_on_every_rank(one_device: bool) -> None:
     # one device: a DDPStrategy object per Trainer (a second Trainer refuses a used one)
