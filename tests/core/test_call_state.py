@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import signal
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -16,6 +18,24 @@ import replaykit as rk
 from replaykit.testing.hazards.pattern import MLP
 from replaykit.testing.hazards.recording_call import CentredHead, CountingSGD, DinoLoss
 from replaykit.testing.hazards.under_capture import CaptureAware
+
+
+@pytest.fixture(autouse=True)
+def _deadline() -> Iterator[None]:
+    """Each test under 120 s: a recording call that hangs (a retry loop that never settles) fails
+    the test instead of the suite."""
+
+    def _expired(signum: int, frame: object) -> None:
+        raise TimeoutError("a call-state test ran past 120 s")
+
+    previous = signal.signal(signal.SIGALRM, _expired)
+    signal.alarm(120)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
 
 CALLS = 4
 _TICKS = 0  # a global loss_fn counts its calls in
