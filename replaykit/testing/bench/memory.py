@@ -149,7 +149,16 @@ def run_arm(workload: str, arm: str, steps: int) -> dict[str, Any]:
 
 
 def _child(workload: str, arm: str, steps: int) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", __name__, "--child", workload, arm, "--steps", str(steps)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "replaykit.testing.bench.memory",
+        "--child",
+        workload,
+        arm,
+        "--steps",
+        str(steps),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode or not lines:
