@@ -162,7 +162,6 @@ NOT_APPLICABLE = {
 #: classes whose Lightning whole-step patterns are still to be written (the gap, said here)
 NO_LIGHTNING_YET: set[str] = {
     "switches",
-    "recording_call",  # Lightning's whole step is a TrainStep: its step patterns cover the same call
 }
 
 
