@@ -84,7 +84,8 @@ class RecorderRecording:
         made = Made(key, static, named, list(range(len(named))))
         host = self._host_held()
         try:
-            runs = self._runs(made, callargs, state)
+            with state.watching(self.module):
+                runs = self._runs(made, callargs, state)
             written = any(t._version != v for t, v in host)
         finally:
             state.restore()  # the replay or the eager run that follows is the call's one run
