@@ -47,6 +47,7 @@ from .host_state import ArrayGain, LayerDrop, RecentScaled
 from .pattern import MLP, Arm, Extras, Pattern
 from .recording_call import CentredHead, CountingSGD, DinoLoss
 from .step_python import FocalLoss, WarmupSGD
+from .switches import Attention, ConvNet
 from .under_capture import CaptureAware
 
 API = "whole_step"
@@ -190,14 +191,15 @@ def fit(
     arm: Arm,
     steps: int = 6,
     trainer_kwargs: dict[str, Any] | None = None,
+    shape: tuple[int, ...] = (6,),
     **plan: Any,
 ) -> Extras:
     """Fit ``module`` (a :class:`Fitted`) for ``steps`` optimizer steps with this ``Plan``
-    (``trainer_kwargs`` go to the ``Trainer``); keeps every loss."""
+    (``trainer_kwargs`` go to the ``Trainer``) over batches of ``shape``; keeps every loss."""
     assert isinstance(module, Fitted)
     module.plan = Plan(arm, **plan)
     with _quiet():
-        trainer(arm, steps, **(trainer_kwargs or {})).fit(module, batches(steps))
+        trainer(arm, steps, **(trainer_kwargs or {})).fit(module, batches(steps, shape))
     return _kept(module.plan)
 
 
@@ -681,6 +683,78 @@ def _counter_kept(kept: Extras, arm: Arm) -> Extras:
     return kept
 
 
+# --------------------------------------------------------------------------- switches flipped by a callback
+def _switched_by_callback(
+    flip: Callable[[], None], kept: tuple[Callable[[], Any], Callable[[Any], None]], shape: tuple
+) -> Callable[[nn.Module, Arm], Extras]:
+    """A Lightning callback calls ``flip()`` at batch 3's ``on_train_batch_start`` (a debugging or
+    a memory callback leaving a kernel for a phase); the switch is set back after the fit."""
+    import lightning as L
+
+    class Flip(L.Callback):
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, idx: int) -> None:
+            if idx == 3:
+                flip()
+
+    def train(module: nn.Module, arm: Arm) -> Extras:
+        get, put = kept
+        before = get()
+        try:
+            return fit(module, arm, shape=shape, trainer_kwargs={"callbacks": [Flip()]})
+        finally:
+            put(before)
+
+    return train
+
+
+def _flash_off() -> None:
+    torch.backends.cuda.enable_flash_sdp(False)
+
+
+def _conv_kernels_off() -> None:
+    torch.backends.mkldnn.enabled = False
+    torch.backends.cudnn.enabled = False
+
+
+def _conv_kernels_on(enabled: bool) -> None:
+    torch.backends.mkldnn.enabled = enabled
+    torch.backends.cudnn.enabled = enabled
+
+
+def _switch_patterns() -> list[Pattern]:
+    return [
+        Pattern(
+            "whole_step_flash_sdp_disabled_by_callback",
+            "switches",
+            "a Lightning callback calls torch.backends.cuda.enable_flash_sdp(False) at batch 3",
+            fitted(Attention),
+            lambda m, a: _switched_by_callback(
+                _flash_off,
+                (torch.backends.cuda.flash_sdp_enabled, torch.backends.cuda.enable_flash_sdp),
+                (32,),
+            )(m, a),
+            guard="switches",
+            api=API,
+            cpu_only=(
+                "this fp32 attention runs no flash kernel on CUDA (flash needs fp16/bf16): turning "
+                "flash off changes no kernel there (the step pattern's unguarded arm replayed "
+                "bitwise on the H200); the CPU's SDPA honours the switch"
+            ),
+        ),
+        Pattern(
+            "whole_step_conv_kernels_off_by_callback",
+            "switches",
+            "a Lightning callback sets torch.backends.mkldnn/cudnn.enabled = False at batch 3",
+            fitted(ConvNet),
+            lambda m, a: _switched_by_callback(
+                _conv_kernels_off, (torch.backends.mkldnn.enabled.__bool__, _conv_kernels_on), (48,)
+            )(m, a),
+            guard="switches",
+            api=API,
+        ),
+    ]
+
+
 PATTERNS: list[Pattern] = [
     Pattern(
         "whole_step_plain_sgd",
@@ -952,6 +1026,7 @@ PATTERNS: list[Pattern] = [
         api=API,
     ),
     *_recording_call_patterns(),
+    *_switch_patterns(),
 ]
 
 KNOWN_LIMITS: list[Pattern] = []

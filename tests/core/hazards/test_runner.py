@@ -160,9 +160,7 @@ NOT_APPLICABLE = {
     ): "what the model's own code does: Lightning adds nothing over TrainStep's recurrent patterns",
 }
 #: classes whose Lightning whole-step patterns are still to be written (the gap, said here)
-NO_LIGHTNING_YET: set[str] = {
-    "switches",
-}
+NO_LIGHTNING_YET: set[str] = set()
 
 
 def test_every_hazard_class_has_patterns_for_each_entry_point_it_applies_to() -> None:
