@@ -224,12 +224,10 @@ class SelectivelyCheckpointed(nn.Module):
         return self.head(checkpoint(self.block, x, use_reentrant=False, context_fn=contexts))
 
 
-@pytest.mark.parametrize("entry", list(ENTRIES))
-def test_selective_activation_checkpointing_ends_as_eager(entry: str) -> None:
-    """Its cache allows one backward: the whole step (one backward per recording) replays; network
-    replay, whose every backward differentiates the recorded graph again, retires at record."""
+def _trained_as_eager(cls: type[nn.Module], entry: str) -> object:
+    """Four steps of ``cls`` under ``entry`` end bitwise as the eager loop's: its recorder."""
     torch.manual_seed(0)
-    eager, model = SelectivelyCheckpointed(), SelectivelyCheckpointed()
+    eager, model = cls(), cls()
     model.load_state_dict(eager.state_dict())
     g = torch.Generator().manual_seed(6)
     batches = [torch.randn(4, 6, generator=g) for _ in range(4)]
@@ -238,6 +236,14 @@ def test_selective_activation_checkpointing_ends_as_eager(entry: str) -> None:
     step, rec = ENTRIES[entry](model)
     replayed = _state(model, [step(x) for x in batches])
     assert _same(reference, replayed)
+    return rec
+
+
+@pytest.mark.parametrize("entry", list(ENTRIES))
+def test_selective_activation_checkpointing_ends_as_eager(entry: str) -> None:
+    """Its cache allows one backward: the whole step (one backward per recording) replays; network
+    replay, whose every backward differentiates the recorded graph again, retires at record."""
+    rec = _trained_as_eager(SelectivelyCheckpointed, entry)
     if entry == "step":
         assert rec.counts["replay"] >= 1, rec.summary()
     else:  # torch >= 2.12 raises at the second backward; 2.11's second one reads other values
@@ -283,16 +289,7 @@ def test_a_backward_that_consumes_its_cache_ends_as_eager_at_record(entry: str) 
     checkpointing on torch 2.11): network replay, whose every backward differentiates the
     recorded graph again, finds it at record and retires with a reason, never raising in the
     user's backward; the whole step (one backward per recording) replays."""
-    torch.manual_seed(0)
-    eager, model = PoppedCache(), PoppedCache()
-    model.load_state_dict(eager.state_dict())
-    g = torch.Generator().manual_seed(6)
-    batches = [torch.randn(4, 6, generator=g) for _ in range(4)]
-    run = _eager_step(eager)
-    reference = _state(eager, [run(x) for x in batches])
-    step, rec = ENTRIES[entry](model)
-    replayed = _state(model, [step(x) for x in batches])
-    assert _same(reference, replayed)
+    rec = _trained_as_eager(PoppedCache, entry)
     if entry == "step":
         assert rec.counts["replay"] >= 1, rec.summary()
     else:
