@@ -12,7 +12,9 @@ the CUDA generator at the first dropout forward, batches). One line per case:
   <net> <prec> <entry> exact=Y/N losses=k/8 rec/rep/eager/retire=a/b/c/d <reasons> PASS|FAIL
 
 PASS: every loss and the final state torch.equal to eager, and at least one replay. With --off
-every case must be exact and replay 0 (the up-front refusal). Each case runs under a 60 s alarm;
+every case must be exact and replay 0 (the up-front refusal); with --unsafe (call_state off, the
+dropout state not put back) PASS means the case DIVERGED (exact=N): the negative control. "+drop" cases add an nn.Dropout
+drawing from the CUDA generator (fp32 only). Each case runs under a 60 s alarm;
 the script stops starting cases after 200 s.
 """
 
@@ -35,18 +37,24 @@ import replaykit as rk
 from replaykit.guards import recurrent
 
 STEPS, BATCH, SEQ, FEAT, HID, CLASSES = 8, 4, 6, 8, 16, 5
-CASE_S, BUDGET_S = 60, 200
+CASE_S, BUDGET_S = 60, 190
+UNSAFE: tuple[str, ...] = ()  # --unsafe: ("call_state",), the dropout state not put back
 
 
 class Net(nn.Module):
+    """``kind`` "lstm" / "gru"; "+drop": an nn.Dropout before the head too, drawing from the CUDA
+    generator cuDNN's dropout state is seeded from (a seed drawn in a recording call's extra run
+    and not drawn again by the real one would shift every later mask: exact=N shows it)."""
+
     def __init__(self, kind: str) -> None:
         super().__init__()
-        cls = {"lstm": nn.LSTM, "gru": nn.GRU}[kind]
+        cls = {"lstm": nn.LSTM, "gru": nn.GRU}[kind.split("+")[0]]
         self.rnn = cls(FEAT, HID, num_layers=2, dropout=0.2, batch_first=True)
+        self.drop = nn.Dropout(0.1) if kind.endswith("+drop") else nn.Identity()
         self.head = nn.Linear(HID, CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.rnn(x)[0])
+        return self.head(self.drop(self.rnn(x)[0]))
 
 
 def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -104,11 +112,13 @@ def run(kind: str, prec: str, device: str, entry: str) -> tuple[list, dict, obje
     runner = None
     if entry == "TS":
         precision = "32" if prec == "fp32" else "bf16-mixed"
-        runner = rk.TrainStep(model, loss_fn, opt, precision=precision, backend=backend)
+        runner = rk.TrainStep(
+            model, loss_fn, opt, precision=precision, backend=backend, unsafe_disable=UNSAFE
+        )
         step = lambda x, y: runner(x, y).detach().clone()  # noqa: E731
     else:
         if entry == "CAP":
-            runner = rk.capture(model, backend=backend)
+            runner = rk.capture(model, backend=backend, unsafe_disable=UNSAFE)
         step = plain_step(model, opt, device, prec)
     losses = [step(x, y) for x, y in batches(device)]
     if device == "cuda":
@@ -141,7 +151,7 @@ def _alarm(*_: object) -> None:
 
 def case(kind: str, prec: str, device: str, entry: str, ref: tuple, off: bool) -> bool:
     t0 = time.perf_counter()
-    label = f"{kind:4s} {prec:4s} {entry:3s}"
+    label = f"{kind:9s} {prec:4s} {entry:3s}"
     try:
         out = run(kind, prec, device, entry)
     except Timeout:
@@ -157,7 +167,9 @@ def case(kind: str, prec: str, device: str, entry: str, ref: tuple, off: bool) -
     counts = "/".join(str(c.get(n, 0)) for n in ("record", "replay", "eager", "retire"))
     reasons = dict(runner.eager_reasons)
     retire = f" retire={runner.retire_reason!r}"[:160] if runner.retired else ""
-    ok = exact and (c.get("replay", 0) == 0 if off else c.get("replay", 0) > 0)
+    replays = c.get("replay", 0)
+    # --unsafe is the negative control: without the call state the masks must differ
+    ok = not exact if UNSAFE else exact and (replays == 0 if off else replays > 0)
     print(
         f"{label} exact={'Y' if exact else 'N'} losses={same}/{STEPS} rec/rep/eager/retire={counts} "
         f"{reasons}{retire} {time.perf_counter() - t0:.1f}s {'PASS' if ok else 'FAIL'}",
@@ -172,7 +184,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--off", action="store_true", help="keep the up-front refusal (the default)")
+    ap.add_argument("--unsafe", action="store_true", help="call_state off: must diverge (PASS=N)")
     args = ap.parse_args()
+    global UNSAFE
+    UNSAFE = ("call_state",) if args.unsafe else ()
     recurrent.allow_cudnn_dropout = not args.off
     rk.enable_determinism()
     print(
@@ -184,23 +199,23 @@ def main() -> None:
     signal.signal(signal.SIGALRM, _alarm)
     t0 = time.perf_counter()
     passed = total = 0
-    for kind in ("lstm", "gru"):
-        for prec in (
-            ("fp32", "bf16") if args.device == "cuda" else ("fp32",)
-        ):  # oneDNN: no bf16 LSTM
+    for kind in ("lstm", "gru", "lstm+drop", "gru+drop"):
+        # bf16 autocast on CUDA only (the CPU's oneDNN has no bf16 LSTM); "+drop" in fp32 only
+        precs = ("fp32", "bf16") if args.device == "cuda" and "+" not in kind else ("fp32",)
+        for prec in precs:
             signal.alarm(CASE_S)
             try:
                 ref = run(kind, prec, args.device, "eager")
                 again = run(kind, prec, args.device, "eager")
             except Timeout:
-                print(f"{kind:4s} {prec:4s} eager TIMEOUT", flush=True)
+                print(f"{kind:9s} {prec:4s} eager TIMEOUT", flush=True)
                 continue
             finally:
                 signal.alarm(0)
-            print(f"{kind:4s} {prec:4s} eager repeats={'Y' if compare(ref, again)[0] else 'N'}")
+            print(f"{kind:9s} {prec:4s} eager repeats={'Y' if compare(ref, again)[0] else 'N'}")
             for entry in ("TS", "CAP"):
                 if time.perf_counter() - t0 > BUDGET_S:
-                    print(f"{kind:4s} {prec:4s} {entry:3s} SKIPPED (budget) FAIL", flush=True)
+                    print(f"{kind:9s} {prec:4s} {entry:3s} SKIPPED (budget) FAIL", flush=True)
                     total += 1
                     continue
                 signal.alarm(CASE_S)
