@@ -28,6 +28,7 @@ from .guards.code import iterator_reason
 from .guards.compiled import CompileWatch, aot_compiled, compiled_regions
 from .guards.input_reads import Provenance
 from .guards.module import host_dependence
+from .guards.recurrent import records_cudnn_dropout
 from .guards.signature import CallArgs
 from .memory.outputs import OutputTree
 from .verify.call_state import CallState
@@ -77,6 +78,12 @@ class RecorderRecording:
         why = self._unrecordable()
         if why is not None:
             self._retire(why, call)
+            return None
+        if call == 1 and records_cudnn_dropout(self.module):
+            # cuDNN seeds its dropout state from the CUDA generator at the first dropout forward
+            # after a seed: that draw is one eager call's (a recording call's extra run would
+            # draw it and the state put back would not draw it again)
+            self._not_recorded = "cudnn_dropout_seed"
             return None
         state = self._call_state()
         static = self._static_inputs(callargs.tensors)

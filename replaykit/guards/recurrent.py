@@ -164,12 +164,15 @@ def _argument(func: Any, args: tuple, kwargs: dict, name: str) -> Any:
     return args[i] if i < len(args) else kwargs.get(name)
 
 
+def records_cudnn_dropout(module: nn.Module) -> bool:
+    """Whether ``module`` draws cuDNN dropout and recording it is allowed (the state put back)."""
+    return allow_cudnn_dropout and bool(_cudnn_dropout_rnns(module))
+
+
 def dropout_states(module: nn.Module) -> DropoutStates | None:
-    """A watcher for the recording call's runs where ``module`` draws cuDNN dropout (and recording
-    it is allowed), else None: nothing watched, nothing costs."""
-    if not allow_cudnn_dropout or not _cudnn_dropout_rnns(module):
-        return None
-    return DropoutStates()
+    """A watcher for the recording call's runs where :func:`records_cudnn_dropout`, else None:
+    nothing watched, nothing costs."""
+    return DropoutStates() if records_cudnn_dropout(module) else None
 
 
 def watching(states: DropoutStates | None) -> contextlib.AbstractContextManager:
