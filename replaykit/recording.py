@@ -28,6 +28,7 @@ from .guards.code import iterator_reason
 from .guards.compiled import CompileWatch, aot_compiled, compiled_regions
 from .guards.input_reads import Provenance
 from .guards.module import host_dependence
+from .guards.recurrent import records_cudnn_dropout
 from .guards.signature import CallArgs
 from .memory.outputs import OutputTree
 from .verify.call_state import CallState
@@ -78,13 +79,20 @@ class RecorderRecording:
         if why is not None:
             self._retire(why, call)
             return None
+        if call == 1 and records_cudnn_dropout(self.module):
+            # cuDNN seeds its dropout state from the CUDA generator at the first dropout forward
+            # after a seed: that draw is one eager call's (a recording call's extra run would
+            # draw it and the state put back would not draw it again)
+            self._not_recorded = "cudnn_dropout_seed"
+            return None
         state = self._call_state()
         static = self._static_inputs(callargs.tensors)
         named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
         made = Made(key, static, named, list(range(len(named))))
         host = self._host_held()
         try:
-            runs = self._runs(made, callargs, state)
+            with state.watching(self.module):
+                runs = self._runs(made, callargs, state)
             written = any(t._version != v for t, v in host)
         finally:
             state.restore()  # the replay or the eager run that follows is the call's one run

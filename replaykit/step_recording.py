@@ -118,14 +118,15 @@ class RecordingSteps:
             self.lifecycle.first_record()
         self._forward_key = self._code()[1].key()  # its class attributes: changed by a run?
         state = self._call_state()
-        while True:
-            outcome = self._attempt(state, phase, key, callargs, args, kwargs)
-            if outcome.kind != "retry":
-                break
-            state.restore()
-            state.stands(None)
-            if outcome.rekey:
-                key = self._input_reads.rekey(callargs.tensors)
+        with state.watching(self.model):
+            while True:
+                outcome = self._attempt(state, phase, key, callargs, args, kwargs)
+                if outcome.kind != "retry":
+                    break
+                state.restore()
+                state.stands(None)
+                if outcome.rekey:
+                    key = self._input_reads.rekey(callargs.tensors)
         if outcome.kind == "stands":
             state.stands(outcome.run)
             return outcome.loss

@@ -33,6 +33,7 @@ from ..errors import ReplayError
 from ..guards.signature import autocast_key
 from ..guards.switches import Frozen
 from ..memory.pool import MemoryPool
+from ..verify.bitwise import all_equal
 from .base import (
     Backend,
     ForwardFn,
@@ -101,22 +102,35 @@ class EmulatedRecording(Recording):
         self.differentiable = differentiable_indices(outs)
         self.static_outputs = outs
         grads: Sequence[torch.Tensor | None] = [None] * len(self._targets)
-        if (
-            self.differentiable and self._targets
-        ):  # through the recorded graph: checks it can be differentiated
-            roots = [outs[i] for i in self.differentiable]
-            grads = self._grad(roots, _zero_grads(outs, self.differentiable), True)
-            # every replay differentiates this graph again: one that allows a single backward
-            # (selective activation checkpointing's cache) fails here, a clean "capture failed",
-            # not in the user's first replayed backward
-            self._grad(roots, _zero_grads(outs, self.differentiable), True)
-            del roots
-        _check_dense(grads, names)
+        if self.differentiable and self._targets:
+            grads = self._repeatable_backward([outs[i] for i in self.differentiable], names)
         self.static_grads = [None if g is None else torch.empty_like(g) for g in grads]
         del grads
         tape.seal(outs)
         del outs
         self._tape = tape
+
+    def _repeatable_backward(
+        self, roots: list[torch.Tensor], names: Sequence[str]
+    ) -> Sequence[torch.Tensor | None]:
+        """The recorded graph differentiated twice with the same (nonzero) gradients: every replay
+        differentiates this one graph again, where eager and a CUDA graph run the backward once
+        per forward. A graph whose backward runs Python that consumes what it reads (selective
+        activation checkpointing's cache: torch 2.13 raises at the second backward, 2.11 pops one
+        entry per early-stopped recompute, so the second reads another op's output and a later
+        one raises) fails here, a clean "capture failed", never in the user's backward."""
+        ones = [torch.ones_like(r) for r in roots]
+        first = self._grad(roots, ones, True)
+        _check_dense(first, names)
+        again = self._grad(roots, ones, True)
+        if not all_equal(zip(first, again, strict=True)):
+            raise ReplayError(
+                "the recorded backward is not repeatable: a second backward through the recorded "
+                "graph gives other gradients (a saved-tensor hook or custom autograd.Function that "
+                "consumes a cache, as selective activation checkpointing does), and every replay "
+                "backwards that graph again"
+            )
+        return first
 
     def _grad(
         self, roots: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], retain: bool

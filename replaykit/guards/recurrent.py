@@ -21,18 +21,29 @@ the generator's seed was set. ``torch.cuda.set_rng_state`` sets the seed, so a s
 restore of the CUDA RNG re-seeded it (measured on the H200: an eager loop with a snapshot
 taken and restored before each step already differed from eager in every dropout pattern).
 :func:`restore_cuda_rng` puts the generator back without that side effect. The buffer
-itself cannot be snapshotted, and a recording call runs the forward more than once, so
-such an RNN on CUDA is refused up front (:func:`cudnn_dropout_refusal`): eager, exact.
+itself is out of Python's reach but handed to ``aten._cudnn_rnn`` as its ``dropout_state``
+argument: :class:`DropoutStates` copies each buffer it sees there before the op advances it,
+and the call state puts it back before the call's one real run. Until that is measured exact
+on the H200 (``scripts/gpu/rnn_dropout_try.py``) such an RNN on CUDA is still refused up front
+(:func:`cudnn_dropout_refusal`: eager, exact) unless :data:`allow_cudnn_dropout` is set.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+#: record CUDA RNNs with dropout in training, their cuDNN dropout state put back by the call state
+#: (:class:`DropoutStates`); off until measured exact on the H200. ``REPLAYKIT_CUDNN_DROPOUT_STATE=1``
+allow_cudnn_dropout: bool = os.environ.get("REPLAYKIT_CUDNN_DROPOUT_STATE") == "1"
 
 
 @contextmanager
@@ -89,14 +100,80 @@ def cudnn_dropout_refusal(module: nn.Module) -> str | None:
     the first one after a seed re-seeds it, reading the seed on the host: a capture cannot):
     later masks would differ from eager's. Refused up front so that no extra run happens.
     """
-    if not torch.backends.cudnn.enabled:
+    if allow_cudnn_dropout:
+        return None  # the call state puts the dropout state back (DropoutStates)
+    name, m = next(iter(_cudnn_dropout_rnns(module)), ("", None))
+    if m is None:
         return None
-    for name, m in module.named_modules():
-        if not isinstance(m, nn.RNNBase) or not m.dropout or not m.training:
-            continue
-        if any(p.is_cuda for p in m.parameters(recurse=False)):
-            return (
-                f"{name or type(m).__name__}: cuDNN's RNN dropout (dropout={m.dropout}) draws from a state "
-                "of its own that every extra run of a recording call would advance"
-            )
-    return None
+    return (
+        f"{name or type(m).__name__}: cuDNN's RNN dropout (dropout={m.dropout}) draws from a state "
+        "of its own that every extra run of a recording call would advance"
+    )
+
+
+def _cudnn_dropout_rnns(module: nn.Module) -> list[tuple[str, nn.RNNBase]]:
+    """The CUDA RNNs in ``module`` whose train-mode forward draws cuDNN dropout."""
+    if not torch.backends.cudnn.enabled:
+        return []
+    return [
+        (name, m)
+        for name, m in module.named_modules()
+        if isinstance(m, nn.RNNBase)
+        and m.dropout
+        and m.training
+        and any(p.is_cuda for p in m.parameters(recurse=False))
+    ]
+
+
+class DropoutStates(TorchDispatchMode):
+    """cuDNN's RNN dropout state buffers, each copied when ``aten._cudnn_rnn`` is first handed it
+    (before the op advances it): :meth:`restore` puts them back, so the recording call's extra
+    runs leave the buffer as one eager call leaves it. Not while a stream captures: a capture
+    executes nothing, and a copy there would be a kernel of the graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._seen: set[int] = set()
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._cudnn_rnn.default:
+            state = _argument(func, args, kwargs, "dropout_state")
+            if (
+                isinstance(state, torch.Tensor)
+                and state.numel()
+                and state.data_ptr() not in self._seen
+                and not torch.cuda.is_current_stream_capturing()
+            ):
+                self._seen.add(state.data_ptr())
+                self._saved.append((state, state.clone()))
+        return func(*args, **kwargs)
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for state, copy in self._saved:
+                state.copy_(copy)
+
+
+def _argument(func: Any, args: tuple, kwargs: dict, name: str) -> Any:
+    names = [a.name for a in func._schema.arguments]
+    i = names.index(name)
+    return args[i] if i < len(args) else kwargs.get(name)
+
+
+def records_cudnn_dropout(module: nn.Module) -> bool:
+    """Whether ``module`` draws cuDNN dropout and recording it is allowed (the state put back)."""
+    return allow_cudnn_dropout and bool(_cudnn_dropout_rnns(module))
+
+
+def dropout_states(module: nn.Module) -> DropoutStates | None:
+    """A watcher for the recording call's runs where :func:`records_cudnn_dropout`, else None:
+    nothing watched, nothing costs."""
+    return DropoutStates() if records_cudnn_dropout(module) else None
+
+
+def watching(states: DropoutStates | None) -> contextlib.AbstractContextManager:
+    return states if states is not None else contextlib.nullcontext()

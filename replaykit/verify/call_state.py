@@ -19,7 +19,9 @@ the one real run and on every outcome that does not stand. It holds
   ``step()`` increments), its own attributes, an inner optimizer's state; other objects' plain
   attributes (an EMA's counter);
 - the output each run prints, logs or warns (:mod:`.output`), and the warnings' registries: the
-  run that stands emits its own.
+  run that stands emits its own;
+- cuDNN's RNN dropout state, found while the runs go (:meth:`CallState.watching`), where
+  recording a CUDA RNN with dropout is allowed (``guards.recurrent.allow_cudnn_dropout``).
 
 Tensors the code holds loose (a running mean in a closure) are watched by version, not
 copied (one may be a dataset): :meth:`CallState.unsaved_writes` names those written without
@@ -28,6 +30,7 @@ a copy, and the entry point then lets the run that wrote them stand as the call.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -37,6 +40,7 @@ import torch
 from torch import nn
 
 from ..guards.module import cell_filled, hidden_modules
+from ..guards.recurrent import DropoutStates, dropout_states, watching
 from .output import HeldOutput, WarningRegistries
 from .snapshot import StateSnapshot, contents, host_copy, mutable, put_back
 
@@ -116,6 +120,15 @@ class CallState:
         self._forward_tensors = _forward_copies(code)
         self.runs: list[HeldOutput] = []
         self._warnings = WarningRegistries() if whole else None
+        self._dropout: DropoutStates | None = None
+
+    def watching(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Around the recording call's runs: the state kept outside Python's reach that a run
+        hands to an op (cuDNN's RNN dropout state) is copied at its first sighting, before that
+        run advances it, and :meth:`restore` puts it back (a whole call state only)."""
+        if self._whole:
+            self._dropout = dropout_states(model)
+        return watching(self._dropout)
 
     def _take_optimizer(self, optimizers: list, objects: Iterable[Any]) -> None:
         """The param groups' values, the optimizers' and ``objects``' attributes, and an inner
@@ -170,6 +183,8 @@ class CallState:
                     del cell.cell_contents
             elif not cell_filled(cell) or cell.cell_contents is not value:
                 cell.cell_contents = value
+        if self._dropout is not None:
+            self._dropout.restore()
         for g, name, value in self._globals:
             if isinstance(g.get(name), torch.Tensor):
                 continue  # a tensor a recording made after the call may read: left bound

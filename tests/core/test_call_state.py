@@ -238,40 +238,67 @@ def _capture_runs(unsafe: tuple[str, ...], log: io.StringIO) -> list:
     return ends
 
 
-@pytest.mark.parametrize("unsafe", [(), ("call_state",)], ids=["safe", "unsafe"])
-def test_an_optimizer_step_keeps_its_param_group_counter_once_per_call(
-    unsafe: tuple[str, ...],
-) -> None:
-    """OptimizerStep's recording call runs the body at capture and again eagerly (its
-    verification): the param group's counter must move once per call, as eager's."""
+class _ReadingSGD(CountingSGD):
+    """Reads a weight's norm on the host after its counter moved: no capture can hold that
+    read, so the recording call's capture fails after the step's Python ran, and it ends eager."""
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        loss = super().step(closure)
+        self.norm = float(self.param_groups[0]["params"][0].norm())
+        return loss
+
+
+def _optimizer_step_run(
+    backend: str, replay: bool, unsafe: tuple[str, ...], optimizer: type
+) -> tuple[dict, int, object]:
     from replaykit.optimizer_step import OptimizerStep
 
-    ends = []
-    for replay in (False, True):
-        torch.manual_seed(0)
-        net = nn.Linear(6, 3)
-        opt = CountingSGD(net.parameters(), lr=0.1, momentum=0.9)
-        step = (
-            OptimizerStep(
-                opt, backend="emulated", warmup=0, trust_optimizer=True, unsafe_disable=unsafe
-            )
-            if replay
-            else None
-        )
-        g = torch.Generator().manual_seed(1)
-        for _ in range(CALLS):
-            net(torch.randn(4, 6, generator=g)).pow(2).mean().backward()
-            if step is None:
-                opt.step()
-            else:
-                step(opt.step)
-            opt.zero_grad(set_to_none=True)
-        ends.append((net.weight.detach().clone(), opt.param_groups[0]["k"]))
-    (w_eager, k_eager), (w_replayed, k_replayed) = ends
+    device = "cuda" if backend == "cuda" else "cpu"
+    torch.manual_seed(0)
+    net = nn.Linear(6, 3).to(device)
+    opt = optimizer(net.parameters(), lr=0.1, momentum=0.9)
+    step = (
+        OptimizerStep(opt, backend=backend, warmup=0, trust_optimizer=True, unsafe_disable=unsafe)
+        if replay
+        else None
+    )
+    g = torch.Generator().manual_seed(1)
+    for _ in range(CALLS):
+        net(torch.randn(4, 6, generator=g).to(device)).pow(2).mean().backward()
+        if step is None:
+            opt.step()
+        else:
+            step(opt.step)
+        opt.zero_grad(set_to_none=True)
+    end = {n: t.detach().clone() for n, t in net.state_dict().items()}
+    end |= {f"momentum {i}": s["momentum_buffer"].clone() for i, s in enumerate(opt.state.values())}
+    end |= {f"grad {n}": p.grad for n, p in net.named_parameters()}
+    return end, opt.param_groups[0]["k"], step
+
+
+@pytest.mark.parametrize("ends", ["recorded", "eager"])
+@pytest.mark.parametrize("unsafe", [(), ("call_state",)], ids=["safe", "unsafe"])
+def test_an_optimizer_step_keeps_its_param_group_counter_once_per_call(
+    backend: str, unsafe: tuple[str, ...], ends: str
+) -> None:
+    """OptimizerStep's recording call runs the body at capture and again eagerly (its
+    verification, or the eager run after a failed capture: ``ends="eager"``): the param group's
+    counter must move once per call, as eager's, and the weights, momentum and gradients end as
+    eager's. On CUDA the capture runs no kernel but runs the step's Python, so the unsafe arm's
+    counter still moves twice per recording call (the emulated one's weights move twice too)."""
+    optimizer = CountingSGD if ends == "recorded" else _ReadingSGD
+    (eager, k_eager, _), (replayed, k_replayed, step) = (
+        _optimizer_step_run(backend, replay, unsafe, optimizer) for replay in (False, True)
+    )
+    if ends == "eager":
+        assert step.retired and "capture failed" in step.retire_reason, step.summary()
     if unsafe:
         assert k_replayed != k_eager
         return
-    assert k_replayed == k_eager == CALLS and torch.equal(w_eager, w_replayed)
+    assert k_replayed == k_eager == CALLS
+    assert eager.keys() == replayed.keys()
+    assert not _differences(eager, replayed), _differences(eager, replayed)
 
 
 class _Lookahead(torch.optim.Optimizer):

@@ -45,7 +45,10 @@ from torch.utils.data import DataLoader, TensorDataset
 from .backend_diffs import Unrolled
 from .host_state import ArrayGain, LayerDrop, RecentScaled
 from .pattern import MLP, Arm, Extras, Pattern
+from .recording_call import CentredHead, CountingSGD, DinoLoss
 from .step_python import FocalLoss, WarmupSGD
+from .switches import Attention, ConvNet
+from .under_capture import CaptureAware
 
 API = "whole_step"
 BATCH = 4
@@ -188,14 +191,15 @@ def fit(
     arm: Arm,
     steps: int = 6,
     trainer_kwargs: dict[str, Any] | None = None,
+    shape: tuple[int, ...] = (6,),
     **plan: Any,
 ) -> Extras:
     """Fit ``module`` (a :class:`Fitted`) for ``steps`` optimizer steps with this ``Plan``
-    (``trainer_kwargs`` go to the ``Trainer``); keeps every loss."""
+    (``trainer_kwargs`` go to the ``Trainer``) over batches of ``shape``; keeps every loss."""
     assert isinstance(module, Fitted)
     module.plan = Plan(arm, **plan)
     with _quiet():
-        trainer(arm, steps, **(trainer_kwargs or {})).fit(module, batches(steps))
+        trainer(arm, steps, **(trainer_kwargs or {})).fit(module, batches(steps, shape))
     return _kept(module.plan)
 
 
@@ -558,6 +562,199 @@ def _smooth_l1(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.smooth_l1_loss(out.float(), torch.zeros_like(out, dtype=torch.float32))
 
 
+# --------------------------------------------------------------------------- the recording call's extra runs
+def _ema_target(module: nn.Module, arm: Arm) -> Extras:
+    """BYOL with the target network built by the training script beside the module (the module's
+    own attributes are the step's snapshot already): the loss_fn closure holding it moves it
+    towards the online net (an EMA) before each loss."""
+    target = copy.deepcopy(module.net).requires_grad_(False)
+
+    def byol_loss(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            for t, p in zip(target.parameters(), net.parameters(), strict=True):
+                t.mul_(0.9).add_(p, alpha=0.1)
+        return (net(x) - target(x)).pow(2).mean()
+
+    kept = fit(module, arm, loss_fn=byol_loss)
+    kept.update({f"target/{n}": t for n, t in target.named_parameters()})
+    return kept
+
+
+class BatchNormTeacher(Fitted):
+    """Distillation in Lightning: the teacher is the module's attribute, so the Trainer's
+    ``train()`` leaves its BatchNorm in train mode and its statistics move at every loss."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__(net)
+        self.teacher = MLP(bn=True).requires_grad_(False)
+
+    def distil_loss(self, net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            soft = self.teacher(x)
+        return (net(x) - soft).pow(2).mean()
+
+
+class DinoCentred(Fitted):
+    """DINO in Lightning: the loss module with its centre buffer is the module's attribute."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__(net)
+        self.criterion = DinoLoss()
+
+    def dino_loss(self, net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return self.criterion(net(x), net(x.flip(0)).detach())
+
+
+def _counting_sgd(net: nn.Module) -> torch.optim.Optimizer:
+    return CountingSGD(net.parameters(), lr=0.1)
+
+
+def _recording_call_patterns() -> list[Pattern]:
+    """The recording call's extra runs (probe, eager reference, capture) as a Lightning user
+    meets them: what the LightningModule holds beside the net, and the optimizer's Python."""
+    hazard = "recording_call"
+    held = [
+        (
+            "teacher_bn",
+            "a distillation teacher with BatchNorm, the module's attribute, in train mode",
+            BatchNormTeacher,
+            "distil_loss",
+        ),
+        (
+            "dino_loss_centre",
+            "DINO's loss module, the module's attribute, updates its centre in place",
+            DinoCentred,
+            "dino_loss",
+        ),
+    ]
+    cases = [
+        Pattern(
+            f"whole_step_{name}",
+            hazard,
+            what,
+            fitted(MLP, cls),
+            functools.partial(_fit_method, method=method),
+            guard="call_state",
+            api=API,
+        )
+        for name, what, cls, method in held
+    ]
+    return [
+        *cases,
+        Pattern(
+            "whole_step_ema_target_in_loss_fn",
+            hazard,
+            "a BYOL target network beside the module, EMA-updated by the loss_fn closure",
+            fitted(),
+            _ema_target,
+            api=API,  # no guard named: with call_state off its recording still verified and
+            # replayed bitwise on the CPU (the step pattern's diverges), not yet explained
+        ),
+        Pattern(
+            "whole_step_rebound_centre_buffer",
+            hazard,
+            "DINO's head re-binds a centre buffer in forward (self.center = m * self.center + ...)",
+            fitted(CentredHead),
+            lambda m, a: fit(m, a),
+            guard="call_state",
+            api=API,
+            unsafe_never="the step's eager reference sees the assignment first and stands as the call",
+        ),
+        Pattern(
+            "whole_step_param_group_counter_failed_verification",
+            hazard,
+            "configure_optimizers returns an optimizer counting steps in its param group; the recording fails verification",
+            fitted(CaptureAware),
+            lambda m, a: _counter_kept(
+                fit(m, a, optimizer=_counting_sgd, step_kwargs={"trust_optimizer": True}), a
+            ),
+            guard="call_state",
+            api=API,
+        ),
+    ]
+
+
+def _fit_method(module: nn.Module, arm: Arm, method: str) -> Extras:
+    return fit(module, arm, loss_fn=None, loss_of=lambda m: getattr(m, method))
+
+
+def _counter_kept(kept: Extras, arm: Arm) -> Extras:
+    kept["counter"] = torch.tensor(float(arm.optimizers[-1].param_groups[0]["k"]))
+    return kept
+
+
+# --------------------------------------------------------------------------- switches flipped by a callback
+def _switched_by_callback(
+    flip: Callable[[], None], kept: tuple[Callable[[], Any], Callable[[Any], None]], shape: tuple
+) -> Callable[[nn.Module, Arm], Extras]:
+    """A Lightning callback calls ``flip()`` at batch 3's ``on_train_batch_start`` (a debugging or
+    a memory callback leaving a kernel for a phase); the switch is set back after the fit."""
+    import lightning as L
+
+    class Flip(L.Callback):
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, idx: int) -> None:
+            if idx == 3:
+                flip()
+
+    def train(module: nn.Module, arm: Arm) -> Extras:
+        get, put = kept
+        before = get()
+        try:
+            return fit(module, arm, shape=shape, trainer_kwargs={"callbacks": [Flip()]})
+        finally:
+            put(before)
+
+    return train
+
+
+def _flash_off() -> None:
+    torch.backends.cuda.enable_flash_sdp(False)
+
+
+def _conv_kernels_off() -> None:
+    torch.backends.mkldnn.enabled = False
+    torch.backends.cudnn.enabled = False
+
+
+def _conv_kernels_on(enabled: bool) -> None:
+    torch.backends.mkldnn.enabled = enabled
+    torch.backends.cudnn.enabled = enabled
+
+
+def _switch_patterns() -> list[Pattern]:
+    return [
+        Pattern(
+            "whole_step_flash_sdp_disabled_by_callback",
+            "switches",
+            "a Lightning callback calls torch.backends.cuda.enable_flash_sdp(False) at batch 3",
+            fitted(Attention),
+            lambda m, a: _switched_by_callback(
+                _flash_off,
+                (torch.backends.cuda.flash_sdp_enabled, torch.backends.cuda.enable_flash_sdp),
+                (32,),
+            )(m, a),
+            guard="switches",
+            api=API,
+            cpu_only=(
+                "this fp32 attention runs no flash kernel on CUDA (flash needs fp16/bf16): turning "
+                "flash off changes no kernel there (the step pattern's unguarded arm replayed "
+                "bitwise on the H200); the CPU's SDPA honours the switch"
+            ),
+        ),
+        Pattern(
+            "whole_step_conv_kernels_off_by_callback",
+            "switches",
+            "a Lightning callback sets torch.backends.mkldnn/cudnn.enabled = False at batch 3",
+            fitted(ConvNet),
+            lambda m, a: _switched_by_callback(
+                _conv_kernels_off, (torch.backends.mkldnn.enabled.__bool__, _conv_kernels_on), (48,)
+            )(m, a),
+            guard="switches",
+            api=API,
+        ),
+    ]
+
+
 PATTERNS: list[Pattern] = [
     Pattern(
         "whole_step_plain_sgd",
@@ -828,6 +1025,8 @@ PATTERNS: list[Pattern] = [
         guard="param_identity",
         api=API,
     ),
+    *_recording_call_patterns(),
+    *_switch_patterns(),
 ]
 
 KNOWN_LIMITS: list[Pattern] = []

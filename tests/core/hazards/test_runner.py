@@ -160,10 +160,7 @@ NOT_APPLICABLE = {
     ): "what the model's own code does: Lightning adds nothing over TrainStep's recurrent patterns",
 }
 #: classes whose Lightning whole-step patterns are still to be written (the gap, said here)
-NO_LIGHTNING_YET: set[str] = {
-    "switches",
-    "recording_call",  # Lightning's whole step is a TrainStep: its step patterns cover the same call
-}
+NO_LIGHTNING_YET: set[str] = set()
 
 
 def test_every_hazard_class_has_patterns_for_each_entry_point_it_applies_to() -> None:
