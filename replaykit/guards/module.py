@@ -563,7 +563,7 @@ def tree_contains(root: nn.Module, module: nn.Module) -> bool:
     return any(m is module for m in root.modules())
 
 
-def host_dependence(module: nn.Module) -> str | None:
+def host_dependence(module: nn.Module, whole_step: bool = False) -> str | None:
     """Why a graph would freeze a host-side value of this module, or None.
 
     BatchNorm with ``momentum=None`` averages with ``1 / num_batches_tracked`` read on the
@@ -577,4 +577,4 @@ def host_dependence(module: nn.Module) -> str | None:
             and m.track_running_stats
         ):
             return f"BatchNorm {name or type(m).__name__} with momentum=None reads a host-side counter every call"
-    return cudnn_dropout_refusal(module)
+    return cudnn_dropout_refusal(module, whole_step)

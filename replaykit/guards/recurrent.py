@@ -23,9 +23,10 @@ taken and restored before each step already differed from eager in every dropout
 :func:`restore_cuda_rng` puts the generator back without that side effect. The buffer
 itself is out of Python's reach but handed to ``aten._cudnn_rnn`` as its ``dropout_state``
 argument: :class:`DropoutStates` copies each buffer it sees there before the op advances it,
-and the call state puts it back before the call's one real run. Until that is measured exact
-on the H200 (``scripts/gpu/rnn_dropout_try.py``) such an RNN on CUDA is still refused up front
-(:func:`cudnn_dropout_refusal`: eager, exact) unless :data:`allow_cudnn_dropout` is set.
+and the call state puts it back before the call's one real run. Measured on the H200
+(``scripts/gpu/rnn_dropout_try.py``): a whole step so recorded replays exactly; ``rk.capture``
+still differed, so there such an RNN is refused up front (:func:`cudnn_dropout_refusal`:
+eager, exact) unless :data:`allow_cudnn_dropout` is set.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 #: record CUDA RNNs with dropout in training, their cuDNN dropout state put back by the call state
-#: (:class:`DropoutStates`); off until measured exact on the H200. ``REPLAYKIT_CUDNN_DROPOUT_STATE=1``
+#: (:class:`DropoutStates`) under ``rk.capture`` too; a whole step always does. Off: a capture differed
+#: on the H200 (``scripts/gpu/rnn_dropout_try.py``). ``REPLAYKIT_CUDNN_DROPOUT_STATE=1``
 allow_cudnn_dropout: bool = os.environ.get("REPLAYKIT_CUDNN_DROPOUT_STATE") == "1"
 
 
@@ -92,15 +94,18 @@ def restore_cuda_rng(state: torch.Tensor, device: torch.device) -> None:
     view().set_state(state)
 
 
-def cudnn_dropout_refusal(module: nn.Module) -> str | None:
+def cudnn_dropout_refusal(module: nn.Module, whole_step: bool = False) -> str | None:
     """Why a recording would change what a CUDA RNN with dropout computes, or None.
 
     A recording call runs the forward more than once (reference, capture, check) and each
     train-mode cuDNN forward with ``dropout > 0`` advances cuDNN's private dropout state (and
     the first one after a seed re-seeds it, reading the seed on the host: a capture cannot):
-    later masks would differ from eager's. Refused up front so that no extra run happens.
+    later masks would differ from eager's. A whole step puts the state back (measured exact on
+    the H200: LSTM/GRU, fp32/bf16, with and without ``nn.Dropout`` beside it); ``rk.capture``,
+    whose replays run between eager optimizer steps, still differed there: refused up front so
+    that no extra run happens, unless :data:`allow_cudnn_dropout`.
     """
-    if allow_cudnn_dropout:
+    if whole_step or allow_cudnn_dropout:
         return None  # the call state puts the dropout state back (DropoutStates)
     name, m = next(iter(_cudnn_dropout_rnns(module)), ("", None))
     if m is None:
@@ -164,15 +169,15 @@ def _argument(func: Any, args: tuple, kwargs: dict, name: str) -> Any:
     return args[i] if i < len(args) else kwargs.get(name)
 
 
-def records_cudnn_dropout(module: nn.Module) -> bool:
+def records_cudnn_dropout(module: nn.Module, whole_step: bool = False) -> bool:
     """Whether ``module`` draws cuDNN dropout and recording it is allowed (the state put back)."""
-    return allow_cudnn_dropout and bool(_cudnn_dropout_rnns(module))
+    return (whole_step or allow_cudnn_dropout) and bool(_cudnn_dropout_rnns(module))
 
 
-def dropout_states(module: nn.Module) -> DropoutStates | None:
+def dropout_states(module: nn.Module, whole_step: bool = False) -> DropoutStates | None:
     """A watcher for the recording call's runs where :func:`records_cudnn_dropout`, else None:
     nothing watched, nothing costs."""
-    return DropoutStates() if records_cudnn_dropout(module) else None
+    return DropoutStates() if records_cudnn_dropout(module, whole_step) else None
 
 
 def watching(states: DropoutStates | None) -> contextlib.AbstractContextManager:

@@ -122,12 +122,14 @@ class CallState:
         self._warnings = WarningRegistries() if whole else None
         self._dropout: DropoutStates | None = None
 
-    def watching(self, model: nn.Module) -> contextlib.AbstractContextManager:
+    def watching(
+        self, model: nn.Module, whole_step: bool = False
+    ) -> contextlib.AbstractContextManager:
         """Around the recording call's runs: the state kept outside Python's reach that a run
         hands to an op (cuDNN's RNN dropout state) is copied at its first sighting, before that
         run advances it, and :meth:`restore` puts it back (a whole call state only)."""
         if self._whole:
-            self._dropout = dropout_states(model)
+            self._dropout = dropout_states(model, whole_step)
         return watching(self._dropout)
 
     def _take_optimizer(self, optimizers: list, objects: Iterable[Any]) -> None:
