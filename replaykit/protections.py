@@ -207,6 +207,12 @@ REGISTRY: dict[str, Protection] = {
             "step",
             "the optimizer's, scaler's and clip's host values (a float lr) are not keyed: a changed one replays the old",
         ),
+        Protection(
+            "rank_agreement",
+            "step",
+            "under DDP each rank routes alone: one records or runs eagerly while another replays, their "
+            "collectives no longer pair up (a hang, or gradients averaged across different steps)",
+        ),
     )
 }
 

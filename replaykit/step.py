@@ -40,16 +40,19 @@ import operator
 import sys
 import warnings
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from .backends import Backend, Scratch, module_device, resolve_backend
+from .backends.gaps import capturing, gap
 from .ema import EMA
 from .errors import ReplayWarning
 from .guards.code import ForwardInputs, LossInputs
-from .guards.distributed import ddp_refusal
+from .guards.distributed import ddp_refusal, is_ddp
 from .guards.input_reads import InputReads
 from .guards.module import epoch as guard_epoch
 from .guards.module import gradient_hooks
@@ -66,12 +69,15 @@ from .guards.storage import GLOBAL_HOOKS, module_hooks
 from .memory.layout import aligned_key, copy_into
 from .memory.pool import MemoryPool, storage_bytes
 from .protections import Switches
+from .ranks import RankAgreement
+from .reduction import DDPReduction
 from .route import Entry, signature_of
 from .step_config import PRECISIONS, StepConfig, fixed
 from .step_recording import RecordingSteps, StepRecording
 from .verify.call_state import CallState
 from .verify.probe import foreign_leaves
 from .verify.step_check import StepSnapshot, difference, end_state, unique
+from .watchdog import Watchdog
 
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
@@ -128,6 +134,9 @@ class TrainStep(RecordingSteps, Entry):
         unsafe_disable: tuple[str, ...] | list[str] | str = (),
         on_optimizer_step: Callable[[], None] | None = None,
         pool: MemoryPool | None = None,
+        process_group: Any = None,
+        replay_timeout: float | None = None,
+        collectives_in_graph: bool = False,
     ) -> None:
         self.config = c = StepConfig(
             model, loss_fn, optimizer, scaler=scaler, max_norm=max_norm, ema=ema,
@@ -135,6 +144,8 @@ class TrainStep(RecordingSteps, Entry):
             warmup=warmup, max_recordings=max_recordings, max_rerecords=max_rerecords,
             check_every=check_every, strict=strict, trust_optimizer=trust_optimizer,
             unsafe_disable=unsafe_disable, on_optimizer_step=on_optimizer_step, pool=pool,
+            process_group=process_group, replay_timeout=replay_timeout,
+            collectives_in_graph=collectives_in_graph,
         )  # fmt: skip
         self.on = on = Switches(c.unsafe_disable)
         self._trust = c.trust_optimizer or not on.optimizer_trust
@@ -155,6 +166,25 @@ class TrainStep(RecordingSteps, Entry):
             self.lifecycle.add_watch(OptimizerWatch(optimizer, scaler, ema))
         self._per_call_state()
         self._recording_state(c)
+        self._distributed_state(c)
+
+    def _distributed_state(self, c: StepConfig) -> None:
+        """Under DDP: its reduction between the two graphs; with ranks: the route agreement and
+        the watchdog (``replay_timeout``). Neither exists, and nothing is added per call, otherwise."""
+        self._watchdog: Watchdog | None = None
+        self._agreement: RankAgreement | None = None
+        self._ddp: DDPReduction | None = None
+        ddp = is_ddp(c.model)
+        if not c.replay:
+            return
+        if ddp and self._refusal is None:
+            self._ddp = DDPReduction(c.model)
+        ranks = dist.is_available() and dist.is_initialized()
+        if ranks and c.replay_timeout is not None:
+            self._watchdog = Watchdog(c.replay_timeout, dist.get_rank())
+        if ranks and (ddp or c.process_group is not None) and self.on.rank_agreement:
+            group = c.process_group if c.process_group is not None else c.model.process_group
+            self._agreement = RankAgreement(group, self._watchdog)
 
     def _per_call_state(self) -> None:
         """Counters, recordings and the gradients handed out between micro-batches."""
@@ -292,7 +322,11 @@ class TrainStep(RecordingSteps, Entry):
         """The optimizer/model refusal (DDP, an untrusted step), then the warm-up."""
         if self._refusal is not None:
             return self._refusal
-        return "warmup" if self._steps < self.config.warmup else None
+        if self._steps < self.config.warmup:
+            return "warmup"
+        if self._ddp is not None and not self._ddp.ready():
+            return "ddp_buckets"  # DDP lays its buckets out anew in its second forward
+        return None
 
     def late_checks(self, call: int) -> str | None:
         """What a reference step that raised left in the pool, looked at before any replay can
@@ -317,16 +351,24 @@ class TrainStep(RecordingSteps, Entry):
                     why = "input_requires_grad"
                 else:
                     rec, why = self.choose(self._recordings, key, call)
+        alias = False
+        if why is None and rec is not None and phase == "first":
+            self._copy_out(call)
+            alias = self.on.copy_out and self._live_alias()
+        if self._agreement is not None:  # every rank acts on the same route
+            route = "eager" if why is not None or alias else "record" if rec is None else "replay"
+            if self._agreement.agree(route) is not None and route != "eager":
+                why = "peer_route"
         if why is not None:
             with self.held(why):
                 return self._eager(phase, why, args, kwargs)
+        if alias:
+            return self._eager(phase, "live_alias", args, kwargs)
         if rec is None:
             with self.lifecycle.lock:
-                return self._record(phase, key, callargs, args, kwargs)
-        if phase == "first":
-            self._copy_out(call)
-            if self.on.copy_out and self._live_alias():
-                return self._eager(phase, "live_alias", args, kwargs)
+                loss = self._record(phase, key, callargs, args, kwargs)
+            self._agree_kept(key)
+            return loss
         self._replayed += 1
         check = self.config.check_every
         if check and (self._replayed - 1) % check == 0:
@@ -334,9 +376,23 @@ class TrainStep(RecordingSteps, Entry):
         for static, x in zip(rec.static_inputs, callargs.tensors, strict=True):
             copy_into(static, x)
         rec.region.replay()
+        if self._watchdog is not None:
+            self._watchdog.device(self._device, f"its replayed {phase} (call {call})")
         self._input_reads.advance()  # the CPU generator where eager's host draws leave it
         self.journal.tick("replay", call, phase)
         return self._after(phase, rec)
+
+    def _agree_kept(self, key: tuple) -> None:
+        """After a recording call: a recording one rank kept while another's was refused or
+        retired is dropped, so the next call of that key routes the same on every rank."""
+        if self._agreement is None:
+            return
+        kept = key in self._recordings
+        if self._agreement.agree("replay" if kept else "eager") is None or not kept:
+            return
+        self._recordings.pop(key).region.free()
+        self._refused[key] = "peer_route"
+        self.journal.add("refuse", self._calls, "peer_route", "a peer rank kept no recording")
 
     def _checked_replay(
         self, phase: str, rec: StepRecording, callargs: Any, args: tuple, kwargs: dict
@@ -434,18 +490,32 @@ class TrainStep(RecordingSteps, Entry):
             if dtype is not None
             else contextlib.nullcontext()
         )
-        with ctx:
-            loss = c.loss_fn(c.model, *args, **kwargs)
-        if (
-            self._walking
-        ):  # the recording call: does the loss reach parameters we do not hand gradients to?
-            self._foreign = foreign_leaves([loss], self.params)
-        scaler, optimizer = c.scaler, c.optimizer
-        scaled = loss / c.accumulate if c.accumulate > 1 else loss
-        if scaler is not None:
-            scaled = scaler.scale(scaled)
-        scaled.backward()
-        if phase in ("step", "last"):
+        # under DDP: its forward, no_sync on accumulation micro-batches; captured (split): the
+        # wrapped module, DDP's host work between the graphs (backends/split.py, reduction.py)
+        split = self._ddp is not None and capturing()
+        sync = phase in ("step", "last")
+        if split:
+            assert self._ddp is not None
+            gap(partial(self._ddp.before_forward, sync), first=True)
+        model = c.model.module if split else c.model
+        quiet = c.model.no_sync() if not sync and not split and is_ddp(c.model) else _NULL
+        with quiet:
+            with ctx:
+                loss = c.loss_fn(model, *args, **kwargs)
+            if (
+                self._walking
+            ):  # the recording call: does the loss reach parameters we do not hand gradients to?
+                self._foreign = foreign_leaves([loss], self.params)
+            scaler, optimizer = c.scaler, c.optimizer
+            scaled = loss / c.accumulate if c.accumulate > 1 else loss
+            if scaler is not None:
+                scaled = scaler.scale(scaled)
+            scaled.backward()
+        if split and sync:
+            assert self._ddp is not None
+            grads = [p.grad for p in self._ddp.params]
+            gap(partial(self._ddp.after_backward, grads, self._watchdog))
+        if sync:
             if self.max_norm is not None:
                 if scaler is not None:
                     scaler.unscale_(optimizer)
@@ -568,6 +638,7 @@ class TrainStep(RecordingSteps, Entry):
             self._find_params()
 
 
+_NULL = contextlib.nullcontext()
 _streams: dict[torch.device, Any] = {}
 
 

@@ -22,6 +22,7 @@ from .capturing import recorder_of
 from .ema import EMA
 from .errors import ReplayError, check_count
 from .guards.compiled import refuse_cudagraphs
+from .guards.distributed import IN_GRAPH_REFUSAL
 from .memory.pool import MemoryPool, check_pool
 from .protections import disabled_protections
 
@@ -56,6 +57,12 @@ class StepConfig:
     unsafe_disable: frozenset[str] | tuple[str, ...] | list[str] | str = frozenset()
     on_optimizer_step: Callable[[], None] | None = None
     pool: MemoryPool | None = None
+    #: the ranks that agree on each call's route (None: DDP's own group, when the model is DDP)
+    process_group: Any = None
+    #: seconds a replayed step's waits may take before ReplayError names the rank (None: off)
+    replay_timeout: float | None = None
+    #: NCCL's all-reduce captured in the backward graph: refused (not proven on two GPUs)
+    collectives_in_graph: bool = False
 
     def __post_init__(self) -> None:
         self._check_objects()
@@ -64,6 +71,12 @@ class StepConfig:
         check_count("max_recordings", self.max_recordings, 1)
         check_count("max_rerecords", self.max_rerecords, 0)
         check_count("check_every", self.check_every, 0, "(0: off)")
+        if self.collectives_in_graph:
+            raise ReplayError(f"collectives_in_graph=True: {IN_GRAPH_REFUSAL}")
+        if self.replay_timeout is not None and not float(self.replay_timeout) > 0:
+            raise ReplayError(
+                f"replay_timeout must be a positive number of seconds, not {self.replay_timeout!r}"
+            )
         if self.precision not in PRECISIONS:
             raise ReplayError(f"precision {self.precision!r}: choose from {list(PRECISIONS)}")
         if recorder_of(self.model) is not None:

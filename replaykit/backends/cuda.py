@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -48,6 +49,7 @@ from .base import (
     flatten_outputs,
     grad_targets,
 )
+from .gaps import open_gaps
 from .scratch import PoolScratch, Scratch, pool_routing
 
 
@@ -452,22 +454,47 @@ class CudaRegion(Region):
         self.pool = pool
         self._spent = spent
         self.graph: torch.cuda.CUDAGraph | None = None
+        # with gaps (two-graph form): each graph's replay and the host work between, in order
+        self._parts: list[Callable[[], None]] = []
+        self._capture: Any = None
 
     def capture(self, body: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
         graph = torch.cuda.CUDAGraph()
+        self._parts = []
+        self._capture = torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local")
         with (
             torch.cuda.device(self.device),
             workspaces.own_workspaces(),
-            torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"),
+            self._capture,
+            open_gaps(self),
         ):
             outs = body()
-        self.graph = graph
-        graph.replay()  # a capture executes nothing: this is the recording call's step
+        self.graph = self._capture.cuda_graph  # the last segment's (a gap began a new one)
+        self._capture = None
+        if self._parts:
+            self._parts.append(self.graph.replay)
+        self.replay()  # a capture executes nothing: this is the recording call's step
         return outs
+
+    def gap(self, bind: Callable[[], Callable[[], None]], first: bool) -> None:
+        """Host work between two graphs (:mod:`.gaps`): end the graph captured so far (none when
+        ``first``), keep the work, begin the next graph in the same pool and capture stream."""
+        ctx = self._capture
+        assert ctx is not None
+        if not first:
+            ctx.cuda_graph.capture_end()
+            self._parts.append(ctx.cuda_graph.replay)
+            ctx.cuda_graph = torch.cuda.CUDAGraph()
+            ctx.cuda_graph.capture_begin(*ctx.pool, capture_error_mode=ctx.capture_error_mode)
+        self._parts.append(bind())  # its buffers are the pool's, like the graphs' static memory
 
     def replay(self) -> None:
         assert self.graph is not None
-        self.graph.replay()
+        if self._parts:
+            for part in self._parts:
+                part()
+        else:
+            self.graph.replay()
 
     def abort(self) -> None:
         if end_failed_capture(self.device, self.pool):
@@ -482,3 +509,4 @@ class CudaRegion(Region):
 
     def free(self) -> None:
         self.graph = None
+        self._parts = []

@@ -43,6 +43,7 @@ from .base import (
     flatten_outputs,
     grad_targets,
 )
+from .gaps import open_gaps
 from .scratch import Exposure, Scratch, TrackedScratch
 from .tape import Tape, record
 
@@ -227,10 +228,18 @@ class TapeRegion(Region):
 
     def capture(self, body: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
         self._born = self._exposure.epoch  # a capture sees what is live: it is not in its way
-        with self.tape.recording():
+        with self.tape.recording(), open_gaps(self):
             outs = body()
         self.tape.seal(outs)
         return outs
+
+    def gap(self, bind: Callable[[], Callable[[], None]], first: bool) -> None:
+        """Host work (:mod:`.gaps`): bound and run now, unwatched and untaped, and kept as one more
+        entry of the tape (a replay runs it in the body's order)."""
+        with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+            work = bind()
+            work()
+        self.tape.add_work(work)
 
     def replay(self) -> None:
         self._exposure.overwrite(self._born)

@@ -264,6 +264,11 @@ class Tape:
             op.outs = tuple(self._slot_for(t) for t in tree_leaves(out))
         self._ops.append(op)
 
+    def add_work(self, work: Callable[[], None]) -> None:
+        """Host work a replay runs at this point of the sequence (:mod:`.gaps`): the tensors it
+        touches are read by reference, like any the tape did not produce."""
+        self._ops.append(_Op(work, (), {}))
+
     def pack(self, t: torch.Tensor) -> Any:
         """A saved tensor: its slot (read at unpack from the latest replay), or itself (a constant)."""
         i = None if self._by_id is None else self._by_id.get(id(t))

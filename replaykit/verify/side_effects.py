@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ..guards.distributed import REPEATED_DDP_FLAGS, is_ddp
 from ..guards.module import held_values, listen_for_writes, value_key
 from .snapshot import host_rng_state
 
@@ -91,6 +92,8 @@ class SideEffects:
         tensors and modules by identity)."""
         out = []
         for m, attr in self.writes:
+            if attr in REPEATED_DDP_FLAGS and is_ddp(m):  # a replay's host work sets it as DDP does
+                continue
             before = self._before.get(id(m))
             old = _attribute(before, attr) if before is not None else _MISSING
             new = _attribute(_attributes(m), attr)

@@ -1,0 +1,316 @@
+"""``rk.TrainStep`` over ``DistributedDataParallel``: every rank against the same DDP step run eagerly.
+
+    python -m replaykit.testing.parity.ddp_step [--device cuda] [--precision bf16-mixed] [--accumulate 2]
+
+The driver starts ``world`` processes (gloo; on a GPU host every rank uses ``cuda:0``: the
+one-GPU stand-in for two GPUs). Each rank runs the arms one after another from one seed, on its
+own shard of the batches:
+
+- ``native``: eager DDP written out (``no_sync`` on accumulation micro-batches, autocast,
+  ``loss / accumulate``, scaler, clip, SGD, ``zero_grad(set_to_none=True)``);
+- ``trainstep``: ``rk.TrainStep(ddp, ...)``: the two-graph form (forward+backward replayed, DDP's
+  all-reduce between, clip+optimizer replayed), the ranks agreeing on each call's route;
+- ``unsafe``: the same with the ``rank_agreement`` protection switched off;
+- with ``rank1_change``, rank 1 alone changes a value the forward reads (dropout's ``p``) for
+  one call, so rank 1 alone meets a re-record trigger there.
+
+Each arm's end state (weights, buffers, momentum, losses) is compared with native's bit for bit
+on every rank, and the ranks' weights with each other; each call's route is kept per rank.
+Every process runs under a deadline: a hung collective ends the run with a message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+ROUTES = ("replay", "record", "eager")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One run of every arm on every rank."""
+
+    precision: str = "32"
+    accumulate: int = 1
+    device: str = "cpu"
+    steps: int = 4  # optimizer steps
+    world: int = 2
+    arms: tuple[str, ...] = ("native", "trainstep")
+    rank1_change: int = 0  # the call at which rank 1 alone changes dropout.p (0: never)
+    replay_timeout: float | None = None
+    width: int = 32
+    depth: int = 2
+    batch: int = 8
+    bench: int = 0  # > 0: time this many steps per arm after the parity run (ms per step)
+
+
+def _net(case: Case) -> nn.Module:
+    layers: list[nn.Module] = [nn.Linear(8, case.width), nn.BatchNorm1d(case.width), nn.ReLU()]
+    for _ in range(case.depth - 1):
+        layers += [nn.Linear(case.width, case.width), nn.ReLU()]
+    layers += [nn.Dropout(0.1), nn.Linear(case.width, 4)]
+    return nn.Sequential(*layers)
+
+
+def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(model(x), y)
+
+
+def _setup(case: Case) -> tuple:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    net = _net(case).to(case.device)
+    ddp = DDP(net)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler(case.device) if case.precision == "16-mixed" else None
+    g = torch.Generator().manual_seed(100 + rank)  # each rank its own shard
+    n = case.steps * case.accumulate
+    batches = [
+        (
+            torch.randn(case.batch, 8, generator=g).to(case.device),
+            torch.randint(0, 4, (case.batch,), generator=g).to(case.device),
+        )
+        for _ in range(n)
+    ]
+    torch.manual_seed(1 + rank)
+    return net, ddp, opt, scaler, batches
+
+
+def _native_step(case: Case, ddp: nn.Module, opt: Any, scaler: Any, i: int, x: Any, y: Any) -> Any:
+    from replaykit.step_config import PRECISIONS
+
+    acc = case.accumulate
+    sync = (i + 1) % acc == 0
+    dtype = PRECISIONS[case.precision]
+    ac = torch.autocast(case.device, dtype=dtype) if dtype else contextlib.nullcontext()
+    with ddp.no_sync() if not sync else contextlib.nullcontext():
+        with ac:
+            loss = loss_fn(ddp, x, y)
+        scaled = loss / acc if acc > 1 else loss
+        (scaler.scale(scaled) if scaler is not None else scaled).backward()
+    if sync:
+        if scaler is not None:
+            scaler.unscale_(opt)
+        nn.utils.clip_grad_norm_(ddp.parameters(), 1.0, foreach=True, error_if_nonfinite=False)
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def _routes(step: Any) -> list[str]:
+    """Each call's route, in order (from the journal)."""
+    by_call: dict[int, str] = {}
+    for e in step.journal:
+        if e.kind in ROUTES and e.call not in by_call:
+            by_call[e.call] = e.kind if e.kind != "eager" else f"eager:{e.reason}"
+    return [by_call.get(c, "?") for c in range(1, max(by_call, default=0) + 1)]
+
+
+def _arm(case: Case, arm: str) -> dict[str, Any]:
+    """One arm on this rank: end state, each call's route, what it replayed."""
+    import torch.distributed as dist
+
+    import replaykit as rk
+
+    rank = dist.get_rank()
+    net, ddp, opt, scaler, batches = _setup(case)
+    info: dict[str, Any] = {}
+    losses: list[torch.Tensor] = []
+    error = None
+    step = None
+    if arm != "native":
+        unsafe = ("rank_agreement",) if arm == "unsafe" else ()
+        step = rk.TrainStep(
+            ddp, loss_fn, opt, scaler=scaler, max_norm=1.0, accumulate=case.accumulate,
+            precision=case.precision, backend="auto" if case.device != "cpu" else "emulated",
+            warmup=2, unsafe_disable=unsafe, replay_timeout=case.replay_timeout,
+        )  # fmt: skip
+    try:
+        for i, (x, y) in enumerate(batches):
+            if case.rank1_change and rank == 1:
+                net[-2].p = 0.2 if i + 1 == case.rank1_change else 0.1
+            if step is None:
+                losses.append(_native_step(case, ddp, opt, scaler, i, x, y))
+            else:
+                losses.append(step(x, y))
+    except Exception as exc:  # the unsafe arm's watchdog: kept, compared by the driver
+        error = f"{type(exc).__name__}: {exc}"
+    if step is not None:
+        info = {"routes": _routes(step), "replay": step.counts["replay"], "summary": step.summary()}
+        step.release()
+    state = {f"param/{n}": p.detach().cpu().clone() for n, p in net.named_parameters()}
+    state.update({f"buffer/{n}": b.cpu().clone() for n, b in net.named_buffers()})
+    state.update(
+        {f"momentum/{i}": s["momentum_buffer"].cpu() for i, s in enumerate(opt.state.values())}
+    )
+    state.update({f"loss/{i}": v.float().cpu() for i, v in enumerate(losses)})
+    if case.bench and error is None:
+        info["ms"] = _bench(
+            case, ddp, opt, scaler, batches[0], step if arm != "native" else None, arm
+        )
+    return {"state": state, "error": error, **info}
+
+
+def _bench(case: Case, ddp: Any, opt: Any, scaler: Any, batch: tuple, step: Any, arm: str) -> float:
+    """ms per optimizer step of one arm (fresh step object: ``step`` was released)."""
+    import replaykit as rk
+
+    x, y = batch
+    if arm == "native":
+        run = lambda i: _native_step(case, ddp, opt, scaler, i, x, y)  # noqa: E731
+    else:
+        ts = rk.TrainStep(
+            ddp, loss_fn, opt, scaler=scaler, max_norm=1.0, accumulate=case.accumulate,
+            precision=case.precision, backend="auto" if case.device != "cpu" else "emulated",
+            warmup=2,
+        )  # fmt: skip
+        run = lambda i: ts(x, y)  # noqa: E731
+    n = case.bench * case.accumulate
+    for i in range(4 * case.accumulate):
+        run(i)
+    _sync(case.device)
+    t0 = time.perf_counter()
+    for i in range(n):
+        run(i)
+    _sync(case.device)
+    return (time.perf_counter() - t0) * 1e3 / case.bench
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _worker(spec: Path) -> None:
+    import torch.distributed as dist
+
+    case = Case(
+        **{**json.loads(spec.read_text()), "arms": tuple(json.loads(spec.read_text())["arms"])}
+    )
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            results = {arm: _arm(case, arm) for arm in case.arms}
+        torch.save(results, spec.parent / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(case: Case, timeout: float = 60) -> list[dict[str, Any]]:
+    """Run every arm of ``case`` on ``case.world`` ranks; returns each rank's results."""
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "case.json"
+        spec.write_text(json.dumps(asdict(case)))
+        port = _free_port()
+        procs = []
+        for rank in range(case.world):
+            env = {
+                **os.environ, "RANK": str(rank), "WORLD_SIZE": str(case.world),
+                "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": "1",
+            }  # fmt: skip
+            cmd = [sys.executable, "-m", "replaykit.testing.parity.ddp_step", "--worker", str(spec)]
+            procs.append(
+                subprocess.Popen(
+                    cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                )
+            )
+        failures = []
+        deadline = time.monotonic() + timeout
+        for rank, proc in enumerate(procs):
+            try:
+                _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for p in procs:
+                    p.kill()
+                    p.communicate()
+                raise RuntimeError(
+                    f"rank {rank} did not finish in {timeout:.0f} s (a hung collective?); every rank was killed"
+                ) from None
+            if proc.returncode != 0:
+                failures.append(f"rank {rank} exit {proc.returncode}: {err[-3000:]}")
+        if failures:
+            raise RuntimeError("DDP TrainStep run failed:\n" + "\n".join(failures))
+        return [
+            torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(case.world)
+        ]
+
+
+def compare(case: Case, timeout: float = 60) -> dict[str, Any]:
+    """Every arm against native on every rank, and the ranks' weights against each other."""
+    from ...verify.bitwise import diff_states
+
+    ranks = launch(case, timeout)
+    out: dict[str, Any] = {"case": asdict(case)}
+    for arm in case.arms[1:]:
+        diffs = [
+            [d.name for d in diff_states(r["native"]["state"], r[arm]["state"])] for r in ranks
+        ]
+        weights = [
+            {k: v for k, v in r[arm]["state"].items() if k.startswith("param/")} for r in ranks
+        ]
+        out[arm] = {
+            "equal": all(not d for d in diffs) and not any(r[arm]["error"] for r in ranks),
+            "ranks_agree": all(not diff_states(weights[0], w) for w in weights[1:]),
+            "diffs": diffs,
+            "routes": [r[arm].get("routes") for r in ranks],
+            "replay": [r[arm].get("replay") for r in ranks],
+            "errors": [r[arm]["error"] for r in ranks],
+            "summaries": [r[arm].get("summary") for r in ranks],
+            "ms": [r[arm].get("ms") for r in ranks],
+        }
+    out["native_ms"] = [r["native"].get("ms") for r in ranks]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precision", default="32")
+    ap.add_argument("--accumulate", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=60)
+    args = ap.parse_args(argv)
+    if args.worker:
+        _worker(args.worker)
+        return 0
+    case = Case(args.precision, args.accumulate, args.device)
+    result = compare(case, args.timeout)
+    print(json.dumps(result["trainstep"], default=str)[:4000])
+    return 0 if result["trainstep"]["equal"] and result["trainstep"]["ranks_agree"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
