@@ -204,17 +204,19 @@ def _sync(device: str) -> None:
 
 
 def _worker(spec: Path) -> None:
+    from datetime import timedelta
+
     import torch.distributed as dist
 
-    case = Case(
-        **{**json.loads(spec.read_text()), "arms": tuple(json.loads(spec.read_text())["arms"])}
-    )
-    dist.init_process_group("gloo")
+    data = json.loads(spec.read_text())
+    cases = [Case(**{**c, "arms": tuple(c["arms"])}) for c in data["cases"]]
+    # a collective left unpaired (the unsafe arm) fails after this, not after gloo's 30 minutes
+    dist.init_process_group("gloo", timeout=timedelta(seconds=data["pg_timeout"]))
     rank = dist.get_rank()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            results = {arm: _arm(case, arm) for arm in case.arms}
+            results = [{arm: _arm(case, arm) for arm in case.arms} for case in cases]
         torch.save(results, spec.parent / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -226,16 +228,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(case: Case, timeout: float = 60) -> list[dict[str, Any]]:
-    """Run every arm of ``case`` on ``case.world`` ranks; returns each rank's results."""
+def launch(cases: list[Case], timeout: float = 60, pg_timeout: float = 60) -> list[list[dict]]:
+    """Every arm of each case (one after another in the same processes: they start once) on
+    ``world`` ranks; each rank's results per case. Past ``timeout`` every rank is killed."""
+    world = cases[0].world
     with tempfile.TemporaryDirectory() as tmp:
-        spec = Path(tmp) / "case.json"
-        spec.write_text(json.dumps(asdict(case)))
+        spec = Path(tmp) / "cases.json"
+        spec.write_text(json.dumps({"cases": [asdict(c) for c in cases], "pg_timeout": pg_timeout}))
         port = _free_port()
         procs = []
-        for rank in range(case.world):
+        for rank in range(world):
             env = {
-                **os.environ, "RANK": str(rank), "WORLD_SIZE": str(case.world),
+                **os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
                 "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                 "OMP_NUM_THREADS": "1",
             }  # fmt: skip
@@ -245,32 +249,39 @@ def launch(case: Case, timeout: float = 60) -> list[dict[str, Any]]:
                     cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
                 )
             )
-        failures = []
-        deadline = time.monotonic() + timeout
-        for rank, proc in enumerate(procs):
-            try:
-                _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                for p in procs:
-                    p.kill()
-                    p.communicate()
-                raise RuntimeError(
-                    f"rank {rank} did not finish in {timeout:.0f} s (a hung collective?); every rank was killed"
-                ) from None
-            if proc.returncode != 0:
-                failures.append(f"rank {rank} exit {proc.returncode}: {err[-3000:]}")
-        if failures:
-            raise RuntimeError("DDP TrainStep run failed:\n" + "\n".join(failures))
-        return [
-            torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(case.world)
-        ]
+        _wait(procs, timeout)
+        return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
-def compare(case: Case, timeout: float = 60) -> dict[str, Any]:
-    """Every arm against native on every rank, and the ranks' weights against each other."""
+def _wait(procs: list[subprocess.Popen], timeout: float) -> None:
+    failures = []
+    deadline = time.monotonic() + timeout
+    for rank, proc in enumerate(procs):
+        try:
+            _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+                p.communicate()
+            raise RuntimeError(
+                f"rank {rank} did not finish in {timeout:.0f} s (a hung collective?); "
+                "every rank was killed"
+            ) from None
+        if proc.returncode != 0:
+            failures.append(f"rank {rank} exit {proc.returncode}: {err[-3000:]}")
+    if failures:
+        raise RuntimeError("DDP TrainStep run failed:\n" + "\n".join(failures))
+
+
+def compare(cases: list[Case], timeout: float = 60, pg_timeout: float = 60) -> list[dict]:
+    """Per case: every arm against native on every rank, the ranks' weights against each other."""
+    per_rank = launch(cases, timeout, pg_timeout)
+    return [_judge(case, [r[i] for r in per_rank]) for i, case in enumerate(cases)]
+
+
+def _judge(case: Case, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     from ...verify.bitwise import diff_states
 
-    ranks = launch(case, timeout)
     out: dict[str, Any] = {"case": asdict(case)}
     for arm in case.arms[1:]:
         diffs = [
@@ -306,8 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         _worker(args.worker)
         return 0
-    case = Case(args.precision, args.accumulate, args.device)
-    result = compare(case, args.timeout)
+    (result,) = compare([Case(args.precision, args.accumulate, args.device)], args.timeout)
     print(json.dumps(result["trainstep"], default=str)[:4000])
     return 0 if result["trainstep"]["equal"] and result["trainstep"]["ranks_agree"] else 1
 

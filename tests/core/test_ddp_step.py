@@ -1,0 +1,61 @@
+"""rk.TrainStep over DistributedDataParallel (two CPU processes, gloo, emulated backend): the
+two-graph form bitwise equal to eager DDP on every rank, and the ranks routing together."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import replaykit as rk
+from replaykit.errors import ReplayError
+from replaykit.testing.parity.ddp_step import Case, compare
+
+
+def _replayed_equal(result: dict, arm: str = "trainstep") -> None:
+    r = result[arm]
+    assert r["equal"] and r["ranks_agree"], (result["case"], r["diffs"], r["summaries"])
+    assert min(r["replay"]) >= 1, r["summaries"]  # replay coverage, not eager routes
+    assert r["routes"][0] == r["routes"][1], r["routes"]
+
+
+@pytest.mark.ddp
+def test_trainstep_over_ddp_is_bitwise_eager_ddp_on_every_rank() -> None:
+    """fp32 and bf16 autocast x accumulation 1 and 2: every rank's end state (weights, BatchNorm
+    buffers, momentum, losses) equals eager DDP's, the ranks agree, and steps replayed."""
+    cases = [
+        Case(precision=p, accumulate=a, steps=5 if a == 1 else 4)
+        for p, a in (("32", 1), ("32", 2), ("bf16-mixed", 1), ("bf16-mixed", 2))
+    ]
+    for result in compare(cases, timeout=150):
+        _replayed_equal(result)
+
+
+@pytest.mark.ddp
+def test_rank_one_alone_meets_a_rerecord_trigger_and_both_ranks_route_eager() -> None:
+    """Rank 1 alone changes dropout's p at call 6 (a new recording there, a replay on rank 0):
+    agreed, both ranks run that call eagerly (``peer_route``) and stay equal to eager DDP.
+    With ``rank_agreement`` switched off (the unsafe arm) rank 0 replays while rank 1 records:
+    the collectives no longer pair up and the result differs."""
+    case = Case(arms=("native", "trainstep", "unsafe"), steps=7, rank1_change=6, replay_timeout=5.0)
+    (result,) = compare([case], timeout=150, pg_timeout=10)
+    _replayed_equal(result)
+    routes = result["trainstep"]["routes"][0]
+    assert routes[5] == "eager:peer_route" and routes[6] == "replay", routes
+    unsafe = result["unsafe"]
+    r0, r1 = unsafe["routes"]
+    assert r0[5] == "replay" and r1[5:6] != ["replay"], unsafe["routes"]
+    assert not unsafe["equal"], unsafe
+
+
+def test_collectives_in_graph_and_a_bad_timeout_are_refused() -> None:
+    net = nn.Linear(2, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    def loss_fn(m, x):
+        return m(x).sum()
+
+    with pytest.raises(ReplayError, match=r"not\s+been proven on two GPUs"):
+        rk.TrainStep(net, loss_fn, opt, collectives_in_graph=True)
+    with pytest.raises(ReplayError, match="replay_timeout"):
+        rk.TrainStep(net, loss_fn, opt, replay_timeout=0)
