@@ -230,6 +230,16 @@ def whole_step(
         raise ReplayError(
             "whole_step needs manual optimization: set self.automatic_optimization = False"
         )
+    trainer = getattr(pl_module, "_trainer", None)
+    strategy = type(trainer.strategy).__name__ if trainer is not None else "SingleDeviceStrategy"
+    if strategy != "SingleDeviceStrategy":
+        raise ReplayError(
+            f"whole_step under {strategy}: Lightning runs training_step inside DDP's forward, so "
+            "a step's own backward there is not the all-reduce Lightning's manual_backward "
+            "arranges; not proven, so refused. Under DDP use ReplayCallback(..., "
+            "optimizer_step=True) with automatic optimization, or rk.TrainStep(ddp_model, ...) "
+            "in a plain torch.distributed loop"
+        )
     lopt = pl_module.optimizers()
     if isinstance(lopt, list):
         raise ReplayError("whole_step takes one optimizer; this module configures several")

@@ -79,6 +79,17 @@ def test_whole_step_needs_manual_optimization():
         whole_step(module, module.net, small_loss)
 
 
+def test_whole_step_under_ddp_is_refused_with_the_reason():
+    """Lightning runs training_step inside DDP's forward: a step's own backward there is not
+    proven against Lightning's DDP, so whole_step refuses it and names what does work."""
+    from types import SimpleNamespace
+
+    module = WholeStepModule(True)
+    module._trainer = SimpleNamespace(strategy=type("DDPStrategy", (), {})())
+    with pytest.raises(ReplayError, match=r"whole_step under DDPStrategy.*optimizer_step=True"):
+        whole_step(module, module.net, small_loss)
+
+
 def test_whole_step_with_fabric_matches_its_twin():
     """Fabric: hand TrainStep the modules fabric.setup returns."""
     results = []

@@ -56,7 +56,7 @@ class Case:
     width: int = 32
     depth: int = 2
     batch: int = 8
-    bench: int = 0  # > 0: time this many steps per arm after the parity run (ms per step)
+    bench: int = 0  # > 0: time this many steps per arm instead of the parity run (ms per step)
 
 
 def _net(case: Case) -> nn.Module:
@@ -128,36 +128,61 @@ def _routes(step: Any) -> list[str]:
     return [by_call.get(c, "?") for c in range(1, max(by_call, default=0) + 1)]
 
 
+def _trainer(case: Case, arm: str, ddp: Any, opt: Any, scaler: Any) -> tuple[Any, Any]:
+    """``(run, step)``: ``run(i, x, y)`` trains call ``i`` of ``arm``; ``step``: its entry point
+    (a TrainStep, or the network replay's (recorder, OptimizerStep)), None for native."""
+    import replaykit as rk
+    from replaykit.optimizer_step import OptimizerStep
+
+    if arm == "native":
+        return (lambda i, x, y: _native_step(case, ddp, opt, scaler, i, x, y)), None
+    if arm == "capture+step":  # network replay: DDP's forward and reducer outside the graphs
+        rec, ostep = rk.capture(ddp.module), OptimizerStep(opt)
+
+        def clip_and_step() -> None:
+            nn.utils.clip_grad_norm_(ddp.parameters(), 1.0, foreach=True, error_if_nonfinite=False)
+            opt.step()
+
+        def run(i: int, x: Any, y: Any) -> Any:
+            loss = loss_fn(ddp, x, y)
+            loss.backward()
+            ostep(clip_and_step, ("norm", 1.0))
+            opt.zero_grad(set_to_none=True)
+            return loss.detach()
+
+        return run, (rec, ostep)
+    step = rk.TrainStep(
+        ddp, loss_fn, opt, scaler=scaler, max_norm=1.0, accumulate=case.accumulate,
+        precision=case.precision, backend="auto" if case.device != "cpu" else "emulated",
+        warmup=2, unsafe_disable=("rank_agreement",) if arm == "unsafe" else (),
+        replay_timeout=30.0 if arm == "trainstep+watchdog" else case.replay_timeout,
+    )  # fmt: skip
+    return (lambda i, x, y: step(x, y)), step
+
+
 def _arm(case: Case, arm: str) -> dict[str, Any]:
     """One arm on this rank: end state, each call's route, what it replayed."""
     import torch.distributed as dist
 
-    import replaykit as rk
-
     rank = dist.get_rank()
     net, ddp, opt, scaler, batches = _setup(case)
+    run, step = _trainer(case, arm, ddp, opt, scaler)
     info: dict[str, Any] = {}
     losses: list[torch.Tensor] = []
     error = None
-    step = None
-    if arm != "native":
-        unsafe = ("rank_agreement",) if arm == "unsafe" else ()
-        step = rk.TrainStep(
-            ddp, loss_fn, opt, scaler=scaler, max_norm=1.0, accumulate=case.accumulate,
-            precision=case.precision, backend="auto" if case.device != "cpu" else "emulated",
-            warmup=2, unsafe_disable=unsafe, replay_timeout=case.replay_timeout,
-        )  # fmt: skip
     try:
         for i, (x, y) in enumerate(batches):
             if case.rank1_change and rank == 1:
                 net[-2].p = 0.2 if i + 1 == case.rank1_change else 0.1
-            if step is None:
-                losses.append(_native_step(case, ddp, opt, scaler, i, x, y))
-            else:
-                losses.append(step(x, y))
-    except Exception as exc:  # the unsafe arm's watchdog: kept, compared by the driver
+            losses.append(run(i, x, y))
+    except Exception as exc:  # the unsafe arm's unpaired collective: kept, compared by the driver
         error = f"{type(exc).__name__}: {exc}"
-    if step is not None:
+    if isinstance(step, tuple):
+        rec, ostep = step
+        info = {"replay": min(rec.counts["replay"], ostep.counts["replay"])}
+        info["summary"] = f"{rec.summary()} || {ostep.summary()}"
+        rec.release()
+    elif step is not None:
         info = {"routes": _routes(step), "replay": step.counts["replay"], "summary": step.summary()}
         step.release()
     state = {f"param/{n}": p.detach().cpu().clone() for n, p in net.named_parameters()}
@@ -166,36 +191,45 @@ def _arm(case: Case, arm: str) -> dict[str, Any]:
         {f"momentum/{i}": s["momentum_buffer"].cpu() for i, s in enumerate(opt.state.values())}
     )
     state.update({f"loss/{i}": v.float().cpu() for i, v in enumerate(losses)})
-    if case.bench and error is None:
-        info["ms"] = _bench(
-            case, ddp, opt, scaler, batches[0], step if arm != "native" else None, arm
-        )
     return {"state": state, "error": error, **info}
 
 
-def _bench(case: Case, ddp: Any, opt: Any, scaler: Any, batch: tuple, step: Any, arm: str) -> float:
-    """ms per optimizer step of one arm (fresh step object: ``step`` was released)."""
-    import replaykit as rk
+def _bench(case: Case, arm: str) -> dict[str, Any]:
+    """ms per optimizer step of ``arm`` on this rank, and what it replayed (``allreduce``: one
+    all-reduce of the gradients' size alone, the floor; ``agree``: the route agreement alone)."""
+    import torch.distributed as dist
 
-    x, y = batch
-    if arm == "native":
-        run = lambda i: _native_step(case, ddp, opt, scaler, i, x, y)  # noqa: E731
+    from replaykit.ranks import RankAgreement
+
+    net, ddp, opt, scaler, batches = _setup(case)
+    x, y = batches[0]
+    step: Any = None
+    if arm == "allreduce":
+        flat = torch.zeros(sum(p.numel() for p in net.parameters()), device=case.device)
+        run = lambda i, x, y: dist.all_reduce(flat)  # noqa: E731
+    elif arm == "agree":
+        agreement = RankAgreement(None, None)
+        run = lambda i, x, y: agreement.agree("replay")  # noqa: E731
     else:
-        ts = rk.TrainStep(
-            ddp, loss_fn, opt, scaler=scaler, max_norm=1.0, accumulate=case.accumulate,
-            precision=case.precision, backend="auto" if case.device != "cpu" else "emulated",
-            warmup=2,
-        )  # fmt: skip
-        run = lambda i: ts(x, y)  # noqa: E731
-    n = case.bench * case.accumulate
-    for i in range(4 * case.accumulate):
-        run(i)
+        run, step = _trainer(case, arm, ddp, opt, scaler)
+    out: dict[str, Any] = {}
+    per_step = 1 if arm in ("allreduce", "agree") else case.accumulate
+    for i in range(6 * per_step):
+        run(i, x, y)
     _sync(case.device)
+    dist.barrier()
     t0 = time.perf_counter()
-    for i in range(n):
-        run(i)
+    for i in range(case.bench * per_step):
+        run(i, x, y)
     _sync(case.device)
-    return (time.perf_counter() - t0) * 1e3 / case.bench
+    out["ms"] = (time.perf_counter() - t0) * 1e3 / case.bench
+    if isinstance(step, tuple):
+        out["replay"] = min(step[0].counts["replay"], step[1].counts["replay"])
+        step[0].release()
+    elif step is not None:
+        out["replay"], out["summary"] = step.counts["replay"], step.summary()
+        step.release()
+    return out
 
 
 def _sync(device: str) -> None:
@@ -216,7 +250,10 @@ def _worker(spec: Path) -> None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            results = [{arm: _arm(case, arm) for arm in case.arms} for case in cases]
+            results = [
+                {arm: (_bench if case.bench else _arm)(case, arm) for arm in case.arms}
+                for case in cases
+            ]
         torch.save(results, spec.parent / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
