@@ -43,12 +43,16 @@ SIZES = {
 }
 
 
-def matrix(device: str, timeout: float, deadline: float) -> list[dict]:
+def matrix(device: str, timeout: float, deadline: float, quick: bool) -> list[dict]:
     rows = []
+    short, long = (5, 4) if quick else (8, 6)  # optimizer steps: 3 eager, a recording, replays
     for precision in PRECISIONS:
         for acc in ACCUMULATIONS:
             case = Case(
-                precision=precision, accumulate=acc, device=device, steps=5 if acc == 1 else 4
+                precision=precision,
+                accumulate=acc,
+                device=device,
+                steps=short if acc == 1 else long,
             )
             row = {"precision": precision, "accumulate": acc}
             if time.monotonic() > deadline:
@@ -131,10 +135,12 @@ def main() -> int:
         "--timeout", type=float, default=90, help="seconds per case (every rank killed past it)"
     )
     ap.add_argument("--budget", type=float, default=270, help="seconds before no new case starts")
-    ap.add_argument("--quick", action="store_true", help="fewer benchmark steps, one size")
+    ap.add_argument("--quick", action="store_true", help="fewer steps, one benchmark size")
     args = ap.parse_args()
     deadline = time.monotonic() + args.budget
-    rows = matrix(args.device, args.timeout, deadline - 60)  # leave time for the benchmark
+    rows = matrix(
+        args.device, args.timeout, deadline - 60, args.quick
+    )  # leave time for the benchmark
     steps = 10 if args.quick else 200
     perf = bench(args.device, steps, args.timeout, deadline, args.quick)
     args.out.mkdir(parents=True, exist_ok=True)
