@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from .plain_ddp import free_port
 
 ROUTES = ("replay", "record", "eager")
 
@@ -261,12 +262,6 @@ def _worker(spec: Path) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(cases: list[Case], timeout: float = 60, pg_timeout: float = 60) -> list[list[dict]]:
     """Every arm of each case (one after another in the same processes: they start once) on
     ``world`` ranks; each rank's results per case. Past ``timeout`` every rank is killed."""
@@ -274,7 +269,7 @@ def launch(cases: list[Case], timeout: float = 60, pg_timeout: float = 60) -> li
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "cases.json"
         spec.write_text(json.dumps({"cases": [asdict(c) for c in cases], "pg_timeout": pg_timeout}))
-        port = _free_port()
+        port = free_port()
         procs = []
         for rank in range(world):
             env = {

@@ -7,7 +7,8 @@ the one-GPU stand-in for two). Each rank trains the same small model wrapped in
 ``DistributedDataParallel`` three ways from one seed, on its own shard of the batches:
 
 - ``native``: eager DDP (forward, backward with DDP's all-reduce, clip, SGD step);
-- ``trainstep``: ``rk.TrainStep(ddp, ...)``, which refuses DDP with a reason and runs eagerly;
+- ``trainstep``: ``rk.TrainStep(ddp, ...)``: the two-graph form (forward+backward and the
+  optimizer step replayed, DDP's all-reduce between them: :mod:`replaykit.reduction`);
 - ``capture+step``: ``rk.capture(ddp.module)`` (network replay: DDP's forward, reducer and
   collectives stay outside the graphs) and :class:`~replaykit.optimizer_step.OptimizerStep`.
 
@@ -121,7 +122,8 @@ def _worker(out: Path, device: str, steps: int) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on this host for a process group's rendezvous."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -135,7 +137,7 @@ def compare(
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        port = _free_port()
+        port = free_port()
         procs = []
         for rank in range(world):
             env = {

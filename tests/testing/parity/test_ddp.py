@@ -110,13 +110,10 @@ def test_ddp_network_replay_and_automatic_step_match_native_on_every_rank(
 
 
 @pytest.mark.ddp
-def test_plain_torch_ddp_trainstep_refuses_and_capture_with_optimizer_step_is_exact() -> None:
+def test_plain_torch_ddp_trainstep_and_capture_with_optimizer_step_are_exact() -> None:
     from replaykit.testing.parity.plain_ddp import compare as plain
 
     result = plain(world=2, steps=6, timeout=120)
     assert result["equal"] and result["ranks_agree"], result["diffs"]
-    assert result["replays"]["trainstep"] == [0, 0]
-    assert all(
-        "DistributedDataParallel: its reducer" in s for s in result["summaries"]["trainstep"]
-    )
+    assert min(result["replays"]["trainstep"]) >= 1, result["summaries"]["trainstep"]
     assert min(result["replays"]["capture+step"]) >= 1
