@@ -48,6 +48,17 @@ def test_rank_one_alone_meets_a_rerecord_trigger_and_both_ranks_route_eager() ->
     assert not unsafe["equal"], unsafe
 
 
+@pytest.mark.ddp
+def test_a_stalled_rank_is_named_by_the_replay_watchdog() -> None:
+    """Rank 1 stalls 3 s before call 5 (a replay); rank 0, with replay_timeout=1, raises a
+    ReplayError naming itself and what it waited for, instead of waiting out gloo's timeout."""
+    stall = Case(arms=("native", "trainstep"), steps=5, rank1_stall=5, replay_timeout=1.0)
+    (result,) = compare([stall], timeout=150, pg_timeout=10)
+    error = result["trainstep"]["errors"][0] or ""
+    assert "rank 0 waited more than 1 s for the ranks' route agreement" in error, result
+    assert result["trainstep"]["routes"][0][3] == "record", result["trainstep"]["routes"]
+
+
 def test_collectives_in_graph_and_a_bad_timeout_are_refused() -> None:
     net = nn.Linear(2, 2)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)

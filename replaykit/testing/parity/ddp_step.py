@@ -12,7 +12,8 @@ own shard of the batches:
   all-reduce between, clip+optimizer replayed), the ranks agreeing on each call's route;
 - ``unsafe``: the same with the ``rank_agreement`` protection switched off;
 - with ``rank1_change``, rank 1 alone changes a value the forward reads (dropout's ``p``) for
-  one call, so rank 1 alone meets a re-record trigger there.
+  one call, so rank 1 alone meets a re-record trigger there; with ``rank1_stall`` rank 1 sleeps
+  before one call (the watchdog's case, with ``replay_timeout``).
 
 Each arm's end state (weights, buffers, momentum, losses) is compared with native's bit for bit
 on every rank, and the ranks' weights with each other; each call's route is kept per rank.
@@ -53,6 +54,7 @@ class Case:
     world: int = 2
     arms: tuple[str, ...] = ("native", "trainstep")
     rank1_change: int = 0  # the call at which rank 1 alone changes dropout.p (0: never)
+    rank1_stall: int = 0  # the call before which rank 1 alone sleeps 3 s (0: never)
     replay_timeout: float | None = None
     width: int = 32
     depth: int = 2
@@ -177,6 +179,8 @@ def _arm(case: Case, arm: str) -> dict[str, Any]:
         for i, (x, y) in enumerate(batches):
             if case.rank1_change and rank == 1:
                 net[-2].p = 0.2 if i + 1 == case.rank1_change else 0.1
+            if case.rank1_stall == i + 1 and rank == 1:
+                time.sleep(3.0)  # a stuck rank, as the watchdog sees it
             losses.append(run(i, x, y))
     except Exception as exc:  # the unsafe arm's unpaired collective: kept, compared by the driver
         error = f"{type(exc).__name__}: {exc}"
