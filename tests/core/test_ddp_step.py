@@ -22,13 +22,19 @@ def _replayed_equal(result: dict, arm: str = "trainstep") -> None:
 @pytest.mark.ddp
 def test_trainstep_over_ddp_is_bitwise_eager_ddp_on_every_rank() -> None:
     """fp32 and bf16 autocast x accumulation 1 and 2: every rank's end state (weights, BatchNorm
-    buffers, momentum, losses) equals eager DDP's, the ranks agree, and steps replayed."""
+    buffers, momentum, losses) equals eager DDP's, the ranks agree, and steps replayed. A DDP
+    with find_unused_parameters runs eagerly, saying why, and stays equal."""
     cases = [
         Case(precision=p, accumulate=a, steps=5 if a == 1 else 4)
         for p, a in (("32", 1), ("32", 2), ("bf16-mixed", 1), ("bf16-mixed", 2))
     ]
-    for result in compare(cases, timeout=150):
+    refused = Case(find_unused=True, steps=2)  # a reduction the step does not repeat: eager
+    *results, last = compare([*cases, refused], timeout=150)
+    for result in results:
         _replayed_equal(result)
+    r = last["trainstep"]
+    assert r["equal"] and r["replay"] == [0, 0], r
+    assert all("find_unused_parameters" in s for s in r["summaries"]), r["summaries"]
 
 
 @pytest.mark.ddp

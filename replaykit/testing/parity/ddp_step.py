@@ -55,6 +55,7 @@ class Case:
     arms: tuple[str, ...] = ("native", "trainstep")
     rank1_change: int = 0  # the call at which rank 1 alone changes dropout.p (0: never)
     rank1_stall: int = 0  # the call before which rank 1 alone sleeps 3 s (0: never)
+    find_unused: bool = False  # DDP(find_unused_parameters=...): a configuration the step refuses
     replay_timeout: float | None = None
     width: int = 32
     depth: int = 2
@@ -81,7 +82,7 @@ def _setup(case: Case) -> tuple:
     rank = dist.get_rank()
     torch.manual_seed(0)
     net = _net(case).to(case.device)
-    ddp = DDP(net)
+    ddp = DDP(net, find_unused_parameters=case.find_unused)
     # a GradScaler steps a fused optimizer without reading found_inf on the host
     fused = case.precision == "16-mixed" or None
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9, fused=fused)
