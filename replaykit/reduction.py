@@ -115,6 +115,10 @@ class DDPReduction:
 
         return work
 
+    def forget(self) -> None:
+        """Drop the bucket buffers (the recordings that shared them were freed)."""
+        self._flat.clear()
+
     def _bucket(self, grads: list[torch.Tensor]) -> tuple:
         """One bucket's flat buffer (kept: a replay allocates nothing) and a view per gradient,
         laid out like the gradient (the reducer's bucket views follow dense parameters' strides)."""

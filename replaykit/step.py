@@ -632,6 +632,8 @@ class TrainStep(RecordingSteps, Entry):
         if self.backend is not None:  # None: the eager twin (replay=False)
             self.backend.free()
         self._refused.clear()
+        if self._ddp is not None:
+            self._ddp.forget()
         self._storages, self._baseline = [], []
         self._handed = []
         if not self.lifecycle.stopped():
