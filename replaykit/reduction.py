@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .errors import ReplayError
+from .guards.distributed import DRIVEN
 from .watchdog import Watchdog
 
 __all__ = ["DDPReduction"]
@@ -37,6 +38,7 @@ class DDPReduction:
 
     def __init__(self, ddp: nn.Module) -> None:
         self.ddp = ddp
+        DRIVEN.add(ddp)  # its forward's flag is repeated by the replay's host work: no side effect
         self.group = ddp.process_group
         ignored = set(getattr(ddp, "parameters_to_ignore", ()))
         #: the reducer's parameters, in its index order

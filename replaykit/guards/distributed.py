@@ -14,6 +14,8 @@ replayed unproven.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
@@ -27,8 +29,16 @@ IN_GRAPH_REFUSAL = (
 
 
 #: DDP's own flags its forward assigns; a replayed step's host work assigns them the same way
-#: (:meth:`replaykit.reduction.DDPReduction.before_forward`), so they are no side effect
+#: (:meth:`replaykit.reduction.DDPReduction.before_forward`), so they are no side effect there
 REPEATED_DDP_FLAGS = frozenset({"require_forward_param_sync"})
+
+#: the DDP wrappers a TrainStep drives in the two-graph form (their flags are repeated)
+DRIVEN: weakref.WeakSet = weakref.WeakSet()
+
+
+def repeated_by_replay(module: nn.Module, attr: str) -> bool:
+    """Whether assigning ``attr`` on ``module`` is repeated by a replay's host work."""
+    return attr in REPEATED_DDP_FLAGS and module in DRIVEN
 
 
 def is_ddp(model: nn.Module) -> bool:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..guards.distributed import REPEATED_DDP_FLAGS, is_ddp
+from ..guards.distributed import repeated_by_replay
 from ..guards.module import held_values, listen_for_writes, value_key
 from .snapshot import host_rng_state
 
@@ -92,7 +92,7 @@ class SideEffects:
         tensors and modules by identity)."""
         out = []
         for m, attr in self.writes:
-            if attr in REPEATED_DDP_FLAGS and is_ddp(m):  # a replay's host work sets it as DDP does
+            if repeated_by_replay(m, attr):  # DDP's flag: a TrainStep's replay sets it as DDP does
                 continue
             before = self._before.get(id(m))
             old = _attribute(before, attr) if before is not None else _MISSING
