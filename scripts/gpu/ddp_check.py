@@ -60,7 +60,8 @@ def matrix(device: str, timeout: float, deadline: float, quick: bool) -> list[di
                 continue
             t0 = time.monotonic()
             try:
-                (result,) = compare([case], timeout=timeout, pg_timeout=timeout)
+                left = min(timeout, deadline + 60 - time.monotonic())  # the budget's end
+                (result,) = compare([case], timeout=max(left, 10), pg_timeout=timeout)
             except RuntimeError as exc:
                 rows.append({**row, "verdict": "FAIL", "why": str(exc)[-600:]})
                 continue
@@ -86,7 +87,8 @@ def bench(device: str, steps: int, timeout: float, deadline: float, quick: bool)
             device=device, depth=depth, width=width, batch=batch, bench=steps, arms=BENCH_ARMS
         )
         try:
-            ranks = launch([case], timeout=timeout, pg_timeout=timeout)
+            left = min(timeout, deadline + 20 - time.monotonic())  # the budget's end
+            ranks = launch([case], timeout=max(left, 10), pg_timeout=timeout)
         except RuntimeError as exc:
             rows.append({"size": label, "error": str(exc)[-600:]})
             continue
@@ -134,7 +136,7 @@ def main() -> int:
     ap.add_argument(
         "--timeout", type=float, default=90, help="seconds per case (every rank killed past it)"
     )
-    ap.add_argument("--budget", type=float, default=270, help="seconds before no new case starts")
+    ap.add_argument("--budget", type=float, default=250, help="seconds before no new case starts")
     ap.add_argument("--quick", action="store_true", help="fewer steps, one benchmark size")
     args = ap.parse_args()
     deadline = time.monotonic() + args.budget
