@@ -15,6 +15,13 @@ bg parity "$T" python3 scripts/run_notebook.py notebooks/parity.ipynb -p tree "$
 bg colab "$T" python3 -m replaykit.workflow.colab "$A" --out /tmp/n/colab
 bg review7 "$T" python3 -m pytest -q -p no:cacheprovider tests/core/test_review7.py tests/core/test_recurrent.py tests/core/test_switches.py tests/core/test_call_state.py
 bg forward_globals 120 python3 scripts/gpu/forward_globals.py
+# this session's additions: DDP's stand-in (two gloo ranks on cuda:0), host state and outputs that
+# replay now, cuDNN's RNN dropout under a whole step (each script runs its cases under deadlines)
+[ -f scripts/gpu/ddp_check.py ] && bg ddp "$T" python3 scripts/gpu/ddp_check.py --out "$O/ddp_check"
+[ -f scripts/gpu/state_check.py ] && bg state "$T" env PYTHONPATH=. python3 scripts/gpu/state_check.py --backend cuda
+[ -f scripts/gpu/outputs_check.py ] && bg outputs "$T" python3 scripts/gpu/outputs_check.py
+[ -f scripts/gpu/rnn_dropout_try.py ] && bg rnn_dropout 200 python3 scripts/gpu/rnn_dropout_try.py
 wait
 for f in "$O"/*.log; do echo "== $(basename "$f"): $(tail -1 "$f")"; done
-tail -3 "$O/cuda_tests.log"; tail -2 "$O/hazards.log" "$O/parity.log"; tail -15 "$O/colab.log"
+tail -3 "$O/cuda_tests.log"; tail -2 "$O/hazards.log" "$O/parity.log"; tail -8 "$O/colab.log"
+for f in ddp state outputs rnn_dropout; do [ -f "$O/$f.log" ] && { echo "== $f"; grep -E "FAIL|PASS in|/[0-9]+ PASS|passed|failed" "$O/$f.log" | tail -6; }; done
