@@ -31,44 +31,15 @@ from replaykit.testing.zoo import hf
 from replaykit.verify.bitwise import diff_states
 
 
-def _unmask(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The batch with nothing padded (the zoo's batches pad the last row)."""
-    ids = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, 5)
-    labels = batch["labels"]
-    labels = ids if labels.shape == ids.shape else labels.masked_fill(labels == hf.IGNORE, 5)
-    return {**batch, "input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
-
-
 def _batches(family: str, padded: bool, device: str, n: int) -> list[dict[str, torch.Tensor]]:
     make = hf._seq2seq if family == "t5" else hf._language(causal=True)
     g = torch.Generator().manual_seed(1)
     out = []
     for _ in range(n):
         batch = make(2, "cpu", g)[0]
-        batch = batch if padded else _unmask(batch)
+        batch = batch if padded else hf.unpadded(batch)
         out.append({k: v.to(device) for k, v in batch.items()})
     return out
-
-
-def _equal(a: object, b: object, where: str = "output") -> str | None:
-    """Where two outputs differ: type, fields (an object's attributes), constants, tensors bitwise."""
-    if type(a) is not type(b):
-        return f"{where}: {type(a).__name__} vs {type(b).__name__}"
-    if isinstance(a, torch.Tensor):
-        return None if torch.equal(a.detach().cpu(), b.detach().cpu()) else f"{where}: values"
-    if isinstance(a, dict):
-        if list(a) != list(b):
-            return f"{where}: keys"
-        pairs = [(a[k], b[k], f"{where}.{k}") for k in a]
-    elif isinstance(a, (list, tuple)):
-        if len(a) != len(b):
-            return f"{where}: length"
-        pairs = [(x, y, f"{where}[{i}]") for i, (x, y) in enumerate(zip(a, b, strict=True))]
-    elif hasattr(a, "__dict__") and not isinstance(a, type):
-        return _equal(vars(a), vars(b), f"{where} ({type(a).__name__})")
-    else:
-        return None if a == b else f"{where}: {a!r} vs {b!r}"
-    return next((d for x, y, w in pairs if (d := _equal(x, y, w)) is not None), None)
 
 
 def _train(family: str, padded: bool, api: str, device: str, backend: str | None):
@@ -110,7 +81,12 @@ def _hf_case(family: str, padded: bool, api: str, device: str) -> tuple[bool, st
     out, r_state, entry = _train(family, padded, api, device, backend)
     diffs = diff_states(e_state, r_state)
     differs = next(
-        (d for a, b in zip(eager, out, strict=True) if (d := _equal(a, b)) is not None), None
+        (
+            d
+            for a, b in zip(eager, out, strict=True)
+            if (d := hf.output_difference(a, b)) is not None
+        ),
+        None,
     )
     counts = entry.counts
     detail = (

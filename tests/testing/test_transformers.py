@@ -72,25 +72,14 @@ def _padded(g: torch.Generator) -> dict[str, torch.Tensor]:
     return hf._language(causal=True)(2, "cpu", g)[0]
 
 
-def _unmask(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The same batch with nothing padded: every token attended and learnt from."""
-    ids = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, 5)
-    out = {**batch, "input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    if "labels" in batch and batch["labels"].shape == ids.shape:
-        out["labels"] = ids
-    else:
-        out["labels"] = batch["labels"].masked_fill(batch["labels"] == hf.IGNORE, 5)
-    return out
-
-
 def _causal(padded: bool):
-    return _padded if padded else lambda g: _unmask(_padded(g))
+    return _padded if padded else lambda g: hf.unpadded(_padded(g))
 
 
 def _seq2seq(padded: bool):
     def make(g: torch.Generator) -> dict[str, torch.Tensor]:
         batch = hf._seq2seq(2, "cpu", g)[0]
-        return batch if padded else _unmask(batch)
+        return batch if padded else hf.unpadded(batch)
 
     return make
 
@@ -104,27 +93,6 @@ def _mlm(g: torch.Generator) -> dict[str, torch.Tensor]:
 
 def _image(g: torch.Generator) -> dict[str, torch.Tensor]:
     return hf.vit().make_batch(2, "cpu", g)[0]
-
-
-def _equal(a: object, b: object, where: str = "output") -> str | None:
-    """Where ``a`` and ``b`` differ: type, fields (an object's attributes), constants, tensors bitwise."""
-    if type(a) is not type(b):
-        return f"{where}: {type(a).__name__} vs {type(b).__name__}"
-    if isinstance(a, torch.Tensor):
-        return None if torch.equal(a.detach(), b.detach()) else f"{where}: values"
-    if isinstance(a, dict):  # a ModelOutput too
-        if list(a) != list(b):
-            return f"{where}: keys {list(a)} vs {list(b)}"
-        pairs = [(a[k], b[k], f"{where}.{k}") for k in a]
-    elif isinstance(a, (list, tuple)):
-        if len(a) != len(b):
-            return f"{where}: length"
-        pairs = [(x, y, f"{where}[{i}]") for i, (x, y) in enumerate(zip(a, b, strict=True))]
-    elif hasattr(a, "__dict__") and not isinstance(a, type):
-        return _equal(vars(a), vars(b), f"{where} ({type(a).__name__})")
-    else:
-        return None if a == b else f"{where}: {a!r} vs {b!r}"
-    return next((d for x, y, w in pairs if (d := _equal(x, y, w)) is not None), None)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "t5"])
@@ -143,7 +111,7 @@ def test_a_model_with_its_default_cache_replays_and_returns_an_equal_cache(
         rec.journal.format()
     )
     for e, r in zip(eager_out, out, strict=True):  # every call's output, kept: each its own values
-        assert _equal(e, r) is None, _equal(e, r)
+        assert hf.output_difference(e, r) is None, hf.output_difference(e, r)
     caches = [o.past_key_values for o in out]
     assert type(caches[0]).__name__ in ("DynamicCache", "EncoderDecoderCache")
     assert len({id(c) for c in caches}) == len(caches)
