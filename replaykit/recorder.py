@@ -331,6 +331,10 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
             [made.params[i] for i in made.saved],
             made.saved_inputs if self.on.input_versions else [],
             self.on.live_outputs,
+            [
+                *self.module.parameters(),
+                *self.module.buffers(),
+            ],  # memory the recording does not own
         )
         plan.shadow = made.shadow
         plan.written = list(made.written)

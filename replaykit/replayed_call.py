@@ -11,6 +11,7 @@ a replay and what a difference does. A mixin of :class:`~replaykit.recorder.Reco
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -104,6 +105,7 @@ class Plan:
         saved: list[torch.Tensor],
         saved_inputs: list[int],
         guard_outputs: bool,
+        foreign: Sequence[torch.Tensor] = (),
     ) -> None:
         self.multi_use: list[
             str
@@ -132,7 +134,11 @@ class Plan:
                 self.copies.append((i, None if 0 in static.stride() else static.data, static))
         # after the .data aliases: their references are part of the use-count baseline (an output
         # that is a view of an input, possible with record_probe off, shares a static input's storage)
-        self.aliases = StaticAliases(recording.static_outputs if guard_outputs else (), ())
+        self.aliases = StaticAliases(
+            recording.static_outputs if guard_outputs else (),
+            (),
+            [*recording.static_inputs, *foreign],
+        )
 
     def free(self) -> None:
         """Let static memory go with the recording: a replayed call's autograd node (its step) may outlive it."""
@@ -260,7 +266,8 @@ class RecorderReplay:
             # ctx (and so step) lives exactly as long as the pending autograd graph
             step.pending = self._hold.begin(step.call)
             self._pending_plan = plan
-        outputs = tuple(map(_detach, recording.static_outputs))
+        # what the caller may keep: views on storages of their own (copy_out.py), or the static outputs
+        outputs = tuple(map(_detach, plan.aliases.outputs or recording.static_outputs))
         if recording.frozen_outputs:
             ctx.mark_non_differentiable(*[outputs[i] for i in recording.frozen_outputs])
         return outputs

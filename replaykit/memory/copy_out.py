@@ -6,30 +6,111 @@ Whoever still holds one of them at the next replay would see it overwritten (on 
 by any replay in the recorder's shared pool). So before every replay each static
 storage must be referenced by its recording alone:
 
-- an alias the recorder can reach (a parameter's ``.grad``, an output the caller still
-  holds) gets storage of its own: same values, same tensor, so every holder of that
-  tensor keeps its values. This happens at forward time, before the replay; inside the
-  replayed backward is too late;
-- an alias it cannot reach (a view of an output, a gradient kept by a callback after
-  ``zero_grad(set_to_none=True)``) makes the call route eager (reason ``live_alias``),
-  which leaves static memory alone, until that holder lets go.
+- an output is handed out on a storage object of its own that points at the static memory
+  without owning it (:class:`Handout`), so every tensor made from it — the output, its
+  ``.detach()`` kept in a list, a view, a tensor autograd saved — shares that one storage
+  object. One still held at the next replay is moved, with all its holders at once, to
+  memory of its own holding the same values (its data pointer swapped with a copy's):
+  ``preds.append(logits.detach())`` keeps its values and the call replays. The recording
+  hands out a fresh storage object from then on;
+- a gradient buffer the recorder can reach (a parameter's ``.grad``) gets storage of its
+  own: same values, same tensor, so every holder of that tensor keeps its values. This
+  happens at forward time, before the replay; inside the replayed backward is too late;
+- an alias it cannot reach (a gradient kept by a callback after
+  ``zero_grad(set_to_none=True)``, an output sharing a parameter's or an input's storage)
+  makes the call route eager (reason ``live_alias``), which leaves static memory alone,
+  until that holder lets go.
 
 Liveness is read from storage use counts (C-level, no references held), so a recording
-whose aliases all died costs one comparison.
+whose aliases all died costs one comparison. A handed-out storage does not keep the static
+memory alive: whatever frees a recording copies out first, and a recording collected with
+its outputs still held moves them from a finalizer, before its static memory goes.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
 _use_count = torch._C._storage_Use_Count
+#: both are torch's own (inductor's CUDA graph trees and FSDP use them); without them outputs
+#: are handed out as the static tensors themselves and a held view routes eager
+_swap = getattr(torch.UntypedStorage, "_swap_data_ptr_", None)
+_alias_storage = getattr(torch._C, "_construct_storage_from_data_pointer", None)
 
 
 def _cdata(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
+
+
+class Handout:
+    """What a recording's replays hand out: views of its static outputs on storage objects of
+    their own (one per static storage, not owning its memory), and their use-count baselines.
+
+    ``foreign`` storages (an input's, a parameter's, a buffer's: memory the recording does not
+    own) are handed out as they are, reached through the outputs themselves as before.
+    """
+
+    __slots__ = ("__weakref__", "baseline", "cdatas", "groups", "statics", "tensors")
+
+    def __init__(self, statics: Sequence[torch.Tensor], foreign: Iterable[torch.Tensor]) -> None:
+        self.statics = list(
+            statics
+        )  # owning: the memory stays while a handed-out view may point at it
+        theirs = {t.untyped_storage().data_ptr() for t in foreign}
+        self.groups: list[
+            list[int]
+        ] = []  # outputs sharing one static storage share one handed-out one
+        by_ptr: dict[int, list[int]] = {}
+        for i, t in enumerate(self.statics):
+            ptr = t.untyped_storage().data_ptr()
+            if _swap is not None and _alias_storage is not None and ptr not in theirs:
+                by_ptr.setdefault(ptr, []).append(i)
+        self.groups = list(by_ptr.values())
+        self.tensors = list(self.statics)
+        for group in self.groups:
+            self._fresh(group)
+        self.cdatas = [_cdata(t) for t in self.tensors]
+        self.baseline = list(map(_use_count, self.cdatas))
+
+    def _fresh(self, group: list[int]) -> None:
+        """New handed-out views for one static storage (nobody holds them yet)."""
+        storage = self.statics[group[0]].untyped_storage()
+        own = _alias_storage(storage.data_ptr(), storage.device, storage.nbytes())
+        for i in group:
+            t = self.statics[i]
+            view = torch.empty(0, dtype=t.dtype, device=t.device)
+            self.tensors[i] = view.set_(own, t.storage_offset(), t.size(), t.stride())
+
+    def move_held(self) -> int:
+        """Give each held handed-out storage memory of its own with the same values (every holder
+        moves with it); returns how many moved. The recording hands out fresh ones after."""
+        moved = 0
+        for group in self.groups:
+            i = group[0]
+            if _use_count(self.cdatas[i]) == self.baseline[i]:
+                continue
+            held = self.tensors[i].untyped_storage()
+            copy = held.clone()  # same bytes, memory of its own
+            held._swap_data_ptr_(copy)  # the holders' storage now owns the copy
+            del held, copy  # the copy's storage now points at the static memory, owning nothing
+            self._fresh(group)
+            for j in group:
+                self.cdatas[j] = _cdata(self.tensors[j])
+            for j in group:
+                self.baseline[j] = _use_count(self.cdatas[j])
+            moved += 1
+        return moved
+
+    def owned(self, i: int) -> bool:
+        return self.tensors[i] is not self.statics[i]
+
+
+def _release(handout: Handout) -> None:
+    """A recording's aliases collected: held outputs move to memory of their own first."""
+    handout.move_held()
 
 
 class StaticAliases:
@@ -42,29 +123,31 @@ class StaticAliases:
     """
 
     __slots__ = (
+        "__weakref__",
         "_grad_baseline",
         "_grad_cdatas",
         "_grads",
         "_grads_out",
-        "_out_baseline",
-        "_out_cdatas",
-        "_outputs",
+        "_handout",
         "_outputs_out",
         "_refs",
         "dirty",
+        "outputs",
     )
 
     def __init__(
         self,
         outputs: Sequence[torch.Tensor],
         grads: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        foreign: Iterable[torch.Tensor] = (),
     ) -> None:
-        """``outputs``: static outputs to guard; ``grads``: (parameter, static gradient buffer) pairs."""
-        self._outputs = list(outputs)
-        self._out_cdatas = [_cdata(t) for t in self._outputs]
-        self._out_baseline = list(
-            map(_use_count, self._out_cdatas)
-        )  # measured before anything is handed out
+        """``outputs``: static outputs to guard; ``grads``: (parameter, static gradient buffer)
+        pairs; ``foreign``: tensors whose storage the recording does not own (inputs, parameters)."""
+        self._handout = Handout(outputs, foreign)
+        #: what a replay hands out, one per static output
+        self.outputs = self._handout.tensors
+        if self._handout.groups:  # collected with outputs still held: they move first
+            weakref.finalize(self, _release, self._handout).atexit = False
         self._grads: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._grad_cdatas: list[int] = []
         self._grad_baseline: list[int] = []
@@ -84,7 +167,8 @@ class StaticAliases:
 
     def handed_out(self, outputs: Sequence[torch.Tensor]) -> None:
         """A replayed forward returned ``outputs`` (kept weakly, to reach them)."""
-        if self._outputs:
+        handout = self._handout
+        if len(handout.groups) < len(handout.tensors):  # a foreign one: reached through the output
             self._refs = [weakref.ref(o) for o in outputs]
         self._outputs_out = self.dirty = True
 
@@ -94,7 +178,8 @@ class StaticAliases:
 
     def _settle(self) -> bool:
         """Clear each half whose use counts are back at baseline; True when nothing is aliased."""
-        if self._outputs_out and list(map(_use_count, self._out_cdatas)) == self._out_baseline:
+        handout = self._handout
+        if self._outputs_out and list(map(_use_count, handout.cdatas)) == handout.baseline:
             self._outputs_out, self._refs = False, []
         if self._grads_out and list(map(_use_count, self._grad_cdatas)) == self._grad_baseline:
             self._grads_out = False
@@ -102,10 +187,13 @@ class StaticAliases:
         return not self.dirty
 
     def copy_out(self) -> tuple[int, bool]:
-        """Give reachable aliases their own storage; returns (copied, whether none is left)."""
+        """Give held aliases their own storage; returns (copied, whether none is left)."""
         if not self.dirty or self._settle():
             return 0, True
-        cdatas = {*self._out_cdatas, *self._grad_cdatas}
+        handout = self._handout
+        moved = handout.move_held() if self._outputs_out else 0
+        cdatas = {c for i, c in enumerate(handout.cdatas) if not handout.owned(i)}
+        cdatas.update(self._grad_cdatas)
         live = [t for ref in self._refs if (t := ref()) is not None and _cdata(t) in cdatas]
         live += [
             g
@@ -120,4 +208,4 @@ class StaticAliases:
                     t.data = f
         self._refs = []
         self._outputs_out = self._grads_out = True  # read both halves again
-        return len(live), self._settle()
+        return moved + len(live), self._settle()

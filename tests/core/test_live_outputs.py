@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import replaykit as rk
@@ -28,24 +29,57 @@ def test_without_live_outputs_held_outputs_change(backend: str, device: str) -> 
     assert any(d.name.startswith("kept_output/") for d in diffs), diffs
 
 
-def test_a_held_view_of_an_output_routes_eager(backend: str, device: str) -> None:
+def _keep_views(backend: str, device: str, calls: int = 5, **capture) -> tuple[list, list, object]:
+    """An epoch metric's loop: each call's output kept as ``.detach()`` and as a view of it (tensors
+    copy-out cannot reach through the output), with their values at the time they were kept."""
     torch.manual_seed(0)
     model = DetectionNet().to(device)
-    rec = rk.capture(model, backend=backend)
-    x = torch.randn(2, 3, 8, 8, device=device)
-    out = model(x)
-    view = out["o2m_cls"].detach()[
-        :, :1
-    ]  # unreachable for copy-out: another tensor on the same storage
-    kept = view.detach().clone()
-    del out
-    model(x + 1)
-    assert rec.eager_reasons["live_alias"] == 1
-    assert torch.equal(view, kept)
-    del view
-    model(x + 2)
-    assert rec.counts["replay"] == 1
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = rk.capture(model, backend=backend, **capture) if backend else None
+    kept, values = [], []
+    for i in range(calls):
+        out = model(torch.randn(2, 3, 8, 8, device=device) + i)
+        sum(o.square().mean() for o in out.values()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        cls = out["o2m_cls"].detach()
+        kept += [cls, cls[:, :1]]
+        values += [cls.clone(), cls[:, :1].clone()]
+    return kept, values, rec
+
+
+def test_held_views_of_outputs_keep_their_values_and_the_calls_replay(
+    backend: str, device: str
+) -> None:
+    kept, values, rec = _keep_views(backend, device)
+    eager, _, _ = _keep_views("", device)
+    assert all(torch.equal(k, v) for k, v in zip(kept, values, strict=True))
+    assert all(torch.equal(k, e) for k, e in zip(kept, eager, strict=True))
+    assert rec.counts["replay"] == 4 and not rec.eager_reasons, rec.journal.format()
+    assert rec.counts["copy_out"] >= 4, rec.journal.format()
     rec.release()
+    # the recording is gone: what was handed out holds memory of its own
+    assert all(torch.equal(k, v) for k, v in zip(kept, values, strict=True))
+
+
+def test_without_live_outputs_held_views_are_overwritten(backend: str, device: str) -> None:
+    with pytest.warns(rk.ReplayWarning):
+        kept, values, rec = _keep_views(backend, device, unsafe_disable=("live_outputs",))
+    assert rec.counts["replay"] == 4
+    assert not all(torch.equal(k, v) for k, v in zip(kept, values, strict=True))
+
+
+def test_a_collected_recorder_leaves_held_outputs_their_values() -> None:
+    """A handed-out output does not own the static memory: a recorder collected while the caller
+    still holds outputs moves them to memory of their own first."""
+    import gc
+
+    kept, values, rec = _keep_views("emulated", "cpu")
+    del rec
+    gc.collect()
+    junk = [torch.full_like(v, 7.0) for v in values for _ in range(4)]  # reuse of freed memory
+    assert all(torch.equal(k, v) for k, v in zip(kept, values, strict=True))
+    del junk
 
 
 def test_held_outputs_keep_their_values_when_backwards_run_exactly(

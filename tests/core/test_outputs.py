@@ -1,8 +1,10 @@
-"""Network replay returns the structure eager returns: tensors replayed, the tree and its constant
-leaves rebuilt; an object it cannot rebuild routes its signature eagerly with the reason."""
+"""Network replay returns the structure eager returns: tensors replayed, the tree, its constant
+leaves and its objects (a cache) rebuilt; an object it cannot rebuild routes its signature eagerly
+with the reason."""
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import Any, NamedTuple
 
@@ -64,15 +66,28 @@ class DynamicCache(Cache):
     pass
 
 
+class PrefetchingCache(Cache):
+    """A cache holding what no replay can rebuild (transformers' offloading cache holds a stream)."""
+
+    def __init__(self, k: torch.Tensor) -> None:
+        super().__init__(k)
+        self.lock = threading.Lock()
+
+
 class WithCache(nn.Module):
-    def __init__(self, use_cache: bool = True) -> None:
+    def __init__(self, use_cache: bool = True, cache: type[Cache] = DynamicCache) -> None:
         super().__init__()
         self.lin = nn.Linear(4, 4)
         self.use_cache = use_cache
+        self.cache = cache
 
     def forward(self, x: torch.Tensor) -> dict[str, Any]:
         y = self.lin(x)
-        return {"loss": y.square().mean(), "cache": DynamicCache(y) if self.use_cache else None}
+        return {"loss": y.square().mean(), "cache": self.cache(y) if self.use_cache else None}
+
+
+def _prefetching() -> WithCache:
+    return WithCache(cache=PrefetchingCache)
 
 
 class Capturing(nn.Module):
@@ -145,18 +160,33 @@ def test_a_registered_output_class_with_constants_replays_as_its_own_class(
         assert _same_tree(e, r)
 
 
-def test_an_object_among_the_outputs_routes_its_signature_eagerly_with_the_fix(
+def test_an_object_among_the_outputs_is_rebuilt_around_the_replayed_tensors(
     backend: str, device: str
 ) -> None:
     eager_out, eager, _ = _train(WithCache, device)
-    routed_out, routed, rec = _train(WithCache, device, backend=backend)
+    out, replayed, rec = _train(WithCache, device, backend=backend)
+    assert diff_states(eager, replayed) == []
+    assert rec.counts["record"] == 1 and rec.counts["replay"] == 3, rec.journal.format()
+    caches = [o["cache"] for o in out]
+    assert all(type(c) is DynamicCache and list(vars(c)) == ["keys"] for c in caches)
+    assert len({id(c) for c in caches}) == 4  # each call's own object, as eager
+    for c, e in zip(caches, eager_out, strict=True):  # kept: each keeps its call's values
+        assert torch.equal(c.keys[0], e["cache"].keys[0])
+
+
+def test_an_object_it_cannot_rebuild_routes_its_signature_eagerly_with_the_fix(
+    backend: str, device: str
+) -> None:
+    eager_out, eager, _ = _train(_prefetching, device)
+    routed_out, routed, rec = _train(_prefetching, device, backend=backend)
     assert diff_states(eager, routed) == []
     assert rec.retire_reason is None and rec.counts["record"] == 0
     assert dict(rec.eager_reasons) == {"output_object": 4}
     [refusal] = [e for e in rec.journal if e.kind == "refuse"]
-    assert "DynamicCache at ['cache']" in refusal.detail and "use_cache=False" in refusal.detail
+    assert "a lock at ['cache'].lock" in refusal.detail, refusal.detail
+    assert "use_cache=False" in refusal.detail
     caches = [o["cache"] for o in routed_out]
-    assert len({id(c) for c in caches}) == 4  # each call's own object, as eager
+    assert len({id(c) for c in caches}) == 4
     assert all(
         torch.equal(c.keys[0], e["cache"].keys[0]) for c, e in zip(caches, eager_out, strict=True)
     )
@@ -196,10 +226,12 @@ def test_an_object_leaf_without_the_probe_is_a_failed_capture_that_says_which(
     backend: str, device: str
 ) -> None:
     with pytest.warns(rk.ReplayWarning):
-        _, eager, _ = _train(WithCache, device)
-        _, state, rec = _train(WithCache, device, backend=backend, unsafe_disable=("record_probe",))
+        _, eager, _ = _train(_prefetching, device)
+        _, state, rec = _train(
+            _prefetching, device, backend=backend, unsafe_disable=("record_probe",)
+        )
     assert diff_states(eager, state) == []
-    assert rec.retired and "DynamicCache at ['cache']" in rec.retire_reason
+    assert rec.retired and "a lock at ['cache'].lock" in rec.retire_reason
 
 
 def test_output_trees_compare_structure_and_constants_bitwise() -> None:
@@ -214,7 +246,11 @@ def test_output_trees_compare_structure_and_constants_bitwise() -> None:
     assert tree(float("nan")).difference(tree(float("nan"))) is None
     assert "-0.0" in tree(0.0).difference(tree(-0.0))
     assert tree(1).difference(tree(True)) is not None  # 1 == True, but another type
-    assert tree(Cache(t)).difference(tree(Cache(t))) is not None
+    assert tree(Cache(t)).difference(tree(Cache(t))) is None  # rebuilt: compared by its fields
+    assert "DynamicCache" in tree(Cache(t)).difference(tree(DynamicCache(t)))
+    lock = PrefetchingCache(t)
+    assert tree(lock).difference(tree(lock)) is None
+    assert tree(lock).difference(tree(PrefetchingCache(t))) is not None
     assert "structure" in tree(None).difference(split_outputs((t, None))[1])
-    with pytest.raises(rk.ReplayError, match="a Cache at \\['c'\\]"):
-        split_outputs({"y": t, "c": Cache(t)})
+    with pytest.raises(rk.ReplayError, match=r"a lock at \['c'\]\.lock"):
+        split_outputs({"y": t, "c": PrefetchingCache(t)})

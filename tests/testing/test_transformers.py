@@ -72,6 +72,18 @@ def _padded(g: torch.Generator) -> dict[str, torch.Tensor]:
     return hf._language(causal=True)(2, "cpu", g)[0]
 
 
+def _causal(padded: bool):
+    return _padded if padded else lambda g: hf.unpadded(_padded(g))
+
+
+def _seq2seq(padded: bool):
+    def make(g: torch.Generator) -> dict[str, torch.Tensor]:
+        batch = hf._seq2seq(2, "cpu", g)[0]
+        return batch if padded else hf.unpadded(batch)
+
+    return make
+
+
 def _mlm(g: torch.Generator) -> dict[str, torch.Tensor]:
     ids = torch.randint(1, hf.VOCAB - 1, (2, hf.SEQ), generator=g)
     labels = torch.full_like(ids, hf.IGNORE)
@@ -83,20 +95,26 @@ def _image(g: torch.Generator) -> dict[str, torch.Tensor]:
     return hf.vit().make_batch(2, "cpu", g)[0]
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_a_causal_lm_with_its_default_cache_routes_eagerly_naming_use_cache(
-    backend: str, device: str, family: str
+@pytest.mark.parametrize("family", ["gpt2", "llama", "t5"])
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
+def test_a_model_with_its_default_cache_replays_and_returns_an_equal_cache(
+    backend: str, device: str, family: str, padded: bool
 ) -> None:
+    """Default config (``use_cache`` on): the ModelOutput and its DynamicCache / EncoderDecoderCache
+    come back as eager's, rebuilt around the replayed tensors, one new cache per call."""
     make = getattr(hf, family)
-    eager_out, eager, _ = _train(make, _lm, device, config=NO_PAD)
-    out, state, rec = _train(make, _lm, device, config=NO_PAD, backend=backend)
+    batch = _seq2seq(padded) if family == "t5" else _causal(padded)
+    eager_out, eager, _ = _train(make, batch, device, calls=4)
+    out, state, rec = _train(make, batch, device, calls=4, backend=backend)
     assert diff_states(eager, state) == []
-    assert rec.retire_reason is None and dict(rec.eager_reasons) == {"output_object": 3}
-    [refusal] = [e for e in rec.journal if e.kind == "refuse"]
-    assert "DynamicCache at ['past_key_values']" in refusal.detail, refusal.detail
-    assert "use_cache=False" in refusal.detail
-    assert type(out[-1]) is type(eager_out[-1])
-    assert type(out[-1].past_key_values).__name__ == "DynamicCache"
+    assert rec.counts["replay"] >= 2 and "output_object" not in rec.eager_reasons, (
+        rec.journal.format()
+    )
+    for e, r in zip(eager_out, out, strict=True):  # every call's output, kept: each its own values
+        assert hf.output_difference(e, r) is None, hf.output_difference(e, r)
+    caches = [o.past_key_values for o in out]
+    assert type(caches[0]).__name__ in ("DynamicCache", "EncoderDecoderCache")
+    assert len({id(c) for c in caches}) == len(caches)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])

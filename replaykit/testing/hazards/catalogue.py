@@ -22,6 +22,7 @@ from . import (
     host_state,
     host_values,
     inputs,
+    kept_outputs,
     leaving_grads,
     lifecycle,
     lightning_whole_step,
@@ -55,6 +56,7 @@ MODULES = (
     switches,
     recording_call,
     recurrent,
+    kept_outputs,
 )
 
 

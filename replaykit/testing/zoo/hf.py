@@ -73,6 +73,36 @@ def _seq2seq(batch: int, device: str | torch.device, g: torch.Generator):
     return _to(device, input_ids=ids, attention_mask=mask, labels=labels)
 
 
+def unpadded(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The same batch with nothing padded: every token attended and learnt from."""
+    ids = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, 5)
+    labels = batch["labels"]
+    labels = ids if labels.shape == ids.shape else labels.masked_fill(labels == IGNORE, 5)
+    return {**batch, "input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+
+
+def output_difference(a: Any, b: Any, where: str = "output") -> str | None:
+    """Where two forward outputs differ, or None: type, keys and fields (a ``ModelOutput``'s, a
+    cache object's attributes), constants, tensors bitwise."""
+    if type(a) is not type(b):
+        return f"{where}: {type(a).__name__} vs {type(b).__name__}"
+    if isinstance(a, torch.Tensor):
+        return None if torch.equal(a.detach().cpu(), b.detach().cpu()) else f"{where}: values"
+    if isinstance(a, dict):
+        if list(a) != list(b):
+            return f"{where}: keys {list(a)} vs {list(b)}"
+        pairs = [(a[k], b[k], f"{where}.{k}") for k in a]
+    elif isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            return f"{where}: length"
+        pairs = [(x, y, f"{where}[{i}]") for i, (x, y) in enumerate(zip(a, b, strict=True))]
+    elif hasattr(a, "__dict__") and not isinstance(a, type):
+        return output_difference(vars(a), vars(b), f"{where} ({type(a).__name__})")
+    else:
+        return None if a == b else f"{where}: {a!r} vs {b!r}"
+    return next((d for x, y, w in pairs if (d := output_difference(x, y, w)) is not None), None)
+
+
 def _common(size: str) -> dict[str, int]:
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose from {list(SIZES)}")

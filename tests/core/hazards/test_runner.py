@@ -158,6 +158,10 @@ NOT_APPLICABLE = {
         "recurrent",
         "whole_step",
     ): "what the model's own code does: Lightning adds nothing over TrainStep's recurrent patterns",
+    (
+        "kept_outputs",
+        "whole_step",
+    ): "Lightning's whole step is a TrainStep: the loss it hands back is a copy (the step patterns)",
 }
 #: classes whose Lightning whole-step patterns are still to be written (the gap, said here)
 NO_LIGHTNING_YET: set[str] = set()
@@ -193,6 +197,10 @@ NO_CPU_NEGATIVE_CONTROL = {
     ): "must replay bitwise or run eagerly on both backends: no guard",
     ("leaving_grads", "capture"): "its pattern names no guard (the copy-out is the recorder's own)",
     ("step_python", "capture"): "its patterns name no guard (network replay runs no step Python)",
+    (
+        "kept_outputs",
+        "step",
+    ): "TrainStep hands back a copy of the loss: nothing kept shares static memory",
 }
 
 

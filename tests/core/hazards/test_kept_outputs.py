@@ -1,0 +1,21 @@
+"""Outputs the caller keeps (predictions, a view of them, the model's losses, a cache object): each
+pattern replays and the kept tensors keep their values; without copy-out they change."""
+
+from __future__ import annotations
+
+import pytest
+
+from replaykit.testing.hazards.outcome import REPLAYED
+
+from ._check import assert_safe, assert_unsafe_diverges, guarded, names
+
+
+@pytest.mark.parametrize("name", names("kept_outputs"))
+def test_kept_outputs_patterns_replay_and_end_like_eager(backend: str, name: str) -> None:
+    outcome = assert_safe(name, backend)
+    assert outcome.kind == REPLAYED, outcome.line()
+
+
+@pytest.mark.parametrize("name", guarded("kept_outputs"))
+def test_without_copy_out_kept_outputs_change(backend: str, name: str) -> None:
+    assert_unsafe_diverges(name, backend)
