@@ -159,6 +159,12 @@ REGISTRY: dict[str, Protection] = {
             "algorithms) changed after recording replay the kernels recorded under the old ones",
         ),
         Protection(
+            "cache_fills",
+            "both",
+            "a write into the model that does not recur at the next call (a cache filled at a new length) keeps the "
+            "recordings made for the old state: one keyed without the new state replays the old cache",
+        ),
+        Protection(
             "hooks", "step", "module, gradient and optimizer hooks run at the recording call only"
         ),
         Protection(

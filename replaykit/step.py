@@ -53,6 +53,7 @@ from .ema import EMA
 from .errors import ReplayWarning
 from .guards.code import ForwardInputs, LossInputs
 from .guards.distributed import ddp_refusal, is_ddp
+from .guards.fills import Fills
 from .guards.input_reads import InputReads
 from .guards.module import epoch as guard_epoch
 from .guards.module import gradient_hooks
@@ -228,7 +229,9 @@ class TrainStep(RecordingSteps, Entry):
         # host reads of input-derived values (a padding mask's .all()): learnt at recording, keyed per call
         self._input_reads = InputReads(keyed=self.on.input_reads)
         self._watch_reads = False  # set once a capture without the watch failed (see _record)
-        self._first_write = False  # a recording call dropped for a write into the model (once)
+        self._fills = (
+            Fills()
+        )  # writes into the model: a first write, a cache filled, or per-call Python
         self._learn_draws = False  # set at the first host draw seen: the next reference learns them
         # tensors loss_fn holds and writes in place (a running mean): snapshotted once seen written
         self._written: list[torch.Tensor] = []

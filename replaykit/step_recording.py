@@ -278,6 +278,8 @@ class RecordingSteps:
     ) -> str | None:
         """Why the reference run must stand as the call (a replay would not repeat what it did), or None."""
         why = effects.reason("the step", writes=self.on.side_effects)
+        if why is not None and self.on.side_effects and effects.writes_only():
+            return _Wrote(why) if self._beyond_the_model() is None else why
         if (
             why is not None
             and self._input_reads.drawn_to is None
@@ -315,7 +317,9 @@ class RecordingSteps:
             eager = eager.clone() if scratch.owns(eager) else eager
         self._left_in_pool(scratch)
         a.region.free()
-        if isinstance(why, _Learning):
+        if isinstance(why, _Wrote):
+            self._wrote(why)
+        elif isinstance(why, _Learning):
             self.journal.add("refuse", self._calls, why.reason, why)
         else:
             self._retire(why, self._calls)
@@ -360,13 +364,28 @@ class RecordingSteps:
                 a.callargs.tensors[i].copy_(a.static[i])
         out = self._after(a.phase, a.rec)
         a.region.free()
-        if a.effects.writes_only() and not self._first_write:
-            # a write made once (config.problem_type at the first call): it stands, as eager's; record later
-            self._first_write = True
-            self.journal.add("refuse", self._calls, "first_write", why)
+        if a.effects.writes_only():
+            self._wrote(
+                why
+            )  # a write into the model (config.problem_type, a cache): it stands, as eager's
         else:
             self._retire(why, self._calls)
         return Outcome("stands", out, a.run)
+
+    def _wrote(self, why: str) -> None:
+        """A run that wrote into the model stood as the call (``guards/fills.py``): the first write
+        or a cache filled for a new state records later (a fill drops the recordings made for the
+        old state: re-record); a write that recurs at consecutive calls retires."""
+        call = self._calls
+        verdict = self._fills.verdict(call)
+        if verdict == "repeats":
+            self._retire(why, call)
+        elif verdict == "fill" and self.on.cache_fills:
+            self.lifecycle.rerecord(f"cache_fill: {why}", call)
+        else:
+            self.journal.add(
+                "refuse", call, "first_write" if verdict == "first_write" else "cache_fill", why
+            )
 
     def _captured_body(self, a: Attempt) -> list[torch.Tensor]:
         args, kwargs = a.callargs.rebuild(a.static)
@@ -525,6 +544,10 @@ class RecordingSteps:
             f"{len(found.draws)} host draw(s), {len(found.reads)} read(s) of them: drawn before "
             "choosing a recording from now on"
         )
+
+
+class _Wrote(str):
+    """The reference run wrote into the model (and did nothing else a replay would not): it stands as the call."""
 
 
 class _Learning(str):

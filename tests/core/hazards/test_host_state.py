@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from replaykit.testing.hazards.outcome import REPLAYED
+
 from ._check import assert_safe, assert_unsafe_diverges, guarded, names
 
 
@@ -15,3 +17,13 @@ def test_host_state_patterns_end_like_eager(backend: str, name: str) -> None:
 @pytest.mark.parametrize("name", guarded("host_state"))
 def test_without_the_guard_host_state_patterns_diverge(backend: str, name: str) -> None:
     assert_unsafe_diverges(name, backend)
+
+
+#: host state that replays now (not merely routes): a cache filled at a new length re-records
+REPLAYING = ["rope_table_grown", "step_rope_table_grown"]
+
+
+@pytest.mark.parametrize("name", REPLAYING)
+def test_host_state_that_changes_now_and_then_replays(backend: str, name: str) -> None:
+    outcome = assert_safe(name, backend)
+    assert outcome.kind == REPLAYED, outcome.line()
