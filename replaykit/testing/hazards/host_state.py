@@ -349,10 +349,9 @@ class DynamicRope(nn.Module):
         base = 10.0 * (n / self.original_max) ** 1.5
         return 1.0 / base ** (torch.arange(0, 6, 2, device=device, dtype=torch.float32) / 6)
 
-    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's signature
-        self.inv_freq = fn(
-            self.inv_freq
-        )  # a plain attribute moved with the module, as a buffer would be
+    def _apply(self, fn: Callable, recurse: bool = True) -> nn.Module:
+        # a plain attribute (as transformers' rotary classes keep it) moved with the module
+        self.inv_freq = fn(self.inv_freq)
         return super()._apply(fn, recurse)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
