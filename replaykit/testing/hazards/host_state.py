@@ -350,7 +350,7 @@ class DynamicRope(nn.Module):
         return 1.0 / base ** (torch.arange(0, 6, 2, device=device, dtype=torch.float32) / 6)
 
     def _apply(self, fn: Callable, recurse: bool = True) -> nn.Module:
-        # a plain attribute (as transformers' rotary classes keep it) moved with the module
+        # a plain tensor attribute, moved with the module as a buffer would be
         self.inv_freq = fn(self.inv_freq)
         return super()._apply(fn, recurse)
 
