@@ -194,6 +194,12 @@ REGISTRY: dict[str, Protection] = {
             "parameters outside the model that loss_fn reaches keep the gradient of the recording call",
         ),
         Protection(
+            "foreign_owners",
+            "step",
+            "a second network's parameter replaced after its gradients were recorded (a layer re-initialised) "
+            "replays the old one",
+        ),
+        Protection(
             "state_identity",
             "step",
             "optimizer, scaler and EMA state tensors replaced (load_state_dict, add_param_group) replay the old ones",

@@ -67,6 +67,7 @@ from .guards.optimizer import (
 )
 from .guards.signature import UnhashableArgument, signature, split_call
 from .guards.storage import GLOBAL_HOOKS, module_hooks
+from .memory.foreign import ForeignLeaves
 from .memory.layout import aligned_key, copy_into
 from .memory.pool import MemoryPool, storage_bytes
 from .protections import Switches
@@ -235,7 +236,9 @@ class TrainStep(RecordingSteps, Entry):
         self._learn_draws = False  # set at the first host draw seen: the next reference learns them
         # tensors loss_fn holds and writes in place (a running mean): snapshotted once seen written
         self._written: list[torch.Tensor] = []
-        self._walking, self._foreign = False, 0
+        self._walking, self._foreign = False, []
+        # leaves outside the model the loss reaches (a second network): recorded from the next recording call
+        self._foreign_leaves = ForeignLeaves(self.on.foreign_owners)
         if self._loss_inputs is not None and self._loss_inputs.unwatched:
             warnings.warn(
                 f"replaykit: TrainStep cannot see what loss_fn reads through {', '.join(self._loss_inputs.unwatched)}: "
@@ -277,6 +280,7 @@ class TrainStep(RecordingSteps, Entry):
         for rec in self._recordings.values():
             out.append(rec.loss)
             out += [g for g in rec.grads_out if g is not None]
+            out += rec.foreign.tensors() if rec.foreign is not None else []
         return out
 
     # ----------------------------------------------------------------- the call
@@ -376,12 +380,7 @@ class TrainStep(RecordingSteps, Entry):
         check = self.config.check_every
         if check and (self._replayed - 1) % check == 0:
             return self._checked_replay(phase, rec, callargs, args, kwargs)
-        for static, x in zip(rec.static_inputs, callargs.tensors, strict=True):
-            copy_into(static, x)
-        rec.region.replay()
-        if self._watchdog is not None:
-            self._watchdog.device(self._device, f"its replayed {phase} (call {call})")
-        self._input_reads.advance()  # the CPU generator where eager's host draws leave it
+        self._replay(rec, callargs, f"its replayed {phase} (call {call})")
         self.journal.tick("replay", call, phase)
         return self._after(phase, rec)
 
@@ -406,10 +405,7 @@ class TrainStep(RecordingSteps, Entry):
         # the call state, not the snapshot alone: the replay ran what loss_fn's modules do (a
         # teacher's statistics) and the eager body runs it again (step_recording.py)
         snapshot = self._call_state(tensors=True)
-        for static, x in zip(rec.static_inputs, callargs.tensors, strict=True):
-            copy_into(static, x)
-        rec.region.replay()
-        self._input_reads.advance()
+        self._replay(rec, callargs)
         self.journal.tick("replay", call, phase)
         found, loss = self._against_eager(snapshot, rec.loss, phase, args, kwargs)
         self.journal.add("check", call, "step", found)
@@ -420,6 +416,21 @@ class TrainStep(RecordingSteps, Entry):
             self._stepped()
         return loss
 
+    def _replay(self, rec: StepRecording, callargs: Any, watched: str | None = None) -> None:
+        """The batch into the static inputs, the graph, then what eager's Python leaves besides the
+        tensors it wrote: the host draws advanced, a second network's gradients handed out.
+        ``watched``: what the watchdog names if the device hangs in it."""
+        for static, x in zip(rec.static_inputs, callargs.tensors, strict=True):
+            copy_into(static, x)
+        if rec.foreign is not None:
+            rec.foreign.copy_in()
+        rec.region.replay()
+        if watched is not None and self._watchdog is not None:
+            self._watchdog.device(self._device, watched)
+        if rec.foreign is not None:
+            rec.foreign.hand_out()
+        self._input_reads.advance()  # the CPU generator where eager's host draws leave it
+
     def _snapshot(self, tensors: bool) -> StepSnapshot:
         generators = self._loss_inputs.generators() if self._loss_inputs is not None else ()
         return StepSnapshot(
@@ -427,7 +438,7 @@ class TrainStep(RecordingSteps, Entry):
             self.optimizer,
             self.scaler,
             self.ema,
-            self._trainable,
+            [*self._trainable, *self._foreign_leaves.leaves],
             tensors,
             generators,
             self._written,
@@ -438,7 +449,7 @@ class TrainStep(RecordingSteps, Entry):
     ) -> tuple[str | None, torch.Tensor]:
         """The recorded work's end state against the twin's body run from ``snapshot``: the first
         difference (or None) and eager's loss. The state left behind is eager's."""
-        state = (self.model, self.optimizer, self.scaler, self.ema, self._trainable)
+        state = self._judged()
         replayed = end_state(*state, loss, clone=True, extra=snapshot.outside)
         snapshot.restore()
         eager = self._body(phase, args, kwargs)
@@ -472,6 +483,7 @@ class TrainStep(RecordingSteps, Entry):
             hyper,
             self._loss_key,
             self._forward_key,
+            self._foreign_leaves.key(),
             *signature(callargs, self._device.type, True, aligned_key),
         )
 
@@ -508,7 +520,7 @@ class TrainStep(RecordingSteps, Entry):
             if (
                 self._walking
             ):  # the recording call: does the loss reach parameters we do not hand gradients to?
-                self._foreign = foreign_leaves([loss], self.params)
+                self._foreign = foreign_leaves([loss], [*self.params, *self._foreign_leaves.leaves])
             scaler, optimizer = c.scaler, c.optimizer
             scaled = loss / c.accumulate if c.accumulate > 1 else loss
             if scaler is not None:

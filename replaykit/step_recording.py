@@ -36,6 +36,7 @@ from .guards.compiled import CompileWatch, compiled_regions
 from .guards.input_reads import NewInputRead, Provenance
 from .guards.module import host_dependence
 from .guards.optimizer import GRAD, host_state, tensors_of
+from .memory.foreign import ForeignBuffers
 from .memory.layout import aligned_copy
 from .verify.call_state import CallState
 from .verify.contexts import recording as recording_context
@@ -51,7 +52,7 @@ __all__ = ["Outcome", "RecordingSteps", "StepRecording"]
 class StepRecording:
     """One phase of one signature: its region, static inputs and loss, and the gradients it leaves."""
 
-    __slots__ = ("grads_out", "keep", "loss", "region", "static_inputs")
+    __slots__ = ("foreign", "grads_out", "keep", "loss", "region", "static_inputs")
 
     def __init__(
         self,
@@ -60,8 +61,10 @@ class StepRecording:
         loss: torch.Tensor,
         grads_out: list,
         keep: list,
+        foreign: ForeignBuffers | None = None,
     ) -> None:
         self.region = region
+        self.foreign = foreign  # a second network's gradient buffers (memory/foreign.py), or None
         self.static_inputs = static_inputs
         self.loss = loss
         self.grads_out = (
@@ -102,6 +105,7 @@ class Attempt:
     run: HeldOutput | None = None
     rec: Any = None
     private: list = field(default_factory=list)
+    foreign: ForeignBuffers | None = None
 
 
 class RecordingSteps:
@@ -250,7 +254,7 @@ class RecordingSteps:
         held = [t for t in loose if not t.is_inference()]
         versions = [t._version for t in held]
         run = state.output()
-        self._walking, self._foreign = self.on.foreign_grads, 0
+        self._walking, self._foreign = self.on.foreign_grads, []
         try:
             found_or_not = found if found is not None else contextlib.nullcontext()
             with effects, found_or_not, scratch, run.held():
@@ -261,7 +265,7 @@ class RecordingSteps:
             raise
         finally:
             self._walking = False
-        why = self._reference_why(effects, found, held, versions)
+        why = self._reference_why(effects, found, held, versions, state)
         if why is not None:
             return self._reference_stands(a, why, eager, scratch, run)
         a.reference = end_state(*self._judged(), eager, clone=True, extra=state.outside)
@@ -274,7 +278,12 @@ class RecordingSteps:
         return None
 
     def _reference_why(
-        self, effects: SideEffects, found: Provenance | None, held: list, versions: list
+        self,
+        effects: SideEffects,
+        found: Provenance | None,
+        held: list,
+        versions: list,
+        state: CallState,
     ) -> str | None:
         """Why the reference run must stand as the call (a replay would not repeat what it did), or None."""
         why = effects.reason("the step", writes=self.on.side_effects)
@@ -287,7 +296,7 @@ class RecordingSteps:
         ):
             why = self._host_draws(found) or why
         if why is None:
-            why = self._beyond_the_model()
+            why = self._second_network(state) or self._beyond_the_model()
         if why is not None:
             return why
         known = set(map(id, self._written))
@@ -311,7 +320,7 @@ class RecordingSteps:
         """The reference run is the call's work: what it hands back leaves the pool; retire, or
         journal what is learnt (:class:`_Learning`: not a retirement)."""
         with torch.no_grad():
-            for p in self._trainable:
+            for p in (*self._trainable, *self._foreign_leaves.leaves, *self._foreign):
                 if p.grad is not None and scratch.owns(p.grad):
                     p.grad = p.grad.clone()
             eager = eager.clone() if scratch.owns(eager) else eager
@@ -334,7 +343,10 @@ class RecordingSteps:
         a.effects = SideEffects(self.model, a.static, self.on.host_rng, self._input_reads.drawn_to)
         watch = CompileWatch(self.backend.name == "emulated", self.on.compiled_code)
         a.run = state.output()
-        self._walking, self._foreign = self.on.foreign_grads, 0
+        self._walking, self._foreign = self.on.foreign_grads, []
+        if self._foreign_leaves.leaves:  # a second network's gradients: static copies as .grad
+            a.foreign = ForeignBuffers(self._foreign_leaves.leaves)
+            a.foreign.begin()
         try:
             branches = recording_context(self.on.capture_branches)
             with a.effects, branches, watch, a.run.held():
@@ -350,10 +362,12 @@ class RecordingSteps:
             raise
         finally:
             self._walking = False
+        if a.foreign is not None:
+            a.foreign.captured()
         a.key = self._input_reads.settle(a.key, () if a.reads is None else a.reads.reads)
         grads_out = [p.grad for p in self._trainable]  # per parameter: its storage after, or None
         keep = [*(g for g in a.private if g is not None), *tensors_of(self.optimizer)]
-        a.rec = StepRecording(a.region, a.static, a.loss, grads_out, keep)
+        a.rec = StepRecording(a.region, a.static, a.loss, grads_out, keep, a.foreign)
         why = self._capture_why(a)
         if why is None:
             return None
@@ -458,7 +472,8 @@ class RecordingSteps:
 
     def _judged(self) -> tuple:
         """What end_state reads of the step."""
-        return (self.model, self.optimizer, self.scaler, self.ema, self._trainable)
+        graded = [*self._trainable, *self._foreign_leaves.leaves]
+        return (self.model, self.optimizer, self.scaler, self.ema, graded)
 
     # ----------------------------------------------------------------- what a run shows
     def _beyond_the_model(self) -> str | None:
@@ -466,7 +481,7 @@ class RecordingSteps:
         differ from eager outside what ``SideEffects`` sees: a second network, what loss_fn changes."""
         if self._foreign:
             return (
-                f"loss_fn reaches {self._foreign} tensor(s) requiring grad outside the model and the optimizer (a second "
+                f"loss_fn reaches {len(self._foreign)} tensor(s) requiring grad outside the model and the optimizer (a second "
                 "network): a replay would not give them this call's gradients"
             )
         if self._loss_inputs is not None:
@@ -474,6 +489,20 @@ class RecordingSteps:
             if changed is not None:
                 return f"loss_fn changes {changed}; a replay would not"
         return self._forward_changes() or self._class_writes()
+
+    def _second_network(self, state: CallState) -> _Learning | None:
+        """The reference run's loss reached trainable parameters of a module loss_fn holds (a GAN's
+        discriminator, a teacher trained too): their gradients are recorded from the next recording
+        call (``memory/foreign.py``). None: none, or some owned by no such module (retires)."""
+        found = self._foreign
+        if not found or not self._foreign_leaves.learn(found, state.modules):
+            return None
+        self._foreign = []
+        return _Learning(
+            f"loss_fn reaches {len(found)} parameter(s) of a second network: their gradients are "
+            "recorded from the next recording call",
+            "foreign_grads",
+        )
 
     def _forward_changes(self) -> str | None:
         """Why replays would differ: the model's forward changed a value it names outside the model
