@@ -347,6 +347,7 @@ class RecordingSteps:
         if self._foreign_leaves.leaves:  # a second network's gradients: static copies as .grad
             a.foreign = ForeignBuffers(self._foreign_leaves.leaves)
             a.foreign.begin()
+        outside = {id(p): p.grad for m in state.modules for p in m.parameters()}
         try:
             branches = recording_context(self.on.capture_branches)
             with a.effects, branches, watch, a.run.held():
@@ -368,7 +369,7 @@ class RecordingSteps:
         grads_out = [p.grad for p in self._trainable]  # per parameter: its storage after, or None
         keep = [*(g for g in a.private if g is not None), *tensors_of(self.optimizer)]
         a.rec = StepRecording(a.region, a.static, a.loss, grads_out, keep, a.foreign)
-        why = self._capture_why(a)
+        why = self._capture_why(a, state)
         if why is None:
             return None
         # the body ran once, as eager's does: its effects stand (an input written in place
@@ -376,9 +377,14 @@ class RecordingSteps:
         with torch.no_grad():
             for i in a.effects.written_inputs():
                 a.callargs.tensors[i].copy_(a.static[i])
+            for p in self._foreign_leaves.leaves:  # new ones made in the region's memory
+                if p.grad is not None and p.grad is not outside.get(id(p), p.grad):
+                    p.grad = p.grad.clone()
         out = self._after(a.phase, a.rec)
         a.region.free()
-        if a.effects.writes_only():
+        if isinstance(why, _Learning):
+            self.journal.add("refuse", self._calls, why.reason, why)
+        elif a.effects.writes_only():
             self._wrote(
                 why
             )  # a write into the model (config.problem_type, a cache): it stands, as eager's
@@ -408,7 +414,7 @@ class RecordingSteps:
         with a.reads:
             return [self._body(a.phase, args, kwargs)]
 
-    def _capture_why(self, a: Attempt) -> str | None:
+    def _capture_why(self, a: Attempt, state: CallState) -> str | None:
         """Why replays of the captured run would differ from eager outside the tensors it computes."""
         why = a.effects.reason("the step", writes=self.on.side_effects)
         if (
@@ -417,7 +423,9 @@ class RecordingSteps:
             and (a.reads.escaped or not self._input_reads.draws_match(a.reads.draws))
         ):
             why = _HOST_DRAWS_CHANGED
-        return why if why is not None else self._beyond_the_model()
+        if why is not None:
+            return why
+        return self._second_network(state) or self._beyond_the_model()
 
     def _capture_failed(self, a: Attempt, exc: Exception, watch: CompileWatch) -> Outcome:
         """A capture that raised: learn a read and retry, watch reads and retry, or run eagerly."""
