@@ -194,6 +194,12 @@ REGISTRY: dict[str, Protection] = {
             "parameters outside the model that loss_fn reaches keep the gradient of the recording call",
         ),
         Protection(
+            "host_choices",
+            "step",
+            "draws from Python's random or numpy that only choose a branch (LayerDrop) are drawn before each call but "
+            "not keyed: a replay repeats the recording call's branch",
+        ),
+        Protection(
             "foreign_owners",
             "step",
             "a second network's parameter replaced after its gradients were recorded (a layer re-initialised) "

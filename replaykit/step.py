@@ -54,6 +54,7 @@ from .errors import ReplayWarning
 from .guards.code import ForwardInputs, LossInputs
 from .guards.distributed import ddp_refusal, is_ddp
 from .guards.fills import Fills
+from .guards.host_choices import HostChoices
 from .guards.input_reads import InputReads
 from .guards.module import epoch as guard_epoch
 from .guards.module import gradient_hooks
@@ -229,6 +230,8 @@ class TrainStep(RecordingSteps, Entry):
         self._host_held: list[tuple[torch.Tensor, int]] = []  # see _host_tensors
         # host reads of input-derived values (a padding mask's .all()): learnt at recording, keyed per call
         self._input_reads = InputReads(keyed=self.on.input_reads)
+        # Python's and numpy's draws that only choose (LayerDrop): learnt at recording, drawn and keyed per call
+        self._choices = HostChoices(keyed=self.on.host_choices)
         self._watch_reads = False  # set once a capture without the watch failed (see _record)
         self._fills = (
             Fills()
@@ -350,6 +353,7 @@ class TrainStep(RecordingSteps, Entry):
             try:
                 callargs = split_call(args, kwargs)
                 key = self._input_reads.key(self._key(phase, state, callargs), callargs.tensors)
+                key = self._choices.key(key)
             except UnhashableArgument as exc:
                 why = exc.reason
             else:
@@ -430,6 +434,7 @@ class TrainStep(RecordingSteps, Entry):
         if rec.foreign is not None:
             rec.foreign.hand_out()
         self._input_reads.advance()  # the CPU generator where eager's host draws leave it
+        self._choices.advance()  # Python's and numpy's too
 
     def _snapshot(self, tensors: bool) -> StepSnapshot:
         generators = self._loss_inputs.generators() if self._loss_inputs is not None else ()

@@ -33,6 +33,7 @@ import torch
 from .backends import Region, Scratch
 from .guards.code import ForwardInputs, LossInputs, iterator_reason
 from .guards.compiled import CompileWatch, compiled_regions
+from .guards.host_choices import Watch
 from .guards.input_reads import NewInputRead, Provenance
 from .guards.module import host_dependence
 from .guards.optimizer import GRAD, host_state, tensors_of
@@ -106,6 +107,7 @@ class Attempt:
     rec: Any = None
     private: list = field(default_factory=list)
     foreign: ForeignBuffers | None = None
+    choices: Watch | None = None
 
 
 class RecordingSteps:
@@ -245,7 +247,10 @@ class RecordingSteps:
             else Scratch()
         )
         drawn_to = self._input_reads.drawn_to
-        effects = SideEffects(self.model, a.callargs.tensors, self.on.host_rng, drawn_to)
+        effects = SideEffects(
+            self.model, a.callargs.tensors, self.on.host_rng, drawn_to, self._choices.drawn_to
+        )
+        a.choices = self._choices.watch() if self.on.host_rng else None
         # host draws seen before (beside a GPU model) and none known for this key: find them and
         # what is read of them (a dispatch mode: this eager run only)
         learning = self._learn_draws and drawn_to is None and self.on.input_reads
@@ -257,7 +262,8 @@ class RecordingSteps:
         self._walking, self._foreign = self.on.foreign_grads, []
         try:
             found_or_not = found if found is not None else contextlib.nullcontext()
-            with effects, found_or_not, scratch, run.held():
+            choices = a.choices if a.choices is not None else contextlib.nullcontext()
+            with effects, found_or_not, choices, scratch, run.held():
                 eager = self._body(a.phase, a.args, a.kwargs)
         except BaseException:  # eager's exception: a cache it filled first stays in the pool
             self._unchecked = scratch
@@ -265,7 +271,8 @@ class RecordingSteps:
             raise
         finally:
             self._walking = False
-        why = self._reference_why(effects, found, held, versions, state)
+        why = self._reference_why(effects, found, held, versions, state, a.choices)
+        why = why or self._choices_why(a)
         if why is not None:
             return self._reference_stands(a, why, eager, scratch, run)
         a.reference = end_state(*self._judged(), eager, clone=True, extra=state.outside)
@@ -284,9 +291,12 @@ class RecordingSteps:
         held: list,
         versions: list,
         state: CallState,
+        choices: Watch | None,
     ) -> str | None:
         """Why the reference run must stand as the call (a replay would not repeat what it did), or None."""
         why = effects.reason("the step", writes=self.on.side_effects)
+        if why is not None and effects.reason("the step", python_draws=False) is None:
+            why = self._learn_choices(why, choices)
         if why is not None and self.on.side_effects and effects.writes_only():
             return _Wrote(why) if self._beyond_the_model() is None else why
         if (
@@ -314,6 +324,23 @@ class RecordingSteps:
             "held_writes",
         )
 
+    def _learn_choices(self, why: str, choices: Watch | None) -> str:
+        """The run's only effect was drawing from Python's or numpy's RNG: draws that only chose
+        are keyed from the next call (``guards/host_choices.py``); others keep ``why``."""
+        if choices is None or not self._choices.learn(choices):
+            return why
+        return _Learning(
+            f"{len(choices.uses)} host draw(s) that only choose: drawn and keyed from the next call",
+            "host_choices",
+        )
+
+    def _choices_why(self, a: Attempt) -> str | None:
+        """A run whose draws are not those its key learnt (another count, another comparison, a
+        value used): a replay of this key would not make them."""
+        if a.choices is None or self._choices.matches(a.choices):
+            return None
+        return _CHOICES_CHANGED
+
     def _reference_stands(
         self, a: Attempt, why: str, eager: torch.Tensor, scratch: Scratch, run: HeldOutput
     ) -> Outcome:
@@ -340,7 +367,15 @@ class RecordingSteps:
     def _capture(self, a: Attempt, state: CallState) -> Outcome | None:
         """The recording: the body captured over the static inputs (on CUDA it then replays once:
         the call's step). Effects a replay would not repeat let this run stand, unkept."""
-        a.effects = SideEffects(self.model, a.static, self.on.host_rng, self._input_reads.drawn_to)
+        a.effects = SideEffects(
+            self.model,
+            a.static,
+            self.on.host_rng,
+            self._input_reads.drawn_to,
+            self._choices.drawn_to,
+        )
+        a.choices = self._choices.watch(capture=True) if self.on.host_rng else None
+        choices = a.choices if a.choices is not None else contextlib.nullcontext()
         watch = CompileWatch(self.backend.name == "emulated", self.on.compiled_code)
         a.run = state.output()
         self._walking, self._foreign = self.on.foreign_grads, []
@@ -350,7 +385,7 @@ class RecordingSteps:
         outside = {id(p): p.grad for m in state.modules for p in m.parameters()}
         try:
             branches = recording_context(self.on.capture_branches)
-            with a.effects, branches, watch, a.run.held():
+            with a.effects, branches, watch, choices, a.run.held():
                 (a.loss,) = a.region.capture(lambda: self._captured_body(a))
             watch.check()
         except Exception as exc:
@@ -417,12 +452,16 @@ class RecordingSteps:
     def _capture_why(self, a: Attempt, state: CallState) -> str | None:
         """Why replays of the captured run would differ from eager outside the tensors it computes."""
         why = a.effects.reason("the step", writes=self.on.side_effects)
+        if why is not None and a.effects.reason("the step", python_draws=False) is None:
+            return self._learn_choices(why, a.choices)
         if (
             why is None
             and a.reads is not None
             and (a.reads.escaped or not self._input_reads.draws_match(a.reads.draws))
         ):
             why = _HOST_DRAWS_CHANGED
+        if why is None:
+            why = self._choices_why(a)
         if why is not None:
             return why
         return self._second_network(state) or self._beyond_the_model()
@@ -598,6 +637,11 @@ class _Learning(str):
         self.reason = reason
         return self
 
+
+_CHOICES_CHANGED = (
+    "the step's draws from Python's random or numpy differ from those its recording key learnt "
+    "(their number or comparisons), or a drawn value is used otherwise than compared"
+)
 
 _HOST_DRAWS_CHANGED = (
     "the step's draws from torch's CPU generator changed, or a drawn value reached its computation; "

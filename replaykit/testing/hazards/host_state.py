@@ -397,3 +397,35 @@ PATTERNS += [
         api="step",
     ),
 ]
+
+
+class StochasticDepth(nn.Module):
+    """Residual blocks kept or dropped by a numpy coin per block (stochastic depth), rescaled when kept."""
+
+    def __init__(self, p: float = 0.3) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(6, 6) for _ in range(2)])
+        self.head = nn.Linear(6, 3)
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import numpy as np
+
+        for block in self.blocks:
+            if self.training and np.random.rand() < self.p:
+                continue
+            x = x + torch.relu(block(x)) / (1 - self.p)
+        return self.head(x)
+
+
+PATTERNS.append(
+    Pattern(
+        "step_stochastic_depth_numpy_coin",
+        HAZARD,
+        "stochastic depth decided by np.random.rand() < p per block, whole step",
+        lambda d: StochasticDepth().to(d),
+        _seeded(lambda m, a: step_loop(m, a, steps=10)),
+        guard="host_choices",
+        api="step",
+    )
+)

@@ -19,8 +19,15 @@ def test_without_the_guard_host_state_patterns_diverge(backend: str, name: str) 
     assert_unsafe_diverges(name, backend)
 
 
-#: host state that replays now (not merely routes): a cache filled at a new length re-records
-REPLAYING = ["rope_table_grown", "step_rope_table_grown"]
+#: host state that replays now (not merely routes): a cache filled at a new length re-records;
+#: Python's or numpy's draws that only choose are drawn before each call and key the recording
+REPLAYING = [
+    "rope_table_grown",
+    "step_rope_table_grown",
+    "step_layerdrop_python_random",
+    "step_random_task_in_loss",
+    "step_stochastic_depth_numpy_coin",
+]
 
 
 @pytest.mark.parametrize("name", REPLAYING)
