@@ -542,7 +542,11 @@ class RecordingSteps:
         discriminator, a teacher trained too): their gradients are recorded from the next recording
         call (``memory/foreign.py``). None: none, or some owned by no such module (retires)."""
         found = self._foreign
-        if not found or not self._foreign_leaves.learn(found, state.modules):
+        if not found:
+            return None
+        # the modules loss_fn holds outside the model, and one above it (a LightningModule's critic)
+        above = [v for v in self._code()[0].values() if isinstance(v, torch.nn.Module)]
+        if not self._foreign_leaves.learn(found, [*state.modules, *above]):
             return None
         self._foreign = []
         return _Learning(

@@ -25,6 +25,7 @@ REPLAYING = [
     "step_mutual_learning_trained_peer",
     "step_gan_generator_frozen_disc",
     "step_gan_disc_layer_replaced",
+    "whole_step_trainable_critic",
 ]
 
 
