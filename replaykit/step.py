@@ -370,6 +370,8 @@ class TrainStep(RecordingSteps, Entry):
             route = "eager" if why is not None or alias else "record" if rec is None else "replay"
             if self._agreement.agree(route) is not None and route != "eager":
                 why = "peer_route"
+        if why is not None or alias or rec is None:
+            self._choices.rewind()  # the call's body draws itself
         if why is not None:
             with self.held(why):
                 return self._eager(phase, why, args, kwargs)
@@ -406,6 +408,7 @@ class TrainStep(RecordingSteps, Entry):
         """The shadow check (``check_every``): replay, then the twin's body from the same state; a
         difference retires the step and the state is eager's."""
         call = self._calls
+        self._choices.rewind()  # the eager body the replay is checked against draws itself
         # the call state, not the snapshot alone: the replay ran what loss_fn's modules do (a
         # teacher's statistics) and the eager body runs it again (step_recording.py)
         snapshot = self._call_state(tensors=True)

@@ -132,7 +132,8 @@ class RecordingSteps:
                 state.restore()
                 state.stands(None)
                 if outcome.rekey:
-                    key = self._input_reads.rekey(callargs.tensors)
+                    key = self._choices.key(self._input_reads.rekey(callargs.tensors))
+                    self._choices.rewind()
         if outcome.kind == "stands":
             state.stands(outcome.run)
             return outcome.loss

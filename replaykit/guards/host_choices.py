@@ -106,6 +106,17 @@ def _sources() -> list[tuple[Any, str, str]]:
     return found
 
 
+def _get_state(source: str) -> Any:
+    return random.getstate() if source == _PY else sys.modules["numpy"].random.get_state()
+
+
+def _set_state(source: str, state: Any) -> None:
+    if source == _PY:
+        random.setstate(state)
+    else:
+        sys.modules["numpy"].random.set_state(state)
+
+
 def _draw(source: str) -> float:
     """One value from that generator, as the watched functions draw it."""
     if source == _PY:
@@ -203,24 +214,37 @@ class HostChoices:
         self._programs: dict[tuple, tuple] = {}
         self._base: tuple = ()
         self._values: list[float] = []
-        self._start: tuple | None = None
+        self._start: list[tuple[str, Any]] | None = None  # the generators before this key's draws
         self.drawn_to: tuple | None = None  # the host RNG state after this key's draws
 
     def key(self, base: tuple) -> tuple:
-        """``base``, and for a key whose draws were learnt, the choices this call's draws make."""
-        self._base, self.drawn_to, self._values = base, None, []
+        """``base``, and for a key whose draws were learnt, the choices this call's draws make.
+        The generators are left where the draws leave them (a replay's call is done with them);
+        a call that does not replay :meth:`rewind` s them first."""
+        self._base, self.drawn_to, self._values, self._start = base, None, [], None
         program = self._programs.get(base) if self._programs else None
         if program is None:
             return base
-        self._start = host_rng_state()
+        self._start = [(s, _get_state(s)) for s in sorted({s for s, _ in program})]
         self._values = [_draw(source) for source, _ in program]
-        self.drawn_to = host_rng_state()
-        set_host_rng_state(self._start)  # the call draws itself unless it replays
         return (*base, _results(program, self._values) if self._keyed else "drawn")
 
+    def rewind(self) -> None:
+        """The call does not replay (it records or runs eagerly): the generators back where the
+        call found them, for its body to draw; ``drawn_to`` says where that body must leave them."""
+        if self._start is None:
+            return
+        self.drawn_to = host_rng_state()
+        for source, state in self._start:
+            _set_state(source, state)
+        self._start = None
+
     def advance(self) -> None:
-        """After a replay: the host RNG where eager's draws would have left it."""
-        if self.drawn_to is not None:
+        """After a replay: the host RNG where eager's draws would have left it (already there,
+        unless the call was rewound for a check)."""
+        if self._start is not None:
+            self._start = None
+        elif self.drawn_to is not None:
             set_host_rng_state(self.drawn_to)
 
     def watch(self, capture: bool = False) -> Watch:

@@ -26,12 +26,15 @@ def _layout(g: torch.Tensor | None) -> tuple | None:
     return None if g is None else (g.dtype, g.device, tuple(g.shape), g.stride())
 
 
-def _owned(top: nn.Module, name: str) -> torch.Tensor | None:
-    """The parameter ``top`` holds under the dotted ``name`` now (a layer replaced holds another)."""
-    try:
-        return top.get_parameter(name)
-    except AttributeError:
-        return None
+def _owned(top: nn.Module, path: tuple[str, ...]) -> torch.Tensor | None:
+    """The parameter ``top`` holds under that dotted path now (a layer replaced holds another):
+    read from the modules' own dicts, as ``get_parameter`` does, without its checks (per call)."""
+    m: nn.Module | None = top
+    for name in path[:-1]:
+        m = m.__dict__["_modules"].get(name)
+        if m is None:
+            return None
+    return m.__dict__["_parameters"].get(path[-1])
 
 
 class ForeignLeaves:
@@ -43,12 +46,14 @@ class ForeignLeaves:
     def __init__(self, checked: bool = True) -> None:
         self._checked = checked  # protection foreign_owners: the owners are asked per call
         self.leaves: list[torch.Tensor] = []
-        self._owners: list[tuple[nn.Module, str]] = []
+        self._owners: list[tuple[nn.Module, tuple[str, ...]]] = []
 
     def learn(self, found: Sequence[torch.Tensor], modules: Iterable[nn.Module]) -> bool:
         """Take ``found`` (leaves not known yet) if each is a parameter of one of ``modules``;
         False (nothing taken) otherwise."""
-        names = {id(p): (top, n) for top in modules for n, p in top.named_parameters()}
+        names = {
+            id(p): (top, tuple(n.split("."))) for top in modules for n, p in top.named_parameters()
+        }
         if not found or any(id(t) not in names for t in found):
             return False
         self.leaves += found
