@@ -1,6 +1,6 @@
 """Host state that replays now (issue 35): each new pattern's safe arm and unsafe arm, on one backend.
 
-    python scripts/gpu/state_check.py [--backend cuda|emulated] [--timeout 180]
+    PYTHONPATH=. python scripts/gpu/state_check.py [--backend cuda|emulated] [--timeout 180]
 
 Safe arm: PASS when it replays bitwise (``replayed bitwise``, replay count > 0). Unsafe arm (its
 guard switched off, with the recording's verification): PASS when it diverges, or SKIP where the
@@ -27,6 +27,7 @@ NAMES = (
     "step_layerdrop_python_random",
     "step_random_task_in_loss",
     "step_stochastic_depth_numpy_coin",
+    "whole_step_trainable_critic",  # Lightning's whole step: needs lightning installed
 )
 
 
