@@ -380,10 +380,7 @@ class RecordingSteps:
         watch = CompileWatch(self.backend.name == "emulated", self.on.compiled_code)
         a.run = state.output()
         self._walking, self._foreign = self.on.foreign_grads, []
-        if self._foreign_leaves.leaves:  # a second network's gradients: static copies as .grad
-            a.foreign = ForeignBuffers(self._foreign_leaves.leaves)
-            a.foreign.begin()
-        outside = {id(p): p.grad for m in state.modules for p in m.parameters()}
+        outside = self._foreign_buffers(a, state)
         try:
             branches = recording_context(self.on.capture_branches)
             with a.effects, branches, watch, choices, a.run.held():
@@ -442,6 +439,14 @@ class RecordingSteps:
             self.journal.add(
                 "refuse", call, "first_write" if verdict == "first_write" else "cache_fill", why
             )
+
+    def _foreign_buffers(self, a: Attempt, state: CallState) -> dict[int, torch.Tensor | None]:
+        """A second network's gradients learnt: static copies as its ``.grad`` for the capture.
+        Returns the gradients of the parameters outside the model before it (by id)."""
+        if self._foreign_leaves.leaves:
+            a.foreign = ForeignBuffers(self._foreign_leaves.leaves)
+            a.foreign.begin()
+        return {id(p): p.grad for m in state.modules for p in m.parameters()}
 
     def _captured_body(self, a: Attempt) -> list[torch.Tensor]:
         args, kwargs = a.callargs.rebuild(a.static)
