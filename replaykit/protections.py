@@ -159,6 +159,12 @@ REGISTRY: dict[str, Protection] = {
             "algorithms) changed after recording replay the kernels recorded under the old ones",
         ),
         Protection(
+            "cache_fills",
+            "both",
+            "a write into the model that does not recur at the next call (a cache filled at a new length) keeps the "
+            "recordings made for the old state: one keyed without the new state replays the old cache",
+        ),
+        Protection(
             "hooks", "step", "module, gradient and optimizer hooks run at the recording call only"
         ),
         Protection(
@@ -186,6 +192,18 @@ REGISTRY: dict[str, Protection] = {
             "foreign_grads",
             "step",
             "parameters outside the model that loss_fn reaches keep the gradient of the recording call",
+        ),
+        Protection(
+            "host_choices",
+            "step",
+            "draws from Python's random or numpy that only choose a branch (LayerDrop) are drawn before each call but "
+            "not keyed: a replay repeats the recording call's branch",
+        ),
+        Protection(
+            "foreign_owners",
+            "step",
+            "a second network's parameter replaced after its gradients were recorded (a layer re-initialised) "
+            "replays the old one",
         ),
         Protection(
             "state_identity",

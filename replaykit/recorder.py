@@ -23,6 +23,7 @@ from torch import nn
 from .backends import Backend, Recording, module_device
 from .errors import ReplayError, ReplayWarning
 from .guards.code import ForwardInputs
+from .guards.fills import Fills
 from .guards.input_reads import InputReads
 from .guards.recurrent import flat_weights_follow
 from .guards.signature import CallArgs, UnhashableArgument, signature, split_call
@@ -122,7 +123,9 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
         # host reads of input-derived values: found at the probe, keyed per call (a padded batch, an unpadded one)
         self._input_reads = InputReads(keyed=on.input_reads)
         self._not_recorded = "retired"  # why the last call that could not record ran eagerly
-        self._first_write = False  # a call routed eager for a write into the model (once)
+        self._fills = (
+            Fills()
+        )  # writes into the model: a first write, a cache filled, or per-call Python
         self._free_after_backward = False
         self._pending_plan: Plan | None = (
             None  # the plan of the replayed call whose backward is pending

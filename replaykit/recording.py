@@ -236,12 +236,8 @@ class RecorderRecording:
             if refusal.scope == "signature":
                 self._refused[made.key] = self._not_recorded = refusal.reason
                 self.journal.add("refuse", call, refusal.reason, refusal.detail)
-            elif refusal.scope == "call" and not self._first_write:
-                # a write the first call makes (transformers sets config.problem_type): eager makes it, the
-                # next call records; a write that happens again retires below
-                self._first_write = True
-                self._not_recorded = "first_write"
-                self.journal.add("refuse", call, "first_write", refusal.reason)
+            elif refusal.scope == "call":
+                self._wrote(refusal.reason, call)
             else:
                 self._retire(refusal.reason, call)
             return None
@@ -252,6 +248,21 @@ class RecorderRecording:
             self.journal.add("refuse", call, "output_constant", varying)
             return None
         return made
+
+    def _wrote(self, reason: str, call: int) -> None:
+        """A write into the model, which this call makes eagerly (``guards/fills.py``): the first
+        one (transformers sets ``config.problem_type``) or a cache filled for a new state (the
+        recordings of the old state dropped: re-record) records at a later call; a write made at
+        two calls in a row retires."""
+        verdict = self._fills.verdict(call)
+        if verdict == "repeats":
+            self._retire(reason, call)
+            return
+        self._not_recorded = "first_write" if verdict == "first_write" else "cache_fill"
+        if verdict == "fill" and self.on.cache_fills:
+            self.lifecycle.rerecord(f"cache_fill: {reason}", call)
+        else:
+            self.journal.add("refuse", call, self._not_recorded, reason)
 
     def _clears(self, made: Made) -> bool:
         """Whether this call will replay the recording (not a watched first use, run eagerly)."""

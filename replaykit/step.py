@@ -53,6 +53,8 @@ from .ema import EMA
 from .errors import ReplayWarning
 from .guards.code import ForwardInputs, LossInputs
 from .guards.distributed import ddp_refusal, is_ddp
+from .guards.fills import Fills
+from .guards.host_choices import HostChoices
 from .guards.input_reads import InputReads
 from .guards.module import epoch as guard_epoch
 from .guards.module import gradient_hooks
@@ -66,6 +68,7 @@ from .guards.optimizer import (
 )
 from .guards.signature import UnhashableArgument, signature, split_call
 from .guards.storage import GLOBAL_HOOKS, module_hooks
+from .memory.foreign import ForeignLeaves
 from .memory.layout import aligned_key, copy_into
 from .memory.pool import MemoryPool, storage_bytes
 from .protections import Switches
@@ -227,12 +230,18 @@ class TrainStep(RecordingSteps, Entry):
         self._host_held: list[tuple[torch.Tensor, int]] = []  # see _host_tensors
         # host reads of input-derived values (a padding mask's .all()): learnt at recording, keyed per call
         self._input_reads = InputReads(keyed=self.on.input_reads)
+        # Python's and numpy's draws that only choose (LayerDrop): learnt at recording, drawn and keyed per call
+        self._choices = HostChoices(keyed=self.on.host_choices)
         self._watch_reads = False  # set once a capture without the watch failed (see _record)
-        self._first_write = False  # a recording call dropped for a write into the model (once)
+        self._fills = (
+            Fills()
+        )  # writes into the model: a first write, a cache filled, or per-call Python
         self._learn_draws = False  # set at the first host draw seen: the next reference learns them
         # tensors loss_fn holds and writes in place (a running mean): snapshotted once seen written
         self._written: list[torch.Tensor] = []
-        self._walking, self._foreign = False, 0
+        self._walking, self._foreign = False, []
+        # leaves outside the model the loss reaches (a second network): recorded from the next recording call
+        self._foreign_leaves = ForeignLeaves(self.on.foreign_owners)
         if self._loss_inputs is not None and self._loss_inputs.unwatched:
             warnings.warn(
                 f"replaykit: TrainStep cannot see what loss_fn reads through {', '.join(self._loss_inputs.unwatched)}: "
@@ -274,6 +283,7 @@ class TrainStep(RecordingSteps, Entry):
         for rec in self._recordings.values():
             out.append(rec.loss)
             out += [g for g in rec.grads_out if g is not None]
+            out += rec.foreign.tensors() if rec.foreign is not None else []
         return out
 
     # ----------------------------------------------------------------- the call
@@ -343,6 +353,7 @@ class TrainStep(RecordingSteps, Entry):
             try:
                 callargs = split_call(args, kwargs)
                 key = self._input_reads.key(self._key(phase, state, callargs), callargs.tensors)
+                key = self._choices.key(key)
             except UnhashableArgument as exc:
                 why = exc.reason
             else:
@@ -359,6 +370,8 @@ class TrainStep(RecordingSteps, Entry):
             route = "eager" if why is not None or alias else "record" if rec is None else "replay"
             if self._agreement.agree(route) is not None and route != "eager":
                 why = "peer_route"
+        if why is not None or alias or rec is None:
+            self._choices.rewind()  # the call's body draws itself
         if why is not None:
             with self.held(why):
                 return self._eager(phase, why, args, kwargs)
@@ -373,12 +386,7 @@ class TrainStep(RecordingSteps, Entry):
         check = self.config.check_every
         if check and (self._replayed - 1) % check == 0:
             return self._checked_replay(phase, rec, callargs, args, kwargs)
-        for static, x in zip(rec.static_inputs, callargs.tensors, strict=True):
-            copy_into(static, x)
-        rec.region.replay()
-        if self._watchdog is not None:
-            self._watchdog.device(self._device, f"its replayed {phase} (call {call})")
-        self._input_reads.advance()  # the CPU generator where eager's host draws leave it
+        self._replay(rec, callargs, f"its replayed {phase} (call {call})")
         self.journal.tick("replay", call, phase)
         return self._after(phase, rec)
 
@@ -400,13 +408,11 @@ class TrainStep(RecordingSteps, Entry):
         """The shadow check (``check_every``): replay, then the twin's body from the same state; a
         difference retires the step and the state is eager's."""
         call = self._calls
+        self._choices.rewind()  # the eager body the replay is checked against draws itself
         # the call state, not the snapshot alone: the replay ran what loss_fn's modules do (a
         # teacher's statistics) and the eager body runs it again (step_recording.py)
         snapshot = self._call_state(tensors=True)
-        for static, x in zip(rec.static_inputs, callargs.tensors, strict=True):
-            copy_into(static, x)
-        rec.region.replay()
-        self._input_reads.advance()
+        self._replay(rec, callargs)
         self.journal.tick("replay", call, phase)
         found, loss = self._against_eager(snapshot, rec.loss, phase, args, kwargs)
         self.journal.add("check", call, "step", found)
@@ -417,6 +423,22 @@ class TrainStep(RecordingSteps, Entry):
             self._stepped()
         return loss
 
+    def _replay(self, rec: StepRecording, callargs: Any, watched: str | None = None) -> None:
+        """The batch into the static inputs, the graph, then what eager's Python leaves besides the
+        tensors it wrote: the host draws advanced, a second network's gradients handed out.
+        ``watched``: what the watchdog names if the device hangs in it."""
+        for static, x in zip(rec.static_inputs, callargs.tensors, strict=True):
+            copy_into(static, x)
+        if rec.foreign is not None:
+            rec.foreign.copy_in()
+        rec.region.replay()
+        if watched is not None and self._watchdog is not None:
+            self._watchdog.device(self._device, watched)
+        if rec.foreign is not None:
+            rec.foreign.hand_out()
+        self._input_reads.advance()  # the CPU generator where eager's host draws leave it
+        self._choices.advance()  # Python's and numpy's too
+
     def _snapshot(self, tensors: bool) -> StepSnapshot:
         generators = self._loss_inputs.generators() if self._loss_inputs is not None else ()
         return StepSnapshot(
@@ -424,7 +446,7 @@ class TrainStep(RecordingSteps, Entry):
             self.optimizer,
             self.scaler,
             self.ema,
-            self._trainable,
+            [*self._trainable, *self._foreign_leaves.leaves],
             tensors,
             generators,
             self._written,
@@ -435,7 +457,7 @@ class TrainStep(RecordingSteps, Entry):
     ) -> tuple[str | None, torch.Tensor]:
         """The recorded work's end state against the twin's body run from ``snapshot``: the first
         difference (or None) and eager's loss. The state left behind is eager's."""
-        state = (self.model, self.optimizer, self.scaler, self.ema, self._trainable)
+        state = self._judged()
         replayed = end_state(*state, loss, clone=True, extra=snapshot.outside)
         snapshot.restore()
         eager = self._body(phase, args, kwargs)
@@ -469,6 +491,7 @@ class TrainStep(RecordingSteps, Entry):
             hyper,
             self._loss_key,
             self._forward_key,
+            self._foreign_leaves.key(),
             *signature(callargs, self._device.type, True, aligned_key),
         )
 
@@ -505,7 +528,7 @@ class TrainStep(RecordingSteps, Entry):
             if (
                 self._walking
             ):  # the recording call: does the loss reach parameters we do not hand gradients to?
-                self._foreign = foreign_leaves([loss], self.params)
+                self._foreign = foreign_leaves([loss], [*self.params, *self._foreign_leaves.leaves])
             scaler, optimizer = c.scaler, c.optimizer
             scaled = loss / c.accumulate if c.accumulate > 1 else loss
             if scaler is not None:

@@ -33,9 +33,11 @@ import torch
 from .backends import Region, Scratch
 from .guards.code import ForwardInputs, LossInputs, iterator_reason
 from .guards.compiled import CompileWatch, compiled_regions
+from .guards.host_choices import Watch
 from .guards.input_reads import NewInputRead, Provenance
 from .guards.module import host_dependence
 from .guards.optimizer import GRAD, host_state, tensors_of
+from .memory.foreign import ForeignBuffers
 from .memory.layout import aligned_copy
 from .verify.call_state import CallState
 from .verify.contexts import recording as recording_context
@@ -51,7 +53,7 @@ __all__ = ["Outcome", "RecordingSteps", "StepRecording"]
 class StepRecording:
     """One phase of one signature: its region, static inputs and loss, and the gradients it leaves."""
 
-    __slots__ = ("grads_out", "keep", "loss", "region", "static_inputs")
+    __slots__ = ("foreign", "grads_out", "keep", "loss", "region", "static_inputs")
 
     def __init__(
         self,
@@ -60,8 +62,10 @@ class StepRecording:
         loss: torch.Tensor,
         grads_out: list,
         keep: list,
+        foreign: ForeignBuffers | None = None,
     ) -> None:
         self.region = region
+        self.foreign = foreign  # a second network's gradient buffers (memory/foreign.py), or None
         self.static_inputs = static_inputs
         self.loss = loss
         self.grads_out = (
@@ -102,6 +106,8 @@ class Attempt:
     run: HeldOutput | None = None
     rec: Any = None
     private: list = field(default_factory=list)
+    foreign: ForeignBuffers | None = None
+    choices: Watch | None = None
 
 
 class RecordingSteps:
@@ -126,7 +132,8 @@ class RecordingSteps:
                 state.restore()
                 state.stands(None)
                 if outcome.rekey:
-                    key = self._input_reads.rekey(callargs.tensors)
+                    key = self._choices.key(self._input_reads.rekey(callargs.tensors))
+                    self._choices.rewind()
         if outcome.kind == "stands":
             state.stands(outcome.run)
             return outcome.loss
@@ -241,7 +248,10 @@ class RecordingSteps:
             else Scratch()
         )
         drawn_to = self._input_reads.drawn_to
-        effects = SideEffects(self.model, a.callargs.tensors, self.on.host_rng, drawn_to)
+        effects = SideEffects(
+            self.model, a.callargs.tensors, self.on.host_rng, drawn_to, self._choices.drawn_to
+        )
+        a.choices = self._choices.watch() if self.on.host_rng else None
         # host draws seen before (beside a GPU model) and none known for this key: find them and
         # what is read of them (a dispatch mode: this eager run only)
         learning = self._learn_draws and drawn_to is None and self.on.input_reads
@@ -250,10 +260,11 @@ class RecordingSteps:
         held = [t for t in loose if not t.is_inference()]
         versions = [t._version for t in held]
         run = state.output()
-        self._walking, self._foreign = self.on.foreign_grads, 0
+        self._walking, self._foreign = self.on.foreign_grads, []
         try:
             found_or_not = found if found is not None else contextlib.nullcontext()
-            with effects, found_or_not, scratch, run.held():
+            choices = a.choices if a.choices is not None else contextlib.nullcontext()
+            with effects, found_or_not, choices, scratch, run.held():
                 eager = self._body(a.phase, a.args, a.kwargs)
         except BaseException:  # eager's exception: a cache it filled first stays in the pool
             self._unchecked = scratch
@@ -261,7 +272,8 @@ class RecordingSteps:
             raise
         finally:
             self._walking = False
-        why = self._reference_why(effects, found, held, versions)
+        why = self._reference_why(effects, found, held, versions, state, a.choices)
+        why = why or self._choices_why(a)
         if why is not None:
             return self._reference_stands(a, why, eager, scratch, run)
         a.reference = end_state(*self._judged(), eager, clone=True, extra=state.outside)
@@ -274,10 +286,20 @@ class RecordingSteps:
         return None
 
     def _reference_why(
-        self, effects: SideEffects, found: Provenance | None, held: list, versions: list
+        self,
+        effects: SideEffects,
+        found: Provenance | None,
+        held: list,
+        versions: list,
+        state: CallState,
+        choices: Watch | None,
     ) -> str | None:
         """Why the reference run must stand as the call (a replay would not repeat what it did), or None."""
         why = effects.reason("the step", writes=self.on.side_effects)
+        if why is not None and effects.reason("the step", python_draws=False) is None:
+            why = self._learn_choices(why, choices)
+        if why is not None and self.on.side_effects and effects.writes_only():
+            return _Wrote(why) if self._beyond_the_model() is None else why
         if (
             why is not None
             and self._input_reads.drawn_to is None
@@ -285,7 +307,7 @@ class RecordingSteps:
         ):
             why = self._host_draws(found) or why
         if why is None:
-            why = self._beyond_the_model()
+            why = self._second_network(state) or self._beyond_the_model()
         if why is not None:
             return why
         known = set(map(id, self._written))
@@ -303,19 +325,38 @@ class RecordingSteps:
             "held_writes",
         )
 
+    def _learn_choices(self, why: str, choices: Watch | None) -> str:
+        """The run's only effect was drawing from Python's or numpy's RNG: draws that only chose
+        are keyed from the next call (``guards/host_choices.py``); others keep ``why``."""
+        if choices is None or not self._choices.learn(choices):
+            return why
+        return _Learning(
+            f"{len(choices.uses)} host draw(s) that only choose: drawn and keyed from the next call",
+            "host_choices",
+        )
+
+    def _choices_why(self, a: Attempt) -> str | None:
+        """A run whose draws are not those its key learnt (another count, another comparison, a
+        value used): a replay of this key would not make them."""
+        if a.choices is None or self._choices.matches(a.choices):
+            return None
+        return _CHOICES_CHANGED
+
     def _reference_stands(
         self, a: Attempt, why: str, eager: torch.Tensor, scratch: Scratch, run: HeldOutput
     ) -> Outcome:
         """The reference run is the call's work: what it hands back leaves the pool; retire, or
         journal what is learnt (:class:`_Learning`: not a retirement)."""
         with torch.no_grad():
-            for p in self._trainable:
+            for p in (*self._trainable, *self._foreign_leaves.leaves, *self._foreign):
                 if p.grad is not None and scratch.owns(p.grad):
                     p.grad = p.grad.clone()
             eager = eager.clone() if scratch.owns(eager) else eager
         self._left_in_pool(scratch)
         a.region.free()
-        if isinstance(why, _Learning):
+        if isinstance(why, _Wrote):
+            self._wrote(why)
+        elif isinstance(why, _Learning):
             self.journal.add("refuse", self._calls, why.reason, why)
         else:
             self._retire(why, self._calls)
@@ -327,13 +368,22 @@ class RecordingSteps:
     def _capture(self, a: Attempt, state: CallState) -> Outcome | None:
         """The recording: the body captured over the static inputs (on CUDA it then replays once:
         the call's step). Effects a replay would not repeat let this run stand, unkept."""
-        a.effects = SideEffects(self.model, a.static, self.on.host_rng, self._input_reads.drawn_to)
+        a.effects = SideEffects(
+            self.model,
+            a.static,
+            self.on.host_rng,
+            self._input_reads.drawn_to,
+            self._choices.drawn_to,
+        )
+        a.choices = self._choices.watch(capture=True) if self.on.host_rng else None
+        choices = a.choices if a.choices is not None else contextlib.nullcontext()
         watch = CompileWatch(self.backend.name == "emulated", self.on.compiled_code)
         a.run = state.output()
-        self._walking, self._foreign = self.on.foreign_grads, 0
+        self._walking, self._foreign = self.on.foreign_grads, []
+        outside = self._foreign_buffers(a, state)
         try:
             branches = recording_context(self.on.capture_branches)
-            with a.effects, branches, watch, a.run.held():
+            with a.effects, branches, watch, choices, a.run.held():
                 (a.loss,) = a.region.capture(lambda: self._captured_body(a))
             watch.check()
         except Exception as exc:
@@ -346,11 +396,13 @@ class RecordingSteps:
             raise
         finally:
             self._walking = False
+        if a.foreign is not None:
+            a.foreign.captured()
         a.key = self._input_reads.settle(a.key, () if a.reads is None else a.reads.reads)
         grads_out = [p.grad for p in self._trainable]  # per parameter: its storage after, or None
         keep = [*(g for g in a.private if g is not None), *tensors_of(self.optimizer)]
-        a.rec = StepRecording(a.region, a.static, a.loss, grads_out, keep)
-        why = self._capture_why(a)
+        a.rec = StepRecording(a.region, a.static, a.loss, grads_out, keep, a.foreign)
+        why = self._capture_why(a, state)
         if why is None:
             return None
         # the body ran once, as eager's does: its effects stand (an input written in place
@@ -358,15 +410,43 @@ class RecordingSteps:
         with torch.no_grad():
             for i in a.effects.written_inputs():
                 a.callargs.tensors[i].copy_(a.static[i])
+            for p in self._foreign_leaves.leaves:  # new ones made in the region's memory
+                if p.grad is not None and p.grad is not outside.get(id(p), p.grad):
+                    p.grad = p.grad.clone()
         out = self._after(a.phase, a.rec)
         a.region.free()
-        if a.effects.writes_only() and not self._first_write:
-            # a write made once (config.problem_type at the first call): it stands, as eager's; record later
-            self._first_write = True
-            self.journal.add("refuse", self._calls, "first_write", why)
+        if isinstance(why, _Learning):
+            self.journal.add("refuse", self._calls, why.reason, why)
+        elif a.effects.writes_only():
+            self._wrote(
+                why
+            )  # a write into the model (config.problem_type, a cache): it stands, as eager's
         else:
             self._retire(why, self._calls)
         return Outcome("stands", out, a.run)
+
+    def _wrote(self, why: str) -> None:
+        """A run that wrote into the model stood as the call (``guards/fills.py``): the first write
+        or a cache filled for a new state records later (a fill drops the recordings made for the
+        old state: re-record); a write that recurs at consecutive calls retires."""
+        call = self._calls
+        verdict = self._fills.verdict(call)
+        if verdict == "repeats":
+            self._retire(why, call)
+        elif verdict == "fill" and self.on.cache_fills:
+            self.lifecycle.rerecord(f"cache_fill: {why}", call)
+        else:
+            self.journal.add(
+                "refuse", call, "first_write" if verdict == "first_write" else "cache_fill", why
+            )
+
+    def _foreign_buffers(self, a: Attempt, state: CallState) -> dict[int, torch.Tensor | None]:
+        """A second network's gradients learnt: static copies as its ``.grad`` for the capture.
+        Returns the gradients of the parameters outside the model before it (by id)."""
+        if self._foreign_leaves.leaves:
+            a.foreign = ForeignBuffers(self._foreign_leaves.leaves)
+            a.foreign.begin()
+        return {id(p): p.grad for m in state.modules for p in m.parameters()}
 
     def _captured_body(self, a: Attempt) -> list[torch.Tensor]:
         args, kwargs = a.callargs.rebuild(a.static)
@@ -375,16 +455,22 @@ class RecordingSteps:
         with a.reads:
             return [self._body(a.phase, args, kwargs)]
 
-    def _capture_why(self, a: Attempt) -> str | None:
+    def _capture_why(self, a: Attempt, state: CallState) -> str | None:
         """Why replays of the captured run would differ from eager outside the tensors it computes."""
         why = a.effects.reason("the step", writes=self.on.side_effects)
+        if why is not None and a.effects.reason("the step", python_draws=False) is None:
+            return self._learn_choices(why, a.choices)
         if (
             why is None
             and a.reads is not None
             and (a.reads.escaped or not self._input_reads.draws_match(a.reads.draws))
         ):
             why = _HOST_DRAWS_CHANGED
-        return why if why is not None else self._beyond_the_model()
+        if why is None:
+            why = self._choices_why(a)
+        if why is not None:
+            return why
+        return self._second_network(state) or self._beyond_the_model()
 
     def _capture_failed(self, a: Attempt, exc: Exception, watch: CompileWatch) -> Outcome:
         """A capture that raised: learn a read and retry, watch reads and retry, or run eagerly."""
@@ -439,7 +525,8 @@ class RecordingSteps:
 
     def _judged(self) -> tuple:
         """What end_state reads of the step."""
-        return (self.model, self.optimizer, self.scaler, self.ema, self._trainable)
+        graded = [*self._trainable, *self._foreign_leaves.leaves]
+        return (self.model, self.optimizer, self.scaler, self.ema, graded)
 
     # ----------------------------------------------------------------- what a run shows
     def _beyond_the_model(self) -> str | None:
@@ -447,7 +534,7 @@ class RecordingSteps:
         differ from eager outside what ``SideEffects`` sees: a second network, what loss_fn changes."""
         if self._foreign:
             return (
-                f"loss_fn reaches {self._foreign} tensor(s) requiring grad outside the model and the optimizer (a second "
+                f"loss_fn reaches {len(self._foreign)} tensor(s) requiring grad outside the model and the optimizer (a second "
                 "network): a replay would not give them this call's gradients"
             )
         if self._loss_inputs is not None:
@@ -455,6 +542,24 @@ class RecordingSteps:
             if changed is not None:
                 return f"loss_fn changes {changed}; a replay would not"
         return self._forward_changes() or self._class_writes()
+
+    def _second_network(self, state: CallState) -> _Learning | None:
+        """The reference run's loss reached trainable parameters of a module loss_fn holds (a GAN's
+        discriminator, a teacher trained too): their gradients are recorded from the next recording
+        call (``memory/foreign.py``). None: none, or some owned by no such module (retires)."""
+        found = self._foreign
+        if not found:
+            return None
+        # the modules loss_fn holds outside the model, and one above it (a LightningModule's critic)
+        above = [v for v in self._code()[0].values() if isinstance(v, torch.nn.Module)]
+        if not self._foreign_leaves.learn(found, [*state.modules, *above]):
+            return None
+        self._foreign = []
+        return _Learning(
+            f"loss_fn reaches {len(found)} parameter(s) of a second network: their gradients are "
+            "recorded from the next recording call",
+            "foreign_grads",
+        )
 
     def _forward_changes(self) -> str | None:
         """Why replays would differ: the model's forward changed a value it names outside the model
@@ -527,6 +632,10 @@ class RecordingSteps:
         )
 
 
+class _Wrote(str):
+    """The reference run wrote into the model (and did nothing else a replay would not): it stands as the call."""
+
+
 class _Learning(str):
     """A recording call's reference run stands as the call while something is learnt (host
     draws, tensors loss_fn writes): not a retirement. ``reason``: the journal's."""
@@ -538,6 +647,11 @@ class _Learning(str):
         self.reason = reason
         return self
 
+
+_CHOICES_CHANGED = (
+    "the step's draws from Python's random or numpy differ from those its recording key learnt "
+    "(their number or comparisons), or a drawn value is used otherwise than compared"
+)
 
 _HOST_DRAWS_CHANGED = (
     "the step's draws from torch's CPU generator changed, or a drawn value reached its computation; "

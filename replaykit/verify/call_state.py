@@ -97,6 +97,7 @@ class CallState:
         values = [v for s in code for v in s.values()]
         inside = {id(m) for m in model.modules()}
         modules, held = _reached(values, inside)
+        self.modules = modules  # outside the model: a second network's owners (memory/foreign.py)
         self._modules = [(m, StateSnapshot(m)) for m in modules]
         # which tensor or module each name is bound to: a forward that re-binds a buffer
         # (``self.center = m * self.center + ...``, DINO's centre) or adds a submodule at its

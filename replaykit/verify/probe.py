@@ -137,12 +137,12 @@ def _uses(
     outputs: Sequence[torch.Tensor],
     leaves: Sequence[torch.Tensor],
     known: Sequence[torch.Tensor] = (),
-) -> tuple[list[int], int]:
-    """How many graph edges reach each leaf's AccumulateGrad node from ``outputs``, and how many
+) -> tuple[list[int], list[torch.Tensor]]:
+    """How many graph edges reach each leaf's AccumulateGrad node from ``outputs``, and the
     other leaves requiring grad the graph reaches (neither ``leaves`` nor ``known``)."""
     index = {id(t): i for i, t in enumerate(leaves)}
     ours = {id(t) for t in known}
-    foreign: set[int] = set()
+    foreign: dict[int, torch.Tensor] = {}
     counts = [0] * len(leaves)
     seen: set[int] = set()
     alive: list[Any] = []  # node wrappers can be temporaries: keep them so no id is reused
@@ -160,17 +160,19 @@ def _uses(
             if var is not None and id(var) in index:
                 counts[index[id(var)]] += 1
             elif var is not None and id(var) not in ours:
-                foreign.add(id(var))
+                foreign[id(var)] = var
             elif id(nxt) not in seen:
                 stack.append(nxt)
     for o in outputs:  # an input returned as is counts as a use too
         if o.grad_fn is None and id(o) in index:
             counts[index[id(o)]] += 1
-    return counts, len(foreign)
+    return counts, list(foreign.values())
 
 
-def foreign_leaves(outputs: Sequence[torch.Tensor], known: Sequence[torch.Tensor]) -> int:
-    """How many tensors requiring grad outside ``known`` (leaves of another network) ``outputs`` reach."""
+def foreign_leaves(
+    outputs: Sequence[torch.Tensor], known: Sequence[torch.Tensor]
+) -> list[torch.Tensor]:
+    """The tensors requiring grad outside ``known`` (leaves of another network) ``outputs`` reach."""
     return _uses([o for o in outputs if o.requires_grad], [], known)[1]
 
 
@@ -369,7 +371,7 @@ def _backward_refusal(
     if foreign:
         return Refusal(
             "module",
-            f"forward reads {foreign} tensor(s) requiring grad that are not parameters of the module "
+            f"forward reads {len(foreign)} tensor(s) requiring grad that are not parameters of the module "
             "(a tensor attribute, a module kept in a dict): a recording would give them no gradient",
         )
     grads = torch.autograd.grad(

@@ -52,9 +52,12 @@ class SideEffects:
         inputs: Sequence[torch.Tensor],
         host_rng: bool = True,
         drawn_to: torch.Tensor | None = None,
+        host_to: tuple | None = None,
     ) -> None:
         self._module = module
-        self._rng = host_rng_state() if host_rng else None
+        # ``host_to``: where the Python and numpy draws the entry point makes before a replay
+        # leave those generators (guards/host_choices.py)
+        self._rng = (host_to if host_to is not None else host_rng_state()) if host_rng else None
         # torch's CPU generator is the device's when the model is on the CPU (the emulated tape
         # replays its draws); beside a GPU model it is host state a CUDA graph never advances.
         # ``drawn_to``: where the draws the entry point makes before a replay leave it (input_reads)
@@ -120,16 +123,19 @@ class SideEffects:
             torch.default_generator.get_state(), self._cpu_rng
         )
 
-    def reason(self, who: str, host_draws: bool = True, writes: bool = True) -> str | None:
+    def reason(
+        self, who: str, host_draws: bool = True, writes: bool = True, python_draws: bool = True
+    ) -> str | None:
         """Why replays of the run would differ from eager (``who`` names the code: "forward", "the
         step"), or None. ``host_draws=False``: all but the CPU generator's (:meth:`host_draws`).
         ``writes=False``: the host RNG's draws only, not the writes (attributes, inputs, held
-        objects): the ``side_effects`` protection switched off, ``host_rng`` still on."""
+        objects): the ``side_effects`` protection switched off, ``host_rng`` still on.
+        ``python_draws=False``: all but Python's and numpy's draws."""
         if writes:
             why = self._write_reason(who)
             if why is not None:
                 return why
-        if self._rng is not None and host_rng_state() != self._rng:
+        if python_draws and self._rng is not None and host_rng_state() != self._rng:
             return f"{who} draws from Python's random or numpy's global RNG; a replay would repeat the first draw"
         if host_draws and self.host_draws():
             return (

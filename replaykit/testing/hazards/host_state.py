@@ -331,3 +331,98 @@ PATTERNS: list[Pattern] = [
 
 KNOWN_LIMITS: list[Pattern] = []
 """Still silent differences (README, Known limits): kept out of ``PATTERNS``."""
+
+
+# --------------------------------------------------------------------------- caches filled on a new shape
+class DynamicRope(nn.Module):
+    """Rotary angles from an ``inv_freq`` re-assigned with a larger base when a longer sequence
+    arrives (transformers' dynamic NTK RoPE, ``dynamic_rope_update``): a cache filled on a new
+    shape, whose values for the short positions change too."""
+
+    def __init__(self, max_len: int = 4) -> None:
+        super().__init__()
+        self.net = MLP()
+        self.original_max = self.max_seq_len_cached = max_len
+        self.inv_freq = self._inv_freq(max_len, "cpu")
+
+    def _inv_freq(self, n: int, device: torch.device | str) -> torch.Tensor:
+        base = 10.0 * (n / self.original_max) ** 1.5
+        return 1.0 / base ** (torch.arange(0, 6, 2, device=device, dtype=torch.float32) / 6)
+
+    def _apply(self, fn: Callable, recurse: bool = True) -> nn.Module:
+        # a plain tensor attribute, moved with the module as a buffer would be
+        self.inv_freq = fn(self.inv_freq)
+        return super()._apply(fn, recurse)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        if n > self.max_seq_len_cached:
+            self.inv_freq = self._inv_freq(n, x.device)
+            self.max_seq_len_cached = n
+        angles = torch.arange(n, device=x.device, dtype=torch.float32)[:, None] * self.inv_freq
+        return self.net(x * torch.cos(angles).repeat(1, 2))
+
+
+_LENGTHS = (4, 4, 4, 6, 4, 4, 6, 8, 4, 8, 6, 4)
+
+
+def _rope_capture(model: nn.Module, arm: Arm) -> Extras:
+    return loop(model, arm, steps=len(_LENGTHS), call=lambda m, x, i: m(arm.randn(_LENGTHS[i], 6)))
+
+
+def _rope_step(model: nn.Module, arm: Arm) -> Extras:
+    opt = sgd(model)
+    step = arm.train_step(model, lambda m, x: m(x).pow(2).mean(), opt)
+    return {f"loss{i}": step(arm.randn(n, 6)) for i, n in enumerate(_LENGTHS)}
+
+
+_FILLS = "cache_fills+module_state"  # the drop of the old state's recordings, and the key that names the new state
+
+PATTERNS += [
+    Pattern(
+        "rope_table_grown",
+        HAZARD,
+        "dynamic NTK RoPE: inv_freq re-assigned with a larger base when a longer sequence arrives",
+        lambda d: DynamicRope().to(d),
+        _rope_capture,
+        guard=_FILLS,
+    ),
+    Pattern(
+        "step_rope_table_grown",
+        HAZARD,
+        "dynamic NTK RoPE: inv_freq re-assigned when a longer sequence arrives, whole step",
+        lambda d: DynamicRope().to(d),
+        _rope_step,
+        guard=_FILLS,
+        api="step",
+    ),
+]
+
+
+class StochasticDepth(LayerDrop):
+    """Residual blocks kept or dropped by a numpy coin per block (stochastic depth), rescaled when kept."""
+
+    def __init__(self) -> None:
+        super().__init__(p=0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import numpy as np
+
+        for block in self.blocks:
+            if self.training and np.random.rand() < self.p:
+                continue
+            x = x + torch.relu(block(x)) / (1 - self.p)
+        return self.head(x)
+
+
+PATTERNS.append(
+    Pattern(
+        "step_stochastic_depth_numpy_coin",
+        HAZARD,
+        "stochastic depth decided by np.random.rand() < p per block, whole step",
+        lambda d: StochasticDepth().to(d),
+        _seeded(lambda m, a: step_loop(m, a, steps=10)),
+        guard="host_choices",
+        api="step",
+    )
+)

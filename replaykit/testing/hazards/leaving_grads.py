@@ -8,6 +8,8 @@ step knows only the model's parameters.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -21,7 +23,13 @@ class Generator(MLP):
         super().__init__(d_in=6, d_h=8, d_out=6)
 
 
-def _gan(model: nn.Module, arm: Arm, freeze_d: bool, api: str) -> Extras:
+def _gan(
+    model: nn.Module,
+    arm: Arm,
+    freeze_d: bool,
+    api: str,
+    before: Callable[[nn.Module, torch.optim.Optimizer, int], None] | None = None,
+) -> Extras:
     """Alternating steps: the discriminator eagerly, the generator through ``rk.TrainStep``
     (``api="step"``) or as a plain loop over the captured generator (``api="capture"``)."""
     disc = MLP(d_in=6, d_h=8, d_out=1).to(arm.device)
@@ -34,6 +42,8 @@ def _gan(model: nn.Module, arm: Arm, freeze_d: bool, api: str) -> Extras:
     step = arm.train_step(model, g_loss, g_opt) if api == "step" else None
     kept: Extras = {}
     for i in range(6):
+        if before is not None:
+            before(disc, d_opt, i)
         real, z = arm.randn(4, 6) + 1.0, arm.randn(4, 6)
         d_opt.zero_grad(set_to_none=True)
         d_loss = disc(model(z).detach()).mean() - disc(real).mean()
@@ -60,6 +70,30 @@ def _gan(model: nn.Module, arm: Arm, freeze_d: bool, api: str) -> Extras:
     return kept
 
 
+def _mutual(model: nn.Module, arm: Arm) -> Extras:
+    """Mutual learning: the loss pulls a student and a trained peer together; the peer's optimizer
+    steps after every two micro-batches (``accumulate=2``), so its ``.grad`` is None at the first
+    and accumulates in place at the second."""
+    peer = MLP().to(arm.device)
+    p_opt = torch.optim.SGD(peer.parameters(), lr=0.05, momentum=0.9)
+
+    def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        s, t = m(x), peer(x)
+        return (s - t).pow(2).mean() + 0.1 * t.pow(2).mean()
+
+    step = arm.train_step(model, loss_fn, sgd(model, lr=0.05), accumulate=2)
+    kept: Extras = {}
+    for i in range(10):
+        kept[f"loss{i}"] = step(arm.randn(4, 6))
+        if i % 2 == 1:
+            p_opt.step()
+            p_opt.zero_grad(set_to_none=True)
+    for name, p in peer.named_parameters():
+        kept[f"peer/{name}"] = p.detach()
+        kept[f"peer_grad/{name}"] = None if p.grad is None else p.grad.detach()
+    return kept
+
+
 HAZARD = "leaving_grads"
 
 PATTERNS: list[Pattern] = [
@@ -73,6 +107,15 @@ PATTERNS: list[Pattern] = [
         api="step",
         cpu_only="on the H200 (11e42d2) the unguarded capture itself fails (the discriminator's gradients "
         "accumulate into memory allocated outside it) and the step retires, exact",
+    ),
+    Pattern(
+        "step_mutual_learning_trained_peer",
+        HAZARD,
+        "mutual learning: the loss runs a peer network trained by its own optimizer (accumulate=2)",
+        lambda d: MLP().to(d),
+        _mutual,
+        guard="foreign_grads",
+        api="step",
     ),
     Pattern(
         "step_gan_generator_frozen_disc",
@@ -93,3 +136,28 @@ PATTERNS: list[Pattern] = [
 
 KNOWN_LIMITS: list[Pattern] = []
 """Still silent differences (README, Known limits): kept out of ``PATTERNS``."""
+
+
+def _replaced_layer(disc: nn.Module, d_opt: torch.optim.Optimizer, i: int) -> None:
+    """At the fourth step the discriminator's head is re-initialised as a new layer, which its
+    optimizer steps instead of the old one (whose gradients stay as they were: same layout)."""
+    if i == 3:
+        torch.manual_seed(5)
+        old = {id(p) for p in disc.fc2.parameters()}
+        disc.fc2 = nn.Linear(8, 1).to(disc.fc1.weight.device)
+        group = d_opt.param_groups[0]
+        group["params"] = [p for p in group["params"] if id(p) not in old]
+        d_opt.add_param_group({"params": list(disc.fc2.parameters())})
+
+
+PATTERNS.append(
+    Pattern(
+        "step_gan_disc_layer_replaced",
+        HAZARD,
+        "a GAN generator step through a trainable discriminator whose head is replaced midway",
+        lambda d: Generator().to(d),
+        lambda m, a: _gan(m, a, False, "step", _replaced_layer),
+        guard="foreign_owners",
+        api="step",
+    )
+)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from replaykit.testing.hazards import Outcome, Pattern, by_hazard, pattern, run_pattern
+from replaykit.testing.hazards.outcome import REPLAYED
 
 
 def _explain(o: Outcome) -> str:
@@ -30,6 +31,13 @@ def assert_unsafe_diverges(name: str, backend: str) -> Outcome:
         pytest.skip(f"the unsafe arm diverges only on the CPU: {pat.cpu_only}")
     outcome = run_pattern(pat, backend, unsafe=True)
     assert outcome.diverged, _explain(outcome)
+    return outcome
+
+
+def assert_replays(name: str, backend: str) -> Outcome:
+    """Safe, and replayed (not merely routed): at least one call replayed, bitwise."""
+    outcome = assert_safe(name, backend)
+    assert outcome.kind == REPLAYED, _explain(outcome)
     return outcome
 
 

@@ -1,0 +1,121 @@
+"""Gradients a whole step gives a second network: leaves outside the model that ``loss_fn`` reaches.
+
+A GAN's generator loss runs a trainable discriminator, a distillation loss a teacher that is
+trained too: eager's backward accumulates into their ``.grad`` as well (in place into a
+gradient already there, a new tensor where it was None). The step's recording call finds them
+(the eager reference's graph reaches leaves requiring grad outside the model and the
+optimizer) and records them from then on as the model's own: each recording reads their
+incoming gradients from static buffers (copied in before a replay) and hands the result back
+as eager does, into the caller's gradient tensor or as a new one. Only leaves owned by a
+module ``loss_fn`` holds are taken, found by name: each call checks the owner still holds the
+same tensor (a discriminator whose weight was replaced keys anew), which a bare tensor could
+not tell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import nn
+
+__all__ = ["ForeignBuffers", "ForeignLeaves"]
+
+
+def _layout(g: torch.Tensor | None) -> tuple | None:
+    return None if g is None else (g.dtype, g.device, tuple(g.shape), g.stride())
+
+
+def _owned(top: nn.Module, path: tuple[str, ...]) -> torch.Tensor | None:
+    """The parameter ``top`` holds under that dotted path now (a layer replaced holds another):
+    read from the modules' own dicts, as ``get_parameter`` does, without its checks (per call)."""
+    m: nn.Module | None = top
+    for name in path[:-1]:
+        m = m.__dict__["_modules"].get(name)
+        if m is None:
+            return None
+    return m.__dict__["_parameters"].get(path[-1])
+
+
+class ForeignLeaves:
+    """The leaves outside the model a step's loss reached, each with the module (one loss_fn holds)
+    and the dotted name it is held under."""
+
+    __slots__ = ("_checked", "_owners", "leaves")
+
+    def __init__(self, checked: bool = True) -> None:
+        self._checked = checked  # protection foreign_owners: the owners are asked per call
+        self.leaves: list[torch.Tensor] = []
+        self._owners: list[tuple[nn.Module, tuple[str, ...]]] = []
+
+    def learn(self, found: Sequence[torch.Tensor], modules: Iterable[nn.Module]) -> bool:
+        """Take ``found`` (leaves not known yet) if each is a parameter of one of ``modules``;
+        False (nothing taken) otherwise."""
+        names = {
+            id(p): (top, tuple(n.split("."))) for top in modules for n, p in top.named_parameters()
+        }
+        if not found or any(id(t) not in names for t in found):
+            return False
+        self.leaves += found
+        self._owners += [names[id(t)] for t in found]
+        return True
+
+    def key(self) -> tuple:
+        """Per leaf: still its owner's, whether it requires grad, its gradient's None pattern and layout."""
+        if not self.leaves:
+            return ()
+        return tuple(
+            (not self._checked or _owned(m, n) is p, p.requires_grad, _layout(p.grad))
+            for (m, n), p in zip(self._owners, self.leaves, strict=True)
+        )
+
+
+class ForeignBuffers:
+    """One recording's static gradient buffers for the foreign leaves: ``ins`` (a copy of each
+    incoming gradient the backward accumulates into) and ``outs`` (each leaf's ``.grad`` after)."""
+
+    __slots__ = ("_held", "ins", "leaves", "outs")
+
+    def __init__(self, leaves: Sequence[torch.Tensor]) -> None:
+        self.leaves = list(leaves)
+        self._held: list[torch.Tensor | None] = [p.grad for p in self.leaves]
+        with torch.no_grad():
+            self.ins = [None if g is None else g.detach().clone() for g in self._held]
+        self.outs: list[torch.Tensor | None] = []
+
+    def begin(self) -> None:
+        """Before the capture: the static copies are the leaves' ``.grad``."""
+        for p, b in zip(self.leaves, self.ins, strict=True):
+            p.grad = b
+
+    def captured(self) -> None:
+        """After the capture (its work done: the emulated tape ran it, a CUDA graph replayed it
+        once): what it left is kept, and handed out."""
+        self.outs = [p.grad for p in self.leaves]
+        self.hand_out()
+
+    def copy_in(self) -> None:
+        """Before a replay: the caller's current gradients into the static copies."""
+        self._held = [p.grad for p in self.leaves]
+        with torch.no_grad():
+            for b, g in zip(self.ins, self._held, strict=True):
+                if b is not None:
+                    b.copy_(g)
+
+    def hand_out(self) -> None:
+        """The gradients as eager leaves them: accumulated into the caller's tensor where there was
+        one (eager adds in place), a new tensor where it was None (a replay would overwrite ours)."""
+        with torch.no_grad():
+            for p, held, b, out in zip(self.leaves, self._held, self.ins, self.outs, strict=True):
+                if out is None:
+                    p.grad = None
+                elif held is not None and out is b:
+                    held.copy_(out)
+                    p.grad = held
+                else:
+                    p.grad = out.clone()
+        self._held = []
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The static buffers (what another graph in a shared pool may overwrite)."""
+        return [t for t in (*self.ins, *self.outs) if t is not None]
