@@ -16,7 +16,19 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, sgd, step_loop
+from .pattern import (
+    MLP,
+    Arm,
+    Extras,
+    HazardClass,
+    Pattern,
+    built,
+    each_step,
+    looped,
+    mlp,
+    sgd,
+    stepped,
+)
 
 
 def _seeded(train: Callable[[nn.Module, Arm], Extras]) -> Callable[[nn.Module, Arm], Extras]:
@@ -192,140 +204,88 @@ ARRAY_COPY_LIVE = (
     "fails and retires, exact; measured on the H200): no backend shows the unguarded case"
 )
 
+H = HazardClass(HAZARD)
+
 PATTERNS: list[Pattern] = [
-    Pattern(
+    *H.twins(
         "layerdrop_python_random",
-        HAZARD,
         "LayerDrop decided by random.random() in forward",
-        lambda d: LayerDrop().to(d),
-        _seeded(lambda m, a: loop(m, a, steps=6)),
+        built(LayerDrop),
+        _seeded(looped(steps=6)),
+        _seeded(stepped(steps=6)),
         guard="host_rng",
     ),
-    Pattern(
-        "step_layerdrop_python_random",
-        HAZARD,
-        "LayerDrop decided by random.random() in forward, whole step",
-        lambda d: LayerDrop().to(d),
-        _seeded(lambda m, a: step_loop(m, a, steps=6)),
-        guard="host_rng",
-        api="step",
-    ),
-    Pattern(
+    H.pattern(
         "step_layerdrop_torch_rand",
-        HAZARD,
         "LayerDrop decided by torch.rand([]) on the host (transformers' Whisper, BART), whole step",
-        lambda d: TorchLayerDrop().to(d),
+        built(TorchLayerDrop),
         # beside a GPU model the step learns the draws (two eager calls), then records each branch
         # pattern once (3 blocks: up to 8): enough steps to replay some
-        _seeded(lambda m, a: step_loop(m, a, steps=16)),
+        _seeded(stepped(steps=16)),
         guard="host_rng",
         api="step",
         cuda_only=TORCH_RAND_CPU,
     ),
-    Pattern(
+    *H.twins(
         "numpy_noise_in_forward",
-        HAZARD,
         "a noise scale drawn from np.random in forward",
-        lambda d: NumpyNoise().to(d),
-        _seeded(lambda m, a: loop(m, a, steps=5)),
+        built(NumpyNoise),
+        _seeded(looped(steps=5)),
+        _seeded(stepped(steps=6)),
         guard="host_rng",
     ),
-    Pattern(
-        "step_numpy_noise_in_forward",
-        HAZARD,
-        "a noise scale drawn from np.random in forward, whole step",
-        lambda d: NumpyNoise().to(d),
-        _seeded(lambda m, a: step_loop(m, a, steps=6)),
-        guard="host_rng",
-        api="step",
-    ),
-    Pattern(
+    H.pattern(
         "step_mixup_numpy_lambda",
-        HAZARD,
         "mixup in loss_fn with lambda from np.random.beta",
         mlp(),
-        _seeded(lambda m, a: step_loop(m, a, loss_fn=_mixup_loss, steps=6)),
+        _seeded(stepped(loss_fn=_mixup_loss, steps=6)),
         guard="host_rng",
         api="step",
     ),
-    Pattern(
+    H.pattern(
         "step_random_task_in_loss",
-        HAZARD,
         "loss_fn samples the task (head) with random.random()",
-        lambda d: TwoHeads().to(d),
-        _seeded(lambda m, a: step_loop(m, a, loss_fn=_random_task_loss, steps=8)),
+        built(TwoHeads),
+        _seeded(stepped(loss_fn=_random_task_loss, steps=8)),
         guard="host_rng",
         api="step",
     ),
-    Pattern(
+    *H.twins(
         "deque_read_in_forward",
-        HAZARD,
         "forward reads a deque of recent losses the loop appends to",
-        lambda d: RecentScaled().to(d),
+        built(RecentScaled),
         _deque_capture,
-        guard="module_state",
-    ),
-    Pattern(
-        "step_deque_read_in_forward",
-        HAZARD,
-        "forward reads a deque of recent losses, whole step",
-        lambda d: RecentScaled().to(d),
         _deque_step,
+        step_what="forward reads a deque of recent losses, whole step",
         guard="module_state",
-        api="step",
     ),
-    Pattern(
+    *H.twins(
         "numpy_array_updated_in_place",
-        HAZARD,
         "forward reads a numpy array the loop halves in place",
-        lambda d: ArrayScaled().to(d),
-        lambda m, a: loop(m, a, steps=5, before=_halve_scale),
+        built(ArrayScaled),
+        looped(steps=5, before=_halve_scale),
+        stepped(steps=6, before=each_step(_halve_scale)),
+        step_what="forward reads a numpy array changed in place, whole step",
         guard="module_state",
         unsafe_never=ARRAY_COPY_LIVE,
     ),
-    Pattern(
-        "step_numpy_array_updated_in_place",
-        HAZARD,
-        "forward reads a numpy array changed in place, whole step",
-        lambda d: ArrayScaled().to(d),
-        lambda m, a: step_loop(m, a, steps=6, before=lambda m, o, s: _halve_scale(m, s)),
-        guard="module_state",
-        api="step",
-        unsafe_never=ARRAY_COPY_LIVE,
-    ),
-    Pattern(
+    *H.twins(
         "hparams_dict_in_forward",
-        HAZARD,
         "forward reads a dict of hyperparameters the loop anneals in place",
-        lambda d: DictConfigured().to(d),
-        lambda m, a: loop(m, a, steps=5, before=_anneal_hparams),
+        built(DictConfigured),
+        looped(steps=5, before=_anneal_hparams),
+        stepped(steps=6, before=each_step(_anneal_hparams)),
+        step_what="forward reads a dict of hyperparameters annealed in place, whole step",
         guard="module_state",
     ),
-    Pattern(
-        "step_hparams_dict_in_forward",
-        HAZARD,
-        "forward reads a dict of hyperparameters annealed in place, whole step",
-        lambda d: DictConfigured().to(d),
-        lambda m, a: step_loop(m, a, steps=6, before=lambda m, o, s: _anneal_hparams(m, s)),
-        guard="module_state",
-        api="step",
-    ),
-    Pattern(
+    *H.twins(
         "numpy_array_gain_float",
-        HAZARD,
         "forward reads float(array[0]) of a numpy array halved in place",
-        lambda d: ArrayGain().to(d),
-        lambda m, a: loop(m, a, steps=5, before=_halve_scale),
+        built(ArrayGain),
+        looped(steps=5, before=_halve_scale),
+        stepped(steps=6, before=each_step(_halve_scale)),
+        step_what="forward reads float(array[0]) of a numpy array, whole step",
         guard="module_state",
-    ),
-    Pattern(
-        "step_numpy_array_gain_float",
-        HAZARD,
-        "forward reads float(array[0]) of a numpy array, whole step",
-        lambda d: ArrayGain().to(d),
-        lambda m, a: step_loop(m, a, steps=6, before=lambda m, o, s: _halve_scale(m, s)),
-        guard="module_state",
-        api="step",
     ),
 ]
 
