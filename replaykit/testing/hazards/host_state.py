@@ -16,19 +16,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .pattern import (
-    MLP,
-    Arm,
-    Extras,
-    HazardClass,
-    Pattern,
-    built,
-    each_step,
-    looped,
-    mlp,
-    sgd,
-    stepped,
-)
+from .pattern import MLP, Arm, Extras, Pattern, mlp, sgd
+from .writing import HazardClass, built, each_step, looped, stepped
 
 
 def _seeded(train: Callable[[nn.Module, Arm], Extras]) -> Callable[[nn.Module, Arm], Extras]:
@@ -204,10 +193,10 @@ ARRAY_COPY_LIVE = (
     "fails and retires, exact; measured on the H200): no backend shows the unguarded case"
 )
 
-H = HazardClass(HAZARD)
+HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
-    *H.twins(
+    *HC.twins(
         "layerdrop_python_random",
         "LayerDrop decided by random.random() in forward",
         built(LayerDrop),
@@ -215,7 +204,7 @@ PATTERNS: list[Pattern] = [
         _seeded(stepped(steps=6)),
         guard="host_rng",
     ),
-    H.pattern(
+    HC.pattern(
         "step_layerdrop_torch_rand",
         "LayerDrop decided by torch.rand([]) on the host (transformers' Whisper, BART), whole step",
         built(TorchLayerDrop),
@@ -226,7 +215,7 @@ PATTERNS: list[Pattern] = [
         api="step",
         cuda_only=TORCH_RAND_CPU,
     ),
-    *H.twins(
+    *HC.twins(
         "numpy_noise_in_forward",
         "a noise scale drawn from np.random in forward",
         built(NumpyNoise),
@@ -234,7 +223,7 @@ PATTERNS: list[Pattern] = [
         _seeded(stepped(steps=6)),
         guard="host_rng",
     ),
-    H.pattern(
+    HC.pattern(
         "step_mixup_numpy_lambda",
         "mixup in loss_fn with lambda from np.random.beta",
         mlp(),
@@ -242,7 +231,7 @@ PATTERNS: list[Pattern] = [
         guard="host_rng",
         api="step",
     ),
-    H.pattern(
+    HC.pattern(
         "step_random_task_in_loss",
         "loss_fn samples the task (head) with random.random()",
         built(TwoHeads),
@@ -250,7 +239,7 @@ PATTERNS: list[Pattern] = [
         guard="host_rng",
         api="step",
     ),
-    *H.twins(
+    *HC.twins(
         "deque_read_in_forward",
         "forward reads a deque of recent losses the loop appends to",
         built(RecentScaled),
@@ -259,7 +248,7 @@ PATTERNS: list[Pattern] = [
         step_what="forward reads a deque of recent losses, whole step",
         guard="module_state",
     ),
-    *H.twins(
+    *HC.twins(
         "numpy_array_updated_in_place",
         "forward reads a numpy array the loop halves in place",
         built(ArrayScaled),
@@ -269,7 +258,7 @@ PATTERNS: list[Pattern] = [
         guard="module_state",
         unsafe_never=ARRAY_COPY_LIVE,
     ),
-    *H.twins(
+    *HC.twins(
         "hparams_dict_in_forward",
         "forward reads a dict of hyperparameters the loop anneals in place",
         built(DictConfigured),
@@ -278,7 +267,7 @@ PATTERNS: list[Pattern] = [
         step_what="forward reads a dict of hyperparameters annealed in place, whole step",
         guard="module_state",
     ),
-    *H.twins(
+    *HC.twins(
         "numpy_array_gain_float",
         "forward reads float(array[0]) of a numpy array halved in place",
         built(ArrayGain),

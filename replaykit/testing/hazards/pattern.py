@@ -157,54 +157,7 @@ class MLP(nn.Module):
 
 def mlp(**kw) -> Callable[[str], nn.Module]:
     """A pattern's ``make``: an :class:`MLP` with these knobs on the arm's device."""
-    return built(MLP, **kw)
-
-
-def built(cls: Callable[..., nn.Module], *args: Any, **kw: Any) -> Callable[[str], nn.Module]:
-    """A pattern's ``make``: ``cls(*args, **kw)`` on the arm's device."""
-    return lambda device: cls(*args, **kw).to(device)
-
-
-# --------------------------------------------------------------------------- writing patterns
-Train = Callable[[nn.Module, Arm], Extras]
-
-
-@dataclass(frozen=True)
-class HazardClass:
-    """A hazard module's pattern maker: its patterns state only their name, what they do, their
-    model, their training and what differs from the defaults; the class is filled in."""
-
-    name: str
-
-    def pattern(
-        self, name: str, what: str, make: Callable[[str], nn.Module], train: Train, **kw: Any
-    ) -> Pattern:
-        return Pattern(name, self.name, what, make, train, **kw)
-
-    def twins(
-        self,
-        name: str,
-        what: str,
-        make: Callable[[str], nn.Module],
-        train: Train,
-        step_train: Train,
-        step_what: str | None = None,
-        step: dict[str, Any] | None = None,
-        **kw: Any,
-    ) -> list[Pattern]:
-        """A capture pattern and its whole-step twin: ``step_<name>``, ``api="step"``, trained by
-        ``step_train``, described as ``step_what`` (default: ``what``, whole step); both share
-        ``make`` and ``kw`` (the guard, the notes), ``step`` overrides what only the twin says."""
-        return [
-            self.pattern(name, what, make, train, **kw),
-            self.pattern(
-                f"step_{name}",
-                step_what or f"{what}, whole step",
-                make,
-                step_train,
-                **{**kw, "api": "step", **(step or {})},
-            ),
-        ]
+    return lambda device: MLP(**kw).to(device)
 
 
 # --------------------------------------------------------------------------- the shared loops
@@ -264,23 +217,6 @@ def loss_steps(
         opt.step()
         kept[f"loss{i}"] = loss.detach()
     return kept
-
-
-def looped(**kw: Any) -> Train:
-    """A pattern's ``train``: :func:`loop` with these arguments."""
-    return lambda model, arm: loop(model, arm, **kw)
-
-
-def stepped(**kw: Any) -> Train:
-    """A step pattern's ``train``: :func:`step_loop` with these arguments."""
-    return lambda model, arm: step_loop(model, arm, **kw)
-
-
-def each_step(
-    before: Callable[[nn.Module, int], None],
-) -> Callable[[nn.Module, torch.optim.Optimizer, int], None]:
-    """A :func:`loop` ``before(model, step)`` as a :func:`step_loop` one (which also gets the optimizer)."""
-    return lambda model, opt, step: before(model, step)
 
 
 def set_at(step_at: int, fn: Callable[[nn.Module], None]) -> Callable[[nn.Module, int], None]:
