@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .pattern import MLP, Arm, Extras, Pattern, sgd
+from .writing import HazardClass, built
 
 
 class Generator(MLP):
@@ -61,32 +62,30 @@ def _gan(model: nn.Module, arm: Arm, freeze_d: bool, api: str) -> Extras:
 
 
 HAZARD = "leaving_grads"
+HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
-    Pattern(
+    HC.pattern(
         "step_gan_generator_trainable_disc",
-        HAZARD,
         "a GAN generator step whose loss runs a trainable discriminator outside the model",
-        lambda d: Generator().to(d),
+        built(Generator),
         lambda m, a: _gan(m, a, False, "step"),
         guard="foreign_grads",
         api="step",
         cpu_only="on the H200 (11e42d2) the unguarded capture itself fails (the discriminator's gradients "
         "accumulate into memory allocated outside it) and the step retires, exact",
     ),
-    Pattern(
+    HC.pattern(
         "step_gan_generator_frozen_disc",
-        HAZARD,
         "the same with the discriminator frozen (requires_grad_(False)) for the generator step",
-        lambda d: Generator().to(d),
+        built(Generator),
         lambda m, a: _gan(m, a, True, "step"),
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "gan_captured_generator",
-        HAZARD,
         "a captured generator; the discriminator runs eagerly around it",
-        lambda d: Generator().to(d),
+        built(Generator),
         lambda m, a: _gan(m, a, False, "capture"),
     ),
 ]
