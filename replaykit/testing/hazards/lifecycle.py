@@ -11,14 +11,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .pattern import (
-    Arm,
-    Extras,
-    Pattern,
-    mlp,
-    sgd,
-    step_loop,
-)
+from .pattern import Arm, Extras, Pattern, mlp, sgd
+from .writing import HazardClass, stepped
 
 
 def _inplace_weights(model: nn.Module, arm: Arm) -> Extras:
@@ -71,29 +65,27 @@ def _resume_optimizer(model: nn.Module, opt: torch.optim.Optimizer, step: int) -
 
 
 HAZARD = "lifecycle"
+HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
-    Pattern(
+    HC.pattern(
         "inplace_weights_before_backward",
-        "lifecycle",
         "weights scaled in place between forward and backward",
         mlp(),
         _inplace_weights,
         guard="inplace_weights",
     ),
-    Pattern(
+    HC.pattern(
         "step_in_another_thread",
-        "lifecycle",
         "one training step runs in a second thread",
         mlp(),
         _threaded,
     ),
-    Pattern(
+    HC.pattern(
         "step_optimizer_state_loaded",
-        "lifecycle",
         "optimizer.load_state_dict after the step recorded",
         mlp(),
-        lambda m, a: step_loop(m, a, steps=6, before=_resume_optimizer),
+        stepped(steps=6, before=_resume_optimizer),
         guard="state_identity",
         api="step",
     ),
