@@ -24,6 +24,9 @@ from torch import nn
 from .pattern import Arm, Extras, Pattern, sgd, step_loop
 from .writing import HazardClass, built
 
+HAZARD = "autocast"
+HC = HazardClass(HAZARD)
+
 
 class SharedHead(nn.Module):
     """One head applied to several feature maps (a detection head over FPN levels)."""
@@ -60,9 +63,6 @@ def _autocast_loop(model: nn.Module, arm: Arm, calls: int, steps: int = 4) -> Ex
         kept[f"loss{step}"] = loss.detach()
     return kept
 
-
-HAZARD = "autocast"
-HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
     HC.pattern(

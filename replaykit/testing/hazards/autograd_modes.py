@@ -20,6 +20,9 @@ from torch.utils.checkpoint import checkpoint
 from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, sgd, step_loop
 from .writing import HazardClass, looped, stepped
 
+HAZARD = "autograd_modes"
+HC = HazardClass(HAZARD)
+
 
 # --------------------------------------------------------------------------- anomaly detection
 @contextlib.contextmanager
@@ -209,9 +212,6 @@ def _input_refilled_before_backward(model: nn.Module, arm: Arm) -> Extras:
             buffer = arm.randn(4, 6)
     return kept
 
-
-HAZARD = "autograd_modes"
-HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
     HC.pattern(

@@ -17,6 +17,9 @@ from .pattern import Arm, Extras, Pattern, mlp, sgd, step_loop
 from .side_effects import Checkpointed
 from .writing import HazardClass, built, looped, stepped
 
+HAZARD = "backend_diffs"
+HC = HazardClass(HAZARD)
+
 
 class TwiceBlock(nn.Module):
     """A block whose one linear layer is applied twice per call."""
@@ -75,9 +78,6 @@ def _interrupted(where: str) -> Callable[[nn.Module, Arm], Extras]:
 
     return train
 
-
-HAZARD = "backend_diffs"
-HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
     *HC.twins(

@@ -28,6 +28,9 @@ import replaykit as rk
 from .pattern import Arm, Extras, Pattern, loop, mlp, sgd, step_loop
 from .writing import HazardClass, built, looped, stepped
 
+HAZARD = "crashes"
+HC = HazardClass(HAZARD)
+
 LossFn = Callable[..., torch.Tensor]
 
 
@@ -149,9 +152,6 @@ def _function_model(model: nn.Module, arm: Arm) -> Extras:
     arm.optimizers.append(opt)
     return {f"loss{i}": step(arm.randn(4, 6)) for i in range(4)}
 
-
-HAZARD = "crashes"
-HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
     HC.pattern(

@@ -12,6 +12,9 @@ from torch import nn
 from .pattern import Arm, Extras, Pattern, loop, mlp, trainable
 from .writing import HazardClass
 
+HAZARD = "hook_order"
+HC = HazardClass(HAZARD)
+
 
 def _hooked(kind: str, register_at: int = 0) -> Callable[[nn.Module, Arm], Extras]:
     def train(model: nn.Module, arm: Arm) -> Extras:
@@ -58,9 +61,6 @@ def _optimizer_in_backward(model: nn.Module, arm: Arm) -> Extras:
     kept["hook_order"] = torch.tensor(order, dtype=torch.int64)
     return kept
 
-
-HAZARD = "hook_order"
-HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
     HC.pattern(

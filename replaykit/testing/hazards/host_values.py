@@ -16,6 +16,9 @@ from . import user_settings
 from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, set_at, setter, step_loop
 from .writing import HazardClass, built, looped, stepped
 
+HAZARD = "host_values"
+HC = HazardClass(HAZARD)
+
 
 class Tempered(nn.Module):
     """Logits divided by a Python float temperature the training loop anneals."""
@@ -267,9 +270,6 @@ def _temperature_at(
 
     return before
 
-
-HAZARD = "host_values"
-HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
     HC.pattern(

@@ -12,6 +12,9 @@ from torch import nn
 from .pattern import MLP, Arm, Extras, Pattern, loop, loss_steps, mlp, sgd
 from .writing import HazardClass, built
 
+HAZARD = "inputs"
+HC = HazardClass(HAZARD)
+
 
 class Centering(nn.Module):
     """Centres its input in place (a user's preprocessing inside forward)."""
@@ -198,9 +201,6 @@ def _step_writes_input(model: nn.Module, arm: Arm) -> Extras:
     kept["caller_x"] = x
     return kept
 
-
-HAZARD = "inputs"
-HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
     HC.pattern(

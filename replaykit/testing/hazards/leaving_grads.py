@@ -14,6 +14,9 @@ from torch import nn
 from .pattern import MLP, Arm, Extras, Pattern, sgd
 from .writing import HazardClass, built
 
+HAZARD = "leaving_grads"
+HC = HazardClass(HAZARD)
+
 
 class Generator(MLP):
     """Noise (6) to a sample (6)."""
@@ -60,9 +63,6 @@ def _gan(model: nn.Module, arm: Arm, freeze_d: bool, api: str) -> Extras:
         kept[f"disc_grad/{name}"] = None if p.grad is None else p.grad.detach()
     return kept
 
-
-HAZARD = "leaving_grads"
-HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
     HC.pattern(

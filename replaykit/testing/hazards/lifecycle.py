@@ -14,6 +14,9 @@ from torch import nn
 from .pattern import Arm, Extras, Pattern, mlp, sgd
 from .writing import HazardClass, stepped
 
+HAZARD = "lifecycle"
+HC = HazardClass(HAZARD)
+
 
 def _inplace_weights(model: nn.Module, arm: Arm) -> Extras:
     opt = sgd(model)
@@ -63,9 +66,6 @@ def _resume_optimizer(model: nn.Module, opt: torch.optim.Optimizer, step: int) -
     if step == 3:
         opt.load_state_dict(copy.deepcopy(opt.state_dict()))
 
-
-HAZARD = "lifecycle"
-HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
     HC.pattern(

@@ -11,6 +11,9 @@ from torch.func import functional_call
 from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, set_at, sgd
 from .writing import HazardClass, built, looped, stepped
 
+HAZARD = "parameters"
+HC = HazardClass(HAZARD)
+
 
 def _fast_weights(model: nn.Module, arm: Arm) -> Extras:
     def call(m: nn.Module, x: torch.Tensor, step: int) -> torch.Tensor:
@@ -143,9 +146,6 @@ def _replace_bias(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> No
     if old in opt.state:
         opt.state[model.fc2.bias] = opt.state.pop(old)
 
-
-HAZARD = "parameters"
-HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
     HC.pattern(

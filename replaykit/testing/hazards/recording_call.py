@@ -20,6 +20,9 @@ from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, sgd, step_loop
 from .under_capture import CaptureAware
 from .writing import HazardClass, built, looped, stepped
 
+HAZARD = "recording_call"
+HC = HazardClass(HAZARD)
+
 
 class CentredHead(MLP):
     """DINO's head: a centre buffer re-bound in forward (``self.center = m * self.center + ...``)."""
@@ -349,9 +352,6 @@ def _forward_globals() -> list[Pattern]:
         )
     ]
 
-
-HAZARD = "recording_call"
-HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
     *HC.twins(

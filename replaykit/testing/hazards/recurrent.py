@@ -21,6 +21,7 @@ from .writing import HazardClass
 
 HAZARD = "recurrent"
 HC = HazardClass(HAZARD)
+
 T, F, H = 5, 6, 8
 #: Lengths per batch (a packed batch's are read on the host): two patterns, each seen again.
 LENGTHS = ([5, 3, 4, 1], [2, 5, 5, 3], [5, 1, 2, 2])

@@ -15,6 +15,9 @@ from torch.utils.checkpoint import checkpoint
 from .pattern import MLP, Arm, Extras, Pattern, loop, loss_steps, mlp
 from .writing import HazardClass, built, looped, stepped
 
+HAZARD = "side_effects"
+HC = HazardClass(HAZARD)
+
 
 class Noisy(nn.Module):
     """Feature noise from the module's own Generator."""
@@ -300,9 +303,6 @@ def _alternating_loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     history["task"] = 1 - history.get("task", 0)
     return model(x).pow(2).mean() * (1.0 + history["task"])
 
-
-HAZARD = "side_effects"
-HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
     HC.pattern(

@@ -22,6 +22,9 @@ from .host_state import ARRAY_COPY_LIVE
 from .pattern import Arm, Extras, Pattern, loop, mlp, sgd, step_loop
 from .writing import HazardClass
 
+HAZARD = "step_python"
+HC = HazardClass(HAZARD)
+
 
 def _mse(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model(x).pow(2).mean()
@@ -423,9 +426,6 @@ def _lambda_lr_float(model: nn.Module, arm: Arm) -> Extras:
         sched.step()
     return kept
 
-
-HAZARD = "step_python"
-HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
     HC.pattern(

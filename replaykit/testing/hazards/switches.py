@@ -18,6 +18,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .pattern import Arm, Extras, Pattern, loop, step_loop
 from .writing import HazardClass, built
 
+HAZARD = "switches"
+HC = HazardClass(HAZARD)
+
 
 class ConvNet(nn.Module):
     """A convolution: oneDNN (CPU) or cuDNN (GPU) against the native kernel sum in another order."""
@@ -146,9 +149,6 @@ def _precision_at(step: int, api: str) -> Callable[[nn.Module, Arm], Extras]:
 
     return train
 
-
-HAZARD = "switches"
-HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
     *HC.twins(

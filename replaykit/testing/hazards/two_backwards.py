@@ -13,6 +13,9 @@ from torch import nn
 from .pattern import Arm, Extras, Pattern, mlp, sgd, trainable
 from .writing import HazardClass, built
 
+HAZARD = "two_backwards"
+HC = HazardClass(HAZARD)
+
 
 def _retain_two_losses(model: nn.Module, arm: Arm) -> Extras:
     opt = sgd(model)
@@ -149,9 +152,6 @@ def _hessian_vector(model: nn.Module, arm: Arm) -> Extras:
         kept[f"curvature{step}"] = curvature.detach()
     return kept
 
-
-HAZARD = "two_backwards"
-HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
     HC.pattern(

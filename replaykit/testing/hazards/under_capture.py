@@ -21,6 +21,9 @@ from replaykit.verify.contexts import register
 from .pattern import MLP, Arm, Extras, Pattern, loop, sgd
 from .writing import HazardClass, built, looped, stepped
 
+HAZARD = "under_capture"
+HC = HazardClass(HAZARD)
+
 
 class CaptureAware(MLP):
     """Takes another (slightly different) path while a stream captures, as a library's fast path would."""
@@ -130,9 +133,6 @@ class CaptureFlag(MLP):
 def _flag_loss(out: dict) -> torch.Tensor:
     return out["out"].pow(2).mean() * (2.0 if out["fast_path"] else 1.0)
 
-
-HAZARD = "under_capture"
-HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
     HC.pattern(
