@@ -26,7 +26,7 @@ HC = HazardClass(HAZARD)
 
 # --------------------------------------------------------------------------- anomaly detection
 @contextlib.contextmanager
-def _anomaly_restored() -> Iterator[None]:
+def anomaly_restored() -> Iterator[None]:
     was = torch.is_anomaly_enabled()
     try:
         yield
@@ -43,7 +43,7 @@ def _nan_batch(arm: Arm, step: int, bad: int) -> torch.Tensor:
 
 def _anomaly_capture(model: nn.Module, arm: Arm) -> Extras:
     """Anomaly detection switched on to debug after a few steps; the next batch has a NaN (eager raises)."""
-    with _anomaly_restored():
+    with anomaly_restored():
         opt = sgd(model)
         kept: Extras = {}
         for i in range(5):
@@ -60,7 +60,7 @@ def _anomaly_capture(model: nn.Module, arm: Arm) -> Extras:
 
 
 def _anomaly_step(model: nn.Module, arm: Arm) -> Extras:
-    with _anomaly_restored():
+    with anomaly_restored():
         opt = sgd(model)
         step = arm.train_step(model, lambda m, x: m(x).mean(), opt)
         kept: Extras = {}
@@ -77,7 +77,7 @@ def _anomaly_throughout(
     """Anomaly detection left on for the whole run (no NaN comes): the control."""
 
     def run(model: nn.Module, arm: Arm) -> Extras:
-        with _anomaly_restored():
+        with anomaly_restored():
             torch.autograd.set_detect_anomaly(True)
             return train(model, arm)
 

@@ -20,7 +20,7 @@ from .pattern import MLP, Arm, Extras, Pattern, mlp, sgd
 from .writing import HazardClass, built, each_step, looped, stepped
 
 
-def _seeded(train: Callable[[nn.Module, Arm], Extras]) -> Callable[[nn.Module, Arm], Extras]:
+def seeded(train: Callable[[nn.Module, Arm], Extras]) -> Callable[[nn.Module, Arm], Extras]:
     """The user's seeding of the host RNGs at the start of a run (both arms draw alike)."""
 
     def run(model: nn.Module, arm: Arm) -> Extras:
@@ -200,8 +200,8 @@ PATTERNS: list[Pattern] = [
         "layerdrop_python_random",
         "LayerDrop decided by random.random() in forward",
         built(LayerDrop),
-        _seeded(looped(steps=6)),
-        _seeded(stepped(steps=6)),
+        seeded(looped(steps=6)),
+        seeded(stepped(steps=6)),
         guard="host_rng",
     ),
     HC.pattern(
@@ -210,7 +210,7 @@ PATTERNS: list[Pattern] = [
         built(TorchLayerDrop),
         # beside a GPU model the step learns the draws (two eager calls), then records each branch
         # pattern once (3 blocks: up to 8): enough steps to replay some
-        _seeded(stepped(steps=16)),
+        seeded(stepped(steps=16)),
         guard="host_rng",
         api="step",
         cuda_only=TORCH_RAND_CPU,
@@ -219,15 +219,15 @@ PATTERNS: list[Pattern] = [
         "numpy_noise_in_forward",
         "a noise scale drawn from np.random in forward",
         built(NumpyNoise),
-        _seeded(looped(steps=5)),
-        _seeded(stepped(steps=6)),
+        seeded(looped(steps=5)),
+        seeded(stepped(steps=6)),
         guard="host_rng",
     ),
     HC.pattern(
         "step_mixup_numpy_lambda",
         "mixup in loss_fn with lambda from np.random.beta",
         mlp(),
-        _seeded(stepped(loss_fn=_mixup_loss, steps=6)),
+        seeded(stepped(loss_fn=_mixup_loss, steps=6)),
         guard="host_rng",
         api="step",
     ),
@@ -235,7 +235,7 @@ PATTERNS: list[Pattern] = [
         "step_random_task_in_loss",
         "loss_fn samples the task (head) with random.random()",
         built(TwoHeads),
-        _seeded(stepped(loss_fn=_random_task_loss, steps=8)),
+        seeded(stepped(loss_fn=_random_task_loss, steps=8)),
         guard="host_rng",
         api="step",
     ),

@@ -29,7 +29,6 @@ import contextlib
 import copy
 import functools
 import logging
-import random
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -42,8 +41,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from .autograd_modes import anomaly_restored
 from .backend_diffs import Unrolled
-from .host_state import ArrayGain, LayerDrop, RecentScaled
+from .host_state import ArrayGain, LayerDrop, RecentScaled, seeded
 from .pattern import MLP, Arm, Extras, Pattern
 from .recording_call import CentredHead, CountingSGD, DinoLoss
 from .step_python import FocalLoss, WarmupSGD
@@ -326,19 +326,6 @@ def _mixup_loss(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return net(lam * x + (1 - lam) * x.flip(0)).pow(2).mean()
 
 
-def _seeded(train: Callable[[nn.Module, Arm], Extras]) -> Callable[[nn.Module, Arm], Extras]:
-    """The user's seeding of the host RNGs at the start of a run (both arms draw alike)."""
-
-    def run(module: nn.Module, arm: Arm) -> Extras:
-        import numpy as np
-
-        random.seed(0)
-        np.random.seed(0)
-        return train(module, arm)
-
-    return run
-
-
 # --------------------------------------------------------------------------- held containers
 def _recent_losses(module: nn.Module, arm: Arm) -> Extras:
     """The net divides by the mean of a deque of recent losses the training_step appends to."""
@@ -448,15 +435,6 @@ def _head_replaced_at(step: int) -> Callable[[nn.Module, Arm], Extras]:
 
 
 # --------------------------------------------------------------------------- autograd modes
-@contextlib.contextmanager
-def _anomaly_restored() -> Iterator[None]:
-    was = torch.is_anomaly_enabled()
-    try:
-        yield
-    finally:
-        torch.autograd.set_detect_anomaly(was)
-
-
 def _anomaly_mid_run(module: nn.Module, arm: Arm) -> Extras:
     """Anomaly detection switched on to debug after recording; the next batch has a NaN."""
 
@@ -467,7 +445,7 @@ def _anomaly_mid_run(module: nn.Module, arm: Arm) -> Extras:
     def nan_loss(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return net(x).mean()
 
-    with _anomaly_restored():
+    with anomaly_restored():
         module.plan = Plan(arm, loss_fn=nan_loss, before=before)
         data = torch.randn(6 * BATCH, 6)
         data[5 * BATCH, 0] = float("nan")  # a corrupt sample in batch 5
@@ -875,7 +853,7 @@ PATTERNS: list[Pattern] = [
         "host_state",
         "mixup in loss_fn with lambda from np.random.beta",
         fitted(),
-        _seeded(lambda m, a: fit(m, a, loss_fn=_mixup_loss)),
+        seeded(lambda m, a: fit(m, a, loss_fn=_mixup_loss)),
         guard="host_rng",
         api=API,
     ),
@@ -884,7 +862,7 @@ PATTERNS: list[Pattern] = [
         "host_state",
         "LayerDrop decided by random.random() in the net's forward",
         fitted(LayerDrop),
-        _seeded(lambda m, a: fit(m, a)),
+        seeded(lambda m, a: fit(m, a)),
         guard="host_rng",
         api=API,
     ),
