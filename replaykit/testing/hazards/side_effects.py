@@ -332,27 +332,15 @@ PATTERNS: list[Pattern] = [
         _moe,
         guard="record_probe",
     ),
-    HC.pattern(
-        "boolean_mask_output",
-        "a data-dependent output shape (boolean masking)",
-        built(Masked),
-        looped(steps=4),
-        guard=None,
-    ),  # both backends refuse it at capture too
-    HC.pattern(
-        "nonzero_rows",
-        "rows picked with nonzero(): data-dependent shapes inside",
-        built(Nonzero),
-        looped(steps=4),
-        guard=None,
-    ),  # both backends refuse it at capture too
-    HC.pattern(
-        "item_in_forward",
-        ".item() read inside forward",
-        built(ItemNorm),
-        looped(steps=4),
-        guard=None,
-    ),  # both backends refuse it at capture too
+    # data-dependent shapes and host reads: both backends refuse them at capture too
+    *(
+        HC.pattern(name, what, built(net), looped(steps=4), guard=None)
+        for name, what, net in (
+            ("boolean_mask_output", "a data-dependent output shape (boolean masking)", Masked),
+            ("nonzero_rows", "rows picked with nonzero(): data-dependent shapes inside", Nonzero),
+            ("item_in_forward", ".item() read inside forward", ItemNorm),
+        )
+    ),
     HC.pattern(
         "host_branch_in_function_backward",
         "a custom autograd.Function whose backward branches on a host read (a damped straight-through estimator)",
