@@ -412,19 +412,24 @@ PATTERNS += [
         _scheduled_scale,
         guard="forward_inputs",
     ),
-    HC.pattern(
-        "settings_module_value",
-        "a plain value of the user's settings module (settings.SCALE) the forward reads, changed by the loop",
-        built(SettingsScaled),
-        _settings_at("SCALE", 2, 0.5),
-        guard="forward_inputs",
-    ),
-    HC.pattern(
-        "helper_function_global",
-        "a helper function in another module, reading that module's global, changed by the loop",
-        built(HelperSharpened),
-        _settings_at("SHARPNESS", 2, 3.0),
-        guard="forward_inputs",
+    *(
+        HC.pattern(name, what, built(net), _settings_at(attr, 2, value), guard="forward_inputs")
+        for name, what, net, attr, value in (
+            (
+                "settings_module_value",
+                "a plain value of the user's settings module (settings.SCALE) the forward reads, changed by the loop",
+                SettingsScaled,
+                "SCALE",
+                0.5,
+            ),
+            (
+                "helper_function_global",
+                "a helper function in another module, reading that module's global, changed by the loop",
+                HelperSharpened,
+                "SHARPNESS",
+                3.0,
+            ),
+        )
     ),
     HC.pattern(
         "global_temperature",
