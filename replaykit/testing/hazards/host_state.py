@@ -248,33 +248,45 @@ PATTERNS: list[Pattern] = [
         step_what="forward reads a deque of recent losses, whole step",
         guard="module_state",
     ),
-    *HC.twins(
-        "numpy_array_updated_in_place",
-        "forward reads a numpy array the loop halves in place",
-        built(ArrayScaled),
-        looped(steps=5, before=_halve_scale),
-        stepped(steps=6, before=each_step(_halve_scale)),
-        step_what="forward reads a numpy array changed in place, whole step",
-        guard="module_state",
-        unsafe_never=ARRAY_COPY_LIVE,
-    ),
-    *HC.twins(
-        "hparams_dict_in_forward",
-        "forward reads a dict of hyperparameters the loop anneals in place",
-        built(DictConfigured),
-        looped(steps=5, before=_anneal_hparams),
-        stepped(steps=6, before=each_step(_anneal_hparams)),
-        step_what="forward reads a dict of hyperparameters annealed in place, whole step",
-        guard="module_state",
-    ),
-    *HC.twins(
-        "numpy_array_gain_float",
-        "forward reads float(array[0]) of a numpy array halved in place",
-        built(ArrayGain),
-        looped(steps=5, before=_halve_scale),
-        stepped(steps=6, before=each_step(_halve_scale)),
-        step_what="forward reads float(array[0]) of a numpy array, whole step",
-        guard="module_state",
+    # forward reads what the loop changes in place (the capture arm 5 steps, the twin 6)
+    *(
+        pattern
+        for name, what, step_what, net, change, kw in (
+            (
+                "numpy_array_updated_in_place",
+                "forward reads a numpy array the loop halves in place",
+                "forward reads a numpy array changed in place, whole step",
+                ArrayScaled,
+                _halve_scale,
+                {"unsafe_never": ARRAY_COPY_LIVE},
+            ),
+            (
+                "hparams_dict_in_forward",
+                "forward reads a dict of hyperparameters the loop anneals in place",
+                "forward reads a dict of hyperparameters annealed in place, whole step",
+                DictConfigured,
+                _anneal_hparams,
+                {},
+            ),
+            (
+                "numpy_array_gain_float",
+                "forward reads float(array[0]) of a numpy array halved in place",
+                "forward reads float(array[0]) of a numpy array, whole step",
+                ArrayGain,
+                _halve_scale,
+                {},
+            ),
+        )
+        for pattern in HC.twins(
+            name,
+            what,
+            built(net),
+            looped(steps=5, before=change),
+            stepped(steps=6, before=each_step(change)),
+            step_what=step_what,
+            guard="module_state",
+            **kw,
+        )
     ),
 ]
 
