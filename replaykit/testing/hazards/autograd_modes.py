@@ -18,7 +18,7 @@ from torch.func import functional_call, grad, vmap
 from torch.utils.checkpoint import checkpoint
 
 from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, sgd, step_loop
-from .writing import HazardClass, looped, stepped
+from .writing import HazardClass, built, looped, stepped
 
 HAZARD = "autograd_modes"
 HC = HazardClass(HAZARD)
@@ -300,23 +300,17 @@ PATTERNS: list[Pattern] = [
         may_hang=True,
         timeout_s=60,
     ),
-    HC.pattern(
-        "step_checkpoint_reentrant",
-        "checkpoint(use_reentrant=True) inside the model of a TrainStep",
-        lambda d: CheckpointedBlock(True).to(d),
-        stepped(steps=5),
-        api="step",
-        may_hang=True,
-        timeout_s=60,
-    ),
-    HC.pattern(
-        "step_checkpoint_nonreentrant",
-        "checkpoint(use_reentrant=False) inside the model of a TrainStep",
-        lambda d: CheckpointedBlock(False).to(d),
-        stepped(steps=5),
-        api="step",
-        may_hang=True,
-        timeout_s=60,
+    *(
+        HC.pattern(
+            f"step_checkpoint_{kind}",
+            f"checkpoint(use_reentrant={reentrant}) inside the model of a TrainStep",
+            built(CheckpointedBlock, reentrant),
+            stepped(steps=5),
+            api="step",
+            may_hang=True,
+            timeout_s=60,
+        )
+        for kind, reentrant in (("reentrant", True), ("nonreentrant", False))
     ),
     HC.pattern(
         "input_refilled_before_backward",
