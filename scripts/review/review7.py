@@ -400,6 +400,25 @@ def _fsgd(m: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=True)
 
 
+def _world(
+    model: nn.Module,
+    loss_fn: Callable[..., torch.Tensor] = _ce,
+    py: Callable[[], dict] = dict,
+    extra: dict[str, Any] | None = None,
+    **more: Any,
+) -> dict:
+    """A world: the model, its fused SGD, the loss, the modules the loss holds (``extra``), and
+    ``py()``, the Python-side values compared; ``more``: what only this world sets."""
+    return {
+        "model": model,
+        "opt": _fsgd(model),
+        "loss_fn": loss_fn,
+        "extra": extra or {},
+        "py": py,
+        **more,
+    }
+
+
 def world_plain(model_cls: Callable[[], nn.Module], opt: Callable = _fsgd) -> Callable[[], dict]:
     def make() -> dict:
         model = model_cls()
@@ -419,13 +438,7 @@ def world_byol() -> dict:
             t = target(x)
         return nn.functional.mse_loss(m(x), t) + nn.functional.cross_entropy(m(x), y)
 
-    return {
-        "model": model,
-        "opt": _fsgd(model),
-        "loss_fn": loss_fn,
-        "extra": {"target": target},
-        "py": dict,
-    }
+    return _world(model, loss_fn=loss_fn, extra={"target": target})
 
 
 def world_dino_loss() -> dict:
@@ -438,13 +451,7 @@ def world_dino_loss() -> dict:
             t = teacher(x)
         return crit(m(x), t)
 
-    return {
-        "model": model,
-        "opt": _fsgd(model),
-        "loss_fn": loss_fn,
-        "extra": {"teacher": teacher, "crit": crit},
-        "py": dict,
-    }
+    return _world(model, loss_fn=loss_fn, extra={"teacher": teacher, "crit": crit})
 
 
 def world_teacher_bn() -> dict:
@@ -458,13 +465,7 @@ def world_teacher_bn() -> dict:
             torch.log_softmax(m(x), -1), torch.softmax(t, -1), reduction="batchmean"
         )
 
-    return {
-        "model": model,
-        "opt": _fsgd(model),
-        "loss_fn": loss_fn,
-        "extra": {"teacher": teacher},
-        "py": dict,
-    }
+    return _world(model, loss_fn=loss_fn, extra={"teacher": teacher})
 
 
 def world_list(item: bool) -> Callable[[], dict]:
@@ -478,7 +479,7 @@ def world_list(item: bool) -> Callable[[], dict]:
             return loss
 
         py = lambda: {"seen": list(seen)}  # noqa: E731
-        return {"model": model, "opt": _fsgd(model), "loss_fn": loss_fn, "extra": {}, "py": py}
+        return _world(model, loss_fn=loss_fn, py=py)
 
     return make
 
@@ -491,13 +492,7 @@ def world_closure_counter() -> dict:
         state["n"] += 1
         return _ce(m, x, y)
 
-    return {
-        "model": model,
-        "opt": _fsgd(model),
-        "loss_fn": loss_fn,
-        "extra": {},
-        "py": lambda: dict(state),
-    }
+    return _world(model, loss_fn=loss_fn, py=lambda: dict(state))
 
 
 def world_py_attrs(attr: str) -> Callable[[], dict]:
@@ -527,13 +522,7 @@ class CountingLoss(nn.Module):
 def world_crit_counter() -> dict:
     model = MLP()
     crit = CountingLoss()
-    return {
-        "model": model,
-        "opt": _fsgd(model),
-        "loss_fn": lambda m, x, y: crit(m(x), y),
-        "extra": {},
-        "py": lambda: {"n": crit.n},
-    }
+    return _world(model, loss_fn=lambda m, x, y: crit(m(x), y), py=lambda: {"n": crit.n})
 
 
 def _hist_loss(m: nn.Module, x: torch.Tensor, y: torch.Tensor, _h: list = []) -> torch.Tensor:  # noqa: B006
@@ -544,38 +533,20 @@ def _hist_loss(m: nn.Module, x: torch.Tensor, y: torch.Tensor, _h: list = []) ->
 def world_default_arg() -> dict:
     model = MLP()
     _hist_loss.__defaults__[0].clear()
-    return {
-        "model": model,
-        "opt": _fsgd(model),
-        "loss_fn": _hist_loss,
-        "extra": {},
-        "py": lambda: {"h": len(_hist_loss.__defaults__[0])},
-    }
+    return _world(model, loss_fn=_hist_loss, py=lambda: {"h": len(_hist_loss.__defaults__[0])})
 
 
 def world_global_dict() -> dict:
     STATS["n"] = 0
     HISTORY.clear()
     model = GlobalDict()
-    return {
-        "model": model,
-        "opt": _fsgd(model),
-        "loss_fn": _ce,
-        "extra": {},
-        "py": lambda: {"n": STATS["n"], "h": list(HISTORY)},
-    }
+    return _world(model, py=lambda: {"n": STATS["n"], "h": list(HISTORY)})
 
 
 def world_class_counter() -> dict:
     ClassCounter.calls = 0
     model = ClassCounter()
-    return {
-        "model": model,
-        "opt": _fsgd(model),
-        "loss_fn": _ce,
-        "extra": {},
-        "py": lambda: {"n": ClassCounter.calls},
-    }
+    return _world(model, py=lambda: {"n": ClassCounter.calls})
 
 
 def world_generator_loss() -> dict:
@@ -586,13 +557,7 @@ def world_generator_loss() -> dict:
         noise = torch.randn(x.shape, generator=gen) * 0.1
         return _ce(m, x + noise, y)
 
-    return {
-        "model": model,
-        "opt": _fsgd(model),
-        "loss_fn": loss_fn,
-        "extra": {},
-        "py": lambda: {"g": gen.get_state()},
-    }
+    return _world(model, loss_fn=loss_fn, py=lambda: {"g": gen.get_state()})
 
 
 def world_on_step() -> dict:
@@ -603,14 +568,7 @@ def world_on_step() -> dict:
         calls["n"] += 1
         print("stepped")
 
-    return {
-        "model": model,
-        "opt": _fsgd(model),
-        "loss_fn": _ce,
-        "extra": {},
-        "py": lambda: dict(calls),
-        "on_step": hook,
-    }
+    return _world(model, py=lambda: dict(calls), on_step=hook)
 
 
 class Trainer:
@@ -642,20 +600,8 @@ def world_bound(kind: str) -> Callable[[], dict]:
                 return _ce(m, x, y)
 
             fn = functools.partial(base, stats=stats)
-            return {
-                "model": model,
-                "opt": _fsgd(model),
-                "loss_fn": fn,
-                "extra": {},
-                "py": lambda: dict(stats),
-            }
-        return {
-            "model": model,
-            "opt": _fsgd(model),
-            "loss_fn": fn,
-            "extra": {},
-            "py": lambda: {"n": t.n, "h": list(t.history)},
-        }
+            return _world(model, loss_fn=fn, py=lambda: dict(stats))
+        return _world(model, loss_fn=fn, py=lambda: {"n": t.n, "h": list(t.history)})
 
     return make
 
@@ -671,43 +617,27 @@ def world_mixup() -> dict:
             out, y[perm]
         )
 
-    return {"model": model, "opt": _fsgd(model), "loss_fn": loss_fn, "extra": {}, "py": dict}
+    return _world(model, loss_fn=loss_fn)
 
 
 def world_iter() -> dict:
     model = IterCounter()
     start = next(TICKS)
-    return {
-        "model": model,
-        "opt": _fsgd(model),
-        "loss_fn": _ce,
-        "extra": {},
-        "py": lambda: {"ids": next(copy.copy(model.ids)), "ticks": next(copy.copy(TICKS)) - start},
-    }
+    return _world(
+        model,
+        py=lambda: {"ids": next(copy.copy(model.ids)), "ticks": next(copy.copy(TICKS)) - start},
+    )
 
 
 def world_global_tensor() -> dict:
     GLOBAL_SUM.zero_()
     model = GlobalTensor()
-    return {
-        "model": model,
-        "opt": _fsgd(model),
-        "loss_fn": _ce,
-        "extra": {},
-        "py": lambda: {"sum": GLOBAL_SUM.clone()},
-    }
+    return _world(model, py=lambda: {"sum": GLOBAL_SUM.clone()})
 
 
 def world_rk_ema() -> dict:
     model = MLP()
-    return {
-        "model": model,
-        "opt": _fsgd(model),
-        "loss_fn": _ce,
-        "extra": {},
-        "py": dict,
-        "ema": 0.9,
-    }
+    return _world(model, ema=0.9)
 
 
 WORLDS: dict[str, tuple[Callable[[], dict], dict]] = {
@@ -861,13 +791,25 @@ def run_eager(make: Callable[[], dict], opts: dict, entry: str) -> dict:
     batches = _batches(opts.get("data", "mlp"))
     acc = opts.get("accumulate", 1)
     ema = rk.EMA(w["model"], w["ema"]) if "ema" in w else None
+    losses, vals = _hand_loop(w, opts, batches, ema, divide=entry == "step" and acc > 1)
+    return _end(w, losses, vals, ema)
+
+
+def _hand_loop(
+    w: dict, opts: dict, batches: list, ema: Any, divide: bool = False
+) -> tuple[list, list]:
+    """The user's own loop (the eager reference, and the one ``rk.capture`` runs in): the loss
+    (divided by the accumulation where the step divides it), an optimizer step every
+    ``accumulate`` batches with the EMA and the world's ``on_step``; the losses and the values
+    read between steps."""
+    acc = opts.get("accumulate", 1)
+    bf16 = opts.get("precision") == "bf16-mixed"
     losses, vals = [], []
     for i, batch in enumerate(batches):
         _switch(opts.get("switch"), i)
-        bf16 = opts.get("precision") == "bf16-mixed"
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = w["loss_fn"](w["model"], *batch)
-        (loss / acc if entry == "step" and acc > 1 else loss).backward()
+        (loss / acc if divide else loss).backward()
         if (i + 1) % acc == 0:
             w["opt"].step()
             if ema is not None:
@@ -877,14 +819,13 @@ def run_eager(make: Callable[[], dict], opts: dict, entry: str) -> dict:
             w["opt"].zero_grad(set_to_none=True)
         losses.append(loss.detach())
         vals += _between(w, opts, i, batches)
-    return _end(w, losses, vals, ema)
+    return losses, vals
 
 
 def run_rk(make: Callable[[], dict], opts: dict, entry: str, backend: str) -> tuple[dict, Any]:
     _seed()
     w = make()
     batches = _batches(opts.get("data", "mlp"))
-    acc = opts.get("accumulate", 1)
     ema = rk.EMA(w["model"], w["ema"]) if "ema" in w else None
     losses, vals = [], []
     if entry == "step":
@@ -901,22 +842,8 @@ def run_rk(make: Callable[[], dict], opts: dict, entry: str, backend: str) -> tu
         return _end(w, losses, vals, ema), st
     kw = {k: opts[k] for k in ("check_every",) if k in opts}
     rec = rk.capture(w["model"], backend=backend, **kw)
-    bf16 = opts.get("precision") == "bf16-mixed"
     try:
-        for i, batch in enumerate(batches):
-            _switch(opts.get("switch"), i)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss = w["loss_fn"](w["model"], *batch)
-            loss.backward()
-            if (i + 1) % acc == 0:
-                w["opt"].step()
-                if ema is not None:
-                    ema.update()
-                if "on_step" in w:
-                    w["on_step"]()
-                w["opt"].zero_grad(set_to_none=True)
-            losses.append(loss.detach())
-            vals += _between(w, opts, i, batches)
+        losses, vals = _hand_loop(w, opts, batches, ema)
     finally:
         rec.release()
     return _end(w, losses, vals, ema), rec

@@ -10,6 +10,9 @@ from replaykit.testing.parity.arms import run_scenario, step_unsafe_arms
 from replaykit.testing.parity.scenario import Scenario
 from replaykit.testing.tasks import make_datamodule, make_task
 
+from ._fit import fit_detection
+from ._fit import trainer as quiet_trainer
+
 
 @pytest.mark.parametrize(
     "scenario",
@@ -65,20 +68,7 @@ def test_fp16_with_a_non_fused_optimizer_runs_lightnings_step_with_the_reason() 
 
 
 def _fit(task: L.LightningModule, cb: ReplayCallback, **kw) -> L.Trainer:
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        callbacks=[cb],
-        **kw,
-    )
-    trainer.fit(task, datamodule=make_datamodule("detection"))
-    return trainer
+    return fit_detection(task, limit_val_batches=0, callbacks=[cb], **kw)
 
 
 _SHORT = {"limit_train_batches": 4}
@@ -95,17 +85,8 @@ def test_the_trainer_gets_its_precision_plugin_back_and_the_checkpoint_key_is_na
             seen["native"] = isinstance(plugin, type(cb._native_precision))
 
     task = make_task("detection")
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        limit_train_batches=4,
-        callbacks=[cb, Peek()],
-        precision="bf16-mixed",
+    trainer = quiet_trainer(
+        limit_val_batches=0, limit_train_batches=4, callbacks=[cb, Peek()], precision="bf16-mixed"
     )
     native = trainer.precision_plugin
     trainer.fit(task, datamodule=make_datamodule("detection"))

@@ -13,24 +13,15 @@ import replaykit as rk
 from replaykit.lightning import ReplayCallback
 from replaykit.testing.parity.arms import run_scenario, unsafe_arms
 from replaykit.testing.parity.scenario import Scenario
-from replaykit.testing.tasks import make_datamodule, make_task
+from replaykit.testing.tasks import make_task
+
+from ._fit import fit_detection
+from ._fit import trainer as quiet_trainer
 
 
 def _fit(cb: ReplayCallback, task=None, **kw) -> tuple[L.LightningModule, L.Trainer]:
     task = task or make_task("detection")
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        callbacks=[cb],
-        **kw,
-    )
-    trainer.fit(task, datamodule=make_datamodule("detection"))
-    return task, trainer
+    return task, fit_detection(task, callbacks=[cb], **kw)
 
 
 def test_activates_once_per_fit_cleans_up_and_fits_again() -> None:
@@ -107,29 +98,13 @@ def test_a_module_dict_whose_forward_is_never_called_is_refused_naming_its_child
     data = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=4
     )
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[ReplayCallback("net")],
-    )
+    trainer = quiet_trainer(callbacks=[ReplayCallback("net")])
     with pytest.raises(
         rk.ReplayError, match=r"ModuleDict without a forward.*'net.body', 'net.head'"
     ):
         trainer.fit(_Heads(), data)
     cb = ReplayCallback("net.body", "net.head")
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[cb],
-    )
+    trainer = quiet_trainer(callbacks=[cb])
     trainer.fit(_Heads(), data)
     assert cb.recorders["net.head"].counts["record"] == 1
 
@@ -200,20 +175,13 @@ def test_accumulation_changed_between_fits_keeps_replay_and_parity() -> None:
         task = make_task("detection")
         cb = ReplayCallback("net") if replay else None
         for acc in (1, 2):
-            trainer = L.Trainer(
-                accelerator="cpu",
-                max_epochs=1,
+            trainer = fit_detection(
+                task,
                 accumulate_grad_batches=acc,
-                logger=False,
-                enable_checkpointing=False,
-                enable_progress_bar=False,
-                enable_model_summary=False,
-                num_sanity_val_steps=0,
                 limit_val_batches=0,
                 deterministic=True,
                 callbacks=[cb] if cb else [],
             )
-            trainer.fit(task, datamodule=make_datamodule("detection"))
         return snapshot(task, trainer), cb
 
     native, _ = two_fits(False)

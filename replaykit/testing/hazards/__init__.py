@@ -5,6 +5,7 @@
 Modules (no module imports one listed after it):
 
     pattern        Pattern, Arm, the shared MLP and training loops every hazard module writes with
+    writing        HazardClass (a module's pattern maker, capture/step twins), built, looped, stepped
     two_backwards  a second backward through one forward (retain_graph, autograd.grad, create_graph)
     host_values    Python values a graph freezes (modes, momentum, dropout p, flags, configs)
     parameters     parameters that are not the module's own at call time (functional_call, ...)
@@ -35,7 +36,9 @@ Each pattern runs twice from the same seed, eagerly and replayed, and the end st
 each guarded pattern with its guard switched off, which must then diverge.
 
 Adding a pattern: write its model and ``train(model, arm) -> extras`` in the module of its
-hazard class, and append a :class:`~.pattern.Pattern` to that module's ``PATTERNS``. Name
+hazard class, and append a :class:`~.pattern.Pattern` to that module's ``PATTERNS`` (most
+modules write them with their :class:`~.writing.HazardClass`, ``HC.pattern(...)``, or
+``*HC.twins(...)`` for a capture pattern and its whole-step twin). Name
 the protection that keeps it exact in ``guard`` (its ``unsafe_disable`` name): its unsafe
 arm must then diverge on the backends it does not exclude (``cuda_only``, ``cpu_only``,
 ``unsafe_never`` say why not). A pattern that is still a silent difference goes to the

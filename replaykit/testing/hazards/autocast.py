@@ -21,13 +21,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .pattern import (
-    Arm,
-    Extras,
-    Pattern,
-    sgd,
-    step_loop,
-)
+from .pattern import Arm, Extras, Pattern, sgd, step_loop
+from .writing import HazardClass, built
+
+HAZARD = "autocast"
+HC = HazardClass(HAZARD)
 
 
 class SharedHead(nn.Module):
@@ -66,14 +64,11 @@ def _autocast_loop(model: nn.Module, arm: Arm, calls: int, steps: int = 4) -> Ex
     return kept
 
 
-HAZARD = "autocast"
-
 PATTERNS: list[Pattern] = [
-    Pattern(
+    HC.pattern(
         "autocast_shared_weight",
-        "autocast",
         "a head applied three times in one forward under bf16 autocast",
-        lambda d: SharedHead().to(d),
+        built(SharedHead),
         lambda m, a: _autocast_loop(m, a, calls=1),
         guard="record_probe",
     ),
@@ -85,11 +80,10 @@ PATTERNS: list[Pattern] = [
         lambda m, a: step_loop(m, a, steps=5, precision="bf16-mixed"),
         api="step",  # one graph runs the region as eager does (cast cache on): no guard needed
     ),
-    Pattern(
+    HC.pattern(
         "step_autocast_two_calls_one_region",
-        "autocast",
         "loss_fn calls the model twice in one bf16-mixed region, one backward, whole step",
-        lambda d: OneHead().to(d),
+        built(OneHead),
         lambda m, a: step_loop(
             m,
             a,
@@ -99,11 +93,10 @@ PATTERNS: list[Pattern] = [
         ),
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "autocast_two_calls_one_region",
-        "autocast",
         "two calls of one captured module in one bf16 autocast region, one backward",
-        lambda d: OneHead().to(d),
+        built(OneHead),
         lambda m, a: _autocast_loop(m, a, calls=2),
         guard="reentry",
     ),

@@ -18,11 +18,15 @@ from torch.func import functional_call, grad, vmap
 from torch.utils.checkpoint import checkpoint
 
 from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, sgd, step_loop
+from .writing import HazardClass, built, looped, stepped
+
+HAZARD = "autograd_modes"
+HC = HazardClass(HAZARD)
 
 
 # --------------------------------------------------------------------------- anomaly detection
 @contextlib.contextmanager
-def _anomaly_restored() -> Iterator[None]:
+def anomaly_restored() -> Iterator[None]:
     was = torch.is_anomaly_enabled()
     try:
         yield
@@ -39,7 +43,7 @@ def _nan_batch(arm: Arm, step: int, bad: int) -> torch.Tensor:
 
 def _anomaly_capture(model: nn.Module, arm: Arm) -> Extras:
     """Anomaly detection switched on to debug after a few steps; the next batch has a NaN (eager raises)."""
-    with _anomaly_restored():
+    with anomaly_restored():
         opt = sgd(model)
         kept: Extras = {}
         for i in range(5):
@@ -56,7 +60,7 @@ def _anomaly_capture(model: nn.Module, arm: Arm) -> Extras:
 
 
 def _anomaly_step(model: nn.Module, arm: Arm) -> Extras:
-    with _anomaly_restored():
+    with anomaly_restored():
         opt = sgd(model)
         step = arm.train_step(model, lambda m, x: m(x).mean(), opt)
         kept: Extras = {}
@@ -73,7 +77,7 @@ def _anomaly_throughout(
     """Anomaly detection left on for the whole run (no NaN comes): the control."""
 
     def run(model: nn.Module, arm: Arm) -> Extras:
-        with _anomaly_restored():
+        with anomaly_restored():
             torch.autograd.set_detect_anomaly(True)
             return train(model, arm)
 
@@ -209,155 +213,107 @@ def _input_refilled_before_backward(model: nn.Module, arm: Arm) -> Extras:
     return kept
 
 
-HAZARD = "autograd_modes"
-
 PATTERNS: list[Pattern] = [
-    Pattern(
+    HC.pattern(
         "anomaly_detection_mid_run",
-        HAZARD,
         "set_detect_anomaly(True) after 3 steps; then a NaN batch (eager raises)",
         mlp(),
         _anomaly_capture,
     ),  # no guard: the replay's backward node is checked by anomaly mode too
-    Pattern(
+    HC.pattern(
         "step_anomaly_detection_mid_run",
-        HAZARD,
         "set_detect_anomaly(True) after recording; then a NaN batch",
         mlp(),
         _anomaly_step,
         guard="autograd_modes",
         api="step",
     ),
-    Pattern(
+    *HC.twins(
         "anomaly_detection_throughout",
-        HAZARD,
         "set_detect_anomaly(True) for the whole run, no NaN",
         mlp(),
         _anomaly_throughout(lambda m, a: loop(m, a, steps=4)),
-    ),
-    Pattern(
-        "step_anomaly_detection_throughout",
-        HAZARD,
-        "set_detect_anomaly(True) for the whole run, no NaN, whole step",
-        mlp(),
         _anomaly_throughout(lambda m, a: step_loop(m, a, steps=5)),
-        api="step",
     ),
-    Pattern(
+    *HC.twins(
         "saved_tensors_compression_midway",
-        HAZARD,
         "bf16 activation compression (saved_tensors_hooks) from step 2",
         mlp(),
-        lambda m, a: loop(m, a, steps=5, call=_compressed_from(2)),
-        guard="autograd_modes",
-    ),
-    Pattern(
-        "step_saved_tensors_compression_midway",
-        HAZARD,
-        "bf16 activation compression around the step from call 3",
-        mlp(),
+        looped(steps=5, call=_compressed_from(2)),
         _compressed_step(3),
+        step_what="bf16 activation compression around the step from call 3",
         guard="autograd_modes",
-        api="step",
     ),
-    Pattern(
+    *HC.twins(
         "saved_tensors_compression_throughout",
-        HAZARD,
         "bf16 activation compression around every forward",
         mlp(),
-        lambda m, a: loop(m, a, steps=4, call=_compressed_from(0)),
-    ),
-    Pattern(
-        "step_saved_tensors_compression_throughout",
-        HAZARD,
-        "bf16 activation compression around every step",
-        mlp(),
+        looped(steps=4, call=_compressed_from(0)),
         _compressed_step(0),
-        api="step",
+        step_what="bf16 activation compression around every step",
     ),
-    Pattern(
+    *HC.twins(
         "save_on_cpu",
-        HAZARD,
         "torch.autograd.graph.save_on_cpu() around the forward",
         mlp(),
         _save_on_cpu_capture,
-    ),
-    Pattern(
-        "step_save_on_cpu",
-        HAZARD,
-        "torch.autograd.graph.save_on_cpu() around the step",
-        mlp(),
         _save_on_cpu_step,
-        api="step",
+        step_what="torch.autograd.graph.save_on_cpu() around the step",
     ),
-    Pattern(
+    HC.pattern(
         "func_per_sample_grads",
-        HAZARD,
         "DP-SGD: vmap(grad(functional_call(model))) per-sample gradients",
         mlp(),
         _per_sample_clipped,
         guard="param_identity+autograd_modes",
     ),  # functional_call under vmap: both route it
-    Pattern(
+    HC.pattern(
         "func_grad_input_saliency",
-        HAZARD,
         "torch.func.grad of the model's output w.r.t. its input, logged each step",
         mlp(),
         _saliency_logged,
         guard="autograd_modes",
     ),
-    Pattern(
+    HC.pattern(
         "func_vmap_forward",
-        HAZARD,
         "vmap(model) over a stack of batches, then backward",
         mlp(),
         _vmapped_forward,
         guard="autograd_modes",
     ),
-    Pattern(
+    HC.pattern(
         "checkpoint_reentrant_captured_block",
-        HAZARD,
         "a captured block under checkpoint(use_reentrant=True)",
         lambda d: CheckpointedBlock(True).to(d),
-        lambda m, a: loop(m, a, steps=4),
+        looped(steps=4),
         target=lambda m: m.block,
         may_hang=True,
         timeout_s=60,
     ),  # replays bitwise on the CPU (the no_grad first pass runs eager)
-    Pattern(
+    HC.pattern(
         "checkpoint_nonreentrant_captured_block",
-        HAZARD,
         "a captured block under checkpoint(use_reentrant=False)",
         lambda d: CheckpointedBlock(False).to(d),
-        lambda m, a: loop(m, a, steps=4),
+        looped(steps=4),
         target=lambda m: m.block,
         guard="autograd_modes",
         may_hang=True,
         timeout_s=60,
     ),
-    Pattern(
-        "step_checkpoint_reentrant",
-        HAZARD,
-        "checkpoint(use_reentrant=True) inside the model of a TrainStep",
-        lambda d: CheckpointedBlock(True).to(d),
-        lambda m, a: step_loop(m, a, steps=5),
-        api="step",
-        may_hang=True,
-        timeout_s=60,
+    *(
+        HC.pattern(
+            f"step_checkpoint_{kind}",
+            f"checkpoint(use_reentrant={reentrant}) inside the model of a TrainStep",
+            built(CheckpointedBlock, reentrant),
+            stepped(steps=5),
+            api="step",
+            may_hang=True,
+            timeout_s=60,
+        )
+        for kind, reentrant in (("reentrant", True), ("nonreentrant", False))
     ),
-    Pattern(
-        "step_checkpoint_nonreentrant",
-        HAZARD,
-        "checkpoint(use_reentrant=False) inside the model of a TrainStep",
-        lambda d: CheckpointedBlock(False).to(d),
-        lambda m, a: step_loop(m, a, steps=5),
-        api="step",
-        may_hang=True,
-        timeout_s=60,
-    ),
-    Pattern(
+    HC.pattern(
         "input_refilled_before_backward",
-        HAZARD,
         "the input buffer refilled in place between forward and backward",
         mlp(),
         _input_refilled_before_backward,

@@ -13,8 +13,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .pattern import Arm, Extras, Pattern, loop, mlp, sgd, step_loop
+from .pattern import Arm, Extras, Pattern, mlp, sgd, step_loop
 from .side_effects import Checkpointed
+from .writing import HazardClass, built, looped, stepped
+
+HAZARD = "backend_diffs"
+HC = HazardClass(HAZARD)
 
 
 class TwiceBlock(nn.Module):
@@ -75,29 +79,20 @@ def _interrupted(where: str) -> Callable[[nn.Module, Arm], Extras]:
     return train
 
 
-HAZARD = "backend_diffs"
-
 PATTERNS: list[Pattern] = [
-    Pattern(
+    *HC.twins(
         "block_called_twice_weight_used_twice",
-        HAZARD,
         "a captured block called twice per step, its weight used twice per call (gradient sum order)",
-        lambda d: Unrolled().to(d),
-        lambda m, a: loop(m, a, steps=4),
+        built(Unrolled),
+        looped(steps=4),
+        stepped(steps=5),
+        step_what="a block called twice per step, its weight used twice per call, whole step",
+        step=dict(target=None, guard=None),
         target=lambda m: m.block,
         guard="reentry",
     ),
-    Pattern(
-        "step_block_called_twice_weight_used_twice",
-        HAZARD,
-        "a block called twice per step, its weight used twice per call, whole step",
-        lambda d: Unrolled().to(d),
-        lambda m, a: step_loop(m, a, steps=5),
-        api="step",
-    ),
-    Pattern(
+    HC.pattern(
         "step_adagrad_defaults",
-        HAZARD,
         "torch.optim.Adagrad with its defaults (its step count on the CPU)",
         mlp(),
         lambda m, a: step_loop(
@@ -105,28 +100,25 @@ PATTERNS: list[Pattern] = [
         ),
         api="step",
     ),  # differed on the H200 only
-    Pattern(
+    HC.pattern(
         "step_keyboard_interrupt_in_loss",
-        HAZARD,
         "KeyboardInterrupt from loss_fn at the recording call, caught",
         mlp(),
         _interrupted("loss"),
         api="step",
     ),  # differed on the H200 only
-    Pattern(
+    HC.pattern(
         "step_keyboard_interrupt_in_hook",
-        HAZARD,
         "KeyboardInterrupt from a forward hook at the recording call, caught",
         mlp(),
         _interrupted("hook"),
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_checkpointed_dropout",
-        HAZARD,
         "checkpoint(use_reentrant=False) around a block with dropout, whole step",
-        lambda d: Checkpointed().to(d),
-        lambda m, a: step_loop(m, a, steps=5),
+        built(Checkpointed),
+        stepped(steps=5),
         api="step",
     ),  # the emulated backend's bug (the H200 replays it): no guard; capture's is side_effects'
 ]

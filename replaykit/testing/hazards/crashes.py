@@ -26,6 +26,10 @@ from torch.utils.checkpoint import (
 import replaykit as rk
 
 from .pattern import Arm, Extras, Pattern, loop, mlp, sgd, step_loop
+from .writing import HazardClass, built, looped, stepped
+
+HAZARD = "crashes"
+HC = HazardClass(HAZARD)
 
 LossFn = Callable[..., torch.Tensor]
 
@@ -149,70 +153,60 @@ def _function_model(model: nn.Module, arm: Arm) -> Extras:
     return {f"loss{i}": step(arm.randn(4, 6)) for i in range(4)}
 
 
-HAZARD = "crashes"
-
 PATTERNS: list[Pattern] = [
-    Pattern(
+    HC.pattern(
         "step_optimizer_checkpoint_round_trip",
-        HAZARD,
         "torch.save(SGD's state_dict()) then torch.load (weights_only default) and load_state_dict mid-run",
         mlp(),
         _checkpoint_round_trip(sgd),
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_adam_checkpoint_round_trip",
-        HAZARD,
         "the same round trip of Adam's state (its step count a tensor)",
         mlp(),
         _checkpoint_round_trip(lambda m: torch.optim.Adam(m.parameters(), lr=0.01)),
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_lstm",
-        HAZARD,
         "an nn.LSTM under TrainStep",
-        lambda d: Recurrent().to(d),
-        lambda m, a: step_loop(m, a, steps=5, shape=(4, 5, 6)),
+        built(Recurrent),
+        stepped(steps=5, shape=(4, 5, 6)),
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "lstm_captured",
-        HAZARD,
         "an nn.LSTM under rk.capture",
-        lambda d: Recurrent().to(d),
-        lambda m, a: loop(m, a, steps=4, shape=(4, 5, 6)),
+        built(Recurrent),
+        looped(steps=4, shape=(4, 5, 6)),
     ),
-    Pattern(
+    HC.pattern(
         "step_lbfgs",
-        HAZARD,
         "torch.optim.LBFGS handed to TrainStep (needs a closure)",
         mlp(),
         _lbfgs,
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_backend_cuda_on_cpu_model",
-        HAZARD,
         "TrainStep(backend='cuda') for a CPU model",
         mlp(),
         _cuda_without_gpu,
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_non_module_model",
-        HAZARD,
         "TrainStep given model.forward (a callable, not an nn.Module)",
         mlp(),
         _function_model,
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "capture_non_module",
-        HAZARD,
         "rk.capture given model.forward (a callable, not an nn.Module)",
         mlp(),
-        lambda m, a: loop(m, a, steps=3),
+        looped(steps=3),
         target=lambda m: m.forward,
     ),
 ]
@@ -285,50 +279,29 @@ class SelectiveCheckpointed(nn.Module):
 
 
 PATTERNS += [
-    Pattern(
+    *HC.twins(
         "numpy_scalar_attribute",
-        HAZARD,
         "a module attribute set to a numpy scalar each step (np.linspace(0, .3, 10)[i])",
-        lambda d: RateScheduled().to(d),
-        lambda m, a: loop(m, a, steps=4, before=_numpy_rate),
-    ),
-    Pattern(
-        "step_numpy_scalar_attribute",
-        HAZARD,
-        "a module attribute set to a numpy scalar each step, whole step",
-        lambda d: RateScheduled().to(d),
+        built(RateScheduled),
+        looped(steps=4, before=_numpy_rate),
         lambda m, a: step_loop(m, a, steps=5, before=lambda m, o, s: _numpy_rate(m, s)),
-        api="step",
+        step_what="a module attribute set to a numpy scalar each step, whole step",
     ),
-    Pattern(
+    *HC.twins(
         "sparse_adjacency_input",
-        HAZARD,
         "a sparse COO adjacency passed with each batch, torch.sparse.mm(adj, x) (a GNN)",
-        lambda d: GraphConv().to(d),
+        built(GraphConv),
         _graph("capture"),
-    ),
-    Pattern(
-        "step_sparse_adjacency_input",
-        HAZARD,
-        "a sparse COO adjacency passed with each batch, whole step",
-        lambda d: GraphConv().to(d),
         _graph("step"),
-        api="step",
+        step_what="a sparse COO adjacency passed with each batch, whole step",
     ),
-    Pattern(
+    *HC.twins(
         "selective_activation_checkpointing",
-        HAZARD,
         "checkpoint(..., use_reentrant=False, context_fn=create_selective_checkpoint_contexts(...))",
-        lambda d: SelectiveCheckpointed().to(d),
-        lambda m, a: loop(m, a, steps=4),
-    ),
-    Pattern(
-        "step_selective_activation_checkpointing",
-        HAZARD,
-        "selective activation checkpointing, whole step",
-        lambda d: SelectiveCheckpointed().to(d),
-        lambda m, a: step_loop(m, a, steps=5),
-        api="step",
+        built(SelectiveCheckpointed),
+        looped(steps=4),
+        stepped(steps=5),
+        step_what="selective activation checkpointing, whole step",
     ),
 ]
 

@@ -9,14 +9,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .pattern import (
-    Arm,
-    Extras,
-    Pattern,
-    loop,
-    mlp,
-    trainable,
-)
+from .pattern import Arm, Extras, Pattern, loop, mlp, trainable
+from .writing import HazardClass
+
+HAZARD = "hook_order"
+HC = HazardClass(HAZARD)
 
 
 def _hooked(kind: str, register_at: int = 0) -> Callable[[nn.Module, Arm], Extras]:
@@ -65,36 +62,30 @@ def _optimizer_in_backward(model: nn.Module, arm: Arm) -> Extras:
     return kept
 
 
-HAZARD = "hook_order"
-
 PATTERNS: list[Pattern] = [
-    Pattern(
+    HC.pattern(
         "post_accumulate_hook_order",
-        "hook_order",
         "register_post_accumulate_grad_hook on every parameter",
         mlp(bn=True),
         _hooked("post_accumulate"),
         guard="record_probe",
     ),  # hooks before the first record
-    Pattern(
+    HC.pattern(
         "post_accumulate_hook_midway",
-        "hook_order",
         "post-accumulate hooks registered after recording",
         mlp(bn=True),
         _hooked("post_accumulate", register_at=2),
         guard="param_identity",
     ),  # the hook watcher
-    Pattern(
+    HC.pattern(
         "tensor_hook_clip",
-        "hook_order",
         "p.register_hook clipping each gradient, order recorded",
         mlp(bn=True),
         _hooked("tensor"),
         guard="record_probe",
     ),
-    Pattern(
+    HC.pattern(
         "optimizer_in_backward",
-        "hook_order",
         "per-parameter optimizers stepping in post-accumulate hooks",
         mlp(bn=True),
         _optimizer_in_backward,

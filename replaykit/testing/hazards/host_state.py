@@ -16,10 +16,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, sgd, step_loop
+from .pattern import MLP, Arm, Extras, Pattern, mlp, sgd
+from .writing import HazardClass, built, each_step, looped, stepped
 
 
-def _seeded(train: Callable[[nn.Module, Arm], Extras]) -> Callable[[nn.Module, Arm], Extras]:
+def seeded(train: Callable[[nn.Module, Arm], Extras]) -> Callable[[nn.Module, Arm], Extras]:
     """The user's seeding of the host RNGs at the start of a run (both arms draw alike)."""
 
     def run(model: nn.Module, arm: Arm) -> Extras:
@@ -192,140 +193,100 @@ ARRAY_COPY_LIVE = (
     "fails and retires, exact; measured on the H200): no backend shows the unguarded case"
 )
 
+HC = HazardClass(HAZARD)
+
 PATTERNS: list[Pattern] = [
-    Pattern(
+    *HC.twins(
         "layerdrop_python_random",
-        HAZARD,
         "LayerDrop decided by random.random() in forward",
-        lambda d: LayerDrop().to(d),
-        _seeded(lambda m, a: loop(m, a, steps=6)),
+        built(LayerDrop),
+        seeded(looped(steps=6)),
+        seeded(stepped(steps=6)),
         guard="host_rng",
     ),
-    Pattern(
-        "step_layerdrop_python_random",
-        HAZARD,
-        "LayerDrop decided by random.random() in forward, whole step",
-        lambda d: LayerDrop().to(d),
-        _seeded(lambda m, a: step_loop(m, a, steps=6)),
-        guard="host_rng",
-        api="step",
-    ),
-    Pattern(
+    HC.pattern(
         "step_layerdrop_torch_rand",
-        HAZARD,
         "LayerDrop decided by torch.rand([]) on the host (transformers' Whisper, BART), whole step",
-        lambda d: TorchLayerDrop().to(d),
+        built(TorchLayerDrop),
         # beside a GPU model the step learns the draws (two eager calls), then records each branch
         # pattern once (3 blocks: up to 8): enough steps to replay some
-        _seeded(lambda m, a: step_loop(m, a, steps=16)),
+        seeded(stepped(steps=16)),
         guard="host_rng",
         api="step",
         cuda_only=TORCH_RAND_CPU,
     ),
-    Pattern(
+    *HC.twins(
         "numpy_noise_in_forward",
-        HAZARD,
         "a noise scale drawn from np.random in forward",
-        lambda d: NumpyNoise().to(d),
-        _seeded(lambda m, a: loop(m, a, steps=5)),
+        built(NumpyNoise),
+        seeded(looped(steps=5)),
+        seeded(stepped(steps=6)),
         guard="host_rng",
     ),
-    Pattern(
-        "step_numpy_noise_in_forward",
-        HAZARD,
-        "a noise scale drawn from np.random in forward, whole step",
-        lambda d: NumpyNoise().to(d),
-        _seeded(lambda m, a: step_loop(m, a, steps=6)),
-        guard="host_rng",
-        api="step",
-    ),
-    Pattern(
+    HC.pattern(
         "step_mixup_numpy_lambda",
-        HAZARD,
         "mixup in loss_fn with lambda from np.random.beta",
         mlp(),
-        _seeded(lambda m, a: step_loop(m, a, loss_fn=_mixup_loss, steps=6)),
+        seeded(stepped(loss_fn=_mixup_loss, steps=6)),
         guard="host_rng",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_random_task_in_loss",
-        HAZARD,
         "loss_fn samples the task (head) with random.random()",
-        lambda d: TwoHeads().to(d),
-        _seeded(lambda m, a: step_loop(m, a, loss_fn=_random_task_loss, steps=8)),
+        built(TwoHeads),
+        seeded(stepped(loss_fn=_random_task_loss, steps=8)),
         guard="host_rng",
         api="step",
     ),
-    Pattern(
+    *HC.twins(
         "deque_read_in_forward",
-        HAZARD,
         "forward reads a deque of recent losses the loop appends to",
-        lambda d: RecentScaled().to(d),
+        built(RecentScaled),
         _deque_capture,
-        guard="module_state",
-    ),
-    Pattern(
-        "step_deque_read_in_forward",
-        HAZARD,
-        "forward reads a deque of recent losses, whole step",
-        lambda d: RecentScaled().to(d),
         _deque_step,
-        guard="module_state",
-        api="step",
-    ),
-    Pattern(
-        "numpy_array_updated_in_place",
-        HAZARD,
-        "forward reads a numpy array the loop halves in place",
-        lambda d: ArrayScaled().to(d),
-        lambda m, a: loop(m, a, steps=5, before=_halve_scale),
-        guard="module_state",
-        unsafe_never=ARRAY_COPY_LIVE,
-    ),
-    Pattern(
-        "step_numpy_array_updated_in_place",
-        HAZARD,
-        "forward reads a numpy array changed in place, whole step",
-        lambda d: ArrayScaled().to(d),
-        lambda m, a: step_loop(m, a, steps=6, before=lambda m, o, s: _halve_scale(m, s)),
-        guard="module_state",
-        api="step",
-        unsafe_never=ARRAY_COPY_LIVE,
-    ),
-    Pattern(
-        "hparams_dict_in_forward",
-        HAZARD,
-        "forward reads a dict of hyperparameters the loop anneals in place",
-        lambda d: DictConfigured().to(d),
-        lambda m, a: loop(m, a, steps=5, before=_anneal_hparams),
+        step_what="forward reads a deque of recent losses, whole step",
         guard="module_state",
     ),
-    Pattern(
-        "step_hparams_dict_in_forward",
-        HAZARD,
-        "forward reads a dict of hyperparameters annealed in place, whole step",
-        lambda d: DictConfigured().to(d),
-        lambda m, a: step_loop(m, a, steps=6, before=lambda m, o, s: _anneal_hparams(m, s)),
-        guard="module_state",
-        api="step",
-    ),
-    Pattern(
-        "numpy_array_gain_float",
-        HAZARD,
-        "forward reads float(array[0]) of a numpy array halved in place",
-        lambda d: ArrayGain().to(d),
-        lambda m, a: loop(m, a, steps=5, before=_halve_scale),
-        guard="module_state",
-    ),
-    Pattern(
-        "step_numpy_array_gain_float",
-        HAZARD,
-        "forward reads float(array[0]) of a numpy array, whole step",
-        lambda d: ArrayGain().to(d),
-        lambda m, a: step_loop(m, a, steps=6, before=lambda m, o, s: _halve_scale(m, s)),
-        guard="module_state",
-        api="step",
+    # forward reads what the loop changes in place (the capture arm 5 steps, the twin 6)
+    *(
+        pattern
+        for name, what, step_what, net, change, kw in (
+            (
+                "numpy_array_updated_in_place",
+                "forward reads a numpy array the loop halves in place",
+                "forward reads a numpy array changed in place, whole step",
+                ArrayScaled,
+                _halve_scale,
+                {"unsafe_never": ARRAY_COPY_LIVE},
+            ),
+            (
+                "hparams_dict_in_forward",
+                "forward reads a dict of hyperparameters the loop anneals in place",
+                "forward reads a dict of hyperparameters annealed in place, whole step",
+                DictConfigured,
+                _anneal_hparams,
+                {},
+            ),
+            (
+                "numpy_array_gain_float",
+                "forward reads float(array[0]) of a numpy array halved in place",
+                "forward reads float(array[0]) of a numpy array, whole step",
+                ArrayGain,
+                _halve_scale,
+                {},
+            ),
+        )
+        for pattern in HC.twins(
+            name,
+            what,
+            built(net),
+            looped(steps=5, before=change),
+            stepped(steps=6, before=each_step(change)),
+            step_what=step_what,
+            guard="module_state",
+            **kw,
+        )
     ),
 ]
 

@@ -13,17 +13,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import user_settings
-from .pattern import (
-    MLP,
-    Arm,
-    Extras,
-    Pattern,
-    loop,
-    mlp,
-    set_at,
-    setter,
-    step_loop,
-)
+from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, set_at, setter, step_loop
+from .writing import HazardClass, built, looped, stepped
+
+HAZARD = "host_values"
+HC = HazardClass(HAZARD)
 
 
 class Tempered(nn.Module):
@@ -277,54 +271,46 @@ def _temperature_at(
     return before
 
 
-HAZARD = "host_values"
-
 PATTERNS: list[Pattern] = [
-    Pattern(
+    HC.pattern(
         "submodule_bn_eval",
-        "host_values",
         "model.bn.eval() on a submodule after recording (BN frozen)",
         mlp(bn=True),
         lambda m, a: loop(m, a, steps=4, before=set_at(2, lambda m: m.bn.eval())),
         guard="module_state",
     ),
-    Pattern(
+    HC.pattern(
         "submodule_dropout_eval",
-        "host_values",
         "model.drop.eval() on a submodule after recording",
         mlp(p=0.5),
         lambda m, a: loop(m, a, steps=4, before=set_at(2, lambda m: m.drop.eval())),
         guard="module_state",
     ),
-    Pattern(
+    HC.pattern(
         "bn_momentum_changed",
-        "host_values",
         "bn.momentum changed after recording",
         mlp(bn=True),
-        lambda m, a: loop(m, a, steps=4, before=setter("momentum", 0.5, sub="bn")),
+        looped(steps=4, before=setter("momentum", 0.5, sub="bn")),
         guard="module_state",
     ),
-    Pattern(
+    HC.pattern(
         "bn_momentum_none_after_record",
-        "host_values",
         "bn.momentum = None (cumulative average) after recording",
         mlp(bn=True),
-        lambda m, a: loop(m, a, steps=4, before=setter("momentum", None, sub="bn")),
+        looped(steps=4, before=setter("momentum", None, sub="bn")),
         guard="module_state",
     ),
-    Pattern(
+    HC.pattern(
         "dropout_p_annealed",
-        "host_values",
         "dropout.p annealed every step",
         mlp(p=0.5),
         lambda m, a: loop(m, a, steps=4, before=lambda m, s: setattr(m.drop, "p", 0.5 - 0.15 * s)),
         guard="module_state",
     ),
-    Pattern(
+    HC.pattern(
         "temperature_schedule",
-        "host_values",
         "a Python float attribute used as a temperature schedule",
-        lambda d: Tempered().to(d),
+        built(Tempered),
         lambda m, a: loop(
             m,
             a,
@@ -334,35 +320,31 @@ PATTERNS: list[Pattern] = [
         ),
         guard="module_state",
     ),
-    Pattern(
+    HC.pattern(
         "config_object_argument",
-        "host_values",
         "an argument object's .scale changes between calls",
-        lambda d: Scaled().to(d),
+        built(Scaled),
         _config_arg,
         guard="argument_values",
     ),
-    Pattern(
+    HC.pattern(
         "flag_attribute_branch",
-        "host_values",
         "a boolean attribute switches a residual branch",
-        lambda d: Branchy().to(d),
-        lambda m, a: loop(m, a, steps=4, before=setter("use_residual", True)),
+        built(Branchy),
+        looped(steps=4, before=setter("use_residual", True)),
         guard="module_state",
     ),
-    Pattern(
+    HC.pattern(
         "slots_config",
-        "host_values",
         "a __slots__ dataclass config whose scale is annealed",
-        lambda d: SlotScaled().to(d),
+        built(SlotScaled),
         lambda m, a: loop(
             m, a, steps=4, before=lambda m, step: setattr(m.cfg, "scale", 1.0 / (step + 1))
         ),
         guard="module_state",
     ),
-    Pattern(
+    HC.pattern(
         "hidden_teacher_eval",
-        "host_values",
         "a teacher kept in a list is put in eval mode",
         lambda d: Distill(d).to(d),
         lambda m, a: loop(
@@ -370,9 +352,8 @@ PATTERNS: list[Pattern] = [
         ),
         guard="module_state",
     ),
-    Pattern(
+    HC.pattern(
         "hidden_teacher_dropout_p",
-        "host_values",
         "a teacher kept in a list has its dropout p annealed",
         lambda d: Distill(d).to(d),
         lambda m, a: loop(
@@ -380,28 +361,25 @@ PATTERNS: list[Pattern] = [
         ),
         guard="module_state",
     ),
-    Pattern(
+    HC.pattern(
         "step_plain_sgd",
-        "host_values",
         "a plain SGD step (momentum, float lr) under rk.TrainStep: the control",
         mlp(),
-        lambda m, a: step_loop(m, a),
+        stepped(),
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_float_lr_changed",
-        "host_values",
         "a float lr halved by hand after the step recorded",
         mlp(),
-        lambda m, a: step_loop(m, a, steps=6, before=_lr_scaled_at(3, 0.5)),
+        stepped(steps=6, before=_lr_scaled_at(3, 0.5)),
         guard="host_values",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_temperature_changed",
-        "host_values",
         "a float attribute the forward reads, changed after recording",
-        lambda d: Tempered().to(d),
+        built(Tempered),
         lambda m, a: step_loop(
             m, a, loss_fn=lambda m, x: -m(x)[:, 0].mean(), steps=6, before=_temperature_at(3, 0.5)
         ),
@@ -412,52 +390,51 @@ PATTERNS: list[Pattern] = [
 
 PATTERNS += [
     # read outside the module tree: keyed by the recorder's forward inputs
-    Pattern(
+    HC.pattern(
         "class_attribute",
-        "host_values",
         "a class attribute read in forward changes",
-        lambda d: ClassScaled().to(d),
+        built(ClassScaled),
         _class_attribute,
         guard="forward_inputs",
     ),
-    Pattern(
+    HC.pattern(
         "grad_reversal_class_attribute",
-        "host_values",
         "a gradient reversal Function (DANN) whose lambda, a class attribute, the loop anneals",
-        lambda d: DomainAdversarial().to(d),
+        built(DomainAdversarial),
         _grad_reversal,
         guard="forward_inputs",
         cuda_only="the emulated backend runs a Function's backward Python at every backward; a CUDA graph freezes it",
     ),
-    Pattern(
+    HC.pattern(
         "function_attribute_schedule",
-        "host_values",
         "a schedule function held as a module attribute, its closure advanced by the loop",
-        lambda d: ScheduledScale().to(d),
+        built(ScheduledScale),
         _scheduled_scale,
         guard="forward_inputs",
     ),
-    Pattern(
-        "settings_module_value",
-        "host_values",
-        "a plain value of the user's settings module (settings.SCALE) the forward reads, changed by the loop",
-        lambda d: SettingsScaled().to(d),
-        _settings_at("SCALE", 2, 0.5),
-        guard="forward_inputs",
+    *(
+        HC.pattern(name, what, built(net), _settings_at(attr, 2, value), guard="forward_inputs")
+        for name, what, net, attr, value in (
+            (
+                "settings_module_value",
+                "a plain value of the user's settings module (settings.SCALE) the forward reads, changed by the loop",
+                SettingsScaled,
+                "SCALE",
+                0.5,
+            ),
+            (
+                "helper_function_global",
+                "a helper function in another module, reading that module's global, changed by the loop",
+                HelperSharpened,
+                "SHARPNESS",
+                3.0,
+            ),
+        )
     ),
-    Pattern(
-        "helper_function_global",
-        "host_values",
-        "a helper function in another module, reading that module's global, changed by the loop",
-        lambda d: HelperSharpened().to(d),
-        _settings_at("SHARPNESS", 2, 3.0),
-        guard="forward_inputs",
-    ),
-    Pattern(
+    HC.pattern(
         "global_temperature",
-        "host_values",
         "a module-level temperature the forward reads, annealed by the loop",
-        lambda d: GlobalTempered().to(d),
+        built(GlobalTempered),
         _global_temperature,
         guard="forward_inputs",
     ),
@@ -475,22 +452,13 @@ def _patch_fc1(model: nn.Module) -> None:
 
 PATTERNS += [
     # what a module calls instead of its class's forward: keyed by identity
-    Pattern(
+    *HC.twins(
         "submodule_forward_patched",
-        "host_values",
         "a submodule's forward replaced on the instance after recording",
         mlp(),
-        lambda m, a: loop(m, a, steps=4, before=set_at(2, _patch_fc1)),
-        guard="module_state",
-    ),
-    Pattern(
-        "step_submodule_forward_patched",
-        "host_values",
-        "a submodule's forward replaced on the instance after recording, whole step",
-        mlp(),
+        looped(steps=4, before=set_at(2, _patch_fc1)),
         lambda m, a: step_loop(m, a, before=lambda m, o, s: _patch_fc1(m) if s == 2 else None),
         guard="module_state",
-        api="step",
     ),
 ]
 
@@ -516,11 +484,10 @@ def _class_forward_rebound(model: nn.Module, arm: Arm) -> Extras:
 
 
 KNOWN_LIMITS: list[Pattern] = [
-    Pattern(
+    HC.pattern(
         "step_class_forward_rebound",
-        "host_values",
         "the model class's forward rebound (Model.forward = f) after recording, whole step",
-        lambda d: Rebound().to(d),
+        built(Rebound),
         _class_forward_rebound,
         api="step",
     ),

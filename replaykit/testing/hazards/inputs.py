@@ -9,16 +9,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .pattern import (
-    MLP,
-    Arm,
-    Extras,
-    Pattern,
-    loop,
-    loss_steps,
-    mlp,
-    sgd,
-)
+from .pattern import MLP, Arm, Extras, Pattern, loop, loss_steps, mlp, sgd
+from .writing import HazardClass, built
+
+HAZARD = "inputs"
+HC = HazardClass(HAZARD)
 
 
 class Centering(nn.Module):
@@ -207,57 +202,49 @@ def _step_writes_input(model: nn.Module, arm: Arm) -> Extras:
     return kept
 
 
-HAZARD = "inputs"
-
 PATTERNS: list[Pattern] = [
-    Pattern(
+    HC.pattern(
         "inplace_input_mutation",
-        "inputs",
         "forward centres its input in place (the caller sees it)",
-        lambda d: Centering().to(d),
+        built(Centering),
         _inplace_input,
         guard="record_probe",
     ),
-    Pattern(
+    HC.pattern(
         "same_tensor_q_is_k",
-        "inputs",
         "model(x, x) takes an `is` shortcut; model(x, x.clone()) does not",
-        lambda d: PairScore().to(d),
+        built(PairScore),
         _q_is_k,
         guard="input_aliasing",
         kernel_dependent=True,
     ),
-    Pattern(
+    HC.pattern(
         "mha_self_attention",
-        "inputs",
         "nn.MultiheadAttention(x, x, x) vs distinct key/value tensors",
-        lambda d: Attention().to(d),
+        built(Attention),
         _mha,
         guard="input_aliasing",
         cpu_only=_SAME_BITS_ON_H200,
         kernel_dependent=True,
     ),
-    Pattern(
+    HC.pattern(
         "transposed_input",
-        "inputs",
         "a transposed (column-major) input",
         mlp(),
         _layout("transposed"),
         guard="input_layout",
         unsafe_never=_SAME_BITS_ON_CPU,
     ),
-    Pattern(
+    HC.pattern(
         "sliced_input",
-        "inputs",
         "a strided slice as input",
         mlp(),
         _layout("sliced"),
         guard="input_layout",
         unsafe_never=_SAME_BITS_ON_CPU,
     ),
-    Pattern(
+    HC.pattern(
         "offset_input",
-        "inputs",
         "an input view with a storage offset",
         mlp(),
         _layout("offset"),
@@ -265,50 +252,44 @@ PATTERNS: list[Pattern] = [
         cpu_only=_SAME_BITS_ON_H200,
         kernel_dependent=True,
     ),
-    Pattern(
+    HC.pattern(
         "expanded_input",
-        "inputs",
         "an expanded (stride-0) input requiring grad",
         mlp(),
         _layout("expanded"),
         guard="input_layout",
         unsafe_never=_SAME_BITS_ON_CPU,
     ),
-    Pattern(
+    HC.pattern(
         "input_used_twice_and_skip",
-        "inputs",
         "an input used twice inside and around a skip connection",
-        lambda d: Upstream().to(d),
+        built(Upstream),
         _used_twice,
         guard="record_probe",
         target=lambda m: m.block,
     ),
-    Pattern(
+    HC.pattern(
         "negative_zero_argument",
-        "inputs",
         "a float argument -0.0 after 0.0 (atan2 sees the sign)",
-        lambda d: Angle().to(d),
+        built(Angle),
         lambda m, a: loop(m, a, steps=4, call=lambda m, x, s: m(x, -0.0 if s % 2 else 0.0)),
         guard="argument_values",
     ),
-    Pattern(
+    HC.pattern(
         "nan_argument",
-        "inputs",
         "a fresh NaN float argument per call (NaN != NaN as a key), then a number",
-        lambda d: Clipped().to(d),
+        built(Clipped),
         lambda m, a: loop(m, a, steps=4, call=lambda m, x, s: m(x, float("nan") if s < 2 else 1.0)),
     ),
-    Pattern(
+    HC.pattern(
         "output_view_of_input_mutated",
-        "inputs",
         "forward returns x[:, 3:]; the caller zeroes it in place",
-        lambda d: ReturnsInputView().to(d),
+        built(ReturnsInputView),
         _view_then_inplace,
         guard="record_probe",
     ),
-    Pattern(
+    HC.pattern(
         "step_loss_writes_input",
-        "inputs",
         "loss_fn scales its input in place (the caller's tensor)",
         mlp(),
         _step_writes_input,

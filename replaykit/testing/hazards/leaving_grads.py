@@ -14,6 +14,10 @@ import torch
 from torch import nn
 
 from .pattern import MLP, Arm, Extras, Pattern, sgd
+from .writing import HazardClass, built
+
+HAZARD = "leaving_grads"
+HC = HazardClass(HAZARD)
 
 
 class Generator(MLP):
@@ -94,42 +98,36 @@ def _mutual(model: nn.Module, arm: Arm) -> Extras:
     return kept
 
 
-HAZARD = "leaving_grads"
-
 PATTERNS: list[Pattern] = [
-    Pattern(
+    HC.pattern(
         "step_gan_generator_trainable_disc",
-        HAZARD,
         "a GAN generator step whose loss runs a trainable discriminator outside the model",
-        lambda d: Generator().to(d),
+        built(Generator),
         lambda m, a: _gan(m, a, False, "step"),
         guard="foreign_grads",
         api="step",
         cpu_only="on the H200 (11e42d2) the unguarded capture itself fails (the discriminator's gradients "
         "accumulate into memory allocated outside it) and the step retires, exact",
     ),
-    Pattern(
+    HC.pattern(
         "step_mutual_learning_trained_peer",
-        HAZARD,
         "mutual learning: the loss runs a peer network trained by its own optimizer (accumulate=2)",
-        lambda d: MLP().to(d),
+        built(MLP),
         _mutual,
         guard="foreign_grads",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_gan_generator_frozen_disc",
-        HAZARD,
         "the same with the discriminator frozen (requires_grad_(False)) for the generator step",
-        lambda d: Generator().to(d),
+        built(Generator),
         lambda m, a: _gan(m, a, True, "step"),
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "gan_captured_generator",
-        HAZARD,
         "a captured generator; the discriminator runs eagerly around it",
-        lambda d: Generator().to(d),
+        built(Generator),
         lambda m, a: _gan(m, a, False, "capture"),
     ),
 ]

@@ -11,14 +11,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .pattern import (
-    Arm,
-    Extras,
-    Pattern,
-    mlp,
-    sgd,
-    step_loop,
-)
+from .pattern import Arm, Extras, Pattern, mlp, sgd
+from .writing import HazardClass, stepped
+
+HAZARD = "lifecycle"
+HC = HazardClass(HAZARD)
 
 
 def _inplace_weights(model: nn.Module, arm: Arm) -> Extras:
@@ -70,30 +67,25 @@ def _resume_optimizer(model: nn.Module, opt: torch.optim.Optimizer, step: int) -
         opt.load_state_dict(copy.deepcopy(opt.state_dict()))
 
 
-HAZARD = "lifecycle"
-
 PATTERNS: list[Pattern] = [
-    Pattern(
+    HC.pattern(
         "inplace_weights_before_backward",
-        "lifecycle",
         "weights scaled in place between forward and backward",
         mlp(),
         _inplace_weights,
         guard="inplace_weights",
     ),
-    Pattern(
+    HC.pattern(
         "step_in_another_thread",
-        "lifecycle",
         "one training step runs in a second thread",
         mlp(),
         _threaded,
     ),
-    Pattern(
+    HC.pattern(
         "step_optimizer_state_loaded",
-        "lifecycle",
         "optimizer.load_state_dict after the step recorded",
         mlp(),
-        lambda m, a: step_loop(m, a, steps=6, before=_resume_optimizer),
+        stepped(steps=6, before=_resume_optimizer),
         guard="state_identity",
         api="step",
     ),

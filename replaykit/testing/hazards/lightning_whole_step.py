@@ -29,7 +29,6 @@ import contextlib
 import copy
 import functools
 import logging
-import random
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -42,13 +41,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from . import autocast
+from .autograd_modes import anomaly_restored
 from .backend_diffs import Unrolled
-from .host_state import ArrayGain, LayerDrop, RecentScaled
+from .host_state import ArrayGain, LayerDrop, RecentScaled, seeded
 from .pattern import MLP, Arm, Extras, Pattern
 from .recording_call import CentredHead, CountingSGD, DinoLoss
 from .step_python import FocalLoss, WarmupSGD
 from .switches import Attention, ConvNet
 from .under_capture import CaptureAware
+from .writing import Train
 
 API = "whole_step"
 BATCH = 4
@@ -326,19 +328,6 @@ def _mixup_loss(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return net(lam * x + (1 - lam) * x.flip(0)).pow(2).mean()
 
 
-def _seeded(train: Callable[[nn.Module, Arm], Extras]) -> Callable[[nn.Module, Arm], Extras]:
-    """The user's seeding of the host RNGs at the start of a run (both arms draw alike)."""
-
-    def run(module: nn.Module, arm: Arm) -> Extras:
-        import numpy as np
-
-        random.seed(0)
-        np.random.seed(0)
-        return train(module, arm)
-
-    return run
-
-
 # --------------------------------------------------------------------------- held containers
 def _recent_losses(module: nn.Module, arm: Arm) -> Extras:
     """The net divides by the mean of a deque of recent losses the training_step appends to."""
@@ -448,15 +437,6 @@ def _head_replaced_at(step: int) -> Callable[[nn.Module, Arm], Extras]:
 
 
 # --------------------------------------------------------------------------- autograd modes
-@contextlib.contextmanager
-def _anomaly_restored() -> Iterator[None]:
-    was = torch.is_anomaly_enabled()
-    try:
-        yield
-    finally:
-        torch.autograd.set_detect_anomaly(was)
-
-
 def _anomaly_mid_run(module: nn.Module, arm: Arm) -> Extras:
     """Anomaly detection switched on to debug after recording; the next batch has a NaN."""
 
@@ -467,7 +447,7 @@ def _anomaly_mid_run(module: nn.Module, arm: Arm) -> Extras:
     def nan_loss(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return net(x).mean()
 
-    with _anomaly_restored():
+    with anomaly_restored():
         module.plan = Plan(arm, loss_fn=nan_loss, before=before)
         data = torch.randn(6 * BATCH, 6)
         data[5 * BATCH, 0] = float("nan")  # a corrupt sample in batch 5
@@ -544,13 +524,9 @@ class LogsBatch(Fitted):
 
 
 # --------------------------------------------------------------------------- mixed precision
-class SharedHead(nn.Module):
-    """One head applied to two views (a weight used twice in one forward)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Linear(6, 8)
-        self.head = nn.Linear(8, 3)
+class SharedHead(autocast.SharedHead):
+    """One head applied to two views (a weight used twice in one forward): autocast's net, its
+    head applied twice instead of three times."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.stem(x))
@@ -628,39 +604,36 @@ def _recording_call_patterns() -> list[Pattern]:
         ),
     ]
     cases = [
-        Pattern(
+        whole_step(
             f"whole_step_{name}",
             hazard,
             what,
             fitted(MLP, cls),
             functools.partial(_fit_method, method=method),
             guard="call_state",
-            api=API,
         )
         for name, what, cls, method in held
     ]
     return [
         *cases,
-        Pattern(
+        whole_step(
             "whole_step_ema_target_in_loss_fn",
             hazard,
             "a BYOL target network beside the module, EMA-updated by the loss_fn closure",
             fitted(),
-            _ema_target,
-            api=API,  # no guard named: with call_state off its recording still verified and
+            _ema_target,  # no guard named: with call_state off its recording still verified and
             # replayed bitwise on the CPU (the step pattern's diverges), not yet explained
         ),
-        Pattern(
+        whole_step(
             "whole_step_rebound_centre_buffer",
             hazard,
             "DINO's head re-binds a centre buffer in forward (self.center = m * self.center + ...)",
             fitted(CentredHead),
-            lambda m, a: fit(m, a),
+            fitting(),
             guard="call_state",
-            api=API,
             unsafe_never="the step's eager reference sees the assignment first and stands as the call",
         ),
-        Pattern(
+        whole_step(
             "whole_step_param_group_counter_failed_verification",
             hazard,
             "configure_optimizers returns an optimizer counting steps in its param group; the recording fails verification",
@@ -669,7 +642,6 @@ def _recording_call_patterns() -> list[Pattern]:
                 fit(m, a, optimizer=_counting_sgd, step_kwargs={"trust_optimizer": True}), a
             ),
             guard="call_state",
-            api=API,
         ),
     ]
 
@@ -723,7 +695,7 @@ def _conv_kernels_on(enabled: bool) -> None:
 
 def _switch_patterns() -> list[Pattern]:
     return [
-        Pattern(
+        whole_step(
             "whole_step_flash_sdp_disabled_by_callback",
             "switches",
             "a Lightning callback calls torch.backends.cuda.enable_flash_sdp(False) at batch 3",
@@ -734,14 +706,11 @@ def _switch_patterns() -> list[Pattern]:
                 (32,),
             )(m, a),
             guard="switches",
-            api=API,
-            cpu_only=(
-                "this fp32 attention runs no flash kernel on CUDA (flash needs fp16/bf16): turning "
-                "flash off changes no kernel there (the step pattern's unguarded arm replayed "
-                "bitwise on the H200); the CPU's SDPA honours the switch"
-            ),
+            cpu_only="this fp32 attention runs no flash kernel on CUDA (flash needs fp16/bf16): turning "
+            "flash off changes no kernel there (the step pattern's unguarded arm replayed "
+            "bitwise on the H200); the CPU's SDPA honours the switch",
         ),
-        Pattern(
+        whole_step(
             "whole_step_conv_kernels_off_by_callback",
             "switches",
             "a Lightning callback sets torch.backends.mkldnn/cudnn.enabled = False at batch 3",
@@ -750,280 +719,260 @@ def _switch_patterns() -> list[Pattern]:
                 _conv_kernels_off, (torch.backends.mkldnn.enabled.__bool__, _conv_kernels_on), (48,)
             )(m, a),
             guard="switches",
-            api=API,
         ),
     ]
 
 
+def whole_step(
+    name: str, hazard: str, what: str, make: Callable[[str], nn.Module], train: Train, **kw: Any
+) -> Pattern:
+    """A whole_step pattern of the class ``hazard``."""
+    return Pattern(name, hazard, what, make, train, api=API, **kw)
+
+
+def fitting(**kw: Any) -> Train:
+    """A whole_step pattern's ``train``: :func:`fit` with these arguments."""
+    return lambda module, arm: fit(module, arm, **kw)
+
+
 PATTERNS: list[Pattern] = [
-    Pattern(
+    whole_step(
         "whole_step_plain_sgd",
         "host_values",
         "a plain SGD whole step under Lightning manual optimization: the control",
         fitted(),
-        lambda m, a: fit(m, a),
-        api=API,
+        fitting(),
     ),
-    Pattern(
+    whole_step(
         "whole_step_input_branch",
         "under_capture",
         "the net branches on its batch (x.abs() < 2).all(): each batch takes either branch",
         fitted(ClippedWhenLarge),
-        lambda m, a: fit(m, a, steps=9),
+        fitting(steps=9),
         guard="input_reads",
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_adagrad_defaults",
         "backend_diffs",
         "configure_optimizers returns torch.optim.Adagrad with its defaults (its step count on the CPU)",
         fitted(),
-        lambda m, a: fit(m, a, optimizer=lambda net: torch.optim.Adagrad(net.parameters())),
-        api=API,
+        fitting(optimizer=lambda net: torch.optim.Adagrad(net.parameters())),
     ),  # the step pattern differed on the H200 only
-    Pattern(
+    whole_step(
         "whole_step_block_called_twice",
         "backend_diffs",
         "the net calls a block twice per step, its weight used twice per call (gradient sum order)",
         fitted(Unrolled),
-        lambda m, a: fit(m, a),
-        api=API,
+        fitting(),
     ),
-    Pattern(
+    whole_step(
         "whole_step_batch_centred_in_place",
         "inputs",
         "loss_fn centres its batch in place; training_step logs the batch after the step",
         fitted(cls=LogsBatch),
-        lambda m, a: fit(m, a, loss_fn=_centred_in_place),
+        fitting(loss_fn=_centred_in_place),
         guard="side_effects",
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_optimizer_state_reloaded",
         "lifecycle",
         "training_step reloads the optimizer's state dict after the step recorded",
         fitted(),
-        lambda m, a: fit(m, a, steps=7, before=at(3, _optimizer_reloaded)),
+        fitting(steps=7, before=at(3, _optimizer_reloaded)),
         guard="state_identity",
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_step_lr_float",
         "host_values",
         "StepLR over a float lr from configure_optimizers halves it every 3 steps",
         fitted(),
-        lambda m, a: fit(m, a, steps=9, scheduler=_step_lr),
+        fitting(steps=9, scheduler=_step_lr),
         guard="host_values",
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_forward_hook_stats",
         "step_python",
         "a forward hook on the net logs activation statistics",
         fitted(),
         _forward_hook_stats,
         guard="hooks",
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_backward_hook_grad_norm",
         "step_python",
         "a full backward hook on the net logs a layer's gradient norm",
         fitted(),
         _backward_hook_grad_norm,
         guard="hooks",
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_focal_gamma_schedule",
         "step_python",
         "a focal loss object's gamma annealed in training_step every step",
         fitted(),
         _focal_gamma_schedule,
         guard="loss_inputs",
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_global_loss_weight",
         "step_python",
         "a module-level loss weight set to 0 after 3 steps",
         fitted(),
         _global_loss_weight,
         guard="loss_inputs",
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_module_method_loss",
         "step_python",
         "loss_fn is the LightningModule's method reading self.aux_weight, set to 0 after 3 steps",
         fitted(MLP, WeightedByModule),
         _method_loss_weight,
         guard="loss_inputs",
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_module_method_global_step",
         "step_python",
         "loss_fn is the LightningModule's method warming a loss weight up with self.global_step",
         fitted(MLP, WarmedByStep),
         lambda m, a: fit(m, a, loss_fn=None, loss_of=lambda m: m.compute_loss),
         guard="loss_inputs",
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_mixup_numpy_lambda",
         "host_state",
         "mixup in loss_fn with lambda from np.random.beta",
         fitted(),
-        _seeded(lambda m, a: fit(m, a, loss_fn=_mixup_loss)),
+        seeded(lambda m, a: fit(m, a, loss_fn=_mixup_loss)),
         guard="host_rng",
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_layerdrop_python_random",
         "host_state",
         "LayerDrop decided by random.random() in the net's forward",
         fitted(LayerDrop),
-        _seeded(lambda m, a: fit(m, a)),
+        seeded(lambda m, a: fit(m, a)),
         guard="host_rng",
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_deque_read_in_forward",
         "host_state",
         "the net reads a deque of recent losses that training_step appends to",
         fitted(RecentScaled),
         _recent_losses,
         guard="module_state",
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_numpy_array_gain_float",
         "host_state",
         "the net reads float(array[0]) of a numpy array training_step halves in place",
         fitted(ArrayGain),
         _halve_gain,
         guard="module_state",
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_warmup_optimizer",
         "step_python",
         "configure_optimizers returns a hand-written optimizer with a warm-up counter on self",
         fitted(),
         _warmup_optimizer,
         guard="optimizer_trust",
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_accumulate_changed",
         "step_python",
         "self.step.accumulate = 4 in training_step after recording (must raise)",
         fitted(),
         _set_on_step("accumulate", 4),
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_max_norm_changed",
         "step_python",
         "self.step.max_norm tightened in training_step after recording",
         fitted(),
         _set_on_step("max_norm", 0.01, max_norm=0.5),
         guard="host_values",
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_trainable_critic",
         "leaving_grads",
         "loss_fn runs a trainable critic network that the optimizer does not step",
         fitted(MLP, WithCritic),
         _critic_loss,
         guard="foreign_grads",
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_anomaly_detection_mid_run",
         "autograd_modes",
         "set_detect_anomaly(True) in training_step after recording; then a NaN batch",
         fitted(),
         _anomaly_mid_run,
         guard="autograd_modes",
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_saved_tensors_compression",
         "autograd_modes",
         "training_step runs the step under bf16 activation compression from batch 3",
         fitted(MLP, Compressed),
-        lambda m, a: fit(m, a),
+        fitting(),
         guard="autograd_modes",
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_lambda_lr_float",
         "step_python",
         "LambdaLR over a float lr from configure_optimizers: the lr changes every step",
         fitted(),
-        lambda m, a: fit(m, a, steps=24, scheduler=_lambda_lr),
-        api=API,
+        fitting(steps=24, scheduler=_lambda_lr),
     ),
-    Pattern(
+    whole_step(
         "whole_step_resume_sgd_checkpoint",
         "crashes",
         "fit(ckpt_path=...) resumes SGD's momentum state saved mid-run",
         fitted(),
         _resumed(_sgd),
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_resume_adam_checkpoint",
         "crashes",
         "fit(ckpt_path=...) resumes Adam's state (capturable on CUDA; its step count a tensor)",
         fitted(),
         _resumed(_adam),
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_bf16_mixed",
         "autocast",
         "whole_step(precision='bf16-mixed') over a head applied twice per forward",
         fitted(SharedHead),
-        lambda m, a: fit(m, a, loss_fn=_smooth_l1, step_kwargs={"precision": "bf16-mixed"}),
-        api=API,
+        fitting(loss_fn=_smooth_l1, step_kwargs={"precision": "bf16-mixed"}),
     ),
-    Pattern(
+    whole_step(
         "whole_step_trainer_bf16_mixed",
         "autocast",
         "Trainer(precision='bf16-mixed') around a whole step (whose own precision stays '32')",
         fitted(SharedHead),
-        lambda m, a: fit(m, a, loss_fn=_smooth_l1, trainer_kwargs={"precision": "bf16-mixed"}),
-        api=API,
+        fitting(loss_fn=_smooth_l1, trainer_kwargs={"precision": "bf16-mixed"}),
     ),
-    Pattern(
+    whole_step(
         "whole_step_loss_method_counts_on_self",
         "side_effects",
         "loss_fn is a LightningModule method that counts its calls on self and weights by them",
         fitted(MLP, Counting),
         _counted,
         guard="loss_inputs",
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_unfreeze_mid_fit",
         "lifecycle",
         "training_step unfreezes the first layer at batch 3 (an unfreeze schedule)",
         fitted(),
         _unfreeze_at(3),
-        api=API,
     ),
-    Pattern(
+    whole_step(
         "whole_step_head_replaced_mid_fit",
         "parameters",
         "training_step assigns a new head (net.fc2 = nn.Linear(...)) at batch 3",
         fitted(),
         _head_replaced_at(3),
         guard="param_identity",
-        api=API,
     ),
     *_recording_call_patterns(),
     *_switch_patterns(),

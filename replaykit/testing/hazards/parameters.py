@@ -8,17 +8,11 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from .pattern import (
-    MLP,
-    Arm,
-    Extras,
-    Pattern,
-    loop,
-    mlp,
-    set_at,
-    sgd,
-    step_loop,
-)
+from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, set_at, sgd
+from .writing import HazardClass, built, looped, stepped
+
+HAZARD = "parameters"
+HC = HazardClass(HAZARD)
 
 
 def _fast_weights(model: nn.Module, arm: Arm) -> Extras:
@@ -153,85 +147,73 @@ def _replace_bias(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> No
         opt.state[model.fc2.bias] = opt.state.pop(old)
 
 
-HAZARD = "parameters"
-
 PATTERNS: list[Pattern] = [
-    Pattern(
+    HC.pattern(
         "functional_call_fast_weights",
-        "parameters",
         "torch.func.functional_call with fast weights",
         mlp(),
         _fast_weights,
         guard="param_identity",
     ),
-    Pattern(
+    HC.pattern(
         "maml_inner_step",
-        "parameters",
         "MAML: create_graph inner step, functional_call outer loss",
         mlp(),
         _maml,
         guard="repeat_backward",
     ),
-    Pattern(
+    HC.pattern(
         "sam_functional_perturbed",
-        "parameters",
         "SAM's perturbed pass through functional_call",
         mlp(),
         lambda m, a: _sam(m, a, functional=True),
         guard="param_identity",
     ),
-    Pattern(
+    HC.pattern(
         "sam_inplace_perturbed",
-        "parameters",
         "SAM perturbing the weights in place (a control)",
         mlp(),
         lambda m, a: _sam(m, a, functional=False),
     ),
-    Pattern(
+    HC.pattern(
         "hypernetwork_head",
-        "parameters",
         "a hypernetwork supplies a captured head's weight (stateless)",
-        lambda d: HyperTarget().to(d),
+        built(HyperTarget),
         _hypernet,
         guard="param_identity",
         target=lambda m: m.head,
     ),
-    Pattern(
+    HC.pattern(
         "weight_norm_after_capture",
-        "parameters",
         "parametrizations.weight_norm registered after recording",
         mlp(),
         _parametrize_after("weight_norm"),
         guard="param_identity+module_state",
     ),
-    Pattern(
+    HC.pattern(
         "orthogonal_after_capture",
-        "parameters",
         "parametrizations.orthogonal registered after recording",
         mlp(),
         _parametrize_after("orthogonal"),
         guard=None,
     ),  # retires on the storage change too
-    Pattern(
+    HC.pattern(
         "weight_norm_before_capture",
-        "parameters",
         "weight_norm registered before capture (a control)",
         _weight_norm_model,
-        lambda m, a: loop(m, a),
+        looped(),
     ),
-    Pattern(
+    HC.pattern(
         "shared_submodule_albert",
-        "parameters",
         "one block registered three times (ALBERT)",
-        lambda d: Albert().to(d),
+        built(Albert),
         _albert,
     ),
-    Pattern(
+    HC.pattern(
         "step_parameter_replaced",
-        "parameters",
         "a parameter replaced by a new nn.Parameter after recording",
         mlp(),
-        lambda m, a: step_loop(m, a, steps=6, before=_replace_bias),
+        stepped(steps=6, before=_replace_bias),
         guard="param_identity",
         api="step",
     ),

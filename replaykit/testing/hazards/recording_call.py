@@ -18,6 +18,10 @@ from torch import nn
 
 from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, sgd, step_loop
 from .under_capture import CaptureAware
+from .writing import HazardClass, built, looped, stepped
+
+HAZARD = "recording_call"
+HC = HazardClass(HAZARD)
 
 
 class CentredHead(MLP):
@@ -333,9 +337,8 @@ def _forward_globals() -> list[Pattern]:
         ("global_dict", "counts its calls in a module-level dict", GlobalCount, "forward_inputs"),
     ]
     return [
-        Pattern(
+        HC.pattern(
             f"{prefix}forward_{name}",
-            HAZARD,
             f"forward {what}{suffix}",
             _globals_made(cls),
             train,
@@ -350,150 +353,104 @@ def _forward_globals() -> list[Pattern]:
     ]
 
 
-HAZARD = "recording_call"
-
 PATTERNS: list[Pattern] = [
-    Pattern(
+    *HC.twins(
         "rebound_centre_buffer",
-        HAZARD,
         "DINO's head re-binds a centre buffer in forward (self.center = m * self.center + ...)",
         _centred,
-        lambda m, a: loop(m, a, steps=4),
+        looped(steps=4),
+        stepped(steps=4),
+        step_what="DINO's head re-binds a centre buffer in forward, whole step",
+        step=dict(
+            unsafe_never="the step's eager reference sees the assignment first and stands as the call"
+        ),
         guard="call_state",
     ),
-    Pattern(
-        "step_rebound_centre_buffer",
-        HAZARD,
-        "DINO's head re-binds a centre buffer in forward, whole step",
-        _centred,
-        lambda m, a: step_loop(m, a, steps=4),
-        guard="call_state",
-        api="step",
-        unsafe_never="the step's eager reference sees the assignment first and stands as the call",
-    ),
-    Pattern(
+    HC.pattern(
         "step_ema_target_in_loss_fn",
-        HAZARD,
         "a BYOL target network, EMA of the online one, updated inside loss_fn",
         mlp(),
         _ema_target,
         guard="call_state",
         api="step",
-        cpu_only=(
-            "a CUDA capture runs no kernel, so without the call state only the eager reference "
-            "moves the target before the replay: on the H200 the unguarded arm replayed bitwise "
-            "(measured); the emulated capture executes, moving it twice"
-        ),
+        cpu_only="a CUDA capture runs no kernel, so without the call state only the eager reference "
+        "moves the target before the replay: on the H200 the unguarded arm replayed bitwise "
+        "(measured); the emulated capture executes, moving it twice",
     ),
-    Pattern(
+    HC.pattern(
         "step_teacher_bn_in_loss_fn",
-        HAZARD,
         "a distillation teacher with BatchNorm, left in train mode, run inside loss_fn",
         mlp(),
         _teacher_bn,
         guard="call_state",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_teacher_bn_in_loss_fn_checked",
-        HAZARD,
         "the same teacher, every replay shadow-checked (check_every=1): replay, then eager again",
         mlp(),
         lambda m, a: _teacher_bn(m, a, check_every=1),
         guard="call_state",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_dino_loss_centre",
-        HAZARD,
         "DINO's loss module, held by loss_fn, updates its centre buffer in place",
         mlp(),
         _dino_loss,
         guard="call_state",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_param_group_counter_failed_verification",
-        HAZARD,
         "an optimizer counts steps in its param group; the recording fails verification",
-        lambda d: CaptureAware().to(d),
+        built(CaptureAware),
         _counter_failed_verification,
         guard="call_state",
         api="step",
     ),
-    Pattern(
+    *HC.twins(
         "print_in_forward",
-        HAZARD,
         "forward prints: the recording call prints once, as an eager call",
         _printing,
         _print_capture,
-        guard="call_state",
-    ),
-    Pattern(
-        "step_print_in_forward",
-        HAZARD,
-        "forward prints: the whole step's recording call prints once, as an eager call",
-        _printing,
         _print_step,
+        step_what="forward prints: the whole step's recording call prints once, as an eager call",
         guard="call_state",
-        api="step",
     ),
     *_forward_globals(),
-    Pattern(
+    *HC.twins(
         "stderr_and_warning_in_forward",
-        HAZARD,
         "forward prints to sys.stderr and warns: the recording call shows them once, as an eager call",
-        lambda d: PrintingToStderr().to(d),
+        built(PrintingToStderr),
         _stderr_capture,
-        guard="call_state",
-    ),
-    Pattern(
-        "step_stderr_and_warning_in_forward",
-        HAZARD,
-        "forward prints to sys.stderr and warns, whole step: shown once by the recording call",
-        lambda d: PrintingToStderr().to(d),
         _stderr_step,
+        step_what="forward prints to sys.stderr and warns, whole step: shown once by the recording call",
         guard="call_state",
-        api="step",
     ),
-    Pattern(
+    *HC.twins(
         "class_counter_in_forward",
-        HAZARD,
         "forward counts its calls in a class attribute (type(self).calls += 1)",
         _class_counting,
         lambda m, a: _class_calls(loop(m, a, steps=4)),
-        guard="call_state",
-    ),
-    Pattern(
-        "step_class_counter_in_forward",
-        HAZARD,
-        "forward counts its calls in a class attribute, whole step",
-        _class_counting,
         lambda m, a: _class_calls(step_loop(m, a, steps=4)),
+        step_what="forward counts its calls in a class attribute, whole step",
+        step=dict(
+            unsafe_never="the step's eager reference sees the class attribute change first and stands as the call"
+        ),
         guard="call_state",
-        api="step",
-        unsafe_never="the step's eager reference sees the class attribute change first and stands as the call",
     ),
-    Pattern(
+    *HC.twins(
         "iterator_in_forward",
-        HAZARD,
         "forward draws an id from a module-level itertools.count (next(IDS))",
         _ticking,
         lambda m, a: _drawn(loop(m, a, steps=4)),
-        guard="call_state",
-    ),
-    Pattern(
-        "step_iterator_in_forward",
-        HAZARD,
-        "forward draws an id from a module-level itertools.count, whole step",
-        _ticking,
         lambda m, a: _drawn(step_loop(m, a, steps=4)),
+        step_what="forward draws an id from a module-level itertools.count, whole step",
         guard="call_state",
-        api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_iterator_in_loss_fn",
-        HAZARD,
         "loss_fn draws an id from a module-level itertools.count",
         mlp(),
         _ticking_loss_fn,

@@ -17,8 +17,11 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .pattern import Arm, Extras, Pattern, sgd
+from .writing import HazardClass
 
 HAZARD = "recurrent"
+HC = HazardClass(HAZARD)
+
 T, F, H = 5, 6, 8
 #: Lengths per batch (a packed batch's are read on the host): two patterns, each seen again.
 LENGTHS = ([5, 3, 4, 1], [2, 5, 5, 3], [5, 1, 2, 2])
@@ -115,48 +118,42 @@ _CPU_LENGTHS = (
 )
 
 PATTERNS: list[Pattern] = [
-    Pattern(
+    HC.pattern(
         "lstm_two_layers_captured",
-        HAZARD,
         "a 2-layer LSTM tagger with dropout between its layers under rk.capture",
         lambda d: Tagger(nn.LSTM, num_layers=2, dropout=0.2).to(d),
         _loop,
     ),
-    Pattern(
+    HC.pattern(
         "gru_bidirectional_captured",
-        HAZARD,
         "a bidirectional GRU tagger under rk.capture",
         lambda d: Tagger(nn.GRU, bidirectional=True).to(d),
         _loop,
     ),
-    Pattern(
+    HC.pattern(
         "lstm_validated_in_eval",
-        HAZARD,
         "a captured LSTM validated in eval mode under no_grad after every step",
         lambda d: Tagger(nn.LSTM, num_layers=2, dropout=0.2).to(d),
         _validated,
     ),
-    Pattern(
+    HC.pattern(
         "packed_gru_captured",
-        HAZARD,
         "a captured GRU over pack_padded_sequence(enforce_sorted=False), lengths per batch",
         lambda d: PackedTagger(False).to(d),
         lambda m, a: _loop(m, a, steps=6, packed=True),
         guard="input_reads",
         cpu_only=_CPU_LENGTHS,
     ),
-    Pattern(
+    HC.pattern(
         "step_packed_lstm_sorted",
-        HAZARD,
         "an LSTM over sorted packed sequences, lengths per batch, whole step",
         lambda d: PackedTagger(True, nn.LSTM).to(d),
         _stepped(packed=True),
         guard="input_reads",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_packed_gru_unsorted",
-        HAZARD,
         "a GRU over unsorted packed sequences (enforce_sorted=False), whole step",
         lambda d: PackedTagger(False).to(d),
         _stepped(packed=True),
@@ -164,25 +161,22 @@ PATTERNS: list[Pattern] = [
         cpu_only="on CUDA the sort's indices are copied to the GPU inside the capture: it fails and retires",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_lstm_dropout_accumulated",
-        HAZARD,
         "a 2-layer LSTM with dropout 0.3, two micro-batches per step, whole step",
         lambda d: Tagger(nn.LSTM, num_layers=2, dropout=0.3).to(d),
         _stepped(steps=8, accumulate=2),
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_gru_bidirectional_bf16",
-        HAZARD,
         "a bidirectional GRU tagger, whole step under bf16-mixed",
         lambda d: Tagger(nn.GRU, bidirectional=True).to(d),
         _stepped(precision="bf16-mixed"),
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_lstm_projected",
-        HAZARD,
         "an LSTM with proj_size (its head reads the projection), whole step",
         lambda d: _projected().to(d),
         _stepped(),

@@ -12,16 +12,11 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .pattern import (
-    MLP,
-    Arm,
-    Extras,
-    Pattern,
-    loop,
-    loss_steps,
-    mlp,
-    step_loop,
-)
+from .pattern import MLP, Arm, Extras, Pattern, loop, loss_steps, mlp
+from .writing import HazardClass, built, looped, stepped
+
+HAZARD = "side_effects"
+HC = HazardClass(HAZARD)
 
 
 class Noisy(nn.Module):
@@ -309,12 +304,9 @@ def _alternating_loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model(x).pow(2).mean() * (1.0 + history["task"])
 
 
-HAZARD = "side_effects"
-
 PATTERNS: list[Pattern] = [
-    Pattern(
+    HC.pattern(
         "private_generator",
-        "side_effects",
         "noise from the module's own torch.Generator",
         lambda d: Noisy(d).to(d),
         _noisy,
@@ -333,111 +325,86 @@ PATTERNS: list[Pattern] = [
         guard="record_probe",
         may_fault=True,  # unguarded, the replay reads the centre the last call replaced (freed)
     ),
-    Pattern(
+    HC.pattern(
         "moe_aux_loss_attribute",
-        "side_effects",
         "an auxiliary loss stored on the module, added to the loss",
-        lambda d: MoE().to(d),
+        built(MoE),
         _moe,
         guard="record_probe",
     ),
-    Pattern(
-        "boolean_mask_output",
-        "side_effects",
-        "a data-dependent output shape (boolean masking)",
-        lambda d: Masked().to(d),
-        lambda m, a: loop(m, a, steps=4),
-        guard=None,
-    ),  # both backends refuse it at capture too
-    Pattern(
-        "nonzero_rows",
-        "side_effects",
-        "rows picked with nonzero(): data-dependent shapes inside",
-        lambda d: Nonzero().to(d),
-        lambda m, a: loop(m, a, steps=4),
-        guard=None,
-    ),  # both backends refuse it at capture too
-    Pattern(
-        "item_in_forward",
-        "side_effects",
-        ".item() read inside forward",
-        lambda d: ItemNorm().to(d),
-        lambda m, a: loop(m, a, steps=4),
-        guard=None,
-    ),  # both backends refuse it at capture too
-    Pattern(
-        "host_branch_in_function_backward",
-        "side_effects",
-        "a custom autograd.Function whose backward branches on a host read (a damped straight-through estimator)",
-        lambda d: Quantized().to(d),
-        lambda m, a: loop(m, a, steps=4),
+    # data-dependent shapes and host reads: both backends refuse them at capture too
+    *(
+        HC.pattern(name, what, built(net), looped(steps=4), guard=None)
+        for name, what, net in (
+            ("boolean_mask_output", "a data-dependent output shape (boolean masking)", Masked),
+            ("nonzero_rows", "rows picked with nonzero(): data-dependent shapes inside", Nonzero),
+            ("item_in_forward", ".item() read inside forward", ItemNorm),
+        )
     ),
-    Pattern(
+    HC.pattern(
+        "host_branch_in_function_backward",
+        "a custom autograd.Function whose backward branches on a host read (a damped straight-through estimator)",
+        built(Quantized),
+        looped(steps=4),
+    ),
+    HC.pattern(
         "sparse_embedding_grad",
-        "side_effects",
         "nn.Embedding(sparse=True): sparse gradients",
-        lambda d: SparseEmb().to(d),
+        built(SparseEmb),
         _sparse,
         guard=None,
     ),  # both backends refuse it at capture too
-    Pattern(
+    HC.pattern(
         "python_counter",
-        "side_effects",
         "a Python counter incremented in forward (warm-up factor)",
-        lambda d: Warmup().to(d),
+        built(Warmup),
         _with_attr("calls"),
         guard="record_probe",
     ),
-    Pattern(
+    HC.pattern(
         "feature_dict_in_forward",
-        "side_effects",
         "forward writes a feature into a dict the loss reads",
-        lambda d: Cache().to(d),
+        built(Cache),
         lambda m, a: loss_steps(
             m, a, lambda m, a: m(a.randn(4, 6)).pow(2).mean() + 0.1 * m.feats["h"].pow(2).mean()
         ),
         guard="record_probe",
     ),
-    Pattern(
+    HC.pattern(
         "list_append_in_forward",
-        "side_effects",
         "forward appends a statistic to a list it holds",
-        lambda d: Stats().to(d),
+        built(Stats),
         _stats,
         guard="record_probe",
     ),
-    Pattern(
+    HC.pattern(
         "object_attribute_set_in_forward",
-        "side_effects",
         "forward stores its output on an object it holds",
-        lambda d: HeldState().to(d),
+        built(HeldState),
         lambda m, a: loss_steps(
             m, a, lambda m, a: (m(a.randn(4, 6)), m.state.last)[1].pow(2).mean()
         ),
         guard="record_probe",
     ),
-    Pattern(
+    HC.pattern(
         "tensor_attribute_with_grad",
-        "side_effects",
         "a trainable plain tensor attribute (logit_scale)",
-        lambda d: TensorAttrWithGrad().to(d),
+        built(TensorAttrWithGrad),
         _tensor_attr,
         guard="record_probe",
     ),
-    Pattern(
+    HC.pattern(
         "step_loss_changes_held_dict",
-        "side_effects",
         "loss_fn flips a flag in a dict the model holds",
         mlp(),
-        lambda m, a: step_loop(m, a, loss_fn=_alternating_loss, steps=6, warmup=2),
+        stepped(loss_fn=_alternating_loss, steps=6, warmup=2),
         guard="side_effects",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_cached_table_per_length",
-        "side_effects",
         "forward adds a per-length table from a global lru_cache; a second length appears",
-        lambda d: CachedPositions().to(d),
+        built(CachedPositions),
         _two_lengths,
         guard="pool_survivors",
         api="step",
@@ -452,12 +419,11 @@ PATTERNS: list[Pattern] = [
         guard="verify_recording+host_rng",  # beside a GPU model host_rng sees the reseed first
     ),
     # the tape replays the recompute's generator rewind as a CUDA graph does
-    Pattern(
+    HC.pattern(
         "checkpointed_dropout",
-        "side_effects",
         "torch.utils.checkpoint around a block with dropout",
-        lambda d: Checkpointed().to(d),
-        lambda m, a: loop(m, a, steps=4),
+        built(Checkpointed),
+        looped(steps=4),
     ),
 ]
 

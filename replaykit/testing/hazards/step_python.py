@@ -20,6 +20,10 @@ from torch import nn
 from . import user_settings
 from .host_state import ARRAY_COPY_LIVE
 from .pattern import Arm, Extras, Pattern, loop, mlp, sgd, step_loop
+from .writing import HazardClass
+
+HAZARD = "step_python"
+HC = HazardClass(HAZARD)
 
 
 def _mse(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -423,151 +427,132 @@ def _lambda_lr_float(model: nn.Module, arm: Arm) -> Extras:
     return kept
 
 
-HAZARD = "step_python"
-
 PATTERNS: list[Pattern] = [
-    Pattern(
+    HC.pattern(
         "step_forward_hook_stats",
-        HAZARD,
         "a forward hook logs activation statistics while a TrainStep records",
         mlp(),
         _forward_hook_stats,
         guard="hooks",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_backward_hook_grad_norm",
-        HAZARD,
         "a full backward hook logs a layer's gradient norm",
         mlp(),
         _backward_hook_grad_norm,
         guard="hooks",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_global_forward_hook",
-        HAZARD,
         "a global module forward hook counts calls per module",
         mlp(),
         _global_forward_hook,
         guard="hooks",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_forward_hook_added_midway",
-        HAZARD,
         "a forward hook attached after the step recorded",
         mlp(),
         _hook_added_midway,
         guard="hooks",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "global_forward_hook",
-        HAZARD,
         "a global module forward hook around a captured model's loop",
         mlp(),
         _global_hook_capture,
     ),
-    Pattern(
+    HC.pattern(
         "forward_hook_stats",
-        HAZARD,
         "a forward hook logs activation statistics under rk.capture",
         mlp(),
         _capture_hook_stats,
     ),  # capture retires on hooks unconditionally: no switch to turn off
-    Pattern(
+    HC.pattern(
         "step_focal_gamma_schedule",
-        HAZARD,
         "a focal loss object's gamma annealed every step",
         mlp(),
         _focal_gamma_schedule,
         guard="loss_inputs",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_closure_loss_weight",
-        HAZARD,
         "an auxiliary loss weight in a closure set to 0 after 3 steps",
         mlp(),
         _closure_loss_weight,
         guard="loss_inputs",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_closure_tensor_replaced",
-        HAZARD,
         "centres in a closure cell replaced by a new tensor after 3 steps",
         mlp(),
         _closure_tensor_replaced,
         guard="loss_inputs",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_bound_method_loss",
-        HAZARD,
         "loss_fn is a trainer's bound method reading self.alpha, changed after 3 steps",
         mlp(),
         _bound_method_loss,
         guard="loss_inputs",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_owner_method_loss",
-        HAZARD,
         "loss_fn is a method of the module holding the model and a run (cycles, a growing log), reading self.aux_weight",
         mlp(),
         _owner_method_loss,
         guard="loss_inputs",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_global_loss_weight",
-        HAZARD,
         "a module-level loss weight set to 0 after 3 steps",
         mlp(),
         _global_loss_weight,
         guard="loss_inputs",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_settings_module_helper",
-        HAZARD,
         "the loss calls a helper in the user's settings module, whose global is set to 0 after 3 steps",
         mlp(),
         _settings_loss_weight,
         guard="loss_inputs",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_criterion_module_attribute",
-        HAZARD,
         "an nn.SmoothL1Loss outside the model, its beta changed",
         mlp(),
         _criterion_module_attribute,
         guard="loss_inputs",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_class_weights_in_place",
-        HAZARD,
         "CrossEntropyLoss(weight=w) outside the model, w rebalanced in place",
         mlp(),
         _class_weighted("in_place"),
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_class_weights_replaced",
-        HAZARD,
         "CrossEntropyLoss(weight=w) outside the model, w replaced by a new tensor",
         mlp(),
         _class_weighted("replaced"),
         guard="loss_inputs",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_loss_numpy_weights",
-        HAZARD,
         "class weights in a numpy array held by the loss, rebalanced in place",
         mlp(),
         _loss_numpy_weights,
@@ -575,61 +560,54 @@ PATTERNS: list[Pattern] = [
         api="step",
         unsafe_never=ARRAY_COPY_LIVE,
     ),
-    Pattern(
+    HC.pattern(
         "step_loss_numpy_gain_float",
-        HAZARD,
         "the loss reads float(array[0]) of a numpy array it holds, changed in place",
         mlp(),
         _loss_numpy_gain,
         guard="loss_inputs",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_loss_deque",
-        HAZARD,
         "the loss divides by the mean of a deque of recent losses the loop appends to",
         mlp(),
         _loss_deque,
         guard="loss_inputs",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_warmup_optimizer",
-        HAZARD,
         "a hand-written optimizer with a warm-up counter on self",
         mlp(),
         _warmup_optimizer,
         guard="optimizer_trust",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_accumulate_changed",
-        HAZARD,
         "step.accumulate = 4 after the step recorded (must raise)",
         mlp(),
         _set_on_step("accumulate", lambda: 4),
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_loss_fn_swapped",
-        HAZARD,
         "step.loss_fn replaced by another loss after recording (must raise)",
         mlp(),
         _set_on_step("loss_fn", lambda: _smooth_l1_loss),
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_max_norm_changed",
-        HAZARD,
         "step.max_norm tightened after recording (clipping keys the recording)",
         mlp(),
         _set_on_step("max_norm", lambda: 0.01, max_norm=0.5),
         guard="host_values",
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_lambda_lr_float",
-        HAZARD,
         "LambdaLR over a float lr: the lr changes every step",
         mlp(),
         _lambda_lr_float,

@@ -16,6 +16,10 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .pattern import Arm, Extras, Pattern, loop, step_loop
+from .writing import HazardClass, built
+
+HAZARD = "switches"
+HC = HazardClass(HAZARD)
 
 
 class ConvNet(nn.Module):
@@ -146,79 +150,43 @@ def _precision_at(step: int, api: str) -> Callable[[nn.Module, Arm], Extras]:
     return train
 
 
-HAZARD = "switches"
-
 PATTERNS: list[Pattern] = [
-    Pattern(
+    *HC.twins(
         "conv_kernels_switched_off",
-        HAZARD,
         "oneDNN / cuDNN switched off mid-run (torch.backends.mkldnn/cudnn.enabled = False)",
-        lambda d: ConvNet().to(d),
+        built(ConvNet),
         _conv_off_at(2, "capture"),
-        guard="switches",
-    ),
-    Pattern(
-        "step_conv_kernels_switched_off",
-        HAZARD,
-        "oneDNN / cuDNN switched off mid-run, whole step",
-        lambda d: ConvNet().to(d),
         _conv_off_at(3, "step"),
+        step_what="oneDNN / cuDNN switched off mid-run, whole step",
         guard="switches",
-        api="step",
     ),
-    Pattern(
+    *HC.twins(
         "flash_sdp_disabled_mid_fit",
-        HAZARD,
         "torch.backends.cuda.enable_flash_sdp(False) by a callback mid-fit (the CPU honours it too)",
-        lambda d: Attention().to(d),
+        built(Attention),
         _flash_off_at(2, "capture"),
-        guard="switches",
-        cpu_only=(
-            "this fp32 attention runs no flash kernel on CUDA (flash needs fp16/bf16), so turning "
-            "flash off changes no kernel there: the unguarded arm replayed bitwise on the H200 "
-            "(measured); the CPU's SDPA honours the switch"
-        ),
-    ),
-    Pattern(
-        "step_flash_sdp_disabled_mid_fit",
-        HAZARD,
-        "enable_flash_sdp(False) mid-fit, whole step",
-        lambda d: Attention().to(d),
         _flash_off_at(3, "step"),
+        step_what="enable_flash_sdp(False) mid-fit, whole step",
         guard="switches",
-        api="step",
-        cpu_only=(
-            "this fp32 attention runs no flash kernel on CUDA (flash needs fp16/bf16), so turning "
-            "flash off changes no kernel there: the unguarded arm replayed bitwise on the H200 "
-            "(measured); the CPU's SDPA honours the switch"
-        ),
+        cpu_only="this fp32 attention runs no flash kernel on CUDA (flash needs fp16/bf16), so turning "
+        "flash off changes no kernel there: the unguarded arm replayed bitwise on the H200 "
+        "(measured); the CPU's SDPA honours the switch",
     ),
-    Pattern(
+    HC.pattern(
         "step_sdpa_kernel_math_every_other_step",
-        HAZARD,
         "with sdpa_kernel(SDPBackend.MATH) around every other step, whole step",
-        lambda d: Attention().to(d),
+        built(Attention),
         _math_sdpa_every_other,
         guard="switches",
         api="step",
     ),
-    Pattern(
+    *HC.twins(
         "float32_matmul_precision_lowered",
-        HAZARD,
         'torch.set_float32_matmul_precision("medium") after recording',
-        lambda d: Wide().to(d),
+        built(Wide),
         _precision_at(2, "capture"),
-        guard="switches",
-        kernel_dependent=True,
-    ),
-    Pattern(
-        "step_float32_matmul_precision_lowered",
-        HAZARD,
-        'torch.set_float32_matmul_precision("medium") after recording, whole step',
-        lambda d: Wide().to(d),
         _precision_at(3, "step"),
         guard="switches",
-        api="step",
         kernel_dependent=True,
     ),
 ]

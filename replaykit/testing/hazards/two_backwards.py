@@ -10,14 +10,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .pattern import (
-    Arm,
-    Extras,
-    Pattern,
-    mlp,
-    sgd,
-    trainable,
-)
+from .pattern import Arm, Extras, Pattern, mlp, sgd, trainable
+from .writing import HazardClass, built
+
+HAZARD = "two_backwards"
+HC = HazardClass(HAZARD)
 
 
 def _retain_two_losses(model: nn.Module, arm: Arm) -> Extras:
@@ -156,60 +153,51 @@ def _hessian_vector(model: nn.Module, arm: Arm) -> Extras:
     return kept
 
 
-HAZARD = "two_backwards"
-
 PATTERNS: list[Pattern] = [
-    Pattern(
+    HC.pattern(
         "retain_graph_two_losses",
-        "two_backwards",
         "backward(retain_graph=True) per loss: .grad = g1 + g2",
         mlp(),
         _retain_two_losses,
         guard="repeat_backward",
     ),
-    Pattern(
+    HC.pattern(
         "same_loss_backward_twice",
-        "two_backwards",
         "one loss backward twice: .grad = 2 g (a control: "
         "overwriting g with g is harmless, so no unsafe arm can diverge)",
         mlp(),
         _same_loss_twice,
     ),
-    Pattern(
+    HC.pattern(
         "pcgrad_autograd_grad",
-        "two_backwards",
         "autograd.grad once per task (PCGrad): g1 keeps its values",
         mlp(),
         _pcgrad,
         guard="repeat_backward",
     ),
-    Pattern(
+    HC.pattern(
         "gradnorm_create_graph",
-        "two_backwards",
         "GradNorm: create_graph gradient norms of a shared layer",
-        lambda d: TwoHeads().to(d),
+        built(TwoHeads),
         _gradnorm,
         guard="repeat_backward",
     ),
-    Pattern(
+    HC.pattern(
         "gradient_penalty_input",
-        "two_backwards",
         "WGAN-GP: create_graph gradient penalty on the input",
         mlp(),
         _gradient_penalty,
         guard="repeat_backward",
     ),
-    Pattern(
+    HC.pattern(
         "hessian_vector_penalty",
-        "two_backwards",
         "create_graph on the parameters: a curvature penalty",
         mlp(),
         _hessian_vector,
         guard="repeat_backward",
     ),
-    Pattern(
+    HC.pattern(
         "retained_across_recordings",
-        "two_backwards",
         "retained graph differentiated after another shape replayed",
         mlp(),
         _retained_across_recordings,

@@ -18,7 +18,11 @@ import torch
 
 from replaykit.verify.contexts import register
 
-from .pattern import MLP, Arm, Extras, Pattern, loop, sgd, step_loop
+from .pattern import MLP, Arm, Extras, Pattern, loop, sgd
+from .writing import HazardClass, built, looped, stepped
+
+HAZARD = "under_capture"
+HC = HazardClass(HAZARD)
 
 
 class CaptureAware(MLP):
@@ -130,78 +134,56 @@ def _flag_loss(out: dict) -> torch.Tensor:
     return out["out"].pow(2).mean() * (2.0 if out["fast_path"] else 1.0)
 
 
-HAZARD = "under_capture"
-
 PATTERNS: list[Pattern] = [
-    Pattern(
+    HC.pattern(
         "capture_time_branch",
-        HAZARD,
         "forward branches on torch.cuda.is_current_stream_capturing()",
-        lambda d: CaptureAware().to(d),
-        lambda m, a: loop(m, a, steps=5),
+        built(CaptureAware),
+        looped(steps=5),
         guard="verify_recording",
     ),
-    Pattern(
+    HC.pattern(
         "capture_time_output_constant",
-        HAZARD,
         "forward returns a host value computed under capture beside its output",
-        lambda d: CaptureFlag().to(d),
-        lambda m, a: loop(m, a, steps=5, loss=_flag_loss),
+        built(CaptureFlag),
+        looped(steps=5, loss=_flag_loss),
         guard="output_constants",
     ),
-    Pattern(
+    HC.pattern(
         "step_capture_time_branch",
-        HAZARD,
         "forward branches on is_current_stream_capturing(), whole step",
-        lambda d: CaptureAware().to(d),
-        lambda m, a: step_loop(m, a, steps=6),
+        built(CaptureAware),
+        stepped(steps=6),
         guard="verify_recording",
         api="step",
     ),
-    Pattern(
+    *HC.twins(
         "input_mask_branch",
-        HAZARD,
         "forward branches on its input mask's .all(), padded and unpadded batches alternating",
-        lambda d: MaskBranch().to(d),
+        built(MaskBranch),
         lambda m, a: loop(m, a, steps=6, call=lambda m, x, i: m(x, _mask(a, i))),
-        guard="input_reads",
-    ),
-    Pattern(
-        "step_input_mask_branch",
-        HAZARD,
-        "forward branches on its input mask's .all(), whole step, padded and unpadded batches",
-        lambda d: MaskBranch().to(d),
         _mask_steps,
+        step_what="forward branches on its input mask's .all(), whole step, padded and unpadded batches",
         guard="input_reads",
-        api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_cpu_mask_branch",
-        HAZARD,
         "forward branches on a CPU mask's .all() (read on the host, moved after), whole step",
-        lambda d: CpuMaskBranch().to(d),
+        built(CpuMaskBranch),
         _cpu_mask_steps,
         guard="input_reads",
         api="step",
         cpu_only="a CUDA capture refuses the unpinned mask's copy to the GPU by itself (seen on the "
         "H200): the step retires exactly with or without the watch",
     ),
-    Pattern(
+    *HC.twins(
         "library_capture_branch",
-        HAZARD,
         "a library skips the mask's host read while a graph is captured (transformers' is_tracing)",
-        lambda d: LibraryMaskBranch().to(d),
+        built(LibraryMaskBranch),
         lambda m, a: loop(m, a, steps=6, call=lambda m, x, i: m(x, _mask(a, i))),
-        guard="capture_branches",
-    ),
-    Pattern(
-        "step_library_capture_branch",
-        HAZARD,
-        "a library skips the mask's host read while a graph is captured, whole step",
-        lambda d: LibraryMaskBranch().to(d),
         _mask_steps,
+        step_what="a library skips the mask's host read while a graph is captured, whole step",
         guard="capture_branches",
-        api="step",
     ),
 ]
 
