@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .pattern import MLP, Arm, Extras, Pattern, mlp, sgd
+from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, sgd, step_loop
 from .writing import HazardClass, built, each_step, looped, stepped
 
 
@@ -382,7 +382,7 @@ PATTERNS.append(
         HAZARD,
         "stochastic depth decided by np.random.rand() < p per block, whole step",
         lambda d: StochasticDepth().to(d),
-        _seeded(lambda m, a: step_loop(m, a, steps=10)),
+        seeded(lambda m, a: step_loop(m, a, steps=10)),
         guard="host_choices",
         api="step",
     )
