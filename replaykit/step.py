@@ -194,7 +194,7 @@ class TrainStep(RecordingSteps, Entry):
             ForwardInputs(c.model) if c.replay and self.on.forward_inputs else None
         )
         self._forward_key: tuple = ()
-        self._host_held: list[tuple[torch.Tensor, int]] = []  # see _host_tensors
+        self._host_held: list[tuple[torch.Tensor, int]] = []  # see _hold_host_tensors
         # host reads of input-derived values (a padding mask's .all()): learnt at recording, keyed per call
         self._input_reads = InputReads(keyed=self.on.input_reads)
         self._watch_reads = False  # set once a capture without the watch failed (see _record)
@@ -404,7 +404,6 @@ class TrainStep(RecordingSteps, Entry):
             hyper = ()
         self._loss_key = self._loss_inputs.key() if self._loss_inputs is not None else ()
         self._forward_key = self._forward_inputs.key() if self._forward_inputs is not None else ()
-        self._host_held = self._host_tensors()
         return (
             phase,
             state,
@@ -415,14 +414,6 @@ class TrainStep(RecordingSteps, Entry):
             self._forward_key,
             *signature(callargs, self._device.type, True, aligned_key),
         )
-
-    def _host_tensors(self) -> list[tuple[torch.Tensor, int]]:
-        """CPU tensors the forward names through globals and cells beside a GPU model, with their
-        versions: a CUDA graph does not replay a host op that writes one (``_forward_changes``)."""
-        if self._forward_inputs is None or self._device.type == "cpu":
-            return []
-        held = self._forward_inputs.held_tensors()
-        return [(t, t._version) for t in held if t.device.type == "cpu"]
 
     # ----------------------------------------------------------------- eager (the twin)
     def _body(self, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:

@@ -117,6 +117,7 @@ class RecordingSteps:
         if not self._recordings:
             self.lifecycle.first_record()
         self._forward_key = self._code()[1].key()  # its class attributes: changed by a run?
+        self._hold_host_tensors()
         state = self._call_state()
         with state.watching(self.model):
             while True:
@@ -133,6 +134,16 @@ class RecordingSteps:
         state.restore()  # nothing of the recording call's runs stands: the twin's body runs once
         state.stands(None)
         return self._eager(phase, outcome.reason, args, kwargs)
+
+    def _hold_host_tensors(self) -> None:
+        """CPU tensors the forward names through globals and cells beside a GPU model, with their
+        versions before any run: a CUDA graph does not replay a host op that writes one
+        (``_forward_changes``). Taken here, not per call: only a recording call reads them."""
+        if self._forward_inputs is None or self.device.type == "cpu":
+            self._host_held = []
+            return
+        held = self._forward_inputs.held_tensors()
+        self._host_held = [(t, t._version) for t in held if t.device.type == "cpu"]
 
     def _attempt(
         self, state: CallState, phase: str, key: tuple, callargs: Any, args: tuple, kwargs: dict
