@@ -52,6 +52,15 @@ class Recording(ABC):
         """Indices of the outputs that carry no gradient (fixed for the recording)."""
         return tuple(i for i in range(len(self.static_outputs)) if i not in self.differentiable)
 
+    def _stand_ins(
+        self, static_inputs: list[torch.Tensor], params: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """Leaves standing in for ``params``: the recording differentiates these, not the module's."""
+        self.static_inputs, self.params = static_inputs, params
+        leaves = [p.detach().requires_grad_(True) for p in params]
+        self._targets = grad_targets(static_inputs, leaves)
+        return leaves
+
     def build_outputs(self, outputs: Sequence[torch.Tensor]) -> Any:
         """The forward's output tree from replayed flat outputs."""
         if self._builder is None:
@@ -101,10 +110,6 @@ class Region(ABC):
     Tensors the body reads by reference (parameters, gradients, optimizer state, a tensor
     lr) are read again at every replay.
     """
-
-    #: whether ``capture`` runs the body's kernels (emulated) or only records them (cuda,
-    #: which then replays once): what a failed capture may have changed differs
-    executes: bool
 
     @abstractmethod
     def capture(self, body: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:

@@ -1,29 +1,16 @@
 """The CUDA backend: ``torch.cuda.CUDAGraph`` recordings sharing one private memory pool.
 
-Recording follows ``torch.cuda.make_graphed_callables``: warm-up iterations on a side
-stream, then a graph for the forward, captured into the recorder's pool. The backward
-graph is captured at the first backward, once it shows which outputs receive a
-gradient and in what memory layout (a loss's gradient is often contiguous, or a
-broadcast, where the output is channels-last): a graph replays fixed kernels, and a
-reduction over another layout sums in another order, so a static gradient buffer of
-the wrong layout would differ from eager in the last bits (seen on the H200 for
-channels-last inputs). A later backward whose outputs or layouts differ runs eagerly
-through the recorded autograd graph, which is exact. Autocast's cast cache is off while capturing (a cached cast
-would outlive the capture). The default CUDA generator is registered with each graph
-by ``torch.cuda.graph``, so dropout replays advance the Philox offset as eager does.
+Recording follows ``make_graphed_callables``: warm-up on a side stream, then a forward graph.
+The backward graph is captured at the first backward, in the layout its gradients arrive in: a
+reduction over another layout sums in another order (last-bit differences on the H200 for
+channels-last); a later backward with other outputs or layouts runs exactly through the recorded
+autograd graph. Autocast's cast cache is off while capturing (a cached cast would outlive it);
+``torch.cuda.graph`` registers the default generator, so dropout advances Philox as eager does.
 
-Warm-up and capture run the module with detached stand-ins for its parameters
-(same storage, own autograd leaves). The parameters' own AccumulateGrad nodes are
-then never created on the side stream nor kept alive by the retained capture graph:
-such a node keeps its creation stream, and every later backward would wait across
-streams once per parameter (seen on the H200 with torch 2.11: replay fell to eager
-speed at the launch-bound size).
-
-The forward is captured under saved-tensor hooks (``_Saved``) that keep the
-captured autograd graph usable after the optimizer updates parameters in place (no
-version check) and after the backward capture let its activations go:
-the eager path differentiates through it only the outputs that received a gradient,
-exactly as eager would.
+The module runs on detached stand-ins of its parameters: their own AccumulateGrad nodes, made
+on the side stream, would make every later backward wait across streams (replay fell to eager
+speed on the H200). Saved-tensor hooks (``_Saved``) keep the captured autograd graph usable
+after in-place optimizer updates (no version check) and after the backward capture freed them.
 """
 
 from __future__ import annotations
@@ -46,7 +33,6 @@ from .base import (
     Region,
     differentiable_indices,
     flatten_outputs,
-    grad_targets,
 )
 from .scratch import PoolScratch, Scratch, pool_routing
 
@@ -129,10 +115,7 @@ class CudaRecording(Recording):
         spent: Callable[[tuple[int, int]], None] = lambda pool: None,
     ) -> None:
         self._spent = spent  # told when a failed capture leaves the pool's id unusable
-        self.static_inputs = static_inputs
-        self.params = params
-        leaves = [p.detach().requires_grad_(True) for p in params]
-        self._targets = grad_targets(static_inputs, leaves)
+        leaves = self._stand_ins(static_inputs, params)
         enabled, dtype = autocast_key("cuda")
 
         def forward() -> list[torch.Tensor]:
@@ -439,8 +422,6 @@ class CudaRegion(Region):
 
     A capture executes nothing: the recording call's work is one replay right after it.
     """
-
-    executes = False
 
     def __init__(
         self,

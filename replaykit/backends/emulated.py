@@ -41,7 +41,6 @@ from .base import (
     Region,
     differentiable_indices,
     flatten_outputs,
-    grad_targets,
 )
 from .scratch import Exposure, Scratch, TrackedScratch
 from .tape import Tape, record
@@ -70,11 +69,8 @@ class EmulatedRecording(Recording):
         params: list[torch.Tensor],
         warmup: int,
     ) -> None:
-        self.static_inputs = static_inputs
-        self.params = params
         self._tape: Tape | None = None
-        leaves = [p.detach().requires_grad_(True) for p in params]
-        self._targets = grad_targets(static_inputs, leaves)
+        leaves = self._stand_ins(static_inputs, params)
         names = [f"input {i}" for i, x in enumerate(static_inputs) if x.requires_grad]
         names += [f"parameter {i} ({tuple(p.shape)})" for i, p in enumerate(params)]
         device = next((t.device.type for t in (*static_inputs, *params)), "cpu")
@@ -217,8 +213,6 @@ class TapeRegion(Region):
     The replay runs the recorded aten sequence without the Python: a host value the body
     read (a float lr, a clip threshold, ``dropout.p``) is frozen exactly as in a graph.
     """
-
-    executes = True
 
     def __init__(self, fixed: Sequence[torch.Tensor], exposure: Exposure) -> None:
         self.tape = Tape(fixed)

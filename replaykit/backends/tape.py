@@ -1,36 +1,17 @@
-"""A forward's aten operator sequence, recorded once and replayed without the module's Python.
+"""A forward's aten call sequence, recorded once and replayed without the module's Python.
 
-(One module because recording, slot resolution and replay share the tape's data model.)
+What a CUDA graph freezes, on any device: recording runs the forward under a dispatch mode that
+appends every aten call; a tensor argument becomes a *slot* (a static input, a stand-in
+parameter, an earlier op's result), any other tensor is kept by reference (a graph reads a fixed
+address) and everything else by value, so a changed ``dropout.p`` or Python float is not seen by
+a replay, exactly as on a GPU. Replay calls the same ops with the same arguments: eager's values.
 
-This is what a CUDA graph freezes, on any device. Recording runs the forward once
-under a ``TorchDispatchMode`` that appends every aten call to the tape; every tensor
-argument becomes a reference to a *slot* (a fixed tensor: static input or stand-in
-parameter leaf; or the result of an earlier taped op), any other tensor (a module
-buffer, a tensor attribute, a constant made outside) is kept by reference (a graph
-reads a fixed address), and every other argument is kept by value: a changed
-``dropout.p``, ``bn.momentum``, ``module.training`` or Python float is not seen by a
-replay, exactly as on a GPU. Replaying calls the same aten ops with the same
-arguments, so the values are eager's bit for bit (random ops draw from the default
-generator in eager's order).
-
-Saved tensors: the forward is recorded under saved-tensor hooks whose pack maps a
-saved tensor to its slot, and whose unpack returns the slot's value of the *latest*
-replay, so the recorded autograd graph (custom ``autograd.Function`` backwards
-included) can be differentiated after any replay and reads that replay's
-activations: one set of activations per tape, as a graph has. There is no version
-check, as under ``cuda.py``'s hooks.
-
-Fixed addresses: after recording, a result whose storage is still alive (a static
-output, a tensor a module stashed on itself, a ``ctx`` attribute, a ``.data`` alias
-kept by the tape) is *static*: each replay writes its value into that same tensor, so
-every holder sees the new values as it would in graph memory. Results nobody kept
-are scratch: fresh tensors each replay, freed after their last read.
-
-Refused, as a capture would fail or silently freeze them: ops that make the host read
-device data or have data-dependent output shapes (``.item()``, ``nonzero``, boolean
-masks, ``unique``; ``tolist()``/``numpy()``, which bypass the dispatcher, are caught
-by a ``TorchFunctionMode``), and random ops given a private ``torch.Generator``
-(told from the default one by state, as the dispatcher rewraps generators).
+Saved tensors unpack to the latest replay's slot values (one set of activations, as a graph
+has; no version check, as under ``cuda.py``'s hooks). A result whose storage is still alive
+after recording (an output, a stash on the module, a ``ctx`` attribute) is *static*: each replay
+writes into that tensor; the rest are fresh each replay. Refused as a capture would fail or
+freeze them: host reads of device data and data-dependent shapes (``.item()``, ``nonzero``,
+masks; ``tolist()`` through a ``TorchFunctionMode``), random ops on a private generator.
 """
 
 from __future__ import annotations
@@ -388,14 +369,6 @@ class Tape:
         self._table = []
         self._statics = []
         self._fixed = []
-
-    @property
-    def n_ops(self) -> int:
-        return len(self._ops)
-
-    @property
-    def static_results(self) -> int:
-        return len(self._statics)
 
 
 def _settle(static: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
