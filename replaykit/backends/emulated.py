@@ -1,25 +1,11 @@
 """The emulated backend: what a CUDA graph freezes and how its buffers behave, on any device.
 
-Recording mirrors ``cuda.py``: warm-up iterations with detached stand-ins for the
-parameters (same storage, own autograd leaves), then one forward recorded as a
-:class:`~replaykit.backends.tape.Tape` of aten calls (autocast's cast cache off, so
-every cast of a parameter is on the tape). A replay runs that tape over the static
-inputs and the parameters' current values, never the module's Python: a changed
-``dropout.p``, ``bn.momentum``, a submodule's ``eval()`` or a float attribute read in
-``forward`` is not seen, exactly as a graph replay would not see it. So a CPU run shows
-what a GPU run would do when such a host value changes and no guard catches it.
-
-The backward goes through the autograd graph recorded with the tape, whose saved
-tensors resolve to the latest replay's activations: one set of activations per
-recording, so a newer forward replay replaces what an older pending backward reads
-(the hazard the recorder's hold protects against). A full backward overwrites the
-static gradient buffers in place and returns them; a partial one returns fresh
-tensors, exact through the same graph. Static outputs (the recorded outputs) and
-static gradient buffers are overwritten in place without a version bump.
-
-What a capture refuses is refused here too, at record (the recorder retires with
-"capture failed: ..."): ``.item()`` and other host reads of device data, ops with
-data-dependent output shapes, random ops on a private generator, sparse gradients.
+It mirrors ``cuda.py``: warm-up on stand-ins, then one forward recorded as a
+:class:`~replaykit.backends.tape.Tape`. A replay runs the tape, never the module's Python, so a
+CPU run shows what a GPU run would do when a host value changes and no guard catches it. Its
+saved tensors resolve to the latest replay's activations (one set per recording: what the hold
+protects); static outputs and gradient buffers are overwritten in place without a version
+bump. What a capture refuses is refused at record (``capture failed: ...``).
 """
 
 from __future__ import annotations

@@ -1,31 +1,21 @@
 """Recurrent nets (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``): the private state torch keeps beside them.
 
-``nn.RNNBase`` caches its weights in ``_flat_weights`` (with weak references,
-``_flat_weight_refs``) and, at every forward, compares the cache with the module's
-parameters: a parameter found changed makes the forward assign a fresh cache and call
-``flatten_parameters()``, which on CUDA copies every weight into a new cuDNN buffer and
-rebinds (``set_``) each weight's storage to it. A run on stand-ins for the parameters (the
-recorder's probe, warm-up, capture and shadow check: detached leaves of the same storage)
-is such a change: the forward's assignment read as a side effect a replay would not
-repeat (so ``rk.capture`` of any recurrent net retired to eager), and on CUDA the stand-ins
-were re-flattened into a buffer of the recording's own, away from the parameters.
+``nn.RNNBase`` compares its weight cache (``_flat_weights``) with the parameters at every
+forward; on a change it assigns a fresh cache and ``flatten_parameters()``, which on CUDA
+copies the weights into a new cuDNN buffer. A run on stand-ins (probe, warm-up, capture,
+shadow) is such a change: the assignment read as a side effect (every recurrent net retired),
+and on CUDA the stand-ins were flattened away from the parameters. :func:`flat_weights_follow`
+points the cache at the stand-ins while they stand: nothing changes, cuDNN reads the
+parameters' own buffer.
 
-:func:`flat_weights_follow` points each RNN's cache at the stand-ins while they stand, so
-the forward sees nothing changed: no assignment, no flattening, and cuDNN reads the
-parameters' own flat buffer (the stand-ins share it).
-
-cuDNN's RNN dropout draws from a state buffer of ATen's own (a per-device cache in
-``cudnn/RNN.cpp``, out of Python's reach), advanced in place by every train-mode forward
-with ``dropout > 0``, and re-seeded from the CUDA generator at the first such forward after
-the generator's seed was set. ``torch.cuda.set_rng_state`` sets the seed, so a snapshot's
-restore of the CUDA RNG re-seeded it (measured on the H200: an eager loop with a snapshot
-taken and restored before each step already differed from eager in every dropout pattern).
-:func:`restore_cuda_rng` puts the generator back without that side effect. The buffer
-itself is out of Python's reach but handed to ``aten._cudnn_rnn`` as its ``dropout_state``
-argument: :class:`DropoutStates` copies each buffer it sees there before the op advances it,
-and the call state puts it back before the call's one real run. Until that is measured exact
-on the H200 (``scripts/gpu/rnn_dropout_try.py``) such an RNN on CUDA is still refused up front
-(:func:`cudnn_dropout_refusal`: eager, exact) unless :data:`allow_cudnn_dropout` is set.
+cuDNN's RNN dropout draws from a per-device state buffer of ATen's own, re-seeded from the CUDA
+generator after its seed was set, which ``set_rng_state`` does: a snapshot's restore re-seeded it
+(every dropout pattern differed on the H200); :func:`restore_cuda_rng` restores without that.
+The buffer is handed to ``aten._cudnn_rnn`` as its ``dropout_state``: :class:`DropoutStates`
+copies each one before the op advances it, and the call state puts it back before the call's one
+real run. Until that is measured exact on the H200 (``scripts/gpu/rnn_dropout_try.py``) such an
+RNN on CUDA is refused up front (:func:`cudnn_dropout_refusal`: eager, exact) unless
+:data:`allow_cudnn_dropout` is set.
 """
 
 from __future__ import annotations
