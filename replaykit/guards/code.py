@@ -1,22 +1,14 @@
 """What code reads besides tensors, keyed on every call: a whole step's ``loss_fn`` and a
 captured module's ``forward``.
 
-A recording runs ``loss_fn`` once, so every Python value it read then is frozen into the
-graph: a focal loss's ``gamma`` annealed by a schedule, a loss weight in a closure or a
-module-level global set to 0 after N steps, an attribute of an ``nn.Module`` criterion
-kept outside the model. :class:`LossInputs` finds once where such values live:
-
-- ``loss_fn``'s closure cells and defaults, and the globals its code names (its nested
-  code too), and the same for the functions those lead to (a few levels deep);
-- the object of a bound method or a callable instance, a ``functools.partial``'s
-  arguments, an ``nn.Module`` criterion's plain attributes (all its submodules');
-
-and :meth:`LossInputs.key` reads their values each call
-(:func:`~replaykit.guards.module.value_key`): a changed value records anew (within
-``max_recordings``), a value set back replays its recording. What is guarded elsewhere
-is skipped (the model, optimizers, schedulers, scalers, tensors by identity). What cannot
-be inspected (a C function, an object without ``__dict__``) is listed in ``unwatched``,
-which the step names in a :class:`~replaykit.errors.ReplayWarning` at construction.
+A recording runs ``loss_fn`` once, so every Python value it read is frozen into the graph (a
+focal loss's annealed ``gamma``, a loss weight in a closure or global). :class:`LossInputs` finds
+once where such values live: closure cells, defaults and named globals (of the code it leads
+to too, a few levels deep), a bound method's object, a ``partial``'s arguments, an ``nn.Module``
+criterion's plain attributes; :meth:`LossInputs.key` reads them each call
+(:func:`~replaykit.guards.module.value_key`), so a changed value records anew and a value set
+back replays. What is guarded elsewhere is skipped; what cannot be inspected (a C function) is
+listed in ``unwatched`` and named in a warning at construction.
 """
 
 from __future__ import annotations

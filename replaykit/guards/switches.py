@@ -1,21 +1,14 @@
 """Process-wide switches that choose which kernel runs, read on every call.
 
-A graph freezes the kernels chosen at capture: an SDPA backend, cuDNN or oneDNN or the native
-kernel, TF32 or IEEE matmuls, reduced-precision reductions, deterministic algorithms. A
-switch flipped after recording (a Lightning callback calling ``enable_flash_sdp(False)``
-mid-fit, ``torch.backends.cudnn.enabled = False`` for one phase, ``sdpa_kernel(...)`` around a
-validation pass) must not replay the old kernels: :func:`key` is one tuple of every switch's
-value, part of every entry point's recording key, so a changed switch selects (or records)
-another recording.
+A graph freezes the kernels chosen at capture (an SDPA backend, cuDNN or oneDNN, TF32 matmuls,
+reduced-precision reductions, deterministic algorithms); a switch flipped later (a callback's
+``enable_flash_sdp(False)``, ``sdpa_kernel(...)`` around validation) must not replay them.
+:func:`key` is one tuple of every switch's value, part of every entry point's key. Read from
+torch's own getters; one this torch lacks is left out, as are those with no getter
+(``set_flush_denormal``) or no graph's choice (thread count, cuFFT plan cache).
 
-The switches are read from torch's own getters (``torch/backends/*/__init__.py``,
-``torch/__init__.py``); one that this torch lacks (2.11 on the GPU host, 2.13 here) is left
-out. Not keyed, because torch gives no getter or it is no graph's choice: ``set_flush_denormal``
-(no getter), the CPU thread count (a CPU run's, not a graph's), the cuFFT plan cache (no numerics).
-
-:class:`Frozen` is the emulated backend's side: a CPU tape re-dispatches each aten op at replay,
-and ``aten.convolution`` would choose oneDNN or the native kernel again from the switches of the
-moment; a replay under :class:`Frozen` runs under the recording's switches, as a graph does.
+:class:`Frozen` is the emulated backend's side: a tape re-dispatches each op at replay and would
+choose kernels from the switches of the moment; under it a replay uses the recording's.
 """
 
 from __future__ import annotations

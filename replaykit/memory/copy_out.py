@@ -1,21 +1,15 @@
 """Copy-out of live aliases: tensors the caller holds that share a recording's static memory.
 
-A replayed backward returns static gradient buffers, and AccumulateGrad adopts such a
-buffer as ``.grad`` when ``.grad`` was None; a replayed forward returns static outputs.
-Whoever still holds one of them at the next replay would see it overwritten (on CUDA,
-by any replay in the recorder's shared pool). So before every replay each static
-storage must be referenced by its recording alone:
+A replay returns static outputs and gradient buffers (AccumulateGrad adopts one as ``.grad``);
+whoever still holds one at the next replay would see it overwritten. So before every replay:
 
-- an alias the recorder can reach (a parameter's ``.grad``, an output the caller still
-  holds) gets storage of its own: same values, same tensor, so every holder of that
-  tensor keeps its values. This happens at forward time, before the replay; inside the
-  replayed backward is too late;
-- an alias it cannot reach (a view of an output, a gradient kept by a callback after
-  ``zero_grad(set_to_none=True)``) makes the call route eager (reason ``live_alias``),
-  which leaves static memory alone, until that holder lets go.
+- an alias the recorder can reach (a ``.grad``, a held output) gets storage of its own (same
+  tensor, same values), at forward time: inside the replayed backward is too late;
+- an alias it cannot reach (a view of an output, a gradient a callback kept) routes the call
+  eager (``live_alias``) until its holder lets go.
 
-Liveness is read from storage use counts (C-level, no references held), so a recording
-whose aliases all died costs one comparison.
+Liveness is read from storage use counts (C-level, no references held): one comparison when
+every alias died.
 """
 
 from __future__ import annotations
