@@ -1,18 +1,10 @@
 """Network replay's recording call, as named steps: refuse early -> probe -> reference -> capture -> judge.
 
-The recording call runs the module's forward more than once: the probe (forward and
-backward, looking for what no replay can repeat), the verification's eager forward (the
-shadow the first replay is compared with), the warm-up and the capture. Then the call
-itself replays, or runs eagerly when the recording is refused. Whatever the outcome, the
-module must be left as one eager call leaves it, so one
-:class:`~replaykit.verify.call_state.CallState`, taken before the first run, is restored after
-the last: values, the names parameters, buffers and submodules are bound to (a centre buffer
-re-bound in forward), the Python values the forward's code names. Each run's prints and log
-records are held: a recording that replays this call emits the probe's (once, as eager
-prints); a call that then runs eagerly emits none of them (its eager run prints).
-
-A mixin of :class:`~replaykit.recorder.Recorder` (its state is the recorder's); the recorder
-keeps the plan a kept recording gets (:meth:`Recorder._keep`).
+The call runs the forward more than once (probe, the shadow's eager forward, warm-up, capture),
+then replays or runs eagerly; either way the module is left as one eager call leaves it: one
+:class:`~replaykit.verify.call_state.CallState` taken before the first run is restored after the
+last. Prints and log records are held: a recording that replays this call emits the probe's; a
+call that runs eagerly emits its own. A mixin of :class:`~replaykit.recorder.Recorder`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """What a whole-step recording cannot hold under ``torch.distributed``: DDP's reducer.
 
-``DistributedDataParallel`` runs Python and collectives around every backward: its forward
-prepares the reducer (``require_forward_param_sync``, bucket rebuilds on the first steps,
-``find_unused_parameters``' graph walk, ``no_sync``), and its autograd hooks all-reduce the
-gradients bucket by bucket. A whole-step graph would freeze that bookkeeping at the recording
-call. So a ``TrainStep`` over a DDP model runs eagerly, saying why, and the exact alternative
-is named: network replay of the wrapped module (``rk.capture(ddp.module)``: DDP's forward, its
-reducer and its collectives stay outside the graphs) and the optimizer step replayed by
+DDP runs Python and collectives around every backward (reducer preparation, bucket rebuilds,
+``no_sync``, all-reduce hooks), which a whole-step graph would freeze. So a ``TrainStep`` over
+DDP runs eagerly and names the exact alternative: ``rk.capture(ddp.module)`` plus
 :class:`~replaykit.optimizer_step.OptimizerStep`.
 """
 

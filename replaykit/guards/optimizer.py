@@ -1,16 +1,10 @@
 """What a whole-step graph freezes beyond the network: optimizer, scaler and EMA host values.
 
-A recorded step bakes every Python value its optimizer read (a float ``lr``,
-``momentum``, ``betas``, ``weight_decay``), the scaler's growth settings and the clip
-threshold, and it reads every state tensor (momentum buffers, Adam moments and step
-counters, the scale, a tensor ``lr``) at the address it had. So:
-
-- host values form the *hyper key*, part of each recording's key: a scheduler that
-  assigns a float ``lr`` records anew (within the budget) or routes eager, never
-  replays the old rate; a tensor ``lr`` updated in place (``fill_``) is read by the graph;
-- state tensors are watched by address (:class:`OptimizerWatch`): ``load_state_dict``,
-  a new parameter group or a replaced buffer retires the step;
-- what can never replay is refused up front with a reason (:func:`optimizer_refusal`).
+A recorded step bakes in every Python value its optimizer read (float ``lr``, ``betas``), the
+scaler's settings and the clip threshold, and reads every state tensor at its address. So host
+values form the *hyper key* (a scheduler's float ``lr`` records anew; a tensor ``lr`` updated in
+place is read by the graph); state tensors are watched by address (:class:`OptimizerWatch`); what
+can never replay is refused up front (:func:`optimizer_refusal`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """What must match for a replay to be valid, computed once per call.
 
-A signature is a hashable key: the structure of the arguments, each tensor's shape,
-dtype, strides (so memory format), storage offset, device and ``requires_grad``, which
-arguments are the same tensor (``q is k`` takes other code paths, e.g. in
-``nn.MultiheadAttention``), the non-tensor arguments by type and value (floats by their
-bits: ``-0.0`` is not ``0.0``), and the autocast state of the module's device type. An
-argument that is an object (its attributes could change under a recording) routes eager.
-Grad mode and the training flag are routes of their own (eager with a reason) and
-never reach a signature.
+A hashable key: the arguments' structure, each tensor's shape, dtype, strides, offset, device and
+``requires_grad``, which arguments are the same tensor (``q is k`` takes other paths), the
+non-tensor arguments by type and value (floats by their bits), and the autocast state. An object
+argument routes eager; grad mode and the training flag are routes of their own.
 """
 
 from __future__ import annotations

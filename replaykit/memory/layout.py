@@ -1,18 +1,11 @@
 """Static buffers' memory layout: how a private copy of an input keeps what a kernel can see.
 
-A kernel's reduction order can depend on an input's strides, on its storage offset and on
-its address's alignment (vector width, TMA), so a static input copied into a contiguous
-buffer could sum differently from eager. Both entry points therefore copy an input into
-a buffer with the caller's sizes and strides:
-
-- network replay (``rk.capture``) keeps the storage offset too (:func:`same_layout`): the
-  offset is part of its signature;
-- the whole step keeps the address's alignment instead (:func:`aligned_copy`, keyed by
-  :func:`aligned_key`): batches sliced at offset ``i * n`` from one preloaded tensor then
-  share one recording and a buffer the size of one batch.
-
-A broadcast (stride-0) dimension holds one real element however long it is: every size
-and copy here works on the *compact* size (:func:`compact_size`), never the broadcast one.
+A kernel's reduction order can depend on an input's strides, storage offset and alignment, so
+a static copy keeps the caller's sizes and strides and, for network replay, the offset
+(:func:`same_layout`, part of its signature); the whole step keeps the alignment instead
+(:func:`aligned_copy`, :func:`aligned_key`), so batches sliced from one preloaded tensor share a
+recording. A broadcast (stride-0) dimension holds one element: sizes here are *compact*
+(:func:`compact_size`).
 """
 
 from __future__ import annotations
