@@ -1,11 +1,8 @@
 """The recorder: what a captured module's call does on the route: record, replay, or eager with a reason.
 
-The route itself is :class:`~replaykit.route.Entry`'s; a recorder adds its checks (``paused``
-before the owner thread; ``eval``, the hold and reentry after autograd's mode), its key, and
-what it keeps: plans, aliases, the hold, and the drop of recordings. The recording call's
-steps are in :mod:`.recording`, the replayed call's (one ``autograd.Function`` whose forward
-and backward replay the recording) in :mod:`.replayed_call`: mixins over this state.
-:func:`replaykit.capturing.capture` makes recorders.
+It adds to :class:`~replaykit.route.Entry` its checks (``paused`` early; ``eval``, the hold and
+reentry late), its key, and what it keeps (plans, aliases, the hold). The recording call is in
+:mod:`.recording`, the replayed call in :mod:`.replayed_call`: mixins over this state.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The replayed call: one ``autograd.Function`` whose forward and backward replay a recording.
 
-What a kept recording's replays read (:class:`Plan`, made when it is recorded), what one
-replayed call's autograd node knows (its step), and the recorder's side of the replayed
-forward and backward: copy-out before a replay, the static inputs' writes, the hold, the
-saved-tensor version checks, the None pattern of incoming gradients, the shadow check of
-a replay and what a difference does. A mixin of :class:`~replaykit.recorder.Recorder`
-(its state is the recorder's, as for :mod:`.recording`).
+What a kept recording's replays read (:class:`Plan`), and the recorder's side of a replayed
+forward and backward: copy-out, the hold, the saved-tensor version checks, the None pattern,
+the shadow check. A mixin of :class:`~replaykit.recorder.Recorder`.
 """
 
 from __future__ import annotations

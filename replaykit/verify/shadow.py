@@ -1,13 +1,9 @@
 """The shadow check: a sampled replayed call compared bit for bit with eager on the same state.
 
-Guards cover what was foreseen; this covers the rest. With ``capture(..., check_every=N)``
-every N-th replayed call (the first one included) first runs eagerly on stand-ins of the
-parameters and inputs, from the same module state and RNG state, which are then put
-back; the replay follows. Its outputs, the buffers and plain tensor attributes it
-updated and the RNG state must equal eager's bitwise, and at the backward so must every
-gradient and its None pattern. On the first difference the recorder retires with reason
-``diverged: <tensor>: max abs ..., ... ulp``, and that call's result is eager's: a
-forward is re-run eagerly from the restored state, a backward returns eager's gradients.
+Guards cover what was foreseen; this covers the rest. With ``check_every=N`` every N-th replayed
+call first runs eagerly on stand-ins from the same state, which is then put back; the replay's
+outputs, buffers, RNG and, at the backward, every gradient and its None pattern must equal
+eager's. A difference retires the recorder (``diverged: ...``) and that call's result is eager's.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Snapshot and restore of what warm-up and capture may touch: parameters, buffers, ``.grad``, RNG.
 
-Recording runs the module several times (probe, warm-up, capture). Those runs must
-leave no trace: BatchNorm statistics, plain tensor attributes a forward updates in
-place, attributes a forward assigns (a Python counter, a stored loss), dropout's RNG
-stream, parameters and gradients are put back exactly, so the call that records is
+Recording runs the module several times; those runs must leave no trace (BatchNorm statistics,
+attributes a forward updates or assigns, dropout's RNG, gradients), so the call that records is
 bitwise equal to eager.
 """
 
