@@ -1,37 +1,11 @@
 """The one route every entry point takes, and what the entry points share.
 
-``rk.capture``'s :class:`~replaykit.recorder.Recorder`, :class:`~replaykit.step.TrainStep` and
-:class:`~replaykit.optimizer_step.OptimizerStep` ask each call the same questions. They are
-written here once, so that no entry point skips one or asks them in another order:
-
-- :meth:`Entry.admit`: stopped (retired / released) -> the entry's early checks -> owner
-  thread -> autograd mode -> the entry's late checks -> the gate. The two hooks
-  (:meth:`Entry.early_checks`, :meth:`Entry.late_checks`) are where the entry points differ,
-  and only there: a step's refusal and warm-up come before the owner thread; a network's
-  ``eval``, hold and reentry, a step's hooks, after the mode;
-- the entry point keys the call (its own signature);
-- :meth:`Entry.choose`: refused -> budget -> pool -> record | replay.
-
-:class:`Lifecycle` holds the policy the route reads:
-
-- **owner**: the first thread to call owns the entry point; another thread's calls run
-  eagerly (reason ``thread``), after any recording under way (:attr:`Lifecycle.lock`);
-- **journal**: every route, recording, re-recording and retirement is an event; counts
-  come from the journal's kinds;
-- **gate**: before a call picks a recording, the module guard's verdict (its state key,
-  or an eager route such as ``parameters_swapped``) and the watches (storages,
-  ``requires_grad`` flips, global hooks; the steps add their optimizer watch) are read;
-- **re-record**: a well-defined change seen by the gate (optimizer state loaded, a
-  parameter group added, a layer unfrozen, a parameter or buffer registered anew or
-  given new storage) drops every recording, journals ``rerecord`` with its cause, and
-  the next call records anew; at most ``max_rerecords`` times, then the entry point retires;
-- **retire**: permanent eager with a reason, graphs freed, one :class:`ReplayWarning`;
-  ``strict=True`` raises instead of any eager route (warm-up aside) or retirement;
-- **release**: frees everything; later calls run eagerly (reason ``released``). It is not
-  a retirement (``retired`` stays False).
-
-:class:`Entry` is the base all three are built on: the route, the read-outs, retire and
-release, dropping recordings, ``memory()`` and ``__repr__``.
+The questions every call is asked are written here once, so no entry point skips one or asks
+them in another order (DESIGN.md, "One route, three entry points"): :meth:`Entry.admit`, the
+entry's key, then :meth:`Entry.choose`. The entry points differ only in their two hooks
+(:meth:`Entry.early_checks`, :meth:`Entry.late_checks`). :class:`Lifecycle` holds the policy the
+route reads: the owner thread, the journal, the gate, re-record (bounded by ``max_rerecords``),
+retirement (one :class:`ReplayWarning`; ``strict=True`` raises) and release (not a retirement).
 """
 
 from __future__ import annotations
