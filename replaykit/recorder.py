@@ -71,9 +71,8 @@ def _nothing() -> None:
 class Recorder(RecorderRecording, RecorderReplay, Entry):
     """Records a module's forward+backward per input signature and replays them.
 
-    Made by :func:`replaykit.capture`; see its docstring for the routes and the
-    guarantees. Read ``journal``, ``counts``, ``eager_reasons``, ``retired`` and
-    ``retire_reason``; call ``retire(reason)``, ``paused()`` or ``release()``.
+    Made by :func:`replaykit.capture`; read ``journal``, ``counts``, ``eager_reasons``, ``retired``;
+    call ``retire(reason)``, ``paused()`` or ``release()``.
     """
 
     kind = "Recorder"
@@ -269,13 +268,10 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
         )
 
     def _reentered(self, call: int) -> None:
-        """Called again while a replayed call's backward is pending. Eager shares work between the two
-        calls that the replay did alone, so this step's gradients may differ from eager in the last
-        bits: a parameter the recording reads twice gets its gradient pre-summed inside the graph
-        (autograd adds this call's uses in another order), and under autocast eager casts each
-        parameter once per region (its cache) and sums both calls' gradients in the low precision,
-        where the graph cast its own copy. Said once, and the signature runs eagerly from now on
-        (both calls then eager, so exact)."""
+        """Called again while a replayed call's backward is pending: eager shares work between the two
+        calls (a parameter read twice, autocast's cast cache) that the graph did alone, so gradients may
+        differ in the last bits. Said once; the signature runs eagerly from now on (exact).
+        """
         plan = self._pending_plan
         if plan is None or plan.key in self._refused or not self.on.reentry:
             return
@@ -434,11 +430,9 @@ def stand_ins(
 ) -> Iterator[None]:
     """Put ``leaves`` where ``originals`` sit in the tree's ``_parameters`` dicts, and back.
 
-    Each dict is visited once (``modules()`` yields a shared submodule once), so a module
-    registered under two names (ALBERT's repeated block) is restored, which
-    ``torch.nn.utils.stateless`` is not: its per-name swap records the stand-in as the
-    second name's original. Tied parameters get the same leaf. Plain ``dict`` writes:
-    the swap is not a change of the module the guards should see.
+    Each dict once, so a module registered under two names (ALBERT's block) is restored, which
+    ``torch.nn.utils.stateless`` is not; tied parameters get one leaf; plain dict writes, unseen
+    by the guards.
     """
     swap = {id(p): leaf for p, leaf in zip(originals, leaves, strict=True)}
     entries = [

@@ -27,10 +27,8 @@ def flatten_outputs(outputs: Any) -> tuple[list[torch.Tensor], OutputTree]:
 class Recording(ABC):
     """One input signature's forward and backward, with its static buffers.
 
-    ``static_inputs`` are written before each forward replay; ``static_outputs`` and the
-    static gradient buffers are overwritten in place by every replay, and one set of
-    saved activations serves the latest forward only. ``targets`` are what gradients
-    are computed for: the static inputs that require grad, then the parameters.
+    Every replay overwrites the static outputs and gradient buffers in place; one set of saved
+    activations serves the latest forward only. ``targets``: inputs requiring grad, then parameters.
     """
 
     static_inputs: list[torch.Tensor]
@@ -77,12 +75,9 @@ class Recording(ABC):
     ) -> tuple[list[torch.Tensor | None], str | None]:
         """Gradients for every target from one gradient (or None) per differentiable output.
 
-        Returns ``(gradients, how)``. ``how`` is None for a replay: the gradients alias
-        static buffers. Otherwise it names why the backward ran eagerly through the
-        recorded autograd graph, exactly as eager would (``"partial"``: only some
-        outputs have a gradient; ``"layout"``: the backward graph was captured for
-        other gradient layouts; ``"capture failed: ..."``), and the gradients are fresh tensors. A target no
-        output with a gradient reaches gets None.
+        Returns ``(gradients, how)``: ``how`` None for a replay (the gradients alias static buffers),
+        else why it ran exactly through the recorded autograd graph (``"partial"``, ``"layout"``,
+        ``"capture failed: ..."``), with fresh gradients. A target no gradient reaches gets None.
         """
 
     @abstractmethod
@@ -105,10 +100,8 @@ class Recording(ABC):
 class Region(ABC):
     """One recorded body (a whole training step). ``capture`` runs it once and leaves its work done.
 
-    Network replay's :class:`Recording` connects a recorded forward and backward to
-    autograd; a region is simpler: record a body, then replay it over the same tensors.
-    Tensors the body reads by reference (parameters, gradients, optimizer state, a tensor
-    lr) are read again at every replay.
+    What the body reads by reference (parameters, gradients, optimizer state) is read again at
+    every replay.
     """
 
     @abstractmethod

@@ -40,11 +40,9 @@ from .scratch import PoolScratch, Scratch, pool_routing
 class _Saved:
     """A tensor the captured forward saved for backward.
 
-    It is owned until the captured full backward reads it, then let go, so the
-    backward's temporaries can reuse its pool memory as ``make_graphed_callables``'
-    do (retaining it would cost ~15% more memory, measured on the H200). Afterwards it
-    is rebuilt from its address: every forward replay rewrites that memory before a
-    partial backward reads it, and the hold keeps any other replay out in between.
+    Let go once the full backward read it, so its temporaries reuse the memory (retaining it cost
+    ~15% on the H200); afterwards rebuilt from its address, which every forward replay rewrites
+    before a partial backward reads it (the hold keeps other replays out).
     """
 
     __slots__ = ("meta", "tensor")
@@ -226,10 +224,8 @@ class CudaRecording(Recording):
     def prepare_backward(self, grads: Sequence[torch.Tensor | None]) -> bool:
         """At the first backward: capture the backward graph for these gradients, in their layout.
 
-        Runs inside the replayed node's backward, on the autograd engine's thread; the
-        capture's own autograd call is a reentrant backward over the recorded graph.
-        The capture frees each saved tensor after its last read, so the graph's
-        temporaries reuse activation memory as in ``make_graphed_callables``.
+        Runs on the autograd engine's thread (a reentrant backward over the recorded graph); each saved
+        tensor is freed after its last read, as in ``make_graphed_callables``.
         """
         if self._bwd is not None or self.capture_error is not None:
             return False
@@ -307,20 +303,13 @@ class CudaRecording(Recording):
 
 
 def end_failed_capture(device: torch.device, pool: tuple[int, int]) -> bool:
-    """Put the CUDA generators back after a capture that raised; True when ``pool`` must not be
-    captured into again.
+    """Put the CUDA generators back after a capture that raised; True when ``pool`` is spent.
 
-    ``torch.cuda.graph`` marks the default generator as capturing at the start and
-    unmarks it at a clean end; a capture that raises can leave the mark, and every
-    later random op in the process then fails with "Offset increment outside graph
-    capture encountered unexpectedly" (seen on the H200). An empty capture runs the
-    generators' prologue and epilogue again and clears it.
-
-    A capture invalidated by CUDA (a host read inside it) raises in ``capture_end`` before
-    the device and the pinned-host allocators stop routing into ``pool``: the next capture
-    into it failed with "beginAllocateToPool: already recording to mempool_id" (seen on the
-    H200). The device allocator's routing is ended here; the host allocator's has no Python
-    handle, so the pool's id is spent and later captures take a new one (``True``).
+    A raising capture can leave the default generator marked capturing (every later random op
+    then fails: "Offset increment outside graph capture"); an empty capture clears it. A capture
+    CUDA invalidated raises before the allocators stop routing into ``pool`` ("already recording
+    to mempool_id" next time): the device allocator's routing is ended here; the pinned-host one
+    has no handle, so the pool's id is spent.
     """
     index = device.index if device.index is not None else torch.cuda.current_device()
     try:

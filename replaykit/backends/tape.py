@@ -450,11 +450,9 @@ def _set_cpu_state(state: torch.Tensor) -> None:
 class _GeneratorEvents:
     """The CPU generator's state read and set by the recorded code go on the tape.
 
-    Activation checkpointing's recompute sets the generator back to the state its forward
-    read (``torch.get_rng_state`` / ``set_rng_state``, not aten ops), so the recomputed
-    dropout draws the forward's mask; a CUDA graph replays that rewind through its
-    graph-safe generator state. On the tape, the read is a step whose result is the state
-    *at that point of each replay*, and the set restores it, so a replay draws as eager does.
+    Checkpoint's recompute sets the generator back to the state its forward read (not aten ops);
+    on the tape the read is the state at that point of each replay and the set restores it, so a
+    replay draws as eager does (a CUDA graph does it through its graph-safe state).
     """
 
     def __init__(self, tape: Tape) -> None:

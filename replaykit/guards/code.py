@@ -200,11 +200,9 @@ class LossInputs:
     def _owner(self, owner: nn.Module, func: FunctionType, name: str) -> None:
         """A method of the module that holds the model (a LightningModule's ``compute_loss``).
 
-        That module's ``__dict__`` is mostly its framework's (a Trainer full of cycles, the step
-        itself, logs that grow every call): keyed whole it cannot be read, or changes every
-        call. So only the attributes and properties its code names are keyed (``self.aux_weight``,
-        ``self.current_epoch``), with those named by the methods of its own class it calls
-        (``self.helper()``) a few levels deep; a framework's own methods are not followed.
+        That module's ``__dict__`` is mostly its framework's (a Trainer, growing logs): only the
+        attributes its code names are keyed (``self.aux_weight``), with those of its own class's
+        methods it calls, a few levels deep.
         """
         cls, names, todo, seen = type(owner), set(), [func], set()
         for _ in range(_DEPTH + 1):

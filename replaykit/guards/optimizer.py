@@ -72,10 +72,9 @@ _MISSING = object()
 class _WatchedState(dict):
     """One parameter's optimizer state dict that notes a value replaced by another object.
 
-    ``opt.state[p]["exp_avg"] = torch.zeros_like(p)`` (a moment reset) leaves the recorded
-    tensor alive at its address, so no pointer check sees it. The optimizer's own
-    re-assignment of the same object (SGD writes ``momentum_buffer`` back every step) is not
-    a change. Pickles and deep-copies as a plain dict.
+    A moment reset (``state[p]["exp_avg"] = zeros_like(p)``) leaves the recorded tensor alive at its
+    address, unseen by a pointer check; re-assigning the same object is no change. Pickles and
+    deep-copies as a plain dict.
     """
 
     __slots__ = ("_flag",)

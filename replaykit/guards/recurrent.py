@@ -40,10 +40,8 @@ allow_cudnn_dropout: bool = os.environ.get("REPLAYKIT_CUDNN_DROPOUT_STATE") == "
 def flat_weights_follow(module: nn.Module) -> Iterator[None]:
     """Each RNN in ``module``'s tree caches the parameters it holds now, until the block ends.
 
-    Only an RNN whose every flat weight is a plain entry of its ``_parameters`` is touched
-    (a parametrized weight is computed anew at each access: its forward refreshes the
-    cache in eager too, and is left to do so). The caches are put back as they were, the
-    same objects, so no guard sees a change.
+    Only flat weights that are plain ``_parameters`` entries (a parametrized one refreshes the cache
+    in eager too); the caches are put back as the same objects, so no guard sees a change.
     """
     held = []
     for m in module.modules():
@@ -67,11 +65,8 @@ def flat_weights_follow(module: nn.Module) -> Iterator[None]:
 def restore_cuda_rng(state: torch.Tensor, device: torch.device) -> None:
     """``torch.cuda.set_rng_state(state, device)`` without re-seeding cuDNN's RNN dropout state.
 
-    The default generator's seed and offset live in a state object; its "re-seed the RNN
-    dropout state" flag lives on the generator. ``graphsafe_get_state`` gives a second
-    generator on the same state object, so setting the state through it moves the seed and
-    offset (graphs registered with the state see it) and leaves the default generator's
-    flag as eager left it.
+    The re-seed flag lives on the generator, seed and offset on its state object: setting them
+    through ``graphsafe_get_state``'s second generator leaves the flag as eager left it.
     """
     index = device.index if device.index is not None else torch.cuda.current_device()
     generator = torch.cuda.default_generators[index]
@@ -85,10 +80,8 @@ def restore_cuda_rng(state: torch.Tensor, device: torch.device) -> None:
 def cudnn_dropout_refusal(module: nn.Module) -> str | None:
     """Why a recording would change what a CUDA RNN with dropout computes, or None.
 
-    A recording call runs the forward more than once (reference, capture, check) and each
-    train-mode cuDNN forward with ``dropout > 0`` advances cuDNN's private dropout state (and
-    the first one after a seed re-seeds it, reading the seed on the host: a capture cannot):
-    later masks would differ from eager's. Refused up front so that no extra run happens.
+    Each extra train-mode forward advances cuDNN's private dropout state (and may re-seed it from a
+    host read), so later masks would differ; refused before any extra run.
     """
     if allow_cudnn_dropout:
         return None  # the call state puts the dropout state back (DropoutStates)

@@ -109,11 +109,9 @@ class MemoryPool:
 def open_pool(device: torch.device) -> tuple[tuple[int, int], torch.cuda.CUDAGraph]:
     """A new CUDA graph pool's handle, and an empty graph captured into it that keeps it open.
 
-    The caching allocator counts a pool's graphs; when the last one is reset while a block of
-    the pool is still live (a handed-out loss, a gradient), the pool lingers with a count of
-    zero and the next capture into it fails ("use_count > 0 INTERNAL ASSERT", seen on the H200
-    when a step re-recorded after its only recording was dropped). The anchor graph holds one
-    count for as long as its owner keeps the handle; dropping it lets the pool go.
+    A pool whose last graph is reset while a block is live lingers at count zero, and the next
+    capture into it fails ("use_count > 0 INTERNAL ASSERT" on the H200); the anchor graph holds one
+    count while its owner keeps the handle.
     """
     with torch.cuda.device(device):
         handle = torch.cuda.graph_pool_handle()

@@ -54,11 +54,9 @@ _SLOTS = ("_parameters", "_buffers", "_modules")
 class CallState:
     """Taken once at the start of a recording call; :meth:`restore` puts everything back.
 
-    ``tensors``: the tensor snapshot of the entry point. ``model``: what it snapshots already (the
-    modules ``code`` holds outside it are snapshotted here). ``code``: the sources of the code the
-    call runs (``LossInputs`` / ``ForwardInputs``). ``objects``: plain objects whose attributes a
-    call may re-bind (an EMA). ``whole=False`` (unsafe: ``call_state`` switched off): the tensor
-    snapshot alone, every run printing as it goes.
+    ``tensors``: the entry point's snapshot; ``model``: what it covers; ``code``: the sources of
+    the code the call runs; ``objects``: plain objects a call may re-bind (an EMA); ``whole=False``
+    (``call_state`` off): the tensor snapshot alone.
     """
 
     def __init__(

@@ -45,16 +45,12 @@ def _state(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 
 class Shadow:
-    """The eager twin of one replayed call: its outputs and end state at the forward, its
-    gradients at the backward.
+    """The eager twin of one replayed call: its outputs and end state at the forward, its gradients at
+    the backward.
 
-    It keeps no autograd graph between the two: eager's activations beside the recording's
-    static ones doubled the peak memory of every first replay (1.61-1.81x
-    ``make_graphed_callables`` on the H200). The forward's values are kept; at the backward,
-    after the replayed backward let the graph's activations go, eager's forward runs again
-    from the same state (restored, then put back as it is by then) and is differentiated
-    there. That rerun must reproduce the first one bitwise, or the check fails: an eager run
-    that is not repeatable cannot vouch for a replay.
+    It keeps no autograd graph between the two (beside the recording's activations that doubled
+    the first replay's peak on the H200): at the backward eager's forward reruns from the same state
+    and is differentiated there; the rerun must reproduce the first bitwise, or the check fails.
     """
 
     def __init__(

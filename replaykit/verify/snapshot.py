@@ -24,10 +24,8 @@ from ..guards.recurrent import restore_cuda_rng
 def host_copy(t: torch.Tensor) -> torch.Tensor:
     """A copy of ``t``'s values in host memory (a CPU tensor's: a clone), to be copied back.
 
-    Snapshots and reference states hold the whole training state (parameters, gradients, the
-    optimizer's moments: four times the parameters under Adam) while a step runs beside them:
-    on the GPU that raised a recording call's peak by as much, an out-of-memory for a model
-    whose eager step fits. A recording call pays two host copies instead.
+    Snapshots hold the whole training state (four times the parameters under Adam) while a step
+    runs beside them: on the GPU that was an out-of-memory where eager fits.
     """
     if t.device.type == "cpu":
         return t.detach().clone()
@@ -35,14 +33,12 @@ def host_copy(t: torch.Tensor) -> torch.Tensor:
 
 
 class StateSnapshot:
-    """Values of a module's parameters and buffers, its ``.grad`` tensors, the RNG states and its
-    plain attributes and held containers.
+    """Values of a module's parameters and buffers, ``.grad``, RNG states, plain attributes and held
+    containers.
 
-    ``tensors=False`` keeps only the attributes and containers: after a CUDA capture that
-    raised, only the body's Python ran (a capture executes no kernels). ``parameters=False``
-    leaves parameters and ``.grad`` out: a run on stand-ins of the parameters (the shadow
-    check) changes neither, and copying them would double the parameters' memory at the peak;
-    ``extra``: the parameters it does change (a forward writing a weight in place), kept then.
+    ``tensors=False``: attributes and containers only (a raising CUDA capture ran only Python).
+    ``parameters=False``: no parameters or ``.grad`` (a run on stand-ins changes neither); ``extra``:
+    the parameters it does change.
     """
 
     def __init__(

@@ -27,11 +27,9 @@ __all__ = ["StepSnapshot", "difference", "end_state", "unique"]
 class StepSnapshot:
     """What one step may change, to be put back in place.
 
-    ``tensors=True``: the model's values, ``.grad``, RNG, plain attributes and held
-    containers (:class:`~replaykit.verify.snapshot.StateSnapshot`), the optimizer's, scaler's and
-    EMA's state tensors and the scaler's per-optimizer notes. ``tensors=False`` (after a CUDA
-    capture that raised, which ran only the body's Python): the attributes, containers and
-    the scaler's notes.
+    ``tensors=True``: the model's :class:`~replaykit.verify.snapshot.StateSnapshot`, the optimizer's,
+    scaler's and EMA's state and the scaler's notes; ``tensors=False`` (a raising CUDA capture ran
+    only Python): the attributes, containers and the scaler's notes.
     """
 
     def __init__(
