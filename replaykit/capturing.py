@@ -41,13 +41,11 @@ def capture(
     unsafe_disable: tuple[str, ...] | list[str] | str = (),
     pool: MemoryPool | None = None,
 ) -> Recorder:
-    """Route every call of ``module`` through a recorder: record, replay, or eager with a reason.
-
-    A call records its signature and the module tree's host state (while ``max_recordings``
-    lasts), then replays; what a replay could not repeat exactly runs eagerly with the reason in
-    the journal, retires the recorder, or raises :class:`ReplayError`, never a wrong number.
-    Every route and setting: docs/reference.md (``rk.capture``).
-    """
+    """Route every call of ``module`` through a recorder: record, replay, or eager with a reason. A
+    call records its signature and the module tree's host state (while ``max_recordings`` lasts),
+    then replays; what a replay could not repeat exactly runs eagerly with the reason in the
+    journal, retires the recorder, or raises :class:`ReplayError`, never a wrong number. Every route
+    and setting: docs/reference.md (``rk.capture``)."""
     _refuse(module, warmup, max_recordings, max_rerecords, check_every)
     disabled = disabled_protections(unsafe_disable, "capture")
     pool = check_pool(pool)

@@ -15,12 +15,10 @@ from torch import nn
 
 
 class EMA:
-    """An exponential moving average of a model's parameters, updated by one foreach lerp.
-
-    Assigning ``source``, ``params`` or ``weights`` (an EMA reset) moves ``version``: a
-    recorded step reads the tensors it held then, so the step records anew. Lists are kept
-    as tuples, so no item can be replaced unseen.
-    """
+    """An exponential moving average of a model's parameters, updated by one foreach lerp. Assigning
+    ``source``, ``params`` or ``weights`` (an EMA reset) moves ``version``: a recorded step reads
+    the tensors it held then, so the step records anew. Lists are kept as tuples, so no item can be
+    replaced unseen."""
 
     _WATCHED = frozenset({"source", "params", "weights", "_weights"})
 

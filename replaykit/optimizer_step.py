@@ -139,11 +139,9 @@ class OptimizerStep(Entry):
 
     # ----------------------------------------------------------------- the call
     def __call__(self, body: Callable[[], Any], key: tuple[Hashable, ...] = ()) -> None:
-        """Run ``body`` (one optimizer step over the current ``.grad``): replayed, recorded or eager.
-
-        ``key``: the host values ``body`` bakes in besides the optimizer's and scaler's own
-        (the clip threshold and algorithm); a changed key records anew.
-        """
+        """Run ``body`` (one optimizer step over the current ``.grad``): replayed, recorded or
+        eager. ``key``: the host values ``body`` bakes in besides the optimizer's and scaler's own
+        (the clip threshold and algorithm); a changed key records anew."""
         self._calls += 1
         call = self._calls
         state, why = self.admit(call)
@@ -183,10 +181,8 @@ class OptimizerStep(Entry):
 
     def _key(self, state: Any, key: tuple, grads: list, present: list) -> tuple:
         """Host values, the gradients' None pattern and layout (a recording's buffers mirror them).
-
-        Autograd gives a gradient its parameter's shape and dtype; strides and address alignment
-        (a view into a bucket) may differ, so they key. Kept to C-level maps: it runs every step.
-        """
+        Autograd gives a gradient its parameter's shape and dtype; strides and address alignment (a
+        view into a bucket) may differ, so they key. Kept to C-level maps: it runs every step."""
         hyper = (
             hyper_key(self.optimizer, (*key, scaler_key(self.scaler)))
             if self.on.host_values

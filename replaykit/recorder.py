@@ -69,11 +69,9 @@ def _nothing() -> None:
 
 
 class Recorder(RecorderRecording, RecorderReplay, Entry):
-    """Records a module's forward+backward per input signature and replays them.
-
-    Made by :func:`replaykit.capture`; read ``journal``, ``counts``, ``eager_reasons``, ``retired``;
-    call ``retire(reason)``, ``paused()`` or ``release()``.
-    """
+    """Records a module's forward+backward per input signature and replays them. Made by
+    :func:`replaykit.capture`; read ``journal``, ``counts``, ``eager_reasons``, ``retired``; call
+    ``retire(reason)``, ``paused()`` or ``release()``."""
 
     kind = "Recorder"
 
@@ -340,11 +338,9 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
         return plan
 
     def _static_inputs(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Private copies of the inputs, in the caller's exact layout and with the caller's aliasing.
-
-        A kernel's reduction order can depend on strides and offset, so an expanded or
-        sliced input copied into a contiguous buffer could sum differently from eager.
-        """
+        """Private copies of the inputs, in the caller's exact layout and with the caller's
+        aliasing. A kernel's reduction order can depend on strides and offset, so an expanded or
+        sliced input copied into a contiguous buffer could sum differently from eager."""
         exact = self.on.input_layout
         same = self.on.input_aliasing
         made: dict[int, torch.Tensor] = {}
@@ -428,12 +424,10 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
 def stand_ins(
     module: nn.Module, originals: list[torch.Tensor], leaves: list[torch.Tensor]
 ) -> Iterator[None]:
-    """Put ``leaves`` where ``originals`` sit in the tree's ``_parameters`` dicts, and back.
-
-    Each dict once, so a module registered under two names (ALBERT's block) is restored, which
-    ``torch.nn.utils.stateless`` is not; tied parameters get one leaf; plain dict writes, unseen
-    by the guards.
-    """
+    """Put ``leaves`` where ``originals`` sit in the tree's ``_parameters`` dicts, and back. Each
+    dict once, so a module registered under two names (ALBERT's block) is restored, which
+    ``torch.nn.utils.stateless`` is not; tied parameters get one leaf; plain dict writes, unseen by
+    the guards."""
     swap = {id(p): leaf for p, leaf in zip(originals, leaves, strict=True)}
     entries = [
         (m._parameters, k, v)

@@ -62,12 +62,10 @@ _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 def _apply(
     step: _Step, inputs: list[torch.Tensor], params: list[torch.Tensor]
 ) -> tuple[torch.Tensor, ...]:
-    """``_Replay.apply(step, *inputs, *params)`` without ``Function.apply``'s pass over every argument.
-
-    That pass unwraps dead functorch wrappers (~150 ns per parameter); the inputs are unwrapped
-    here as it does, and the parameters are the recording's own, never wrappers. Inside a
-    transform the ordinary path runs.
-    """
+    """``_Replay.apply(step, *inputs, *params)`` without ``Function.apply``'s pass over every
+    argument. That pass unwraps dead functorch wrappers (~150 ns per parameter); the inputs are
+    unwrapped here as it does, and the parameters are the recording's own, never wrappers. Inside a
+    transform the ordinary path runs."""
     if _functorch_active():
         return _Replay.apply(step, *inputs, *params)
     return _apply_c(step, *map(_unwrap_if_dead, inputs), *params)

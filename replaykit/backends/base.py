@@ -25,11 +25,9 @@ def flatten_outputs(outputs: Any) -> tuple[list[torch.Tensor], OutputTree]:
 
 
 class Recording(ABC):
-    """One input signature's forward and backward, with its static buffers.
-
-    Every replay overwrites the static outputs and gradient buffers in place; one set of saved
-    activations serves the latest forward only. ``targets``: inputs requiring grad, then parameters.
-    """
+    """One input signature's forward and backward, with its static buffers. Every replay overwrites
+    the static outputs and gradient buffers in place; one set of saved activations serves the latest
+    forward only. ``targets``: inputs requiring grad, then parameters."""
 
     static_inputs: list[torch.Tensor]
     static_outputs: list[torch.Tensor]
@@ -73,20 +71,16 @@ class Recording(ABC):
     def backward(
         self, grads: Sequence[torch.Tensor | None]
     ) -> tuple[list[torch.Tensor | None], str | None]:
-        """Gradients for every target from one gradient (or None) per differentiable output.
-
-        Returns ``(gradients, how)``: ``how`` None for a replay (the gradients alias static buffers),
-        else why it ran exactly through the recorded autograd graph (``"partial"``, ``"layout"``,
-        ``"capture failed: ..."``), with fresh gradients. A target no gradient reaches gets None.
-        """
+        """Gradients for every target from one gradient (or None) per differentiable output. Returns
+        ``(gradients, how)``: ``how`` None for a replay (the gradients alias static buffers), else
+        why it ran exactly through the recorded autograd graph (``"partial"``, ``"layout"``,
+        ``"capture failed: ..."``), with fresh gradients. A target no gradient reaches gets None."""
 
     @abstractmethod
     def exact_backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        """Fresh gradients computed eagerly through the recorded autograd graph, exactly as eager would.
-
-        Touches no static buffer and leaves the activations as they are, so it can run
-        again for the same forward (a retained graph, one ``autograd.grad`` per loss).
-        """
+        """Fresh gradients computed eagerly through the recorded autograd graph, exactly as eager
+        would. Touches no static buffer and leaves the activations as they are, so it can run again
+        for the same forward (a retained graph, one ``autograd.grad`` per loss)."""
 
     def prepare_backward(self, grads: Sequence[torch.Tensor | None]) -> bool:
         """Called before each ``backward``; True when it captured new static gradient buffers."""
@@ -99,10 +93,8 @@ class Recording(ABC):
 
 class Region(ABC):
     """One recorded body (a whole training step). ``capture`` runs it once and leaves its work done.
-
-    What the body reads by reference (parameters, gradients, optimizer state) is read again at
-    every replay.
-    """
+    What the body reads by reference (parameters, gradients, optimizer state) is read again at every
+    replay."""
 
     @abstractmethod
     def capture(self, body: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
@@ -138,10 +130,8 @@ class Backend(ABC):
         params: list[torch.Tensor],
         warmup: int,
     ) -> Recording:
-        """Warm up ``warmup`` times, then record ``fn`` over ``static_inputs``.
-
-        The caller snapshots and restores module state and RNG around this call.
-        """
+        """Warm up ``warmup`` times, then record ``fn`` over ``static_inputs``. The caller snapshots
+        and restores module state and RNG around this call."""
 
     @abstractmethod
     def region(self, fixed: Sequence[torch.Tensor]) -> Region:

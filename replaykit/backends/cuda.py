@@ -38,12 +38,10 @@ from .scratch import PoolScratch, Scratch, pool_routing
 
 
 class _Saved:
-    """A tensor the captured forward saved for backward.
-
-    Let go once the full backward read it, so its temporaries reuse the memory (retaining it cost
-    ~15% on the H200); afterwards rebuilt from its address, which every forward replay rewrites
-    before a partial backward reads it (the hold keeps other replays out).
-    """
+    """A tensor the captured forward saved for backward. Let go once the full backward read it, so
+    its temporaries reuse the memory (retaining it cost ~15% on the H200); afterwards rebuilt from
+    its address, which every forward replay rewrites before a partial backward reads it (the hold
+    keeps other replays out)."""
 
     __slots__ = ("meta", "tensor")
 
@@ -84,11 +82,9 @@ class _SavedHooks:
         return saved
 
     def disown(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Saved tensors on these tensors' storage are owned by them already: hold no second reference.
-
-        Copy-out counts a static output's references; one that disappeared later, when
-        the backward capture lets saved tensors go, would read as a change.
-        """
+        """Saved tensors on these tensors' storage are owned by them already: hold no second
+        reference. Copy-out counts a static output's references; one that disappeared later, when
+        the backward capture lets saved tensors go, would read as a change."""
         storages = {t.untyped_storage().data_ptr() for t in tensors}
         for saved in self.saved:
             if saved.tensor is not None and saved.meta[0] in storages:
@@ -223,10 +219,8 @@ class CudaRecording(Recording):
 
     def prepare_backward(self, grads: Sequence[torch.Tensor | None]) -> bool:
         """At the first backward: capture the backward graph for these gradients, in their layout.
-
-        Runs on the autograd engine's thread (a reentrant backward over the recorded graph); each saved
-        tensor is freed after its last read, as in ``make_graphed_callables``.
-        """
+        Runs on the autograd engine's thread (a reentrant backward over the recorded graph); each
+        saved tensor is freed after its last read, as in ``make_graphed_callables``."""
         if self._bwd is not None or self.capture_error is not None:
             return False
         bases: list[torch.Tensor | None] = []
@@ -273,10 +267,9 @@ class CudaRecording(Recording):
         return True
 
     def exact_backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        """Eager through the recorded autograd graph: exactly what eager computes for these gradients.
-
-        Its temporaries come from the ordinary allocator, not the pool, so the activations stay.
-        """
+        """Eager through the recorded autograd graph: exactly what eager computes for these
+        gradients. Its temporaries come from the ordinary allocator, not the pool, so the
+        activations stay."""
         pairs = [(i, g) for i, g in zip(self.differentiable, grads, strict=True) if g is not None]
         if not pairs or not self._targets:
             return [None] * len(self._targets)
@@ -303,14 +296,12 @@ class CudaRecording(Recording):
 
 
 def end_failed_capture(device: torch.device, pool: tuple[int, int]) -> bool:
-    """Put the CUDA generators back after a capture that raised; True when ``pool`` is spent.
-
-    A raising capture can leave the default generator marked capturing (every later random op
-    then fails: "Offset increment outside graph capture"); an empty capture clears it. A capture
-    CUDA invalidated raises before the allocators stop routing into ``pool`` ("already recording
-    to mempool_id" next time): the device allocator's routing is ended here; the pinned-host one
-    has no handle, so the pool's id is spent.
-    """
+    """Put the CUDA generators back after a capture that raised; True when ``pool`` is spent. A
+    raising capture can leave the default generator marked capturing (every later random op then
+    fails: "Offset increment outside graph capture"); an empty capture clears it. A capture CUDA
+    invalidated raises before the allocators stop routing into ``pool`` ("already recording to
+    mempool_id" next time): the device allocator's routing is ended here; the pinned-host one has no
+    handle, so the pool's id is spent."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     try:
         torch._C._cuda_endAllocateToPool(index, pool)
@@ -407,10 +398,8 @@ class CudaBackend(Backend):
 
 
 class CudaRegion(Region):
-    """A ``torch.cuda.CUDAGraph`` in the backend's private pool (shared by its recordings).
-
-    A capture executes nothing: the recording call's work is one replay right after it.
-    """
+    """A ``torch.cuda.CUDAGraph`` in the backend's private pool (shared by its recordings). A
+    capture executes nothing: the recording call's work is one replay right after it."""
 
     def __init__(
         self,

@@ -194,11 +194,9 @@ class EmulatedBackend(Backend):
 
 
 class TapeRegion(Region):
-    """A tape of aten calls over the static inputs (fixed slots); the capture runs the body.
-
-    The replay runs the recorded aten sequence without the Python: a host value the body
-    read (a float lr, a clip threshold, ``dropout.p``) is frozen exactly as in a graph.
-    """
+    """A tape of aten calls over the static inputs (fixed slots); the capture runs the body. The
+    replay runs the recorded aten sequence without the Python: a host value the body read (a float
+    lr, a clip threshold, ``dropout.p``) is frozen exactly as in a graph."""
 
     def __init__(self, fixed: Sequence[torch.Tensor], exposure: Exposure) -> None:
         self.tape = Tape(fixed)

@@ -121,11 +121,9 @@ def untapeable(func: Any, args: tuple, kwargs: dict) -> str | None:
 
 
 def _is_default(g: torch.Generator) -> bool:
-    """Whether ``g`` is its device's default generator.
-
-    The dispatcher hands a mode a new Python wrapper, so identity cannot tell: reseed the
-    default for a moment and see whether ``g``'s state moved with it.
-    """
+    """Whether ``g`` is its device's default generator. The dispatcher hands a mode a new Python
+    wrapper, so identity cannot tell: reseed the default for a moment and see whether ``g``'s state
+    moved with it."""
     if g.device.type == "cpu":
         default = torch.default_generator
     elif g.device.type == "cuda":
@@ -179,12 +177,10 @@ class _TapeMode(WatchingMode):
 
 
 class Tape:
-    """Slots ``0..n_fixed-1`` are the fixed tensors; the rest are results of taped ops.
-
-    Use: ``with tape.recording(): outs = forward()``; then ``tape.seal(outs)`` once
-    nothing recorded needs the trace's scratch values any more (a backward through
-    the recorded graph may run before it); then ``replay()`` as often as wanted.
-    """
+    """Slots ``0..n_fixed-1`` are the fixed tensors; the rest are results of taped ops. Use: ``with
+    tape.recording(): outs = forward()``; then ``tape.seal(outs)`` once nothing recorded needs the
+    trace's scratch values any more (a backward through the recorded graph may run before it); then
+    ``replay()`` as often as wanted."""
 
     def __init__(self, fixed: Sequence[torch.Tensor]) -> None:
         self._fixed = list(fixed)
@@ -264,11 +260,9 @@ class Tape:
         return t
 
     def seal(self, outputs: Sequence[torch.Tensor]) -> None:
-        """End recording: find the static results, plan frees, drop the trace's scratch values.
-
-        A result is static when its storage outlives the trace (``outputs`` included);
-        such a tensor must keep its address, so each replay writes into it.
-        """
+        """End recording: find the static results, plan frees, drop the trace's scratch values. A
+        result is static when its storage outlives the trace (``outputs`` included); such a tensor
+        must keep its address, so each replay writes into it."""
         n_fixed = len(self._fixed)
         table, self._table = self._table, []
         self._by_id = None
@@ -448,12 +442,10 @@ def _set_cpu_state(state: torch.Tensor) -> None:
 
 
 class _GeneratorEvents:
-    """The CPU generator's state read and set by the recorded code go on the tape.
-
-    Checkpoint's recompute sets the generator back to the state its forward read (not aten ops);
-    on the tape the read is the state at that point of each replay and the set restores it, so a
-    replay draws as eager does (a CUDA graph does it through its graph-safe state).
-    """
+    """The CPU generator's state read and set by the recorded code go on the tape. Checkpoint's
+    recompute sets the generator back to the state its forward read (not aten ops); on the tape the
+    read is the state at that point of each replay and the set restores it, so a replay draws as
+    eager does (a CUDA graph does it through its graph-safe state)."""
 
     def __init__(self, tape: Tape) -> None:
         self.tape = tape

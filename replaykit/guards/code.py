@@ -198,12 +198,10 @@ class LossInputs:
         )
 
     def _owner(self, owner: nn.Module, func: FunctionType, name: str) -> None:
-        """A method of the module that holds the model (a LightningModule's ``compute_loss``).
-
-        That module's ``__dict__`` is mostly its framework's (a Trainer, growing logs): only the
+        """A method of the module that holds the model (a LightningModule's ``compute_loss``). That
+        module's ``__dict__`` is mostly its framework's (a Trainer, growing logs): only the
         attributes its code names are keyed (``self.aux_weight``), with those of its own class's
-        methods it calls, a few levels deep.
-        """
+        methods it calls, a few levels deep."""
         cls, names, todo, seen = type(owner), set(), [func], set()
         for _ in range(_DEPTH + 1):
             found: list[FunctionType] = []

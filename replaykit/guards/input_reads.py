@@ -79,12 +79,10 @@ def _storage(t: torch.Tensor) -> int:
 
 class Provenance(WatchingMode):
     """Follows which tensors are functions of the call's inputs alone, and answers their host reads.
-
     ``sources``: the call's input tensors (positions as in the call). ``answers``: a value per
     program known for this call. ``discover``: an eager pass (not capturing) may make an unknown
     read itself and note it; otherwise an unknown input-derived read raises :class:`NewInputRead`.
-    After the run, ``reads`` lists ``(program, value)`` for each input-derived read, in order.
-    """
+    After the run, ``reads`` lists ``(program, value)`` for each input-derived read, in order."""
 
     def __init__(
         self,
@@ -347,13 +345,11 @@ _NEW = "new input reads"
 
 
 class InputReads:
-    """Per recording key: evaluates the input-derived host reads on each call and keys by their values.
-
-    ``key(base, tensors)`` is called on every call (before a recording is chosen); after a
-    recording, ``settle(reads)`` gives the key it is stored under. ``keyed=False`` (the
-    protection switched off) still answers reads at recording, but does not key by them:
-    the recording call's values are frozen into the recording (the negative control).
-    """
+    """Per recording key: evaluates the input-derived host reads on each call and keys by their
+    values. ``key(base, tensors)`` is called on every call (before a recording is chosen); after a
+    recording, ``settle(reads)`` gives the key it is stored under. ``keyed=False`` (the protection
+    switched off) still answers reads at recording, but does not key by them: the recording call's
+    values are frozen into the recording (the negative control)."""
 
     def __init__(self, keyed: bool = True) -> None:
         self._sites: dict[tuple, _Site] = {}

@@ -70,12 +70,10 @@ _MISSING = object()
 
 
 class _WatchedState(dict):
-    """One parameter's optimizer state dict that notes a value replaced by another object.
-
-    A moment reset (``state[p]["exp_avg"] = zeros_like(p)``) leaves the recorded tensor alive at its
-    address, unseen by a pointer check; re-assigning the same object is no change. Pickles and
-    deep-copies as a plain dict.
-    """
+    """One parameter's optimizer state dict that notes a value replaced by another object. A moment
+    reset (``state[p]["exp_avg"] = zeros_like(p)``) leaves the recorded tensor alive at its address,
+    unseen by a pointer check; re-assigning the same object is no change. Pickles and deep-copies as
+    a plain dict."""
 
     __slots__ = ("_flag",)
 
@@ -178,10 +176,9 @@ def optimizer_hooks(optimizer: torch.optim.Optimizer) -> bool:
 
 
 def known_step(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether the optimizer's ``step`` is torch's own (a subclass overriding it may keep Python state).
-
-    Lightning's and Fabric's wrappers forward ``step`` to the optimizer they wrap: that one decides.
-    """
+    """Whether the optimizer's ``step`` is torch's own (a subclass overriding it may keep Python
+    state). Lightning's and Fabric's wrappers forward ``step`` to the optimizer they wrap: that one
+    decides."""
     cls = type(optimizer)
     if cls.__module__.startswith(("lightning.", "lightning_fabric.", "pytorch_lightning.")):
         inner = getattr(optimizer, "optimizer", None)
@@ -231,10 +228,8 @@ def optimizer_refusal(
 
 
 def host_state(optimizer: torch.optim.Optimizer, device: torch.device) -> str | None:
-    """Why a CUDA graph would freeze optimizer state kept on the CPU (Adagrad's step counter), or None.
-
-    A capture records device kernels only: an op on a CPU tensor runs once, at capture.
-    """
+    """Why a CUDA graph would freeze optimizer state kept on the CPU (Adagrad's step counter), or
+    None. A capture records device kernels only: an op on a CPU tensor runs once, at capture."""
     if device.type != "cuda":
         return None
     for group in optimizer.param_groups:

@@ -38,11 +38,9 @@ allow_cudnn_dropout: bool = os.environ.get("REPLAYKIT_CUDNN_DROPOUT_STATE") == "
 
 @contextmanager
 def flat_weights_follow(module: nn.Module) -> Iterator[None]:
-    """Each RNN in ``module``'s tree caches the parameters it holds now, until the block ends.
-
-    Only flat weights that are plain ``_parameters`` entries (a parametrized one refreshes the cache
-    in eager too); the caches are put back as the same objects, so no guard sees a change.
-    """
+    """Each RNN in ``module``'s tree caches the parameters it holds now, until the block ends. Only
+    flat weights that are plain ``_parameters`` entries (a parametrized one refreshes the cache in
+    eager too); the caches are put back as the same objects, so no guard sees a change."""
     held = []
     for m in module.modules():
         if not isinstance(m, nn.RNNBase) or "_flat_weights" not in m.__dict__:
@@ -63,11 +61,9 @@ def flat_weights_follow(module: nn.Module) -> Iterator[None]:
 
 
 def restore_cuda_rng(state: torch.Tensor, device: torch.device) -> None:
-    """``torch.cuda.set_rng_state(state, device)`` without re-seeding cuDNN's RNN dropout state.
-
-    The re-seed flag lives on the generator, seed and offset on its state object: setting them
-    through ``graphsafe_get_state``'s second generator leaves the flag as eager left it.
-    """
+    """``torch.cuda.set_rng_state(state, device)`` without re-seeding cuDNN's RNN dropout state. The
+    re-seed flag lives on the generator, seed and offset on its state object: setting them through
+    ``graphsafe_get_state``'s second generator leaves the flag as eager left it."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     generator = torch.cuda.default_generators[index]
     view = getattr(generator, "graphsafe_get_state", None)
@@ -78,11 +74,9 @@ def restore_cuda_rng(state: torch.Tensor, device: torch.device) -> None:
 
 
 def cudnn_dropout_refusal(module: nn.Module) -> str | None:
-    """Why a recording would change what a CUDA RNN with dropout computes, or None.
-
-    Each extra train-mode forward advances cuDNN's private dropout state (and may re-seed it from a
-    host read), so later masks would differ; refused before any extra run.
-    """
+    """Why a recording would change what a CUDA RNN with dropout computes, or None. Each extra
+    train-mode forward advances cuDNN's private dropout state (and may re-seed it from a host read),
+    so later masks would differ; refused before any extra run."""
     if allow_cudnn_dropout:
         return None  # the call state puts the dropout state back (DropoutStates)
     name, m = next(iter(_cudnn_dropout_rnns(module)), ("", None))

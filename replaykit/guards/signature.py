@@ -18,11 +18,9 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 
 class CallArgs:
-    """One call's arguments split into tensors and a structure to rebuild them from.
-
-    A slotted class, not a frozen dataclass: one is made per call, and a frozen
-    dataclass's ``__init__`` costs four ``object.__setattr__`` calls. Not to be modified.
-    """
+    """One call's arguments split into tensors and a structure to rebuild them from. A slotted
+    class, not a frozen dataclass: one is made per call, and a frozen dataclass's ``__init__`` costs
+    four ``object.__setattr__`` calls. Not to be modified."""
 
     __slots__ = ("leaves", "spec", "tensor_slots", "tensors")
 
@@ -139,12 +137,10 @@ def split_call(args: tuple, kwargs: dict) -> CallArgs:
 def signature(
     call: CallArgs, device_type: str, exact_arguments: bool = True, tensor_key: Any = None
 ) -> tuple:
-    """The hashable key under which a recording of this call is kept.
-
-    ``exact_arguments=False`` (unsafe, diagnosis only) keys non-tensor arguments by ``==``
-    and ignores aliasing, as plain CUDA-graph wrappers do. ``tensor_key`` replaces the
-    per-tensor key (the whole step keys storage offsets by alignment: :func:`replaykit.memory.layout.aligned_key`).
-    """
+    """The hashable key under which a recording of this call is kept. ``exact_arguments=False``
+    (unsafe, diagnosis only) keys non-tensor arguments by ``==`` and ignores aliasing, as plain
+    CUDA-graph wrappers do. ``tensor_key`` replaces the per-tensor key (the whole step keys storage
+    offsets by alignment: :func:`replaykit.memory.layout.aligned_key`)."""
     try:
         tensors = tuple(map(tensor_key or _tensor_key, call.tensors))
     except RuntimeError:  # a sparse input has no strides: said once here, not checked per tensor

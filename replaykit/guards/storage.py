@@ -51,11 +51,9 @@ def hook_dicts(module: nn.Module) -> list[dict]:
 
 class ModuleWatch:
     """Detects what no write notification reports; ``reason()`` names the first change found.
-
     Registrations, swapped tensors and submodule hooks are reported by
-    :class:`replaykit.guards.module.ModuleGuard`; storage changes and ``requires_grad`` flips
-    happen in C and are compared here on every call (one pass over parameters and buffers).
-    """
+    :class:`replaykit.guards.module.ModuleGuard`; storage changes and ``requires_grad`` flips happen
+    in C and are compared here on every call (one pass over parameters and buffers)."""
 
     def __init__(self, module: nn.Module) -> None:
         self._module = module

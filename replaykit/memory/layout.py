@@ -78,11 +78,9 @@ def same_layout(t: torch.Tensor) -> torch.Tensor:
 
 
 def aligned_copy(t: torch.Tensor) -> torch.Tensor:
-    """A private copy of ``t`` with its sizes, strides and address alignment (broadcast dimensions kept).
-
-    Not its storage offset: a batch sliced at offset ``i * n`` from a preloaded dataset would
-    otherwise need a buffer as large as the dataset's prefix and a recording per offset.
-    """
+    """A private copy of ``t`` with its sizes, strides and address alignment (broadcast dimensions
+    kept). Not its storage offset: a batch sliced at offset ``i * n`` from a preloaded dataset would
+    otherwise need a buffer as large as the dataset's prefix and a recording per offset."""
     t = t.detach()
     item = t.element_size()
     align = ALIGNMENT.get(t.device.type, 512)

@@ -80,9 +80,7 @@ class MemoryPool:
 
     def claim(self, user: PoolUser, call: int, safe: bool = True) -> bool:
         """Before ``user`` records or replays: True when it may (the others hold nothing live here).
-
-        ``safe=False`` (``unsafe_disable=["shared_pool"]``) skips the others' check.
-        """
+        ``safe=False`` (``unsafe_disable=["shared_pool"]``) skips the others' check."""
         holder = self._holder() if self._holder is not None else None
         if holder is user:
             return True
@@ -107,12 +105,10 @@ class MemoryPool:
 
 
 def open_pool(device: torch.device) -> tuple[tuple[int, int], torch.cuda.CUDAGraph]:
-    """A new CUDA graph pool's handle, and an empty graph captured into it that keeps it open.
-
-    A pool whose last graph is reset while a block is live lingers at count zero, and the next
-    capture into it fails ("use_count > 0 INTERNAL ASSERT" on the H200); the anchor graph holds one
-    count while its owner keeps the handle.
-    """
+    """A new CUDA graph pool's handle, and an empty graph captured into it that keeps it open. A
+    pool whose last graph is reset while a block is live lingers at count zero, and the next capture
+    into it fails ("use_count > 0 INTERNAL ASSERT" on the H200); the anchor graph holds one count
+    while its owner keeps the handle."""
     with torch.cuda.device(device):
         handle = torch.cuda.graph_pool_handle()
         anchor = torch.cuda.CUDAGraph()

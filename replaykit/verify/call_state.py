@@ -53,11 +53,9 @@ _SLOTS = ("_parameters", "_buffers", "_modules")
 
 class CallState:
     """Taken once at the start of a recording call; :meth:`restore` puts everything back.
-
-    ``tensors``: the entry point's snapshot; ``model``: what it covers; ``code``: the sources of
-    the code the call runs; ``objects``: plain objects a call may re-bind (an EMA); ``whole=False``
-    (``call_state`` off): the tensor snapshot alone.
-    """
+    ``tensors``: the entry point's snapshot; ``model``: what it covers; ``code``: the sources of the
+    code the call runs; ``objects``: plain objects a call may re-bind (an EMA); ``whole=False``
+    (``call_state`` off): the tensor snapshot alone."""
 
     def __init__(
         self,

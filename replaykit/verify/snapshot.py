@@ -23,10 +23,8 @@ from ..guards.recurrent import restore_cuda_rng
 
 def host_copy(t: torch.Tensor) -> torch.Tensor:
     """A copy of ``t``'s values in host memory (a CPU tensor's: a clone), to be copied back.
-
-    Snapshots hold the whole training state (four times the parameters under Adam) while a step
-    runs beside them: on the GPU that was an out-of-memory where eager fits.
-    """
+    Snapshots hold the whole training state (four times the parameters under Adam) while a step runs
+    beside them: on the GPU that was an out-of-memory where eager fits."""
     if t.device.type == "cpu":
         return t.detach().clone()
     return t.detach().to("cpu", non_blocking=True)  # pinned, in stream order: read it after a sync

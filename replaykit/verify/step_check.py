@@ -25,12 +25,10 @@ __all__ = ["StepSnapshot", "difference", "end_state", "unique"]
 
 
 class StepSnapshot:
-    """What one step may change, to be put back in place.
-
-    ``tensors=True``: the model's :class:`~replaykit.verify.snapshot.StateSnapshot`, the optimizer's,
-    scaler's and EMA's state and the scaler's notes; ``tensors=False`` (a raising CUDA capture ran
-    only Python): the attributes, containers and the scaler's notes.
-    """
+    """What one step may change, to be put back in place. ``tensors=True``: the model's
+    :class:`~replaykit.verify.snapshot.StateSnapshot`, the optimizer's, scaler's and EMA's state and
+    the scaler's notes; ``tensors=False`` (a raising CUDA capture ran only Python): the attributes,
+    containers and the scaler's notes."""
 
     def __init__(
         self,
