@@ -1,25 +1,13 @@
 """The whole step's recording call, as named steps: reference -> capture -> judge -> keep.
 
-A recording call runs the step's Python more than once: the eager reference (the twin's
-body, whose end state the recording must match), then the capture (a retry after a new
-input read was learnt runs both again). It must end in exactly the state ONE eager call
-leaves, whatever its outcome. So:
-
-- one :class:`~replaykit.verify.call_state.CallState` is taken at its start and owns "put
-  everything back": the model, the optimizer (its param groups' Python values too), what
-  ``loss_fn`` holds (closure cells, globals, containers, modules outside the model). It is
-  restored after the reference, after a capture that raised, and before the eager run of a
-  recording refused or retired;
-- each run's prints and log records are held; the run that stands as the call emits its own.
-
-Each step returns None (go on) or an :class:`Outcome` the loop in
-:meth:`RecordingSteps._record_call` settles: ``stands`` (a run's work is the call's: a recording
-kept, or a run whose effects a replay would not repeat), ``eager`` (nothing stands: the state is
-put back and the twin's body runs once, journaled with its reason) or ``retry`` (put back, then
-record again: a read learnt, or reads to be watched). No re-entry into ``__call__``, no counter
-wound back.
-
-A mixin of :class:`~replaykit.step.TrainStep` (its per-call state is the step's own).
+The call runs the step's Python more than once (the eager reference, whose end state the
+recording must match, then the capture; a retry after a learnt input read runs both again) and
+must end in exactly the state one eager call leaves: one
+:class:`~replaykit.verify.call_state.CallState`, taken at its start, puts everything back, and
+only the standing run's output is emitted. Each step returns None (go on) or an
+:class:`Outcome` that :meth:`RecordingSteps._record_call` settles: ``stands`` (a run's work is
+the call's), ``eager`` (put back, the twin's body runs once) or ``retry`` (put back, record
+again). A mixin of :class:`~replaykit.step.TrainStep`.
 """
 
 from __future__ import annotations
