@@ -1,27 +1,16 @@
 """Guards: the host-side values a recording depends on, noticed when they change.
 
-A graph replays the kernels of the recorded call, so every Python value the forward read
-then is frozen into it: each submodule's ``training`` flag, ``dropout.p``,
-``bn.momentum``, a float schedule attribute, a flag choosing a branch, which tensors sit
-in ``_parameters`` and ``_buffers``. ``torch.compile`` re-reads such values on every call;
-with a few hundred submodules that is thousands of reads per call. Here *writes* are
-watched instead, so an unchanged module costs one integer comparison per call:
-
-- ``nn.Module.__setattr__`` and ``__delattr__`` get one process-wide wrapper (installed at
-  the first capture, never removed; a module nobody captured pays a set lookup), and
-- the watched modules' ``_parameters``, ``_buffers``, ``_modules`` and hook dicts are
-  swapped for dict subclasses (``torch.func.functional_call`` writes ``_parameters``
-  directly), and ``Tensor.register_hook``/``register_post_accumulate_grad_hook`` get a
-  wrapper that reports hooks put on watched parameters,
-
-and both bump one global epoch. Only when the epoch moved is the tree read again
-(:meth:`ModuleGuard.refresh`): its plain values form the *state key*, part of every
-recording's key, so a changed value records anew (within ``max_recordings``) and a value
-set back replays its earlier recording; parameters swapped for other tensors route eager
-(``parameters_swapped``) until they are put back; a new ``nn.Parameter``, buffer or
-submodule retires the recorder. Plain-data objects and mutable containers held by
-modules of user code (not ``torch.*`` classes) cannot report writes, so they are re-read
-on every call; torch's own modules keep only immutable settings in such containers.
+A graph freezes every Python value the forward read (``training`` flags, ``dropout.p``, a
+schedule attribute, what sits in ``_parameters``). Re-reading them every call costs thousands
+of reads for a large tree, so *writes* are watched instead: one process-wide
+``nn.Module.__setattr__``/``__delattr__`` wrapper, dict subclasses for the watched modules'
+``_parameters``, ``_buffers``, ``_modules`` and hook dicts (``functional_call`` writes them
+directly), and ``Tensor.register_hook`` wrappers all bump one epoch; an unchanged module costs
+one integer comparison. When the epoch moved, :meth:`ModuleGuard.refresh` reads the tree: its
+plain values form the *state key* (a change records anew, a value set back replays); swapped
+parameters route eager (``parameters_swapped``); a new parameter, buffer or submodule
+re-records. Plain objects and containers of user code cannot report writes and are re-read
+every call.
 """
 
 from __future__ import annotations
