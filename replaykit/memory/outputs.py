@@ -1,20 +1,11 @@
 """What a forward returns, split into what a replay recomputes and what it rebuilds.
 
-A recording replays tensors. The rest of what a forward returns is rebuilt around the
-replayed tensors from the recording: the tree's structure (tuples, lists, dicts, and any
-type registered with torch's pytree, such as transformers' ``ModelOutput`` subclasses,
-which come back as their own class) and its constant leaves (``None``, numbers, strings,
-dtypes, ``torch.Size``). A constant is a host value the forward computed, frozen with the
-recording like every other host value it read: the guards key what it may depend on, the
-recording's own call and the probe must agree on it (else the signature runs eagerly,
-``output_constant``), and the first replay's verification and ``check_every`` compare it
-with eager's.
-
-Any other leaf (a ``DynamicCache`` holding the call's keys and values, an instance of a
-plain class) is an object whose identity and state a replay cannot reproduce: handing
-back the recording's own object would share it between calls and leave its tensors
-stale. Such a signature runs eagerly (``output_object``), with the reason naming the
-object, where it sits and what to change.
+Tensors are replayed; the rest is rebuilt around them: the tree's structure (containers and
+pytree-registered types such as transformers' ``ModelOutput``) and its constant leaves (None,
+numbers, strings, dtypes, sizes), host values frozen like every other (the recording and the
+probe must agree on them, else ``output_constant``). Any other leaf (a ``DynamicCache``) is an
+object whose identity and state a replay cannot reproduce: that signature runs eagerly
+(``output_object``), the reason naming the object and what to change.
 """
 
 from __future__ import annotations
