@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .backends import Recording
-from .guards.code import iterator_reason
+from .guards.code import cpu_versions, iterator_reason
 from .guards.compiled import CompileWatch, aot_compiled, compiled_regions
 from .guards.input_reads import Provenance
 from .guards.module import host_dependence
@@ -138,11 +138,8 @@ class RecorderRecording:
         return inputs.held_tensors() if inputs is not None and self.on.call_state else []
 
     def _host_held(self) -> list[tuple[torch.Tensor, int]]:
-        """CPU tensors the forward names beside a GPU module, with their versions: a CUDA graph
-        does not replay a host op that writes one."""
-        if self._device_kind == "cpu":
-            return []
-        return [(t, t._version) for t in self._forward_held() if t.device.type == "cpu"]
+        """The CPU tensors the forward names beside a GPU module, with versions (:func:`cpu_versions`)."""
+        return [] if self._device_kind == "cpu" else cpu_versions(self._forward_held())
 
     def _runs(self, made: Made, callargs: CallArgs, state: CallState) -> bool:
         """Probe, reference, capture (each run's output held); False: the recording call failed

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .backends import Region, Scratch
-from .guards.code import ForwardInputs, LossInputs, iterator_reason
+from .guards.code import ForwardInputs, LossInputs, cpu_versions, iterator_reason
 from .guards.compiled import CompileWatch, compiled_regions
 from .guards.input_reads import NewInputRead, Provenance
 from .guards.module import host_dependence
@@ -124,14 +124,11 @@ class RecordingSteps:
         return self._eager(phase, outcome.reason, args, kwargs)
 
     def _hold_host_tensors(self) -> None:
-        """CPU tensors the forward names through globals and cells beside a GPU model, with their
-        versions before any run: a CUDA graph does not replay a host op that writes one
-        (``_forward_changes``). Taken here, not per call: only a recording call reads them."""
-        if self._forward_inputs is None or self.device.type == "cpu":
-            self._host_held = []
-            return
-        held = self._forward_inputs.held_tensors()
-        self._host_held = [(t, t._version) for t in held if t.device.type == "cpu"]
+        """The CPU tensors the forward names beside a GPU model, with versions (:func:`cpu_versions`),
+        before any run: read by ``_forward_changes``, so taken here and not on every call."""
+        inputs = self._forward_inputs
+        cpu = inputs is None or self.device.type == "cpu"
+        self._host_held = [] if cpu else cpu_versions(inputs.held_tensors())
 
     def _attempt(
         self, state: CallState, phase: str, key: tuple, callargs: Any, args: tuple, kwargs: dict

@@ -414,6 +414,12 @@ class ForwardInputs(LossInputs):
         return [t for t in found if _loose_tensor(t) and not t.is_inference()]
 
 
+def cpu_versions(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, int]]:
+    """The CPU tensors among ``tensors`` (what a forward names beside a GPU model), with their
+    versions: a CUDA graph does not replay a host op that writes one."""
+    return [(t, t._version) for t in tensors if t.device.type == "cpu"]
+
+
 def _loose_tensor(value: Any) -> bool:
     """A tensor that is not a parameter (the model's are guarded by the module's own key)."""
     return isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter)
