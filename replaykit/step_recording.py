@@ -158,9 +158,8 @@ class RecordingSteps:
         return None
 
     def _call_state(self, tensors: bool | None = None) -> CallState:
-        """Everything the call's runs may change, taken before the first. Without ``call_state``
-        (unsafe) only the step's tensor snapshot, as before the call state existed. ``tensors``:
-        whether the runs execute kernels (default: the recording call's answer)."""
+        """Everything the call's runs may change, taken before the first (``call_state`` off, unsafe:
+        the tensor snapshot alone). ``tensors``: whether the runs execute kernels."""
         assert self.backend is not None
         if tensors is None:
             # a CUDA capture executes no kernels: without the reference only Python runs twice
