@@ -142,14 +142,12 @@ class Lifecycle:
         return self.owner == me
 
     def mode(self) -> str | None:
-        """Why autograd's mode forbids a replay now, or None (five C-level reads).
-
-        A replay hands autograd fixed kernels' results: under ``no_grad`` there is nothing to
-        record; anomaly mode checks each backward op for NaNs (a replayed backward runs none);
-        saved-tensor hooks (activation offload, non-reentrant checkpoint) would never see the
-        recording's saved tensors; a ``torch.func`` transform wraps the tensors; and a call inside a
-        backward (checkpoint's recompute) must not record, nor replay over a pending backward.
-        """
+        """Why autograd's mode forbids a replay now, or None (five C-level reads). A replay hands
+        autograd fixed kernels' results: under ``no_grad`` there is nothing to record; anomaly mode
+        checks each backward op for NaNs (a replayed backward runs none); saved-tensor hooks
+        (activation offload, non-reentrant checkpoint) would never see the recording's saved
+        tensors; a ``torch.func`` transform wraps the tensors; and a call inside a backward
+        (checkpoint's recompute) must not record, nor replay over a pending backward."""
         if not _grad_enabled():
             return "no_grad"
         if self.on.autograd_modes:
@@ -197,10 +195,8 @@ class Lifecycle:
 
     def gate(self, call: int, recorded: bool) -> tuple[Any, str | None]:
         """Before a call picks a recording: ``(state key, None)``, or ``(None, eager reason)``.
-
-        ``recorded``: whether recordings exist. A change they cannot survive drops them
-        (re-record) or retires; with none, a changed tree is simply the new baseline.
-        """
+        ``recorded``: whether recordings exist. A change they cannot survive drops them (re-record)
+        or retires; with none, a changed tree is simply the new baseline."""
         verdict = self.guard.verdict()
         if recorded:
             change = self._change(verdict.retire)
@@ -285,13 +281,11 @@ _NO_LOCK = contextlib.nullcontext()
 
 
 class Entry:
-    """What the three entry points share: the route, the read-outs, retire and release.
-
-    A subclass sets ``lifecycle`` (:meth:`_lifecycle`), ``on`` (its :class:`Switches`),
-    ``_recordings`` and ``_refused`` (by key), ``max_recordings``, ``backend``, ``_pool``
-    and ``_calls``; it writes its own key, record and replay, and names its extra checks in
-    :meth:`early_checks` and :meth:`late_checks`.
-    """
+    """What the three entry points share: the route, the read-outs, retire and release. A subclass
+    sets ``lifecycle`` (:meth:`_lifecycle`), ``on`` (its :class:`Switches`), ``_recordings`` and
+    ``_refused`` (by key), ``max_recordings``, ``backend``, ``_pool`` and ``_calls``; it writes its
+    own key, record and replay, and names its extra checks in :meth:`early_checks` and
+    :meth:`late_checks`."""
 
     #: the entry point's kind, as ``__repr__`` names it
     kind: ClassVar[str] = "Entry"
@@ -336,10 +330,8 @@ class Entry:
         return None
 
     def admit(self, call: int) -> tuple[Any, str | None]:
-        """May this call replay at all? ``(state key, None)``, or ``(None, eager reason)``.
-
-        stopped -> :meth:`early_checks` -> owner thread -> mode -> :meth:`late_checks` -> gate.
-        """
+        """May this call replay at all? ``(state key, None)``, or ``(None, eager reason)``. stopped
+        -> :meth:`early_checks` -> owner thread -> mode -> :meth:`late_checks` -> gate."""
         life = self.lifecycle
         if life.retired or life.released:
             return None, "retired" if life.retired else "released"
@@ -356,11 +348,9 @@ class Entry:
         return life.gate(call, bool(self._recordings))
 
     def choose(self, table: dict[tuple, Any], key: tuple, call: int) -> tuple[Any, str | None]:
-        """``table``'s entry for ``key`` (None: record one), or ``(None, eager reason)``.
-
-        refused -> budget -> pool. A refused key wins over a recording it still has (a
-        network's reentry refuses a signature whose backward is pending).
-        """
+        """``table``'s entry for ``key`` (None: record one), or ``(None, eager reason)``. refused ->
+        budget -> pool. A refused key wins over a recording it still has (a network's reentry
+        refuses a signature whose backward is pending)."""
         if self._refused:
             refused = self._refused.get(key)
             if refused is not None:
