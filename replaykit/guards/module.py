@@ -182,11 +182,9 @@ def _install() -> None:
 
 
 def gradient_hooks(params: Any) -> int:
-    """How many parameters carry gradient hooks (tensor hooks or post-accumulate hooks).
-
-    Eager runs them as the backward reaches each parameter; a replay hands all
-    gradients to autograd at once, so with two or more their order would differ.
-    """
+    """How many parameters carry gradient hooks (tensor hooks or post-accumulate hooks). Eager runs
+    them as the backward reaches each parameter; a replay hands all gradients to autograd at once,
+    so with two or more their order would differ."""
     return sum(1 for p in params if p._backward_hooks or p._post_accumulate_grad_hooks)
 
 
@@ -220,10 +218,8 @@ class listen_for_writes:
 
 def value_key(value: Any) -> Any:
     """A hashable key that changes whenever ``value`` would make a forward behave differently.
-
-    Floats are keyed by their bits (``-0.0`` is not ``0.0``; a NaN equals itself), tensors
-    and callables by identity (a graph reads a tensor's memory, whatever it holds).
-    """
+    Floats are keyed by their bits (``-0.0`` is not ``0.0``; a NaN equals itself), tensors and
+    callables by identity (a graph reads a tensor's memory, whatever it holds)."""
     if isinstance(value, float):
         return ("f", value.hex())
     if isinstance(value, PLAIN_VALUES):
@@ -345,11 +341,9 @@ def _needs_polling(value: Any) -> bool:
 
 
 def held_values(module: nn.Module) -> list[tuple[str, Any, Any]]:
-    """``(name, value, key)`` of the containers and plain objects the tree's modules hold.
-
-    A write into one (``self.feats["h"] = h``) reports nothing, so the probe compares
-    their keys around the recording forward.
-    """
+    """``(name, value, key)`` of the containers and plain objects the tree's modules hold. A write
+    into one (``self.feats["h"] = h``) reports nothing, so the probe compares their keys around the
+    recording forward."""
     out = []
     for n, m in module.named_modules():
         for name, value in m.__dict__.items():
@@ -553,12 +547,10 @@ def tree_contains(root: nn.Module, module: nn.Module) -> bool:
 
 
 def host_dependence(module: nn.Module) -> str | None:
-    """Why a graph would freeze a host-side value of this module, or None.
-
-    BatchNorm with ``momentum=None`` averages with ``1 / num_batches_tracked`` read on the
-    host at every call; a graph would replay the first call's factor for ever. A CUDA RNN with
-    dropout in training draws from cuDNN's private state (``replaykit/guards/recurrent.py``).
-    """
+    """Why a graph would freeze a host-side value of this module, or None. BatchNorm with
+    ``momentum=None`` averages with ``1 / num_batches_tracked`` read on the host at every call; a
+    graph would replay the first call's factor for ever. A CUDA RNN with dropout in training draws
+    from cuDNN's private state (``replaykit/guards/recurrent.py``)."""
     for name, m in module.named_modules():
         if (
             isinstance(m, nn.modules.batchnorm._BatchNorm)
