@@ -60,9 +60,7 @@ def _boolean_mask(func: Any, args: tuple) -> bool:
 
 class _Inspector(WatchingMode):
     """Notes aten ops a graph cannot repeat: private generators, host reads, data-dependent shapes.
-
-    Puts each private generator's state back afterwards (the probe must leave no trace).
-    """
+    Puts each private generator's state back afterwards (the probe must leave no trace)."""
 
     def __init__(self, leaves: Sequence[torch.Tensor] = ()) -> None:
         super().__init__()
@@ -198,16 +196,14 @@ def probe(
     written: list[torch.Tensor] | None = None,
 ) -> Refusal | None:
     """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None.
-
     ``saved``, when given, receives the indices of the parameters the backward reads;
     ``saved_inputs`` those of the inputs it reads (eager raises if one changes in place before it);
-    ``multi_use`` those of the parameters read more than once (their gradient is a sum inside the call);
-    ``outputs`` the structure and constant leaves of what the forward returned (:mod:`replaykit.memory.outputs`);
-    ``written`` the module's parameters, trainable or frozen, whose storage the forward writes in
-    place (a weight decayed under no_grad, a momentum encoder, a write through ``.data`` or a view):
-    a verification's rerun must find them as the call found them.
-    The caller snapshots and restores module state and RNG around this call.
-    """
+    ``multi_use`` those of the parameters read more than once (their gradient is a sum inside the
+    call); ``outputs`` the structure and constant leaves of what the forward returned
+    (:mod:`replaykit.memory.outputs`); ``written`` the module's parameters, trainable or frozen,
+    whose storage the forward writes in place (a weight decayed under no_grad, a momentum encoder, a
+    write through ``.data`` or a view): a verification's rerun must find them as the call found
+    them. The caller snapshots and restores module state and RNG around this call."""
     if (refusal := _hook_order(params)) is not None:
         return refusal
     leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the storages
