@@ -56,9 +56,8 @@ class Journal(Sequence[Event]):
         self._pinned: list[Event] = []
         self._tail: deque[Event] = deque(maxlen=tail)
         self._seen: set[tuple[str, str | None]] = set()
-        self._tails: set[tuple[str, str | None]] = (
-            set()
-        )  # (kind, reason) whose next events only join the tail
+        # (kind, reason) whose next events only join the tail
+        self._tails: set[tuple[str, str | None]] = set()
         self._counts: dict[str, int] = {}  # a plain dict: a Counter's ``+=`` costs twice as much
         self.reasons: dict[str, Counter[str]] = {k: Counter() for k in REASONED}
         self.total = 0

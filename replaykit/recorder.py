@@ -438,9 +438,8 @@ def stand_ins(
     for d, k, v in entries:
         dict.__setitem__(d, k, swap[id(v)])
     try:
-        with flat_weights_follow(
-            module
-        ):  # an RNN's weight cache follows (replaykit/guards/recurrent.py)
+        # an RNN's weight cache follows (replaykit/guards/recurrent.py)
+        with flat_weights_follow(module):
             yield
     finally:
         for d, k, v in entries:

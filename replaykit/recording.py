@@ -156,9 +156,8 @@ class RecorderRecording:
                 return True
             with state.output().held():
                 made.shadow = self._reference(made, callargs, state)
-            if (
-                reads.reads
-            ):  # the recording is answered the values the probe read: no sync inside it
+            # the recording is answered the values the probe read: no sync inside it
+            if reads.reads:
                 fn = Provenance(made.static_inputs, dict(reads.reads)).wrap(fn)
             branches = recording_context(self.on.capture_branches)
             with branches, watch, state.output().held():

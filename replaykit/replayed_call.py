@@ -34,21 +34,18 @@ class _Replay(torch.autograd.Function):
     def forward(ctx: Any, step: _Step, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.set_materialize_grads(False)
         ctx.step = step
-        return step.recorder._forward_replay(
-            ctx, step, tensors
-        )  # the inputs come first, then the parameters
+        # the inputs come first, then the parameters
+        return step.recorder._forward_replay(ctx, step, tensors)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         step: _Step = ctx.step
-        if (
-            not torch.is_grad_enabled()
-        ):  # autograd runs a backward without create_graph in no-grad mode
+        # autograd runs a backward without create_graph in no-grad mode
+        if not torch.is_grad_enabled():
             return (None, *step.recorder._backward_replay(step, grads))
         if step.recorder.on.repeat_backward:
-            step.recorder._refuse_double_backward(
-                step
-            )  # create_graph=True: replayed gradients carry no graph
+            # create_graph=True: replayed gradients carry no graph
+            step.recorder._refuse_double_backward(step)
         with torch.no_grad():
             return (None, *step.recorder._backward_replay(step, grads))
 
@@ -98,9 +95,8 @@ class Plan:
         saved_inputs: list[int],
         guard_outputs: bool,
     ) -> None:
-        self.multi_use: list[
-            str
-        ] = []  # parameters read more than once per call (their gradient is a sum inside it)
+        # parameters read more than once per call (their gradient is a sum inside it)
+        self.multi_use: list[str] = []
         self.autocast = False  # recorded under autocast with eager's cast cache on (see reentry.py)
         self.cleared = (
             True  # may replay: not at risk of reentry, or its watched first use ran its backward
@@ -241,9 +237,8 @@ class RecorderReplay:
             else:
                 copy_into(static, tensors[i])
         recording.replay_forward()
-        if (
-            self.on.inplace_weights
-        ):  # what eager's saved-tensor check covers: the parameters the backward reads
+        # what eager's saved-tensor check covers: the parameters the backward reads
+        if self.on.inplace_weights:
             step.versions = list(map(_VERSION, plan.saved))
         if plan.saved_inputs:  # and the caller's inputs it reads
             step.inputs = [(tensors[i], tensors[i]._version) for i in plan.saved_inputs]
@@ -288,9 +283,8 @@ class RecorderReplay:
         elif self.multi_backward:
             result, how = recording.exact_backward(wanted), "multi_backward"
         else:
-            if recording.prepare_backward(
-                wanted
-            ):  # a backward graph was captured: its buffers join copy-out
+            # a backward graph was captured: its buffers join copy-out
+            if recording.prepare_backward(wanted):
                 self._guard_new_grads(plan)
             result, how = recording.backward(wanted)
         step.exact = step.exact or how is not None
@@ -365,9 +359,8 @@ class RecorderReplay:
         reference, difference = shadow.reference_grads(
             self.module, recording.differentiable, wanted
         )
-        if (
-            reference is None
-        ):  # nothing compared: a recording not verified yet is checked at its next replay
+        # nothing compared: a recording not verified yet is checked at its next replay
+        if reference is None:
             return result
         needs = recording.inputs_requiring_grad
         ref = iter(reference)

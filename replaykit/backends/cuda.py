@@ -207,9 +207,8 @@ class CudaRecording(Recording):
                 for g, broadcast in zip(grads, self._broadcast, strict=True)
                 if g is not None
             ]
-            torch._foreach_copy_(
-                self._grad_bases, srcs
-            )  # one launch (same dtype) where mgc copies per output
+            # one launch (same dtype) where mgc copies per output
+            torch._foreach_copy_(self._grad_bases, srcs)
             self._bwd.replay()
             return [None if g is None else g.detach() for g in self.static_grads], None
         how = "partial" if any(g is None for g in grads) else "layout"
@@ -233,9 +232,8 @@ class CudaRecording(Recording):
                 compact_size(g.size(), g.stride()), g.stride(), dtype=g.dtype, device=g.device
             )
             bases.append(base)
-            views.append(
-                base.as_strided(g.size(), g.stride())
-            )  # the incoming layout, broadcasts included
+            # the incoming layout, broadcasts included
+            views.append(base.as_strided(g.size(), g.stride()))
         read = [i for i, g in zip(self.differentiable, grads, strict=True) if g is not None]
         graph = torch.cuda.CUDAGraph()
         self._hooks.release = True
@@ -310,9 +308,8 @@ def end_failed_capture(device: torch.device, pool: tuple[int, int]) -> bool:
         spent = False
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "the CUDA graph is empty"
-        with contextlib.suppress(
-            RuntimeError
-        ):  # an error of the failed capture: the reset below still runs
+        # an error of the failed capture: the reset below still runs
+        with contextlib.suppress(RuntimeError):
             torch.cuda.synchronize(device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.device(device), torch.cuda.graph(graph):

@@ -146,9 +146,8 @@ class EmulatedRecording(Recording):
                 if static is None or g is None:
                     out.append(None)
                 else:
-                    static.data.copy_(
-                        g
-                    )  # in place and, like a graph replay, without a version bump
+                    # in place and, like a graph replay, without a version bump
+                    static.data.copy_(g)
                     out.append(static.detach())
         return out
 

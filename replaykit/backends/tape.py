@@ -221,9 +221,8 @@ class Tape:
             return None
         assert self._by_id is not None
         i = self._by_id.get(id(t))
-        if (
-            i is None
-        ):  # a new result (or an in-place op on a constant: its later reads go through this slot)
+        # a new result (or an in-place op on a constant: its later reads go through this slot)
+        if i is None:
             i = len(self._table)
             self._table.append(t)
             self._by_id[id(t)] = i

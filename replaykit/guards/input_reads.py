@@ -49,9 +49,8 @@ class _Tag:
 _IN = _Tag("input")  # a program's leaf: (_IN, position of the call's tensor)
 _LIST = _Tag("list")  # a list argument (a schema may want a list, not a tuple)
 _UNTRACKED = _Tag("untracked")
-_DRAW = _Tag(
-    "draw"
-)  # a host draw's place in a program's node: (_DRAW, its order among the run's draws)
+# a host draw's place in a program's node: (_DRAW, its order among the run's draws)
+_DRAW = _Tag("draw")
 _WHOLE = _Tag("whole")  # a program's third part: its tensor is read whole, by a kernel on the host
 #: Kernels that read an integer tensor argument on the host inside C++ (no ``.item()`` the mode
 #: could see), by the argument's position: the whole tensor is the value read. A packed sequence's
@@ -369,9 +368,8 @@ class InputReads:
             values = (
                 evaluate(site.programs, tensors, site.draws) if site.programs or site.draws else []
             )
-        except (
-            Exception
-        ):  # a program that does not hold for these inputs: no recording matches them
+        # a program that does not hold for these inputs: no recording matches them
+        except Exception:
             self._last = (base, [])
             return (*base, _NEW)
         finally:

@@ -119,9 +119,8 @@ def autocast_key(device_type: str) -> tuple[bool, torch.dtype | None]:
     return False, None
 
 
-_is_tensor = (
-    torch.Tensor.__instancecheck__
-)  # isinstance(x, torch.Tensor) as one callable, for map()
+# isinstance(x, torch.Tensor) as one callable, for map()
+_is_tensor = torch.Tensor.__instancecheck__
 
 
 def split_call(args: tuple, kwargs: dict) -> CallArgs:

@@ -54,9 +54,8 @@ class StaticAliases:
         """``outputs``: static outputs to guard; ``grads``: (parameter, static gradient buffer) pairs."""
         self._outputs = list(outputs)
         self._out_cdatas = [_cdata(t) for t in self._outputs]
-        self._out_baseline = list(
-            map(_use_count, self._out_cdatas)
-        )  # measured before anything is handed out
+        # measured before anything is handed out
+        self._out_baseline = list(map(_use_count, self._out_cdatas))
         self._grads: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._grad_cdatas: list[int] = []
         self._grad_baseline: list[int] = []

@@ -57,9 +57,8 @@ def aligned_key(t: torch.Tensor) -> tuple:
 
 def copy_into(static: torch.Tensor, x: torch.Tensor) -> None:
     """``static.copy_(x)`` without an autograd version bump; a broadcast layout copies its real elements."""
-    if (
-        0 in static.stride()
-    ):  # same strides as x (they are part of the signature) unless input_layout is off
+    # same strides as x (they are part of the signature) unless input_layout is off
+    if 0 in static.stride():
         size = compact_size(static.shape, static.stride())
         static = static.as_strided(size, static.stride(), static.storage_offset())
         x = x.detach().as_strided(size, x.stride(), x.storage_offset())

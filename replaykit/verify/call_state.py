@@ -290,9 +290,8 @@ def _reached(values: list[Any], inside: set[int]) -> tuple[list[nn.Module], list
             continue
         if depth == 0 or id(value) in held or isinstance(value, torch.Tensor):
             continue
-        if isinstance(
-            value, (tuple, frozenset)
-        ):  # entered (a partial's arguments), nothing to put back
+        # entered (a partial's arguments), nothing to put back
+        if isinstance(value, (tuple, frozenset)):
             todo += [(v, depth - 1) for v in value]
             continue
         if not mutable(value):

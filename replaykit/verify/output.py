@@ -25,9 +25,8 @@ __all__ = ["HeldOutput", "WarningRegistries"]
 _original_handle = logging.Logger.handle
 _original_showwarning = warnings.showwarning
 _lock = threading.Lock()
-_holders: dict[
-    int, list[HeldOutput]
-] = {}  # thread id -> the output being held there (innermost last)
+# thread id -> the output being held there (innermost last)
+_holders: dict[int, list[HeldOutput]] = {}
 
 
 class _Stream:

@@ -68,9 +68,8 @@ class Shadow:
         self._written = list(written)
         self._kept = [*self._written, *held]
         snapshot = StateSnapshot(module, parameters=False, extra=self._kept)
-        stand_ins: dict[
-            int, torch.Tensor
-        ] = {}  # one per distinct tensor: `q is k` stays true, as in eager
+        # one per distinct tensor: `q is k` stays true, as in eager
+        stand_ins: dict[int, torch.Tensor] = {}
         # private copies (same layout): an input written in place after the forward must not change the rerun
         self.inputs = [
             stand_ins.setdefault(id(x), same_layout(x).requires_grad_(x.requires_grad))

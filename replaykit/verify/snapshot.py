@@ -101,9 +101,8 @@ class StateSnapshot:
             cpu, cuda = self._rng
             torch.set_rng_state(cpu)
             for device, state in cuda.items():
-                restore_cuda_rng(
-                    state, device
-                )  # not set_rng_state: it re-seeds cuDNN's RNN dropout
+                # not set_rng_state: it re-seeds cuDNN's RNN dropout
+                restore_cuda_rng(state, device)
 
 
 _MISSING = object()
