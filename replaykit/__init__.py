@@ -24,9 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-if (
-    TYPE_CHECKING
-):  # what type checkers and IDEs see; at run time ``__getattr__`` imports on first use
+# what type checkers and IDEs see; at run time ``__getattr__`` imports on first use
+if TYPE_CHECKING:
     from .capturing import capture, recorder_of
     from .errors import ReplayError, ReplayWarning
     from .journal import Event, Journal

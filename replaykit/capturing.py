@@ -41,45 +41,11 @@ def capture(
     unsafe_disable: tuple[str, ...] | list[str] | str = (),
     pool: MemoryPool | None = None,
 ) -> Recorder:
-    """Route every call of ``module`` through a recorder: record, replay, or eager with a reason.
-
-    - A call in training mode with grad enabled and no replay backward pending records
-      its signature (shapes, dtypes, strides, devices, requires_grad, non-tensor
-      arguments, autocast state) while ``max_recordings`` lasts, then replays it.
-    - Host-side values the forward reads are guarded (:mod:`replaykit.guards.module`): every
-      submodule's ``training`` flag and plain attributes (``dropout.p``, ``momentum``, a
-      float schedule) are part of the key, so a change records anew; parameters swapped
-      for other tensors (``torch.func.functional_call``) route eager.
-    - Otherwise it runs eagerly, with the reason in the journal: ``no_grad``, ``eval``,
-      ``hold``, ``budget``, ``unhashable_argument``, ``object_argument``,
-      ``parameters_swapped``, ``input_reused``, ``thread``, ``paused``, ``retired``.
-    - Replays end bitwise equal to eager training: live gradients and outputs are
-      copied out before each replay, the hold keeps a pending backward's activations,
-      and parameters behind unread outputs keep ``.grad is None``.
-    - A parameter, buffer or submodule registered anew, storage changed (``.to()``,
-      ``load_state_dict(..., assign=True)``) or a frozen layer unfrozen drops the
-      recordings and records anew (``rerecord`` in the journal, at most ``max_rerecords``
-      times). New submodule hooks, a forward with side effects a replay cannot repeat
-      (:mod:`replaykit.verify.probe`) or a failing capture retire the recorder (permanent eager,
-      graphs freed, one warning).
-    - What cannot be replayed exactly raises :class:`ReplayError` rather than give a
-      wrong number: ``create_graph=True`` through a replayed call, a second backward
-      through a call whose first backward replayed the graph (pass
-      ``multi_backward=True`` to run every backward exactly through the recorded graph).
-
-    ``backend`` is ``"cuda"``, ``"emulated"`` or ``"auto"`` (cuda for a module on a CUDA
-    device). ``strict=True`` raises :class:`ReplayError` instead of any eager route or
-    retirement. ``check_every=N`` compares every N-th replayed call with eager on the
-    same state and retires with reason ``diverged: ...`` on any difference
-    (:mod:`replaykit.verify.shadow`). ``pool=rk.MemoryPool()`` records into a pool shared with other
-    entry points (:mod:`replaykit.memory.pool`; a call while another holds live memory there runs
-    eagerly, ``pool_busy``). ``unsafe_disable`` switches protections off, for
-    diagnosis only. Capturing a module that is already captured, or one inside (or
-    around) a captured module, raises :class:`ReplayError`.
-
-    Over 60 lines for this docstring alone (the routes' reference, what ``help(rk.capture)``
-    shows); the code below is a few lines.
-    """
+    """Route every call of ``module`` through a recorder: record, replay, or eager with a reason. A
+    call records its signature and the module tree's host state (while ``max_recordings`` lasts),
+    then replays; what a replay could not repeat exactly runs eagerly with the reason in the
+    journal, retires the recorder, or raises :class:`ReplayError`, never a wrong number. Every route
+    and setting: docs/reference.md (``rk.capture``)."""
     _refuse(module, warmup, max_recordings, max_rerecords, check_every)
     disabled = disabled_protections(unsafe_disable, "capture")
     pool = check_pool(pool)

@@ -1,9 +1,8 @@
 """An exponential moving average of a model's parameters that a recorded step can replay.
 
-``torch.optim.swa_utils.AveragedModel.update_parameters`` reads a counter on the host;
-this one is one ``_foreach_lerp_`` whose weight lives on the device (:meth:`EMA.set_decay`
-writes it in place), so a replayed step reads the current decay: a Python float would be
-frozen into the graph.
+``AveragedModel.update_parameters`` reads a counter on the host; this is one
+``_foreach_lerp_`` whose weight lives on the device (:meth:`EMA.set_decay` writes it in place),
+so a replay reads the current decay where a Python float would be frozen.
 """
 
 from __future__ import annotations
@@ -15,12 +14,10 @@ from torch import nn
 
 
 class EMA:
-    """An exponential moving average of a model's parameters, updated by one foreach lerp.
-
-    Assigning ``source``, ``params`` or ``weights`` (an EMA reset) moves ``version``: a
-    recorded step reads the tensors it held then, so the step records anew. Lists are kept
-    as tuples, so no item can be replaced unseen.
-    """
+    """An exponential moving average of a model's parameters, updated by one foreach lerp. Assigning
+    ``source``, ``params`` or ``weights`` (an EMA reset) moves ``version``: a recorded step reads
+    the tensors it held then, so the step records anew. Lists are kept as tuples, so no item can be
+    replaced unseen."""
 
     _WATCHED = frozenset({"source", "params", "weights", "_weights"})
 

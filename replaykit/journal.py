@@ -45,12 +45,10 @@ _new_event = tuple.__new__  # Event(...) without the Python frame of NamedTuple.
 
 
 class Journal(Sequence[Event]):
-    """Ordered events, bounded for long runs.
-
-    Counts are exact. Every ``record``, ``retire``, ``rerecord`` and ``unsafe`` event and the first
-    event of each (kind, reason) pair are kept for ever; the rest keep a tail of
-    ``tail`` events. Memory and per-event cost stay flat however many calls run.
-    """
+    """Ordered events, bounded for long runs. Counts are exact. Every ``record``, ``retire``,
+    ``rerecord`` and ``unsafe`` event and the first event of each (kind, reason) pair are kept for
+    ever; the rest keep a tail of ``tail`` events. Memory and per-event cost stay flat however many
+    calls run."""
 
     def __init__(self, tail: int = 1000) -> None:
         if tail < 1:
@@ -58,9 +56,8 @@ class Journal(Sequence[Event]):
         self._pinned: list[Event] = []
         self._tail: deque[Event] = deque(maxlen=tail)
         self._seen: set[tuple[str, str | None]] = set()
-        self._tails: set[tuple[str, str | None]] = (
-            set()
-        )  # (kind, reason) whose next events only join the tail
+        # (kind, reason) whose next events only join the tail
+        self._tails: set[tuple[str, str | None]] = set()
         self._counts: dict[str, int] = {}  # a plain dict: a Counter's ``+=`` costs twice as much
         self.reasons: dict[str, Counter[str]] = {k: Counter() for k in REASONED}
         self.total = 0
@@ -97,11 +94,9 @@ class Journal(Sequence[Event]):
         return event
 
     def tick(self, kind: str, call: int, reason: str | None = None) -> None:
-        """``add`` without a detail, for the events of every replayed call (``replay``, ``hold_end``).
-
-        The same counts and order; once an event of ``(kind, reason)`` went to the tail (not
-        pinned, reason not tallied), the next ones go there in a few steps.
-        """
+        """``add`` without a detail, for the events of every replayed call (``replay``,
+        ``hold_end``). The same counts and order; once an event of ``(kind, reason)`` went to the
+        tail (not pinned, reason not tallied), the next ones go there in a few steps."""
         if (kind, reason) not in self._tails:
             self.add(kind, call, reason)
             return

@@ -1,26 +1,17 @@
 """The optimizer step alone, recorded and replayed: clipping, the GradScaler's step and update, the update.
 
-A training loop that keeps its own forward and backward (Lightning's automatic optimization
-runs ``training_step`` and ``backward`` inside a closure whose Python must run) can still
-replay what follows the backward::
+For a loop that keeps its own forward and backward (Lightning's automatic optimization)::
 
     opt_step = OptimizerStep(optimizer, scaler=scaler)
     loss.backward()
     opt_step(lambda: (clip_grad_norm_(params, 1.0), scaler.step(optimizer), scaler.update()),
              key=("norm", 1.0))
 
-``body`` is the eager code of the step: it reads the parameters' ``.grad`` and writes the
-parameters, the optimizer's and scaler's state and (clipping, unscaling) the gradients in
-place. Autograd makes new gradient tensors every step, so a recording reads *its own*
-gradient buffers: before each replay the current gradients are copied in, after it the
-clipped or unscaled values are copied back (``grad_inputs``). Everything else a recording
-reads by address (parameters, optimizer and scaler state, a tensor ``lr``) is read again at
-every replay; host values it bakes in (a float ``lr``, the clip threshold in ``key``, the
-scaler's growth settings) key the recordings (``host_values``); replaced state re-records
-(``state_identity``). Each new recording is verified once against the body run eagerly on
-the same state (``verify_recording``). It takes the route every entry point takes
-(:class:`~replaykit.route.Entry`): its own checks are the optimizer/scaler refusal and the
-warm-up before the owner thread, optimizer hooks after autograd's mode.
+Autograd makes new gradient tensors every step, so a recording reads gradient buffers of its
+own: the gradients are copied in before each replay and the clipped or unscaled values back
+after it (``grad_inputs``). What it reads by address is read again at every replay; host values
+it bakes in (a float ``lr``, ``key``, the scaler's settings) key the recordings; replaced state
+re-records. Each new recording is verified once against the body run eagerly.
 """
 
 from __future__ import annotations
@@ -148,11 +139,9 @@ class OptimizerStep(Entry):
 
     # ----------------------------------------------------------------- the call
     def __call__(self, body: Callable[[], Any], key: tuple[Hashable, ...] = ()) -> None:
-        """Run ``body`` (one optimizer step over the current ``.grad``): replayed, recorded or eager.
-
-        ``key``: the host values ``body`` bakes in besides the optimizer's and scaler's own
-        (the clip threshold and algorithm); a changed key records anew.
-        """
+        """Run ``body`` (one optimizer step over the current ``.grad``): replayed, recorded or
+        eager. ``key``: the host values ``body`` bakes in besides the optimizer's and scaler's own
+        (the clip threshold and algorithm); a changed key records anew."""
         self._calls += 1
         call = self._calls
         state, why = self.admit(call)
@@ -192,10 +181,8 @@ class OptimizerStep(Entry):
 
     def _key(self, state: Any, key: tuple, grads: list, present: list) -> tuple:
         """Host values, the gradients' None pattern and layout (a recording's buffers mirror them).
-
-        Autograd gives a gradient its parameter's shape and dtype; strides and address alignment
-        (a view into a bucket) may differ, so they key. Kept to C-level maps: it runs every step.
-        """
+        Autograd gives a gradient its parameter's shape and dtype; strides and address alignment (a
+        view into a bucket) may differ, so they key. Kept to C-level maps: it runs every step."""
         hyper = (
             hyper_key(self.optimizer, (*key, scaler_key(self.scaler)))
             if self.on.host_values

@@ -1,11 +1,8 @@
 """The recorder: what a captured module's call does on the route: record, replay, or eager with a reason.
 
-The route itself is :class:`~replaykit.route.Entry`'s; a recorder adds its checks (``paused``
-before the owner thread; ``eval``, the hold and reentry after autograd's mode), its key, and
-what it keeps: plans, aliases, the hold, and the drop of recordings. The recording call's
-steps are in :mod:`.recording`, the replayed call's (one ``autograd.Function`` whose forward
-and backward replay the recording) in :mod:`.replayed_call`: mixins over this state.
-:func:`replaykit.capturing.capture` makes recorders.
+It adds to :class:`~replaykit.route.Entry` its checks (``paused`` early; ``eval``, the hold and
+reentry late), its key, and what it keeps (plans, aliases, the hold). The recording call is in
+:mod:`.recording`, the replayed call in :mod:`.replayed_call`: mixins over this state.
 """
 
 from __future__ import annotations
@@ -73,12 +70,9 @@ def _nothing() -> None:
 
 
 class Recorder(RecorderRecording, RecorderReplay, Entry):
-    """Records a module's forward+backward per input signature and replays them.
-
-    Made by :func:`replaykit.capture`; see its docstring for the routes and the
-    guarantees. Read ``journal``, ``counts``, ``eager_reasons``, ``retired`` and
-    ``retire_reason``; call ``retire(reason)``, ``paused()`` or ``release()``.
-    """
+    """Records a module's forward+backward per input signature and replays them. Made by
+    :func:`replaykit.capture`; read ``journal``, ``counts``, ``eager_reasons``, ``retired``; call
+    ``retire(reason)``, ``paused()`` or ``release()``."""
 
     kind = "Recorder"
 
@@ -275,13 +269,10 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
         )
 
     def _reentered(self, call: int) -> None:
-        """Called again while a replayed call's backward is pending. Eager shares work between the two
-        calls that the replay did alone, so this step's gradients may differ from eager in the last
-        bits: a parameter the recording reads twice gets its gradient pre-summed inside the graph
-        (autograd adds this call's uses in another order), and under autocast eager casts each
-        parameter once per region (its cache) and sums both calls' gradients in the low precision,
-        where the graph cast its own copy. Said once, and the signature runs eagerly from now on
-        (both calls then eager, so exact)."""
+        """Called again while a replayed call's backward is pending: eager shares work between the two
+        calls (a parameter read twice, autocast's cast cache) that the graph did alone, so gradients may
+        differ in the last bits. Said once; the signature runs eagerly from now on (exact).
+        """
         plan = self._pending_plan
         if plan is None or plan.key in self._refused or not self.on.reentry:
             return
@@ -354,11 +345,9 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
         return plan
 
     def _static_inputs(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Private copies of the inputs, in the caller's exact layout and with the caller's aliasing.
-
-        A kernel's reduction order can depend on strides and offset, so an expanded or
-        sliced input copied into a contiguous buffer could sum differently from eager.
-        """
+        """Private copies of the inputs, in the caller's exact layout and with the caller's
+        aliasing. A kernel's reduction order can depend on strides and offset, so an expanded or
+        sliced input copied into a contiguous buffer could sum differently from eager."""
         exact = self.on.input_layout
         same = self.on.input_aliasing
         made: dict[int, torch.Tensor] = {}
@@ -442,14 +431,10 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
 def stand_ins(
     module: nn.Module, originals: list[torch.Tensor], leaves: list[torch.Tensor]
 ) -> Iterator[None]:
-    """Put ``leaves`` where ``originals`` sit in the tree's ``_parameters`` dicts, and back.
-
-    Each dict is visited once (``modules()`` yields a shared submodule once), so a module
-    registered under two names (ALBERT's repeated block) is restored, which
-    ``torch.nn.utils.stateless`` is not: its per-name swap records the stand-in as the
-    second name's original. Tied parameters get the same leaf. Plain ``dict`` writes:
-    the swap is not a change of the module the guards should see.
-    """
+    """Put ``leaves`` where ``originals`` sit in the tree's ``_parameters`` dicts, and back. Each
+    dict once, so a module registered under two names (ALBERT's block) is restored, which
+    ``torch.nn.utils.stateless`` is not; tied parameters get one leaf; plain dict writes, unseen by
+    the guards."""
     swap = {id(p): leaf for p, leaf in zip(originals, leaves, strict=True)}
     entries = [
         (m._parameters, k, v)
@@ -460,9 +445,8 @@ def stand_ins(
     for d, k, v in entries:
         dict.__setitem__(d, k, swap[id(v)])
     try:
-        with flat_weights_follow(
-            module
-        ):  # an RNN's weight cache follows (replaykit/guards/recurrent.py)
+        # an RNN's weight cache follows (replaykit/guards/recurrent.py)
+        with flat_weights_follow(module):
             yield
     finally:
         for d, k, v in entries:

@@ -1,18 +1,10 @@
 """Network replay's recording call, as named steps: refuse early -> probe -> reference -> capture -> judge.
 
-The recording call runs the module's forward more than once: the probe (forward and
-backward, looking for what no replay can repeat), the verification's eager forward (the
-shadow the first replay is compared with), the warm-up and the capture. Then the call
-itself replays, or runs eagerly when the recording is refused. Whatever the outcome, the
-module must be left as one eager call leaves it, so one
-:class:`~replaykit.verify.call_state.CallState`, taken before the first run, is restored after
-the last: values, the names parameters, buffers and submodules are bound to (a centre buffer
-re-bound in forward), the Python values the forward's code names. Each run's prints and log
-records are held: a recording that replays this call emits the probe's (once, as eager
-prints); a call that then runs eagerly emits none of them (its eager run prints).
-
-A mixin of :class:`~replaykit.recorder.Recorder` (its state is the recorder's); the recorder
-keeps the plan a kept recording gets (:meth:`Recorder._keep`).
+The call runs the forward more than once (probe, the shadow's eager forward, warm-up, capture),
+then replays or runs eagerly; either way the module is left as one eager call leaves it: one
+:class:`~replaykit.verify.call_state.CallState` taken before the first run is restored after the
+last. Prints and log records are held: a recording that replays this call emits the probe's; a
+call that runs eagerly emits its own. A mixin of :class:`~replaykit.recorder.Recorder`.
 """
 
 from __future__ import annotations
@@ -24,7 +16,7 @@ from typing import Any
 import torch
 
 from .backends import Recording
-from .guards.code import iterator_reason
+from .guards.code import cpu_versions, iterator_reason
 from .guards.compiled import CompileWatch, aot_compiled, compiled_regions
 from .guards.input_reads import Provenance
 from .guards.module import host_dependence
@@ -146,11 +138,8 @@ class RecorderRecording:
         return inputs.held_tensors() if inputs is not None and self.on.call_state else []
 
     def _host_held(self) -> list[tuple[torch.Tensor, int]]:
-        """CPU tensors the forward names beside a GPU module, with their versions: a CUDA graph
-        does not replay a host op that writes one."""
-        if self._device_kind == "cpu":
-            return []
-        return [(t, t._version) for t in self._forward_held() if t.device.type == "cpu"]
+        """The CPU tensors the forward names beside a GPU module, with versions (:func:`cpu_versions`)."""
+        return [] if self._device_kind == "cpu" else cpu_versions(self._forward_held())
 
     def _runs(self, made: Made, callargs: CallArgs, state: CallState) -> bool:
         """Probe, reference, capture (each run's output held); False: the recording call failed
@@ -167,9 +156,8 @@ class RecorderRecording:
                 return True
             with state.output().held():
                 made.shadow = self._reference(made, callargs, state)
-            if (
-                reads.reads
-            ):  # the recording is answered the values the probe read: no sync inside it
+            # the recording is answered the values the probe read: no sync inside it
+            if reads.reads:
                 fn = Provenance(made.static_inputs, dict(reads.reads)).wrap(fn)
             branches = recording_context(self.on.capture_branches)
             with branches, watch, state.output().held():

@@ -1,11 +1,8 @@
 """The replayed call: one ``autograd.Function`` whose forward and backward replay a recording.
 
-What a kept recording's replays read (:class:`Plan`, made when it is recorded), what one
-replayed call's autograd node knows (its step), and the recorder's side of the replayed
-forward and backward: copy-out before a replay, the static inputs' writes, the hold, the
-saved-tensor version checks, the None pattern of incoming gradients, the shadow check of
-a replay and what a difference does. A mixin of :class:`~replaykit.recorder.Recorder`
-(its state is the recorder's, as for :mod:`.recording`).
+What a kept recording's replays read (:class:`Plan`), and the recorder's side of a replayed
+forward and backward: copy-out, the hold, the saved-tensor version checks, the None pattern,
+the shadow check. A mixin of :class:`~replaykit.recorder.Recorder`.
 """
 
 from __future__ import annotations
@@ -38,21 +35,18 @@ class _Replay(torch.autograd.Function):
     def forward(ctx: Any, step: _Step, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.set_materialize_grads(False)
         ctx.step = step
-        return step.recorder._forward_replay(
-            ctx, step, tensors
-        )  # the inputs come first, then the parameters
+        # the inputs come first, then the parameters
+        return step.recorder._forward_replay(ctx, step, tensors)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         step: _Step = ctx.step
-        if (
-            not torch.is_grad_enabled()
-        ):  # autograd runs a backward without create_graph in no-grad mode
+        # autograd runs a backward without create_graph in no-grad mode
+        if not torch.is_grad_enabled():
             return (None, *step.recorder._backward_replay(step, grads))
         if step.recorder.on.repeat_backward:
-            step.recorder._refuse_double_backward(
-                step
-            )  # create_graph=True: replayed gradients carry no graph
+            # create_graph=True: replayed gradients carry no graph
+            step.recorder._refuse_double_backward(step)
         with torch.no_grad():
             return (None, *step.recorder._backward_replay(step, grads))
 
@@ -66,14 +60,10 @@ _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 def _apply(
     step: _Step, inputs: list[torch.Tensor], params: list[torch.Tensor]
 ) -> tuple[torch.Tensor, ...]:
-    """``_Replay.apply(step, *inputs, *params)`` without ``Function.apply``'s generator over every argument.
-
-    Outside functorch transforms, ``Function.apply`` unwraps dead functorch wrappers among
-    its arguments (a Python step per argument: about 150 ns per parameter) and calls the C
-    entry point. The inputs are unwrapped here as it does; the parameters are the
-    recording's own, registered in the module (a swapped one routes eager), never wrappers.
-    Inside a transform the ordinary path runs (and refuses, as before).
-    """
+    """``_Replay.apply(step, *inputs, *params)`` without ``Function.apply``'s pass over every
+    argument. That pass unwraps dead functorch wrappers (~150 ns per parameter); the inputs are
+    unwrapped here as it does, and the parameters are the recording's own, never wrappers. Inside a
+    transform the ordinary path runs."""
     if _functorch_active():
         return _Replay.apply(step, *inputs, *params)
     return _apply_c(step, *map(_unwrap_if_dead, inputs), *params)
@@ -107,9 +97,8 @@ class Plan:
         guard_outputs: bool,
         foreign: Sequence[torch.Tensor] = (),
     ) -> None:
-        self.multi_use: list[
-            str
-        ] = []  # parameters read more than once per call (their gradient is a sum inside it)
+        # parameters read more than once per call (their gradient is a sum inside it)
+        self.multi_use: list[str] = []
         self.autocast = False  # recorded under autocast with eager's cast cache on (see reentry.py)
         self.cleared = (
             True  # may replay: not at risk of reentry, or its watched first use ran its backward
@@ -254,9 +243,8 @@ class RecorderReplay:
             else:
                 copy_into(static, tensors[i])
         recording.replay_forward()
-        if (
-            self.on.inplace_weights
-        ):  # what eager's saved-tensor check covers: the parameters the backward reads
+        # what eager's saved-tensor check covers: the parameters the backward reads
+        if self.on.inplace_weights:
             step.versions = list(map(_VERSION, plan.saved))
         if plan.saved_inputs:  # and the caller's inputs it reads
             step.inputs = [(tensors[i], tensors[i]._version) for i in plan.saved_inputs]
@@ -302,9 +290,8 @@ class RecorderReplay:
         elif self.multi_backward:
             result, how = recording.exact_backward(wanted), "multi_backward"
         else:
-            if recording.prepare_backward(
-                wanted
-            ):  # a backward graph was captured: its buffers join copy-out
+            # a backward graph was captured: its buffers join copy-out
+            if recording.prepare_backward(wanted):
                 self._guard_new_grads(plan)
             result, how = recording.backward(wanted)
         step.exact = step.exact or how is not None
@@ -379,9 +366,8 @@ class RecorderReplay:
         reference, difference = shadow.reference_grads(
             self.module, recording.differentiable, wanted
         )
-        if (
-            reference is None
-        ):  # nothing compared: a recording not verified yet is checked at its next replay
+        # nothing compared: a recording not verified yet is checked at its next replay
+        if reference is None:
             return result
         needs = recording.inputs_requiring_grad
         ref = iter(reference)

@@ -1,37 +1,11 @@
 """The one route every entry point takes, and what the entry points share.
 
-``rk.capture``'s :class:`~replaykit.recorder.Recorder`, :class:`~replaykit.step.TrainStep` and
-:class:`~replaykit.optimizer_step.OptimizerStep` ask each call the same questions. They are
-written here once, so that no entry point skips one or asks them in another order:
-
-- :meth:`Entry.admit`: stopped (retired / released) -> the entry's early checks -> owner
-  thread -> autograd mode -> the entry's late checks -> the gate. The two hooks
-  (:meth:`Entry.early_checks`, :meth:`Entry.late_checks`) are where the entry points differ,
-  and only there: a step's refusal and warm-up come before the owner thread; a network's
-  ``eval``, hold and reentry, a step's hooks, after the mode;
-- the entry point keys the call (its own signature);
-- :meth:`Entry.choose`: refused -> budget -> pool -> record | replay.
-
-:class:`Lifecycle` holds the policy the route reads:
-
-- **owner**: the first thread to call owns the entry point; another thread's calls run
-  eagerly (reason ``thread``), after any recording under way (:attr:`Lifecycle.lock`);
-- **journal**: every route, recording, re-recording and retirement is an event; counts
-  come from the journal's kinds;
-- **gate**: before a call picks a recording, the module guard's verdict (its state key,
-  or an eager route such as ``parameters_swapped``) and the watches (storages,
-  ``requires_grad`` flips, global hooks; the steps add their optimizer watch) are read;
-- **re-record**: a well-defined change seen by the gate (optimizer state loaded, a
-  parameter group added, a layer unfrozen, a parameter or buffer registered anew or
-  given new storage) drops every recording, journals ``rerecord`` with its cause, and
-  the next call records anew; at most ``max_rerecords`` times, then the entry point retires;
-- **retire**: permanent eager with a reason, graphs freed, one :class:`ReplayWarning`;
-  ``strict=True`` raises instead of any eager route (warm-up aside) or retirement;
-- **release**: frees everything; later calls run eagerly (reason ``released``). It is not
-  a retirement (``retired`` stays False).
-
-:class:`Entry` is the base all three are built on: the route, the read-outs, retire and
-release, dropping recordings, ``memory()`` and ``__repr__``.
+The questions every call is asked are written here once, so no entry point skips one or asks
+them in another order (DESIGN.md, "One route, three entry points"): :meth:`Entry.admit`, the
+entry's key, then :meth:`Entry.choose`. The entry points differ only in their two hooks
+(:meth:`Entry.early_checks`, :meth:`Entry.late_checks`). :class:`Lifecycle` holds the policy the
+route reads: the owner thread, the journal, the gate, re-record (bounded by ``max_rerecords``),
+retirement (one :class:`ReplayWarning`; ``strict=True`` raises) and release (not a retirement).
 """
 
 from __future__ import annotations
@@ -168,14 +142,12 @@ class Lifecycle:
         return self.owner == me
 
     def mode(self) -> str | None:
-        """Why autograd's mode forbids a replay now, or None (five C-level reads).
-
-        A replay hands autograd fixed kernels' results: under ``no_grad`` there is nothing to
-        record; anomaly mode checks each backward op for NaNs (a replayed backward runs none);
-        saved-tensor hooks (activation offload, non-reentrant checkpoint) would never see the
-        recording's saved tensors; a ``torch.func`` transform wraps the tensors; and a call inside a
-        backward (checkpoint's recompute) must not record, nor replay over a pending backward.
-        """
+        """Why autograd's mode forbids a replay now, or None (five C-level reads). A replay hands
+        autograd fixed kernels' results: under ``no_grad`` there is nothing to record; anomaly mode
+        checks each backward op for NaNs (a replayed backward runs none); saved-tensor hooks
+        (activation offload, non-reentrant checkpoint) would never see the recording's saved
+        tensors; a ``torch.func`` transform wraps the tensors; and a call inside a backward
+        (checkpoint's recompute) must not record, nor replay over a pending backward."""
         if not _grad_enabled():
             return "no_grad"
         if self.on.autograd_modes:
@@ -223,10 +195,8 @@ class Lifecycle:
 
     def gate(self, call: int, recorded: bool) -> tuple[Any, str | None]:
         """Before a call picks a recording: ``(state key, None)``, or ``(None, eager reason)``.
-
-        ``recorded``: whether recordings exist. A change they cannot survive drops them
-        (re-record) or retires; with none, a changed tree is simply the new baseline.
-        """
+        ``recorded``: whether recordings exist. A change they cannot survive drops them (re-record)
+        or retires; with none, a changed tree is simply the new baseline."""
         verdict = self.guard.verdict()
         if recorded:
             change = self._change(verdict.retire)
@@ -311,13 +281,11 @@ _NO_LOCK = contextlib.nullcontext()
 
 
 class Entry:
-    """What the three entry points share: the route, the read-outs, retire and release.
-
-    A subclass sets ``lifecycle`` (:meth:`_lifecycle`), ``on`` (its :class:`Switches`),
-    ``_recordings`` and ``_refused`` (by key), ``max_recordings``, ``backend``, ``_pool``
-    and ``_calls``; it writes its own key, record and replay, and names its extra checks in
-    :meth:`early_checks` and :meth:`late_checks`.
-    """
+    """What the three entry points share: the route, the read-outs, retire and release. A subclass
+    sets ``lifecycle`` (:meth:`_lifecycle`), ``on`` (its :class:`Switches`), ``_recordings`` and
+    ``_refused`` (by key), ``max_recordings``, ``backend``, ``_pool`` and ``_calls``; it writes its
+    own key, record and replay, and names its extra checks in :meth:`early_checks` and
+    :meth:`late_checks`."""
 
     #: the entry point's kind, as ``__repr__`` names it
     kind: ClassVar[str] = "Entry"
@@ -362,10 +330,8 @@ class Entry:
         return None
 
     def admit(self, call: int) -> tuple[Any, str | None]:
-        """May this call replay at all? ``(state key, None)``, or ``(None, eager reason)``.
-
-        stopped -> :meth:`early_checks` -> owner thread -> mode -> :meth:`late_checks` -> gate.
-        """
+        """May this call replay at all? ``(state key, None)``, or ``(None, eager reason)``. stopped
+        -> :meth:`early_checks` -> owner thread -> mode -> :meth:`late_checks` -> gate."""
         life = self.lifecycle
         if life.retired or life.released:
             return None, "retired" if life.retired else "released"
@@ -382,11 +348,9 @@ class Entry:
         return life.gate(call, bool(self._recordings))
 
     def choose(self, table: dict[tuple, Any], key: tuple, call: int) -> tuple[Any, str | None]:
-        """``table``'s entry for ``key`` (None: record one), or ``(None, eager reason)``.
-
-        refused -> budget -> pool. A refused key wins over a recording it still has (a
-        network's reentry refuses a signature whose backward is pending).
-        """
+        """``table``'s entry for ``key`` (None: record one), or ``(None, eager reason)``. refused ->
+        budget -> pool. A refused key wins over a recording it still has (a network's reentry
+        refuses a signature whose backward is pending)."""
         if self._refused:
             refused = self._refused.get(key)
             if refused is not None:

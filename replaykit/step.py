@@ -1,36 +1,16 @@
 """Whole-step replay: forward, loss, backward and the optimizer step, recorded and replayed.
 
-The route is :class:`~replaykit.route.Entry`'s; a step adds its checks (its refusal and the
-warm-up before the owner thread, hooks after autograd's mode), its key (phase, gradients it
-starts from, host values, what ``loss_fn`` reads) and the hand-back of gradients between
-micro-batches, which shares the per-phase state with the recording call. Its settings are one
-frozen :class:`~replaykit.step_config.StepConfig`.
-
     step = rk.TrainStep(model, loss_fn, optimizer, scaler=None, max_norm=None, ema=None, accumulate=1)
     for x, y in loader:
         loss = step(x, y)          # one micro-batch; every ``accumulate``-th call steps the optimizer
-        scheduler.step()           # a tensor lr is updated in place and read by the graph
 
-``loss_fn(model, *batch)`` returns the loss. A call runs one *phase*: with
-``accumulate=1`` the whole step (``step``); otherwise the first micro-batch (``first``:
-gradients start from None), the middle ones (``accumulate``) and the last (``last``:
-micro-batch plus the optimizer step). Each phase and input signature is one recording.
-
-The eager twin is the same object with ``replay=False``: the same body (autocast,
-``loss / accumulate``, scaler, clipping, optimizer, EMA, ``zero_grad(set_to_none=True)``)
-with no graphs. It is the parity reference: a replayed run ends bitwise equal to it,
-or the journal says why a call ran the twin's body instead (``eager`` + reason) or why
-the step retired. Nothing is replayed on a stale assumption:
-
-- the model's host values and parameter identity (:class:`~replaykit.guards.module.ModuleGuard`),
-  storages (:class:`~replaykit.guards.storage.ModuleWatch`), the optimizer's, scaler's and
-  clip's host values and state tensors (:mod:`replaykit.guards.optimizer`), the batch's
-  signature and the identity of the gradients a phase starts from all key or guard a
-  recording;
-- gradients handed out between micro-batches are fresh aliases of the static
-  buffers; one still held when the next step's first micro-batch would overwrite
-  them gets storage of its own first (copy-out);
-- the loss handed back is a copy: a kept loss never changes under its holder.
+A call runs one *phase*: ``step`` (``accumulate=1``), else ``first`` (gradients start from None),
+``accumulate`` and ``last`` (plus the optimizer step); each phase and input signature is one
+recording. The eager twin (``replay=False``) runs the same body with no graphs: the parity
+reference. The step adds to :class:`~replaykit.route.Entry` its checks, its key (phase, incoming
+gradients, host values, what ``loss_fn`` reads) and the hand-back of gradients between
+micro-batches: fresh aliases of the static buffers, copied out before a first phase overwrites
+them while held; the loss handed back is a copy.
 """
 
 from __future__ import annotations
@@ -227,7 +207,7 @@ class TrainStep(RecordingSteps, Entry):
             ForwardInputs(c.model) if c.replay and self.on.forward_inputs else None
         )
         self._forward_key: tuple = ()
-        self._host_held: list[tuple[torch.Tensor, int]] = []  # see _host_tensors
+        self._host_held: list[tuple[torch.Tensor, int]] = []  # see _hold_host_tensors
         # host reads of input-derived values (a padding mask's .all()): learnt at recording, keyed per call
         self._input_reads = InputReads(keyed=self.on.input_reads)
         # Python's and numpy's draws that only choose (LayerDrop): learnt at recording, drawn and keyed per call
@@ -482,7 +462,6 @@ class TrainStep(RecordingSteps, Entry):
             hyper = ()
         self._loss_key = self._loss_inputs.key() if self._loss_inputs is not None else ()
         self._forward_key = self._forward_inputs.key() if self._forward_inputs is not None else ()
-        self._host_held = self._host_tensors()
         return (
             phase,
             state,
@@ -494,14 +473,6 @@ class TrainStep(RecordingSteps, Entry):
             self._foreign_leaves.key(),
             *signature(callargs, self._device.type, True, aligned_key),
         )
-
-    def _host_tensors(self) -> list[tuple[torch.Tensor, int]]:
-        """CPU tensors the forward names through globals and cells beside a GPU model, with their
-        versions: a CUDA graph does not replay a host op that writes one (``_forward_changes``)."""
-        if self._forward_inputs is None or self._device.type == "cpu":
-            return []
-        held = self._forward_inputs.held_tensors()
-        return [(t, t._version) for t in held if t.device.type == "cpu"]
 
     # ----------------------------------------------------------------- eager (the twin)
     def _body(self, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:

@@ -1,11 +1,9 @@
 """A whole step's settings, validated once and frozen: what its recordings bake in.
 
-A recording freezes the model, ``loss_fn``, the optimizer, scaler and EMA it was made with, the
-accumulation and the precision; changing one under it would replay the old one. So the settings
-are one frozen record, checked together at construction (an incompatible one raises
-:class:`ReplayError` before anything is built), and :class:`~replaykit.step.TrainStep` reads them
-from there: ``step.accumulate = 4`` raises (:func:`fixed`). ``max_norm`` here is the starting
-value: it keys the recordings, so ``step.max_norm`` may change.
+Changing the model, ``loss_fn``, optimizer, scaler, EMA, accumulation or precision under a
+recording would replay the old one, so they are one frozen record checked together at
+construction; ``step.accumulate = 4`` raises (:func:`fixed`). ``max_norm`` keys the recordings,
+so ``step.max_norm`` may change.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """The whole step's recording call, as named steps: reference -> capture -> judge -> keep.
 
-A recording call runs the step's Python more than once: the eager reference (the twin's
-body, whose end state the recording must match), then the capture (a retry after a new
-input read was learnt runs both again). It must end in exactly the state ONE eager call
-leaves, whatever its outcome. So:
-
-- one :class:`~replaykit.verify.call_state.CallState` is taken at its start and owns "put
-  everything back": the model, the optimizer (its param groups' Python values too), what
-  ``loss_fn`` holds (closure cells, globals, containers, modules outside the model). It is
-  restored after the reference, after a capture that raised, and before the eager run of a
-  recording refused or retired;
-- each run's prints and log records are held; the run that stands as the call emits its own.
-
-Each step returns None (go on) or an :class:`Outcome` the loop in
-:meth:`RecordingSteps._record_call` settles: ``stands`` (a run's work is the call's: a recording
-kept, or a run whose effects a replay would not repeat), ``eager`` (nothing stands: the state is
-put back and the twin's body runs once, journaled with its reason) or ``retry`` (put back, then
-record again: a read learnt, or reads to be watched). No re-entry into ``__call__``, no counter
-wound back.
-
-A mixin of :class:`~replaykit.step.TrainStep` (its per-call state is the step's own).
+The call runs the step's Python more than once (the eager reference, whose end state the
+recording must match, then the capture; a retry after a learnt input read runs both again) and
+must end in exactly the state one eager call leaves: one
+:class:`~replaykit.verify.call_state.CallState`, taken at its start, puts everything back, and
+only the standing run's output is emitted. Each step returns None (go on) or an
+:class:`Outcome` that :meth:`RecordingSteps._record_call` settles: ``stands`` (a run's work is
+the call's), ``eager`` (put back, the twin's body runs once) or ``retry`` (put back, record
+again). A mixin of :class:`~replaykit.step.TrainStep`.
 """
 
 from __future__ import annotations
@@ -31,7 +19,7 @@ from typing import Any
 import torch
 
 from .backends import Region, Scratch
-from .guards.code import ForwardInputs, LossInputs, iterator_reason
+from .guards.code import ForwardInputs, LossInputs, cpu_versions, iterator_reason
 from .guards.compiled import CompileWatch, compiled_regions
 from .guards.host_choices import Watch
 from .guards.input_reads import NewInputRead, Provenance
@@ -123,6 +111,7 @@ class RecordingSteps:
         if not self._recordings:
             self.lifecycle.first_record()
         self._forward_key = self._code()[1].key()  # its class attributes: changed by a run?
+        self._hold_host_tensors()
         state = self._call_state()
         with state.watching(self.model, whole_step=True):
             while True:
@@ -140,6 +129,13 @@ class RecordingSteps:
         state.restore()  # nothing of the recording call's runs stands: the twin's body runs once
         state.stands(None)
         return self._eager(phase, outcome.reason, args, kwargs)
+
+    def _hold_host_tensors(self) -> None:
+        """The CPU tensors the forward names beside a GPU model, with versions (:func:`cpu_versions`),
+        before any run: read by ``_forward_changes``, so taken here and not on every call."""
+        inputs = self._forward_inputs
+        cpu = inputs is None or self.device.type == "cpu"
+        self._host_held = [] if cpu else cpu_versions(inputs.held_tensors())
 
     def _attempt(
         self, state: CallState, phase: str, key: tuple, callargs: Any, args: tuple, kwargs: dict
@@ -171,9 +167,8 @@ class RecordingSteps:
         return None
 
     def _call_state(self, tensors: bool | None = None) -> CallState:
-        """Everything the call's runs may change, taken before the first. Without ``call_state``
-        (unsafe) only the step's tensor snapshot, as before the call state existed. ``tensors``:
-        whether the runs execute kernels (default: the recording call's answer)."""
+        """Everything the call's runs may change, taken before the first (``call_state`` off, unsafe:
+        the tensor snapshot alone). ``tensors``: whether the runs execute kernels."""
         assert self.backend is not None
         if tensors is None:
             # a CUDA capture executes no kernels: without the reference only Python runs twice

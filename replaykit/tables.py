@@ -9,9 +9,8 @@ from typing import Any
 
 def _cell(value: Any) -> str:
     if isinstance(value, float):
-        return (
-            "n/a" if math.isnan(value) else f"{value:.3f}"
-        )  # NaN: not measured here (memory off CUDA)
+        # NaN: not measured here (memory off CUDA)
+        return "n/a" if math.isnan(value) else f"{value:.3f}"
     if isinstance(value, dict):
         return ", ".join(f"{k}: {v}" for k, v in value.items()) or "-"
     return "" if value is None else str(value)

@@ -25,13 +25,9 @@ def flatten_outputs(outputs: Any) -> tuple[list[torch.Tensor], OutputTree]:
 
 
 class Recording(ABC):
-    """One input signature's forward and backward, with its static buffers.
-
-    ``static_inputs`` are written before each forward replay; ``static_outputs`` and the
-    static gradient buffers are overwritten in place by every replay, and one set of
-    saved activations serves the latest forward only. ``targets`` are what gradients
-    are computed for: the static inputs that require grad, then the parameters.
-    """
+    """One input signature's forward and backward, with its static buffers. Every replay overwrites
+    the static outputs and gradient buffers in place; one set of saved activations serves the latest
+    forward only. ``targets``: inputs requiring grad, then parameters."""
 
     static_inputs: list[torch.Tensor]
     static_outputs: list[torch.Tensor]
@@ -52,6 +48,15 @@ class Recording(ABC):
         """Indices of the outputs that carry no gradient (fixed for the recording)."""
         return tuple(i for i in range(len(self.static_outputs)) if i not in self.differentiable)
 
+    def _stand_ins(
+        self, static_inputs: list[torch.Tensor], params: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """Leaves standing in for ``params``: the recording differentiates these, not the module's."""
+        self.static_inputs, self.params = static_inputs, params
+        leaves = [p.detach().requires_grad_(True) for p in params]
+        self._targets = grad_targets(static_inputs, leaves)
+        return leaves
+
     def build_outputs(self, outputs: Sequence[torch.Tensor]) -> Any:
         """The forward's output tree from replayed flat outputs."""
         if self._builder is None:
@@ -66,23 +71,16 @@ class Recording(ABC):
     def backward(
         self, grads: Sequence[torch.Tensor | None]
     ) -> tuple[list[torch.Tensor | None], str | None]:
-        """Gradients for every target from one gradient (or None) per differentiable output.
-
-        Returns ``(gradients, how)``. ``how`` is None for a replay: the gradients alias
-        static buffers. Otherwise it names why the backward ran eagerly through the
-        recorded autograd graph, exactly as eager would (``"partial"``: only some
-        outputs have a gradient; ``"layout"``: the backward graph was captured for
-        other gradient layouts; ``"capture failed: ..."``), and the gradients are fresh tensors. A target no
-        output with a gradient reaches gets None.
-        """
+        """Gradients for every target from one gradient (or None) per differentiable output. Returns
+        ``(gradients, how)``: ``how`` None for a replay (the gradients alias static buffers), else
+        why it ran exactly through the recorded autograd graph (``"partial"``, ``"layout"``,
+        ``"capture failed: ..."``), with fresh gradients. A target no gradient reaches gets None."""
 
     @abstractmethod
     def exact_backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        """Fresh gradients computed eagerly through the recorded autograd graph, exactly as eager would.
-
-        Touches no static buffer and leaves the activations as they are, so it can run
-        again for the same forward (a retained graph, one ``autograd.grad`` per loss).
-        """
+        """Fresh gradients computed eagerly through the recorded autograd graph, exactly as eager
+        would. Touches no static buffer and leaves the activations as they are, so it can run again
+        for the same forward (a retained graph, one ``autograd.grad`` per loss)."""
 
     def prepare_backward(self, grads: Sequence[torch.Tensor | None]) -> bool:
         """Called before each ``backward``; True when it captured new static gradient buffers."""
@@ -95,16 +93,8 @@ class Recording(ABC):
 
 class Region(ABC):
     """One recorded body (a whole training step). ``capture`` runs it once and leaves its work done.
-
-    Network replay's :class:`Recording` connects a recorded forward and backward to
-    autograd; a region is simpler: record a body, then replay it over the same tensors.
-    Tensors the body reads by reference (parameters, gradients, optimizer state, a tensor
-    lr) are read again at every replay.
-    """
-
-    #: whether ``capture`` runs the body's kernels (emulated) or only records them (cuda,
-    #: which then replays once): what a failed capture may have changed differs
-    executes: bool
+    What the body reads by reference (parameters, gradients, optimizer state) is read again at every
+    replay."""
 
     @abstractmethod
     def capture(self, body: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
@@ -140,10 +130,8 @@ class Backend(ABC):
         params: list[torch.Tensor],
         warmup: int,
     ) -> Recording:
-        """Warm up ``warmup`` times, then record ``fn`` over ``static_inputs``.
-
-        The caller snapshots and restores module state and RNG around this call.
-        """
+        """Warm up ``warmup`` times, then record ``fn`` over ``static_inputs``. The caller snapshots
+        and restores module state and RNG around this call."""
 
     @abstractmethod
     def region(self, fixed: Sequence[torch.Tensor]) -> Region:

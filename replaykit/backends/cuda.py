@@ -1,29 +1,16 @@
 """The CUDA backend: ``torch.cuda.CUDAGraph`` recordings sharing one private memory pool.
 
-Recording follows ``torch.cuda.make_graphed_callables``: warm-up iterations on a side
-stream, then a graph for the forward, captured into the recorder's pool. The backward
-graph is captured at the first backward, once it shows which outputs receive a
-gradient and in what memory layout (a loss's gradient is often contiguous, or a
-broadcast, where the output is channels-last): a graph replays fixed kernels, and a
-reduction over another layout sums in another order, so a static gradient buffer of
-the wrong layout would differ from eager in the last bits (seen on the H200 for
-channels-last inputs). A later backward whose outputs or layouts differ runs eagerly
-through the recorded autograd graph, which is exact. Autocast's cast cache is off while capturing (a cached cast
-would outlive the capture). The default CUDA generator is registered with each graph
-by ``torch.cuda.graph``, so dropout replays advance the Philox offset as eager does.
+Recording follows ``make_graphed_callables``: warm-up on a side stream, then a forward graph.
+The backward graph is captured at the first backward, in the layout its gradients arrive in: a
+reduction over another layout sums in another order (last-bit differences on the H200 for
+channels-last); a later backward with other outputs or layouts runs exactly through the recorded
+autograd graph. Autocast's cast cache is off while capturing (a cached cast would outlive it);
+``torch.cuda.graph`` registers the default generator, so dropout advances Philox as eager does.
 
-Warm-up and capture run the module with detached stand-ins for its parameters
-(same storage, own autograd leaves). The parameters' own AccumulateGrad nodes are
-then never created on the side stream nor kept alive by the retained capture graph:
-such a node keeps its creation stream, and every later backward would wait across
-streams once per parameter (seen on the H200 with torch 2.11: replay fell to eager
-speed at the launch-bound size).
-
-The forward is captured under saved-tensor hooks (``_Saved``) that keep the
-captured autograd graph usable after the optimizer updates parameters in place (no
-version check) and after the backward capture let its activations go:
-the eager path differentiates through it only the outputs that received a gradient,
-exactly as eager would.
+The module runs on detached stand-ins of its parameters: their own AccumulateGrad nodes, made
+on the side stream, would make every later backward wait across streams (replay fell to eager
+speed on the H200). Saved-tensor hooks (``_Saved``) keep the captured autograd graph usable
+after in-place optimizer updates (no version check) and after the backward capture freed them.
 """
 
 from __future__ import annotations
@@ -47,21 +34,16 @@ from .base import (
     Region,
     differentiable_indices,
     flatten_outputs,
-    grad_targets,
 )
 from .gaps import open_gaps
 from .scratch import PoolScratch, Scratch, pool_routing
 
 
 class _Saved:
-    """A tensor the captured forward saved for backward.
-
-    It is owned until the captured full backward reads it, then let go, so the
-    backward's temporaries can reuse its pool memory as ``make_graphed_callables``'
-    do (retaining it would cost ~15% more memory, measured on the H200). Afterwards it
-    is rebuilt from its address: every forward replay rewrites that memory before a
-    partial backward reads it, and the hold keeps any other replay out in between.
-    """
+    """A tensor the captured forward saved for backward. Let go once the full backward read it, so
+    its temporaries reuse the memory (retaining it cost ~15% on the H200); afterwards rebuilt from
+    its address, which every forward replay rewrites before a partial backward reads it (the hold
+    keeps other replays out)."""
 
     __slots__ = ("meta", "tensor")
 
@@ -102,11 +84,9 @@ class _SavedHooks:
         return saved
 
     def disown(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Saved tensors on these tensors' storage are owned by them already: hold no second reference.
-
-        Copy-out counts a static output's references; one that disappeared later, when
-        the backward capture lets saved tensors go, would read as a change.
-        """
+        """Saved tensors on these tensors' storage are owned by them already: hold no second
+        reference. Copy-out counts a static output's references; one that disappeared later, when
+        the backward capture lets saved tensors go, would read as a change."""
         storages = {t.untyped_storage().data_ptr() for t in tensors}
         for saved in self.saved:
             if saved.tensor is not None and saved.meta[0] in storages:
@@ -131,10 +111,7 @@ class CudaRecording(Recording):
         spent: Callable[[tuple[int, int]], None] = lambda pool: None,
     ) -> None:
         self._spent = spent  # told when a failed capture leaves the pool's id unusable
-        self.static_inputs = static_inputs
-        self.params = params
-        leaves = [p.detach().requires_grad_(True) for p in params]
-        self._targets = grad_targets(static_inputs, leaves)
+        leaves = self._stand_ins(static_inputs, params)
         enabled, dtype = autocast_key("cuda")
 
         def forward() -> list[torch.Tensor]:
@@ -232,9 +209,8 @@ class CudaRecording(Recording):
                 for g, broadcast in zip(grads, self._broadcast, strict=True)
                 if g is not None
             ]
-            torch._foreach_copy_(
-                self._grad_bases, srcs
-            )  # one launch (same dtype) where mgc copies per output
+            # one launch (same dtype) where mgc copies per output
+            torch._foreach_copy_(self._grad_bases, srcs)
             self._bwd.replay()
             return [None if g is None else g.detach() for g in self.static_grads], None
         how = "partial" if any(g is None for g in grads) else "layout"
@@ -244,12 +220,8 @@ class CudaRecording(Recording):
 
     def prepare_backward(self, grads: Sequence[torch.Tensor | None]) -> bool:
         """At the first backward: capture the backward graph for these gradients, in their layout.
-
-        Runs inside the replayed node's backward, on the autograd engine's thread; the
-        capture's own autograd call is a reentrant backward over the recorded graph.
-        The capture frees each saved tensor after its last read, so the graph's
-        temporaries reuse activation memory as in ``make_graphed_callables``.
-        """
+        Runs on the autograd engine's thread (a reentrant backward over the recorded graph); each
+        saved tensor is freed after its last read, as in ``make_graphed_callables``."""
         if self._bwd is not None or self.capture_error is not None:
             return False
         bases: list[torch.Tensor | None] = []
@@ -262,9 +234,8 @@ class CudaRecording(Recording):
                 compact_size(g.size(), g.stride()), g.stride(), dtype=g.dtype, device=g.device
             )
             bases.append(base)
-            views.append(
-                base.as_strided(g.size(), g.stride())
-            )  # the incoming layout, broadcasts included
+            # the incoming layout, broadcasts included
+            views.append(base.as_strided(g.size(), g.stride()))
         read = [i for i, g in zip(self.differentiable, grads, strict=True) if g is not None]
         graph = torch.cuda.CUDAGraph()
         self._hooks.release = True
@@ -296,10 +267,9 @@ class CudaRecording(Recording):
         return True
 
     def exact_backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        """Eager through the recorded autograd graph: exactly what eager computes for these gradients.
-
-        Its temporaries come from the ordinary allocator, not the pool, so the activations stay.
-        """
+        """Eager through the recorded autograd graph: exactly what eager computes for these
+        gradients. Its temporaries come from the ordinary allocator, not the pool, so the
+        activations stay."""
         pairs = [(i, g) for i, g in zip(self.differentiable, grads, strict=True) if g is not None]
         if not pairs or not self._targets:
             return [None] * len(self._targets)
@@ -326,21 +296,12 @@ class CudaRecording(Recording):
 
 
 def end_failed_capture(device: torch.device, pool: tuple[int, int]) -> bool:
-    """Put the CUDA generators back after a capture that raised; True when ``pool`` must not be
-    captured into again.
-
-    ``torch.cuda.graph`` marks the default generator as capturing at the start and
-    unmarks it at a clean end; a capture that raises can leave the mark, and every
-    later random op in the process then fails with "Offset increment outside graph
-    capture encountered unexpectedly" (seen on the H200). An empty capture runs the
-    generators' prologue and epilogue again and clears it.
-
-    A capture invalidated by CUDA (a host read inside it) raises in ``capture_end`` before
-    the device and the pinned-host allocators stop routing into ``pool``: the next capture
-    into it failed with "beginAllocateToPool: already recording to mempool_id" (seen on the
-    H200). The device allocator's routing is ended here; the host allocator's has no Python
-    handle, so the pool's id is spent and later captures take a new one (``True``).
-    """
+    """Put the CUDA generators back after a capture that raised; True when ``pool`` is spent. A
+    raising capture can leave the default generator marked capturing (every later random op then
+    fails: "Offset increment outside graph capture"); an empty capture clears it. A capture CUDA
+    invalidated raises before the allocators stop routing into ``pool`` ("already recording to
+    mempool_id" next time): the device allocator's routing is ended here; the pinned-host one has no
+    handle, so the pool's id is spent."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     try:
         torch._C._cuda_endAllocateToPool(index, pool)
@@ -349,9 +310,8 @@ def end_failed_capture(device: torch.device, pool: tuple[int, int]) -> bool:
         spent = False
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "the CUDA graph is empty"
-        with contextlib.suppress(
-            RuntimeError
-        ):  # an error of the failed capture: the reset below still runs
+        # an error of the failed capture: the reset below still runs
+        with contextlib.suppress(RuntimeError):
             torch.cuda.synchronize(device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.device(device), torch.cuda.graph(graph):
@@ -437,12 +397,8 @@ class CudaBackend(Backend):
 
 
 class CudaRegion(Region):
-    """A ``torch.cuda.CUDAGraph`` in the backend's private pool (shared by its recordings).
-
-    A capture executes nothing: the recording call's work is one replay right after it.
-    """
-
-    executes = False
+    """A ``torch.cuda.CUDAGraph`` in the backend's private pool (shared by its recordings). A
+    capture executes nothing: the recording call's work is one replay right after it."""
 
     def __init__(
         self,

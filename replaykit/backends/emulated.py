@@ -1,25 +1,11 @@
 """The emulated backend: what a CUDA graph freezes and how its buffers behave, on any device.
 
-Recording mirrors ``cuda.py``: warm-up iterations with detached stand-ins for the
-parameters (same storage, own autograd leaves), then one forward recorded as a
-:class:`~replaykit.backends.tape.Tape` of aten calls (autocast's cast cache off, so
-every cast of a parameter is on the tape). A replay runs that tape over the static
-inputs and the parameters' current values, never the module's Python: a changed
-``dropout.p``, ``bn.momentum``, a submodule's ``eval()`` or a float attribute read in
-``forward`` is not seen, exactly as a graph replay would not see it. So a CPU run shows
-what a GPU run would do when such a host value changes and no guard catches it.
-
-The backward goes through the autograd graph recorded with the tape, whose saved
-tensors resolve to the latest replay's activations: one set of activations per
-recording, so a newer forward replay replaces what an older pending backward reads
-(the hazard the recorder's hold protects against). A full backward overwrites the
-static gradient buffers in place and returns them; a partial one returns fresh
-tensors, exact through the same graph. Static outputs (the recorded outputs) and
-static gradient buffers are overwritten in place without a version bump.
-
-What a capture refuses is refused here too, at record (the recorder retires with
-"capture failed: ..."): ``.item()`` and other host reads of device data, ops with
-data-dependent output shapes, random ops on a private generator, sparse gradients.
+It mirrors ``cuda.py``: warm-up on stand-ins, then one forward recorded as a
+:class:`~replaykit.backends.tape.Tape`. A replay runs the tape, never the module's Python, so a
+CPU run shows what a GPU run would do when a host value changes and no guard catches it. Its
+saved tensors resolve to the latest replay's activations (one set per recording: what the hold
+protects); static outputs and gradient buffers are overwritten in place without a version
+bump. What a capture refuses is refused at record (``capture failed: ...``).
 """
 
 from __future__ import annotations
@@ -41,7 +27,6 @@ from .base import (
     Region,
     differentiable_indices,
     flatten_outputs,
-    grad_targets,
 )
 from .gaps import open_gaps
 from .scratch import Exposure, Scratch, TrackedScratch
@@ -71,11 +56,8 @@ class EmulatedRecording(Recording):
         params: list[torch.Tensor],
         warmup: int,
     ) -> None:
-        self.static_inputs = static_inputs
-        self.params = params
         self._tape: Tape | None = None
-        leaves = [p.detach().requires_grad_(True) for p in params]
-        self._targets = grad_targets(static_inputs, leaves)
+        leaves = self._stand_ins(static_inputs, params)
         names = [f"input {i}" for i, x in enumerate(static_inputs) if x.requires_grad]
         names += [f"parameter {i} ({tuple(p.shape)})" for i, p in enumerate(params)]
         device = next((t.device.type for t in (*static_inputs, *params)), "cpu")
@@ -165,9 +147,8 @@ class EmulatedRecording(Recording):
                 if static is None or g is None:
                     out.append(None)
                 else:
-                    static.data.copy_(
-                        g
-                    )  # in place and, like a graph replay, without a version bump
+                    # in place and, like a graph replay, without a version bump
+                    static.data.copy_(g)
                     out.append(static.detach())
         return out
 
@@ -213,13 +194,9 @@ class EmulatedBackend(Backend):
 
 
 class TapeRegion(Region):
-    """A tape of aten calls over the static inputs (fixed slots); the capture runs the body.
-
-    The replay runs the recorded aten sequence without the Python: a host value the body
-    read (a float lr, a clip threshold, ``dropout.p``) is frozen exactly as in a graph.
-    """
-
-    executes = True
+    """A tape of aten calls over the static inputs (fixed slots); the capture runs the body. The
+    replay runs the recorded aten sequence without the Python: a host value the body read (a float
+    lr, a clip threshold, ``dropout.p``) is frozen exactly as in a graph."""
 
     def __init__(self, fixed: Sequence[torch.Tensor], exposure: Exposure) -> None:
         self.tape = Tape(fixed)

@@ -1,22 +1,17 @@
 """Eager work in a recording pool's free memory: the recording call's reference step.
 
-A new recording's call is verified against an eager run of the same step (its reference). Run
-beside the pool, that step's temporaries need a step's worth of memory the pool already holds
-free between replays: with 8 shape buckets, one ``TrainStep`` peaked at 1.92x eager's reserved
-memory on the H200 (848bf78). So, as torch.compile's CUDA graph trees run their warm-ups, the
-reference runs on the capture stream with its allocations routed into the pool
-(:class:`PoolScratch`), reusing the memory the recordings use as scratch.
+Run beside the pool, the reference step's temporaries need memory the pool already holds free
+between replays (8 shape buckets peaked at 1.92x eager's reserved memory on the H200). So, as
+torch.compile's CUDA graph trees do for warm-ups, it runs on the capture stream with its
+allocations routed into the pool (:class:`PoolScratch`).
 
-The hazard is what it leaves there: a tensor allocated during it and still live afterwards
-(eager's loss or gradients when that run stands as the call, a module's cached tensor) may sit
-in memory an earlier recording uses as scratch, and that recording's next replay overwrites
-it. A later recording is safe: its capture sees the block live. So the entry point asks
-:meth:`Scratch.survivors` and, when anything is left, frees the earlier recordings (protection
-``pool_survivors``); :meth:`Scratch.owns` lets it copy the results it hands back out first.
-
-The emulated backend shares no memory: :class:`TrackedScratch` tracks the tensors made inside,
-and an earlier region's replay overwrites the survivors with NaN (:class:`Exposure`), what a
-CUDA replay may do to them, so a CPU run shows the hazard when the protection is off.
+What it leaves there (eager's loss or gradients when that run stands, a module's cache) may
+sit in an earlier recording's scratch, which that recording's next replay overwrites (a later
+recording's capture sees the block live). So the entry point asks :meth:`Scratch.survivors`
+and frees the earlier recordings when anything is left (``pool_survivors``); :meth:`Scratch.owns`
+lets it copy out the results it hands back first. On the emulated backend
+:class:`TrackedScratch` tracks the tensors made inside and an earlier region's replay
+overwrites survivors with NaN (:class:`Exposure`), so a CPU run shows the hazard.
 """
 
 from __future__ import annotations

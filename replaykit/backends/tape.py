@@ -1,36 +1,17 @@
-"""A forward's aten operator sequence, recorded once and replayed without the module's Python.
+"""A forward's aten call sequence, recorded once and replayed without the module's Python.
 
-(One module because recording, slot resolution and replay share the tape's data model.)
+What a CUDA graph freezes, on any device: recording runs the forward under a dispatch mode that
+appends every aten call; a tensor argument becomes a *slot* (a static input, a stand-in
+parameter, an earlier op's result), any other tensor is kept by reference (a graph reads a fixed
+address) and everything else by value, so a changed ``dropout.p`` or Python float is not seen by
+a replay, exactly as on a GPU. Replay calls the same ops with the same arguments: eager's values.
 
-This is what a CUDA graph freezes, on any device. Recording runs the forward once
-under a ``TorchDispatchMode`` that appends every aten call to the tape; every tensor
-argument becomes a reference to a *slot* (a fixed tensor: static input or stand-in
-parameter leaf; or the result of an earlier taped op), any other tensor (a module
-buffer, a tensor attribute, a constant made outside) is kept by reference (a graph
-reads a fixed address), and every other argument is kept by value: a changed
-``dropout.p``, ``bn.momentum``, ``module.training`` or Python float is not seen by a
-replay, exactly as on a GPU. Replaying calls the same aten ops with the same
-arguments, so the values are eager's bit for bit (random ops draw from the default
-generator in eager's order).
-
-Saved tensors: the forward is recorded under saved-tensor hooks whose pack maps a
-saved tensor to its slot, and whose unpack returns the slot's value of the *latest*
-replay, so the recorded autograd graph (custom ``autograd.Function`` backwards
-included) can be differentiated after any replay and reads that replay's
-activations: one set of activations per tape, as a graph has. There is no version
-check, as under ``cuda.py``'s hooks.
-
-Fixed addresses: after recording, a result whose storage is still alive (a static
-output, a tensor a module stashed on itself, a ``ctx`` attribute, a ``.data`` alias
-kept by the tape) is *static*: each replay writes its value into that same tensor, so
-every holder sees the new values as it would in graph memory. Results nobody kept
-are scratch: fresh tensors each replay, freed after their last read.
-
-Refused, as a capture would fail or silently freeze them: ops that make the host read
-device data or have data-dependent output shapes (``.item()``, ``nonzero``, boolean
-masks, ``unique``; ``tolist()``/``numpy()``, which bypass the dispatcher, are caught
-by a ``TorchFunctionMode``), and random ops given a private ``torch.Generator``
-(told from the default one by state, as the dispatcher rewraps generators).
+Saved tensors unpack to the latest replay's slot values (one set of activations, as a graph
+has; no version check, as under ``cuda.py``'s hooks). A result whose storage is still alive
+after recording (an output, a stash on the module, a ``ctx`` attribute) is *static*: each replay
+writes into that tensor; the rest are fresh each replay. Refused as a capture would fail or
+freeze them: host reads of device data and data-dependent shapes (``.item()``, ``nonzero``,
+masks; ``tolist()`` through a ``TorchFunctionMode``), random ops on a private generator.
 """
 
 from __future__ import annotations
@@ -140,11 +121,9 @@ def untapeable(func: Any, args: tuple, kwargs: dict) -> str | None:
 
 
 def _is_default(g: torch.Generator) -> bool:
-    """Whether ``g`` is its device's default generator.
-
-    The dispatcher hands a mode a new Python wrapper, so identity cannot tell: reseed the
-    default for a moment and see whether ``g``'s state moved with it.
-    """
+    """Whether ``g`` is its device's default generator. The dispatcher hands a mode a new Python
+    wrapper, so identity cannot tell: reseed the default for a moment and see whether ``g``'s state
+    moved with it."""
     if g.device.type == "cpu":
         default = torch.default_generator
     elif g.device.type == "cuda":
@@ -198,12 +177,10 @@ class _TapeMode(WatchingMode):
 
 
 class Tape:
-    """Slots ``0..n_fixed-1`` are the fixed tensors; the rest are results of taped ops.
-
-    Use: ``with tape.recording(): outs = forward()``; then ``tape.seal(outs)`` once
-    nothing recorded needs the trace's scratch values any more (a backward through
-    the recorded graph may run before it); then ``replay()`` as often as wanted.
-    """
+    """Slots ``0..n_fixed-1`` are the fixed tensors; the rest are results of taped ops. Use: ``with
+    tape.recording(): outs = forward()``; then ``tape.seal(outs)`` once nothing recorded needs the
+    trace's scratch values any more (a backward through the recorded graph may run before it); then
+    ``replay()`` as often as wanted."""
 
     def __init__(self, fixed: Sequence[torch.Tensor]) -> None:
         self._fixed = list(fixed)
@@ -244,9 +221,8 @@ class Tape:
             return None
         assert self._by_id is not None
         i = self._by_id.get(id(t))
-        if (
-            i is None
-        ):  # a new result (or an in-place op on a constant: its later reads go through this slot)
+        # a new result (or an in-place op on a constant: its later reads go through this slot)
+        if i is None:
             i = len(self._table)
             self._table.append(t)
             self._by_id[id(t)] = i
@@ -288,11 +264,9 @@ class Tape:
         return t
 
     def seal(self, outputs: Sequence[torch.Tensor]) -> None:
-        """End recording: find the static results, plan frees, drop the trace's scratch values.
-
-        A result is static when its storage outlives the trace (``outputs`` included);
-        such a tensor must keep its address, so each replay writes into it.
-        """
+        """End recording: find the static results, plan frees, drop the trace's scratch values. A
+        result is static when its storage outlives the trace (``outputs`` included); such a tensor
+        must keep its address, so each replay writes into it."""
         n_fixed = len(self._fixed)
         table, self._table = self._table, []
         self._by_id = None
@@ -394,14 +368,6 @@ class Tape:
         self._statics = []
         self._fixed = []
 
-    @property
-    def n_ops(self) -> int:
-        return len(self._ops)
-
-    @property
-    def static_results(self) -> int:
-        return len(self._statics)
-
 
 def _settle(static: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """Put a replayed result into its static tensor (nothing to do when it is already there)."""
@@ -480,14 +446,10 @@ def _set_cpu_state(state: torch.Tensor) -> None:
 
 
 class _GeneratorEvents:
-    """The CPU generator's state read and set by the recorded code go on the tape.
-
-    Activation checkpointing's recompute sets the generator back to the state its forward
-    read (``torch.get_rng_state`` / ``set_rng_state``, not aten ops), so the recomputed
-    dropout draws the forward's mask; a CUDA graph replays that rewind through its
-    graph-safe generator state. On the tape, the read is a step whose result is the state
-    *at that point of each replay*, and the set restores it, so a replay draws as eager does.
-    """
+    """The CPU generator's state read and set by the recorded code go on the tape. Checkpoint's
+    recompute sets the generator back to the state its forward read (not aten ops); on the tape the
+    read is the state at that point of each replay and the set restores it, so a replay draws as
+    eager does (a CUDA graph does it through its graph-safe state)."""
 
     def __init__(self, tape: Tape) -> None:
         self.tape = tape

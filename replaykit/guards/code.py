@@ -1,22 +1,14 @@
 """What code reads besides tensors, keyed on every call: a whole step's ``loss_fn`` and a
 captured module's ``forward``.
 
-A recording runs ``loss_fn`` once, so every Python value it read then is frozen into the
-graph: a focal loss's ``gamma`` annealed by a schedule, a loss weight in a closure or a
-module-level global set to 0 after N steps, an attribute of an ``nn.Module`` criterion
-kept outside the model. :class:`LossInputs` finds once where such values live:
-
-- ``loss_fn``'s closure cells and defaults, and the globals its code names (its nested
-  code too), and the same for the functions those lead to (a few levels deep);
-- the object of a bound method or a callable instance, a ``functools.partial``'s
-  arguments, an ``nn.Module`` criterion's plain attributes (all its submodules');
-
-and :meth:`LossInputs.key` reads their values each call
-(:func:`~replaykit.guards.module.value_key`): a changed value records anew (within
-``max_recordings``), a value set back replays its recording. What is guarded elsewhere
-is skipped (the model, optimizers, schedulers, scalers, tensors by identity). What cannot
-be inspected (a C function, an object without ``__dict__``) is listed in ``unwatched``,
-which the step names in a :class:`~replaykit.errors.ReplayWarning` at construction.
+A recording runs ``loss_fn`` once, so every Python value it read is frozen into the graph (a
+focal loss's annealed ``gamma``, a loss weight in a closure or global). :class:`LossInputs` finds
+once where such values live: closure cells, defaults and named globals (of the code it leads
+to too, a few levels deep), a bound method's object, a ``partial``'s arguments, an ``nn.Module``
+criterion's plain attributes; :meth:`LossInputs.key` reads them each call
+(:func:`~replaykit.guards.module.value_key`), so a changed value records anew and a value set
+back replays. What is guarded elsewhere is skipped; what cannot be inspected (a C function) is
+listed in ``unwatched`` and named in a warning at construction.
 """
 
 from __future__ import annotations
@@ -206,14 +198,10 @@ class LossInputs:
         )
 
     def _owner(self, owner: nn.Module, func: FunctionType, name: str) -> None:
-        """A method of the module that holds the model (a LightningModule's ``compute_loss``).
-
-        That module's ``__dict__`` is mostly its framework's (a Trainer full of cycles, the step
-        itself, logs that grow every call): keyed whole it cannot be read, or changes every
-        call. So only the attributes and properties its code names are keyed (``self.aux_weight``,
-        ``self.current_epoch``), with those named by the methods of its own class it calls
-        (``self.helper()``) a few levels deep; a framework's own methods are not followed.
-        """
+        """A method of the module that holds the model (a LightningModule's ``compute_loss``). That
+        module's ``__dict__`` is mostly its framework's (a Trainer, growing logs): only the
+        attributes its code names are keyed (``self.aux_weight``), with those of its own class's
+        methods it calls, a few levels deep."""
         cls, names, todo, seen = type(owner), set(), [func], set()
         for _ in range(_DEPTH + 1):
             found: list[FunctionType] = []
@@ -424,6 +412,12 @@ class ForwardInputs(LossInputs):
         found = [g.get(n) for g, n in self.global_names]
         found += [c.cell_contents for c in self.cells if cell_filled(c)]
         return [t for t in found if _loose_tensor(t) and not t.is_inference()]
+
+
+def cpu_versions(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, int]]:
+    """The CPU tensors among ``tensors`` (what a forward names beside a GPU model), with their
+    versions: a CUDA graph does not replay a host op that writes one."""
+    return [(t, t._version) for t in tensors if t.device.type == "cpu"]
 
 
 def _loose_tensor(value: Any) -> bool:

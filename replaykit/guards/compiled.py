@@ -1,27 +1,19 @@
 """torch.compile'd code inside a recording: compiled in warm-up, never while a recording is made.
 
-A recording freezes whatever kernels run while it is made. For a ``torch.compile``'d model those
-are the kernels dynamo chose when its guards last passed, so three things must hold:
+A recording freezes the kernels dynamo chose when its guards last passed, so:
 
-- **no compilation inside a recording.** Dynamo compiles when a guard fails (a new input shape,
-  a changed attribute); inside a CUDA capture that runs the compiler (and inductor's
-  benchmarking) on a capturing stream, and a capture that went on would freeze a half-made
-  program. :class:`CompileWatch` listens to dynamo's compile callbacks while a recording is made;
-  a compilation started there aborts the recording, the call runs eagerly (reason ``compiling``,
-  which compiles it), and the next call of that signature records with the compiled code ready.
-  A replay runs no Python, so no dynamo guard is evaluated at a replay: what the guards read is
-  what replaykit keys (input signature, the module's attributes, grad and autocast modes).
-- **no CUDA graphs inside.** ``mode="reduce-overhead"`` (``triton.cudagraphs``) or
-  ``backend="cudagraphs"`` replays graphs of its own, which cannot be captured into ours:
-  :func:`refuse_cudagraphs` says so at construction.
-- **the emulated tape sees compiled code.** On the CPU, inductor's C++ kernels do not go
-  through the dispatcher, so the tape would record only the calls around them (allocations,
-  ``addmm(out=...)``) and a replay would read stale buffers, silently. :class:`CompileWatch`
-  counts the compiled frames that run while the emulated backend records (dynamo's
-  guard-complete hook); any such frame refuses the recording (protection ``compiled_code``).
+- **no compilation inside a recording**: a compile inside a CUDA capture runs inductor on a
+  capturing stream and would freeze a half-made program. :class:`CompileWatch` listens to
+  dynamo's compile callbacks; a compile aborts the recording, the call runs eagerly
+  (``compiling``) and the next call records with the code ready. A replay evaluates no dynamo
+  guard: what they read is what replaykit keys.
+- **no CUDA graphs inside**: ``mode="reduce-overhead"`` or ``backend="cudagraphs"`` replays
+  graphs of its own, which cannot be captured into ours (:func:`refuse_cudagraphs`).
+- **the emulated tape sees compiled code**: inductor's C++ kernels bypass the dispatcher, so a
+  tape would replay stale buffers silently; a compiled frame run while the emulated backend
+  records refuses it (protection ``compiled_code``).
 
-``torch._dynamo`` is never imported here: a process that has not imported it runs no compiled
-code, and the watch then costs nothing.
+``torch._dynamo`` is never imported here: a process without it runs no compiled code.
 """
 
 from __future__ import annotations

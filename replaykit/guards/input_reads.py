@@ -1,29 +1,21 @@
 """Host reads that depend only on a call's inputs: a guard that keys the recording, not a retirement.
 
-A forward that asks ``if mask.all():`` reads device data on the host. A graph would
-freeze the answer given at capture, and a capture cannot even make the read (it would
-synchronise). But when the value read is a function of the call's input tensors alone
-(a padding mask's ``.all()``, a length, a max over input ids), it can be computed again
-for each new batch before a recording is chosen, and the recording keyed by it: a padded
-batch and an unpadded one get one recording each, and each follows eager's path.
+``if mask.all():`` reads device data on the host; a graph would freeze the capture's answer and
+a capture cannot even make the read. When the value is a function of the call's input tensors
+alone (a padding mask's ``.all()``, a length), it is computed again for each batch before a
+recording is chosen and keys it: padded and unpadded batches get one recording each.
 
-:class:`Provenance` is a ``TorchDispatchMode`` run around the recorded code (the probe's
-eager pass, a recording's capture). It follows every aten call: a result computed only
-from the call's input tensors and from factory ops with no tensor inputs (``arange``)
-is *input-derived*, and it keeps the small program (the aten calls from the inputs) that
-made it. Parameters, buffers, optimizer state, random ops and anything written in place
-are *state*. At each host read (``aten._local_scalar_dense``: ``.item()``, ``bool(t)``,
-``if t:``) of an input-derived tensor it answers from the values already computed for
-this call (no synchronisation inside a capture), or, in an eager pass, makes the read and
-notes the program. A read of state passes through: the backends refuse it as before.
-Some kernels read an integer argument on the host inside C++, where no ``.item()`` shows
-(``pack_padded_sequence``'s lengths): those are noted as reads of the whole tensor, its
-elements together one value of the key.
+:class:`Provenance` (a dispatch mode around the probe's eager pass and a capture) marks results
+computed only from inputs and tensor-free factories (``arange``) *input-derived*, keeping the
+aten program that made each; parameters, buffers, state, random ops and in-place writes are
+*state*. A host read (``aten._local_scalar_dense``) of an input-derived tensor is answered from
+this call's values (no sync inside a capture), or read and its program noted in an eager pass;
+a read of state passes through to the backends' refusal. Reads inside C++ with no ``.item()``
+(``pack_padded_sequence``'s lengths) count as reads of the whole tensor.
 
-:class:`InputReads` keeps, per recording key, the programs found and the variants recorded
-(which reads, with which values). Each call evaluates that key's programs on the new
-inputs, one synchronisation for all of them, and picks the variant its values match; a key
-with no reads pays one dictionary lookup.
+:class:`InputReads` keeps per key the programs and the variants recorded; a call evaluates its
+key's programs (one sync for all) and picks the matching variant; a key with no reads pays one
+dict lookup.
 """
 
 from __future__ import annotations
@@ -57,9 +49,8 @@ class _Tag:
 _IN = _Tag("input")  # a program's leaf: (_IN, position of the call's tensor)
 _LIST = _Tag("list")  # a list argument (a schema may want a list, not a tuple)
 _UNTRACKED = _Tag("untracked")
-_DRAW = _Tag(
-    "draw"
-)  # a host draw's place in a program's node: (_DRAW, its order among the run's draws)
+# a host draw's place in a program's node: (_DRAW, its order among the run's draws)
+_DRAW = _Tag("draw")
 _WHOLE = _Tag("whole")  # a program's third part: its tensor is read whole, by a kernel on the host
 #: Kernels that read an integer tensor argument on the host inside C++ (no ``.item()`` the mode
 #: could see), by the argument's position: the whole tensor is the value read. A packed sequence's
@@ -87,12 +78,10 @@ def _storage(t: torch.Tensor) -> int:
 
 class Provenance(WatchingMode):
     """Follows which tensors are functions of the call's inputs alone, and answers their host reads.
-
     ``sources``: the call's input tensors (positions as in the call). ``answers``: a value per
     program known for this call. ``discover``: an eager pass (not capturing) may make an unknown
     read itself and note it; otherwise an unknown input-derived read raises :class:`NewInputRead`.
-    After the run, ``reads`` lists ``(program, value)`` for each input-derived read, in order.
-    """
+    After the run, ``reads`` lists ``(program, value)`` for each input-derived read, in order."""
 
     def __init__(
         self,
@@ -355,13 +344,11 @@ _NEW = "new input reads"
 
 
 class InputReads:
-    """Per recording key: evaluates the input-derived host reads on each call and keys by their values.
-
-    ``key(base, tensors)`` is called on every call (before a recording is chosen); after a
-    recording, ``settle(reads)`` gives the key it is stored under. ``keyed=False`` (the
-    protection switched off) still answers reads at recording, but does not key by them:
-    the recording call's values are frozen into the recording (the negative control).
-    """
+    """Per recording key: evaluates the input-derived host reads on each call and keys by their
+    values. ``key(base, tensors)`` is called on every call (before a recording is chosen); after a
+    recording, ``settle(reads)`` gives the key it is stored under. ``keyed=False`` (the protection
+    switched off) still answers reads at recording, but does not key by them: the recording call's
+    values are frozen into the recording (the negative control)."""
 
     def __init__(self, keyed: bool = True) -> None:
         self._sites: dict[tuple, _Site] = {}
@@ -381,9 +368,8 @@ class InputReads:
             values = (
                 evaluate(site.programs, tensors, site.draws) if site.programs or site.draws else []
             )
-        except (
-            Exception
-        ):  # a program that does not hold for these inputs: no recording matches them
+        # a program that does not hold for these inputs: no recording matches them
+        except Exception:
             self._last = (base, [])
             return (*base, _NEW)
         finally:

@@ -1,27 +1,16 @@
 """Guards: the host-side values a recording depends on, noticed when they change.
 
-A graph replays the kernels of the recorded call, so every Python value the forward read
-then is frozen into it: each submodule's ``training`` flag, ``dropout.p``,
-``bn.momentum``, a float schedule attribute, a flag choosing a branch, which tensors sit
-in ``_parameters`` and ``_buffers``. ``torch.compile`` re-reads such values on every call;
-with a few hundred submodules that is thousands of reads per call. Here *writes* are
-watched instead, so an unchanged module costs one integer comparison per call:
-
-- ``nn.Module.__setattr__`` and ``__delattr__`` get one process-wide wrapper (installed at
-  the first capture, never removed; a module nobody captured pays a set lookup), and
-- the watched modules' ``_parameters``, ``_buffers``, ``_modules`` and hook dicts are
-  swapped for dict subclasses (``torch.func.functional_call`` writes ``_parameters``
-  directly), and ``Tensor.register_hook``/``register_post_accumulate_grad_hook`` get a
-  wrapper that reports hooks put on watched parameters,
-
-and both bump one global epoch. Only when the epoch moved is the tree read again
-(:meth:`ModuleGuard.refresh`): its plain values form the *state key*, part of every
-recording's key, so a changed value records anew (within ``max_recordings``) and a value
-set back replays its earlier recording; parameters swapped for other tensors route eager
-(``parameters_swapped``) until they are put back; a new ``nn.Parameter``, buffer or
-submodule retires the recorder. Plain-data objects and mutable containers held by
-modules of user code (not ``torch.*`` classes) cannot report writes, so they are re-read
-on every call; torch's own modules keep only immutable settings in such containers.
+A graph freezes every Python value the forward read (``training`` flags, ``dropout.p``, a
+schedule attribute, what sits in ``_parameters``). Re-reading them every call costs thousands
+of reads for a large tree, so *writes* are watched instead: one process-wide
+``nn.Module.__setattr__``/``__delattr__`` wrapper, dict subclasses for the watched modules'
+``_parameters``, ``_buffers``, ``_modules`` and hook dicts (``functional_call`` writes them
+directly), and ``Tensor.register_hook`` wrappers all bump one epoch; an unchanged module costs
+one integer comparison. When the epoch moved, :meth:`ModuleGuard.refresh` reads the tree: its
+plain values form the *state key* (a change records anew, a value set back replays); swapped
+parameters route eager (``parameters_swapped``); a new parameter, buffer or submodule
+re-records. Plain objects and containers of user code cannot report writes and are re-read
+every call.
 """
 
 from __future__ import annotations
@@ -193,11 +182,9 @@ def _install() -> None:
 
 
 def gradient_hooks(params: Any) -> int:
-    """How many parameters carry gradient hooks (tensor hooks or post-accumulate hooks).
-
-    Eager runs them as the backward reaches each parameter; a replay hands all
-    gradients to autograd at once, so with two or more their order would differ.
-    """
+    """How many parameters carry gradient hooks (tensor hooks or post-accumulate hooks). Eager runs
+    them as the backward reaches each parameter; a replay hands all gradients to autograd at once,
+    so with two or more their order would differ."""
     return sum(1 for p in params if p._backward_hooks or p._post_accumulate_grad_hooks)
 
 
@@ -231,10 +218,8 @@ class listen_for_writes:
 
 def value_key(value: Any) -> Any:
     """A hashable key that changes whenever ``value`` would make a forward behave differently.
-
-    Floats are keyed by their bits (``-0.0`` is not ``0.0``; a NaN equals itself), tensors
-    and callables by identity (a graph reads a tensor's memory, whatever it holds).
-    """
+    Floats are keyed by their bits (``-0.0`` is not ``0.0``; a NaN equals itself), tensors and
+    callables by identity (a graph reads a tensor's memory, whatever it holds)."""
     if isinstance(value, float):
         return ("f", value.hex())
     if isinstance(value, PLAIN_VALUES):
@@ -356,11 +341,9 @@ def _needs_polling(value: Any) -> bool:
 
 
 def held_values(module: nn.Module) -> list[tuple[str, Any, Any]]:
-    """``(name, value, key)`` of the containers and plain objects the tree's modules hold.
-
-    A write into one (``self.feats["h"] = h``) reports nothing, so the probe compares
-    their keys around the recording forward.
-    """
+    """``(name, value, key)`` of the containers and plain objects the tree's modules hold. A write
+    into one (``self.feats["h"] = h``) reports nothing, so the probe compares their keys around the
+    recording forward."""
     out = []
     for n, m in module.named_modules():
         for name, value in m.__dict__.items():

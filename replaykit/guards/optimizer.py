@@ -1,16 +1,10 @@
 """What a whole-step graph freezes beyond the network: optimizer, scaler and EMA host values.
 
-A recorded step bakes every Python value its optimizer read (a float ``lr``,
-``momentum``, ``betas``, ``weight_decay``), the scaler's growth settings and the clip
-threshold, and it reads every state tensor (momentum buffers, Adam moments and step
-counters, the scale, a tensor ``lr``) at the address it had. So:
-
-- host values form the *hyper key*, part of each recording's key: a scheduler that
-  assigns a float ``lr`` records anew (within the budget) or routes eager, never
-  replays the old rate; a tensor ``lr`` updated in place (``fill_``) is read by the graph;
-- state tensors are watched by address (:class:`OptimizerWatch`): ``load_state_dict``,
-  a new parameter group or a replaced buffer retires the step;
-- what can never replay is refused up front with a reason (:func:`optimizer_refusal`).
+A recorded step bakes in every Python value its optimizer read (float ``lr``, ``betas``), the
+scaler's settings and the clip threshold, and reads every state tensor at its address. So host
+values form the *hyper key* (a scheduler's float ``lr`` records anew; a tensor ``lr`` updated in
+place is read by the graph); state tensors are watched by address (:class:`OptimizerWatch`); what
+can never replay is refused up front (:func:`optimizer_refusal`).
 """
 
 from __future__ import annotations
@@ -76,13 +70,10 @@ _MISSING = object()
 
 
 class _WatchedState(dict):
-    """One parameter's optimizer state dict that notes a value replaced by another object.
-
-    ``opt.state[p]["exp_avg"] = torch.zeros_like(p)`` (a moment reset) leaves the recorded
-    tensor alive at its address, so no pointer check sees it. The optimizer's own
-    re-assignment of the same object (SGD writes ``momentum_buffer`` back every step) is not
-    a change. Pickles and deep-copies as a plain dict.
-    """
+    """One parameter's optimizer state dict that notes a value replaced by another object. A moment
+    reset (``state[p]["exp_avg"] = zeros_like(p)``) leaves the recorded tensor alive at its address,
+    unseen by a pointer check; re-assigning the same object is no change. Pickles and deep-copies as
+    a plain dict."""
 
     __slots__ = ("_flag",)
 
@@ -185,10 +176,9 @@ def optimizer_hooks(optimizer: torch.optim.Optimizer) -> bool:
 
 
 def known_step(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether the optimizer's ``step`` is torch's own (a subclass overriding it may keep Python state).
-
-    Lightning's and Fabric's wrappers forward ``step`` to the optimizer they wrap: that one decides.
-    """
+    """Whether the optimizer's ``step`` is torch's own (a subclass overriding it may keep Python
+    state). Lightning's and Fabric's wrappers forward ``step`` to the optimizer they wrap: that one
+    decides."""
     cls = type(optimizer)
     if cls.__module__.startswith(("lightning.", "lightning_fabric.", "pytorch_lightning.")):
         inner = getattr(optimizer, "optimizer", None)
@@ -238,10 +228,8 @@ def optimizer_refusal(
 
 
 def host_state(optimizer: torch.optim.Optimizer, device: torch.device) -> str | None:
-    """Why a CUDA graph would freeze optimizer state kept on the CPU (Adagrad's step counter), or None.
-
-    A capture records device kernels only: an op on a CPU tensor runs once, at capture.
-    """
+    """Why a CUDA graph would freeze optimizer state kept on the CPU (Adagrad's step counter), or
+    None. A capture records device kernels only: an op on a CPU tensor runs once, at capture."""
     if device.type != "cuda":
         return None
     for group in optimizer.param_groups:

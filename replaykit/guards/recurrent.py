@@ -50,13 +50,9 @@ allow_cudnn_dropout: bool = os.environ.get("REPLAYKIT_CUDNN_DROPOUT_STATE") == "
 
 @contextmanager
 def flat_weights_follow(module: nn.Module) -> Iterator[None]:
-    """Each RNN in ``module``'s tree caches the parameters it holds now, until the block ends.
-
-    Only an RNN whose every flat weight is a plain entry of its ``_parameters`` is touched
-    (a parametrized weight is computed anew at each access: its forward refreshes the
-    cache in eager too, and is left to do so). The caches are put back as they were, the
-    same objects, so no guard sees a change.
-    """
+    """Each RNN in ``module``'s tree caches the parameters it holds now, until the block ends. Only
+    flat weights that are plain ``_parameters`` entries (a parametrized one refreshes the cache in
+    eager too); the caches are put back as the same objects, so no guard sees a change."""
     held = []
     for m in module.modules():
         if not isinstance(m, nn.RNNBase) or "_flat_weights" not in m.__dict__:
@@ -77,14 +73,9 @@ def flat_weights_follow(module: nn.Module) -> Iterator[None]:
 
 
 def restore_cuda_rng(state: torch.Tensor, device: torch.device) -> None:
-    """``torch.cuda.set_rng_state(state, device)`` without re-seeding cuDNN's RNN dropout state.
-
-    The default generator's seed and offset live in a state object; its "re-seed the RNN
-    dropout state" flag lives on the generator. ``graphsafe_get_state`` gives a second
-    generator on the same state object, so setting the state through it moves the seed and
-    offset (graphs registered with the state see it) and leaves the default generator's
-    flag as eager left it.
-    """
+    """``torch.cuda.set_rng_state(state, device)`` without re-seeding cuDNN's RNN dropout state. The
+    re-seed flag lives on the generator, seed and offset on its state object: setting them through
+    ``graphsafe_get_state``'s second generator leaves the flag as eager left it."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     generator = torch.cuda.default_generators[index]
     view = getattr(generator, "graphsafe_get_state", None)

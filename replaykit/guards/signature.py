@@ -1,13 +1,9 @@
 """What must match for a replay to be valid, computed once per call.
 
-A signature is a hashable key: the structure of the arguments, each tensor's shape,
-dtype, strides (so memory format), storage offset, device and ``requires_grad``, which
-arguments are the same tensor (``q is k`` takes other code paths, e.g. in
-``nn.MultiheadAttention``), the non-tensor arguments by type and value (floats by their
-bits: ``-0.0`` is not ``0.0``), and the autocast state of the module's device type. An
-argument that is an object (its attributes could change under a recording) routes eager.
-Grad mode and the training flag are routes of their own (eager with a reason) and
-never reach a signature.
+A hashable key: the arguments' structure, each tensor's shape, dtype, strides, offset, device and
+``requires_grad``, which arguments are the same tensor (``q is k`` takes other paths), the
+non-tensor arguments by type and value (floats by their bits), and the autocast state. An object
+argument routes eager; grad mode and the training flag are routes of their own.
 """
 
 from __future__ import annotations
@@ -22,11 +18,9 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 
 class CallArgs:
-    """One call's arguments split into tensors and a structure to rebuild them from.
-
-    A slotted class, not a frozen dataclass: one is made per call, and a frozen
-    dataclass's ``__init__`` costs four ``object.__setattr__`` calls. Not to be modified.
-    """
+    """One call's arguments split into tensors and a structure to rebuild them from. A slotted
+    class, not a frozen dataclass: one is made per call, and a frozen dataclass's ``__init__`` costs
+    four ``object.__setattr__`` calls. Not to be modified."""
 
     __slots__ = ("leaves", "spec", "tensor_slots", "tensors")
 
@@ -125,9 +119,8 @@ def autocast_key(device_type: str) -> tuple[bool, torch.dtype | None]:
     return False, None
 
 
-_is_tensor = (
-    torch.Tensor.__instancecheck__
-)  # isinstance(x, torch.Tensor) as one callable, for map()
+# isinstance(x, torch.Tensor) as one callable, for map()
+_is_tensor = torch.Tensor.__instancecheck__
 
 
 def split_call(args: tuple, kwargs: dict) -> CallArgs:
@@ -143,12 +136,10 @@ def split_call(args: tuple, kwargs: dict) -> CallArgs:
 def signature(
     call: CallArgs, device_type: str, exact_arguments: bool = True, tensor_key: Any = None
 ) -> tuple:
-    """The hashable key under which a recording of this call is kept.
-
-    ``exact_arguments=False`` (unsafe, diagnosis only) keys non-tensor arguments by ``==``
-    and ignores aliasing, as plain CUDA-graph wrappers do. ``tensor_key`` replaces the
-    per-tensor key (the whole step keys storage offsets by alignment: :func:`replaykit.memory.layout.aligned_key`).
-    """
+    """The hashable key under which a recording of this call is kept. ``exact_arguments=False``
+    (unsafe, diagnosis only) keys non-tensor arguments by ``==`` and ignores aliasing, as plain
+    CUDA-graph wrappers do. ``tensor_key`` replaces the per-tensor key (the whole step keys storage
+    offsets by alignment: :func:`replaykit.memory.layout.aligned_key`)."""
     try:
         tensors = tuple(map(tensor_key or _tensor_key, call.tensors))
     except RuntimeError:  # a sparse input has no strides: said once here, not checked per tensor

@@ -1,19 +1,11 @@
 """Changes no write notification reports, compared on every call before a replay.
 
-A recording reads parameter and buffer memory by address and runs no Python of the
-submodules, so its recordings stop being valid when
-- a parameter's or buffer's storage changes (``.to()`` of dtype or device,
-  ``param.data = ...``), or a parameter frozen when recording starts to require grad
-  (the recording computes no gradient for it; freezing a parameter is harmless: autograd
-  drops the gradient the replay returns for it, as eager never computes it),
-- global module hooks change: under replay they would silently not run.
-(A parameter or submodule registered anew, ``load_state_dict(..., assign=True)`` included,
-is reported by the guard, :mod:`replaykit.guards.module`.) The route
-(:meth:`replaykit.route.Lifecycle.gate`) drops the recordings for such a change and records
-anew, within ``max_rerecords``; only then does the entry point retire. Submodule hooks
-present at a network's first recording retire it (they would not run under replay).
-The per-call check is two C-level ``map`` passes over the parameters, flat in the number
-of calls; nothing process-wide refers to the module, so a dropped one is collected.
+A recording reads parameter and buffer memory by address and runs no submodule Python, so it
+is stale when a storage changes (``.to()``, ``param.data = ...``), a parameter frozen at
+recording starts to require grad (freezing is harmless: autograd drops the replayed gradient),
+or global module hooks change (they would not run). The route
+(:meth:`replaykit.route.Lifecycle.gate`) then records anew within ``max_rerecords``. Two C-level
+``map`` passes per call; nothing process-wide refers to the module.
 """
 
 from __future__ import annotations
@@ -59,11 +51,9 @@ def hook_dicts(module: nn.Module) -> list[dict]:
 
 class ModuleWatch:
     """Detects what no write notification reports; ``reason()`` names the first change found.
-
     Registrations, swapped tensors and submodule hooks are reported by
-    :class:`replaykit.guards.module.ModuleGuard`; storage changes and ``requires_grad`` flips
-    happen in C and are compared here on every call (one pass over parameters and buffers).
-    """
+    :class:`replaykit.guards.module.ModuleGuard`; storage changes and ``requires_grad`` flips happen
+    in C and are compared here on every call (one pass over parameters and buffers)."""
 
     def __init__(self, module: nn.Module) -> None:
         self._module = module

@@ -1,21 +1,14 @@
 """Process-wide switches that choose which kernel runs, read on every call.
 
-A graph freezes the kernels chosen at capture: an SDPA backend, cuDNN or oneDNN or the native
-kernel, TF32 or IEEE matmuls, reduced-precision reductions, deterministic algorithms. A
-switch flipped after recording (a Lightning callback calling ``enable_flash_sdp(False)``
-mid-fit, ``torch.backends.cudnn.enabled = False`` for one phase, ``sdpa_kernel(...)`` around a
-validation pass) must not replay the old kernels: :func:`key` is one tuple of every switch's
-value, part of every entry point's recording key, so a changed switch selects (or records)
-another recording.
+A graph freezes the kernels chosen at capture (an SDPA backend, cuDNN or oneDNN, TF32 matmuls,
+reduced-precision reductions, deterministic algorithms); a switch flipped later (a callback's
+``enable_flash_sdp(False)``, ``sdpa_kernel(...)`` around validation) must not replay them.
+:func:`key` is one tuple of every switch's value, part of every entry point's key. Read from
+torch's own getters; one this torch lacks is left out, as are those with no getter
+(``set_flush_denormal``) or no graph's choice (thread count, cuFFT plan cache).
 
-The switches are read from torch's own getters (``torch/backends/*/__init__.py``,
-``torch/__init__.py``); one that this torch lacks (2.11 on the GPU host, 2.13 here) is left
-out. Not keyed, because torch gives no getter or it is no graph's choice: ``set_flush_denormal``
-(no getter), the CPU thread count (a CPU run's, not a graph's), the cuFFT plan cache (no numerics).
-
-:class:`Frozen` is the emulated backend's side: a CPU tape re-dispatches each aten op at replay,
-and ``aten.convolution`` would choose oneDNN or the native kernel again from the switches of the
-moment; a replay under :class:`Frozen` runs under the recording's switches, as a graph does.
+:class:`Frozen` is the emulated backend's side: a tape re-dispatches each op at replay and would
+choose kernels from the switches of the moment; under it a replay uses the recording's.
 """
 
 from __future__ import annotations
@@ -145,16 +138,13 @@ def _global(module: Any, name: str, label: str) -> Switch:
     )
 
 
-def _opt_einsum() -> list[Switch]:
+def _opt_einsum(name: str) -> Switch | None:
     """einsum's contraction order (``torch.backends.opt_einsum.enabled`` / ``strategy``)."""
     oe = getattr(torch.backends, "opt_einsum", None)
     module = getattr(oe, "m", None)  # the module behind torch's property module
     if module is None or "enabled" not in vars(module):
-        return []
-    return [
-        _global(module, "enabled", "opt_einsum.enabled"),
-        _global(module, "strategy", "opt_einsum.strategy"),
-    ]
+        return None
+    return _global(module, name, f"opt_einsum.{name}")
 
 
 def _sdp_priority() -> Switch | None:
@@ -168,106 +158,73 @@ def _sdp_priority() -> Switch | None:
     return Switch("cuda.sdp_priority_order", lambda: tuple(get()), lambda v: put(list(v)))
 
 
-def _switches() -> tuple[Switch, ...]:
-    """Every process-wide switch a recording keys and freezes, those this torch has.
+_FP32 = ("generic", "all"), ("cuda", "all"), ("cuda", "matmul"), ("cuda", "conv"), ("cuda", "rnn")
+_FP32 += ("mkldnn", "all"), ("mkldnn", "matmul"), ("mkldnn", "conv"), ("mkldnn", "rnn")
 
-    Over 60 lines because it is a data table (one row per switch), not logic: one list
-    read top to bottom is easier to check against torch's switches than pieces of it.
-    """
-    found = [
-        # cuDNN (convolutions, RNNs, batch norm)
-        _c("cudnn.enabled", "_get_cudnn_enabled", "_set_cudnn_enabled"),
-        _c("cudnn.benchmark", "_get_cudnn_benchmark", "_set_cudnn_benchmark"),
-        _c("cudnn.benchmark_limit", "_get_cudnn_benchmark_limit", "_set_cudnn_benchmark_limit"),
-        _c("cudnn.deterministic", "_get_cudnn_deterministic", "_set_cudnn_deterministic"),
-        _legacy("cudnn.allow_tf32", "_get_cudnn_allow_tf32", "_set_cudnn_allow_tf32"),
-        _c("cudnn.depthwise_kernel", "_get_cudnn_depthwise_kernel", "_set_cudnn_depthwise_kernel"),
-        # cuBLAS matmuls
-        _legacy("cuda.matmul.allow_tf32", "_get_cublas_allow_tf32", "_set_cublas_allow_tf32"),
-        _reduced("fp16"),
-        _reduced("bf16"),
-        _c(
-            "cuda.matmul.allow_fp16_accumulation",
-            "_get_cublas_allow_fp16_accumulation",
-            "_set_cublas_allow_fp16_accumulation",
-        ),
-        _c(
-            "cpu.allow_fp16_reduced_precision_reduction",
-            "_get_cpu_allow_fp16_reduced_precision_reduction",
-            "_set_cpu_allow_fp16_reduced_precision_reduction",
-        ),
-        _legacy(
-            "float32_matmul_precision",
-            "_get_float32_matmul_precision",
-            "_set_float32_matmul_precision",
-        ),
-        *(
-            _fp32(b, o)
-            for b, o in (
-                ("generic", "all"),
-                ("cuda", "all"),
-                ("cuda", "matmul"),
-                ("cuda", "conv"),
-                ("cuda", "rnn"),
-                ("mkldnn", "all"),
-                ("mkldnn", "matmul"),
-                ("mkldnn", "conv"),
-                ("mkldnn", "rnn"),
-            )
-        ),
-        _c("preferred_blas_library", "_get_blas_preferred_backend", "_set_blas_preferred_backend"),
-        _c(
-            "preferred_linalg_library",
-            "_get_linalg_preferred_backend",
-            "_set_linalg_preferred_backend",
-        ),
-        _c("sm_carveout", "_get_sm_carveout_experimental", "_set_sm_carveout_experimental"),
-        # deterministic algorithms
-        _deterministic(),
-        _c(
-            "deterministic.fill_uninitialized_memory",
-            "_get_deterministic_fill_uninitialized_memory",
-            "_set_deterministic_fill_uninitialized_memory",
-        ),
-        # scaled_dot_product_attention's backends (sdpa_kernel sets these)
-        _c("cuda.flash_sdp", "_get_flash_sdp_enabled", "_set_sdp_use_flash"),
-        _c(
-            "cuda.mem_efficient_sdp", "_get_mem_efficient_sdp_enabled", "_set_sdp_use_mem_efficient"
-        ),
-        _c("cuda.math_sdp", "_get_math_sdp_enabled", "_set_sdp_use_math"),
-        _c("cuda.cudnn_sdp", "_get_cudnn_sdp_enabled", "_set_sdp_use_cudnn"),
-        _c("cuda.overrideable_sdp", "_get_overrideable_sdp_enabled", "_set_sdp_use_overrideable"),
-        _c("cuda.fa3_sdp", "_get_fa3_sdp_enabled", "_set_sdp_use_fa3"),
-        _c(
-            "cuda.math_sdp_fp16_bf16_reduction",
-            "_get_math_sdp_allow_fp16_bf16_reduction",
-            "_set_math_sdp_allow_fp16_bf16_reduction",
-        ),
-        _sdp_priority(),
-        # oneDNN, NNPACK, MIOpen (CPU and ROCm kernels)
-        _c("mkldnn.enabled", "_get_mkldnn_enabled", "_set_mkldnn_enabled"),
-        _c("mkldnn.deterministic", "_get_mkldnn_deterministic", "_set_mkldnn_deterministic"),
-        _legacy("mkldnn.allow_tf32", "_get_onednn_allow_tf32", "_set_onednn_allow_tf32"),
-        _c("nnpack.enabled", "_get_nnpack_enabled", "_set_nnpack_enabled"),
-        # Python-level choices a forward makes once and a graph freezes
-        _mha_fastpath(),
-        *_opt_einsum(),
-        Switch("default_dtype", torch.get_default_dtype, torch.set_default_dtype),
-    ]
-    if torch.version.hip:  # ROCm's own choices: read only where they can matter
-        found += [
-            _c(
-                "preferred_rocm_fa_library",
-                "_get_rocm_fa_preferred_backend",
-                "_set_rocm_fa_preferred_backend",
-            ),
-            _c("miopen.immediate", "_get_miopen_immediate", "_set_miopen_immediate"),
-        ]
-    return tuple(s for s in found if s is not None)
-
+#: Every process-wide switch a recording keys and freezes, one row each: (maker, its arguments).
+#: A table read top to bottom is easy to check against torch's switches; a maker answers None
+#: where this torch lacks the switch.
+# fmt: off
+_TABLE: tuple[tuple[Any, ...], ...] = (
+    # cuDNN (convolutions, RNNs, batch norm)
+    (_c, "cudnn.enabled", "_get_cudnn_enabled", "_set_cudnn_enabled"),
+    (_c, "cudnn.benchmark", "_get_cudnn_benchmark", "_set_cudnn_benchmark"),
+    (_c, "cudnn.benchmark_limit", "_get_cudnn_benchmark_limit", "_set_cudnn_benchmark_limit"),
+    (_c, "cudnn.deterministic", "_get_cudnn_deterministic", "_set_cudnn_deterministic"),
+    (_legacy, "cudnn.allow_tf32", "_get_cudnn_allow_tf32", "_set_cudnn_allow_tf32"),
+    (_c, "cudnn.depthwise_kernel", "_get_cudnn_depthwise_kernel", "_set_cudnn_depthwise_kernel"),
+    # cuBLAS matmuls
+    (_legacy, "cuda.matmul.allow_tf32", "_get_cublas_allow_tf32", "_set_cublas_allow_tf32"),
+    (_reduced, "fp16"),
+    (_reduced, "bf16"),
+    (_c, "cuda.matmul.allow_fp16_accumulation", "_get_cublas_allow_fp16_accumulation",
+     "_set_cublas_allow_fp16_accumulation"),
+    (_c, "cpu.allow_fp16_reduced_precision_reduction",
+     "_get_cpu_allow_fp16_reduced_precision_reduction",
+     "_set_cpu_allow_fp16_reduced_precision_reduction"),
+    (_legacy, "float32_matmul_precision", "_get_float32_matmul_precision",
+     "_set_float32_matmul_precision"),
+    *((_fp32, backend, op) for backend, op in _FP32),
+    (_c, "preferred_blas_library", "_get_blas_preferred_backend", "_set_blas_preferred_backend"),
+    (_c, "preferred_linalg_library", "_get_linalg_preferred_backend",
+     "_set_linalg_preferred_backend"),
+    (_c, "sm_carveout", "_get_sm_carveout_experimental", "_set_sm_carveout_experimental"),
+    # deterministic algorithms
+    (_deterministic,),
+    (_c, "deterministic.fill_uninitialized_memory", "_get_deterministic_fill_uninitialized_memory",
+     "_set_deterministic_fill_uninitialized_memory"),
+    # scaled_dot_product_attention's backends (sdpa_kernel sets these)
+    (_c, "cuda.flash_sdp", "_get_flash_sdp_enabled", "_set_sdp_use_flash"),
+    (_c, "cuda.mem_efficient_sdp", "_get_mem_efficient_sdp_enabled", "_set_sdp_use_mem_efficient"),
+    (_c, "cuda.math_sdp", "_get_math_sdp_enabled", "_set_sdp_use_math"),
+    (_c, "cuda.cudnn_sdp", "_get_cudnn_sdp_enabled", "_set_sdp_use_cudnn"),
+    (_c, "cuda.overrideable_sdp", "_get_overrideable_sdp_enabled", "_set_sdp_use_overrideable"),
+    (_c, "cuda.fa3_sdp", "_get_fa3_sdp_enabled", "_set_sdp_use_fa3"),
+    (_c, "cuda.math_sdp_fp16_bf16_reduction", "_get_math_sdp_allow_fp16_bf16_reduction",
+     "_set_math_sdp_allow_fp16_bf16_reduction"),
+    (_sdp_priority,),
+    # oneDNN, NNPACK, MIOpen (CPU and ROCm kernels)
+    (_c, "mkldnn.enabled", "_get_mkldnn_enabled", "_set_mkldnn_enabled"),
+    (_c, "mkldnn.deterministic", "_get_mkldnn_deterministic", "_set_mkldnn_deterministic"),
+    (_legacy, "mkldnn.allow_tf32", "_get_onednn_allow_tf32", "_set_onednn_allow_tf32"),
+    (_c, "nnpack.enabled", "_get_nnpack_enabled", "_set_nnpack_enabled"),
+    # Python-level choices a forward makes once and a graph freezes
+    (_mha_fastpath,),
+    (_opt_einsum, "enabled"),
+    (_opt_einsum, "strategy"),
+    (Switch, "default_dtype", torch.get_default_dtype, torch.set_default_dtype),
+    # ROCm's own choices: read only where they can matter
+    *(((_c, "preferred_rocm_fa_library", "_get_rocm_fa_preferred_backend",
+        "_set_rocm_fa_preferred_backend"),
+       (_c, "miopen.immediate", "_get_miopen_immediate", "_set_miopen_immediate"))
+      if torch.version.hip else ()),
+)
+# fmt: on
 
 #: Every switch this torch exposes, in :func:`key`'s order.
-SWITCHES: tuple[Switch, ...] = _switches()
+SWITCHES: tuple[Switch, ...] = tuple(
+    s for s in (make(*args) for make, *args in _TABLE) if s is not None
+)
 NAMES: tuple[str, ...] = tuple(s.name for s in SWITCHES)
 
 

@@ -114,13 +114,11 @@ def _release(handout: Handout) -> None:
 
 
 class StaticAliases:
-    """The static storages one recording hands out, and how to reach their holders.
-
-    Outputs and gradient buffers are handed out by different halves of a replay (its
-    forward, its replayed backward), so each half's use counts are read only after it
-    handed something out: a backward run exactly through the recorded graph (partial,
-    ``multi_backward``) or a forward whose graph was dropped leaves the other half alone.
-    """
+    """The static storages one recording hands out, and how to reach their holders. Outputs and
+    gradient buffers are handed out by different halves of a replay (its forward, its replayed
+    backward), so each half's use counts are read only after it handed something out: a backward run
+    exactly through the recorded graph (partial, ``multi_backward``) or a forward whose graph was
+    dropped leaves the other half alone."""
 
     __slots__ = (
         "__weakref__",

@@ -1,10 +1,8 @@
 """The pending-backward hold.
 
-From a replayed forward until its backward has run, a replay would overwrite the
-activations and gradient buffers the pending backward still needs, so later forwards
-route eager (reason ``hold``). The hold ends when the backward runs, or when the
-pending autograd graph is dropped without one (its outputs discarded), so a forward
-whose result nobody differentiates cannot leave the recorder eager for ever.
+Until a replayed forward's backward ran, a replay would overwrite the activations it needs, so
+later forwards route eager (``hold``). The hold also ends when the pending graph is dropped
+unused, so a forward nobody differentiates cannot leave the recorder eager for ever.
 """
 
 from __future__ import annotations

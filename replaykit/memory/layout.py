@@ -1,18 +1,11 @@
 """Static buffers' memory layout: how a private copy of an input keeps what a kernel can see.
 
-A kernel's reduction order can depend on an input's strides, on its storage offset and on
-its address's alignment (vector width, TMA), so a static input copied into a contiguous
-buffer could sum differently from eager. Both entry points therefore copy an input into
-a buffer with the caller's sizes and strides:
-
-- network replay (``rk.capture``) keeps the storage offset too (:func:`same_layout`): the
-  offset is part of its signature;
-- the whole step keeps the address's alignment instead (:func:`aligned_copy`, keyed by
-  :func:`aligned_key`): batches sliced at offset ``i * n`` from one preloaded tensor then
-  share one recording and a buffer the size of one batch.
-
-A broadcast (stride-0) dimension holds one real element however long it is: every size
-and copy here works on the *compact* size (:func:`compact_size`), never the broadcast one.
+A kernel's reduction order can depend on an input's strides, storage offset and alignment, so
+a static copy keeps the caller's sizes and strides and, for network replay, the offset
+(:func:`same_layout`, part of its signature); the whole step keeps the alignment instead
+(:func:`aligned_copy`, :func:`aligned_key`), so batches sliced from one preloaded tensor share a
+recording. A broadcast (stride-0) dimension holds one element: sizes here are *compact*
+(:func:`compact_size`).
 """
 
 from __future__ import annotations
@@ -64,9 +57,8 @@ def aligned_key(t: torch.Tensor) -> tuple:
 
 def copy_into(static: torch.Tensor, x: torch.Tensor) -> None:
     """``static.copy_(x)`` without an autograd version bump; a broadcast layout copies its real elements."""
-    if (
-        0 in static.stride()
-    ):  # same strides as x (they are part of the signature) unless input_layout is off
+    # same strides as x (they are part of the signature) unless input_layout is off
+    if 0 in static.stride():
         size = compact_size(static.shape, static.stride())
         static = static.as_strided(size, static.stride(), static.storage_offset())
         x = x.detach().as_strided(size, x.stride(), x.storage_offset())
@@ -85,11 +77,9 @@ def same_layout(t: torch.Tensor) -> torch.Tensor:
 
 
 def aligned_copy(t: torch.Tensor) -> torch.Tensor:
-    """A private copy of ``t`` with its sizes, strides and address alignment (broadcast dimensions kept).
-
-    Not its storage offset: a batch sliced at offset ``i * n`` from a preloaded dataset would
-    otherwise need a buffer as large as the dataset's prefix and a recording per offset.
-    """
+    """A private copy of ``t`` with its sizes, strides and address alignment (broadcast dimensions
+    kept). Not its storage offset: a batch sliced at offset ``i * n`` from a preloaded dataset would
+    otherwise need a buffer as large as the dataset's prefix and a recording per offset."""
     t = t.detach()
     item = t.element_size()
     align = ALIGNMENT.get(t.device.type, 512)

@@ -1,23 +1,14 @@
 """One memory pool shared by several entry points' recordings, made safe to share.
 
-Each ``rk.capture`` recorder and ``rk.TrainStep`` records into a private CUDA graph pool of its
-own; its recordings (signatures, phases, shape buckets) share it, and memory one capture freed
-serves the next, so eight buckets cost about one bucket's scratch, not eight. ``pool=`` lets
-several entry points share one pool the same way (``p = rk.MemoryPool()``; the emulated backend
-takes it too).
+An entry point's recordings share its private pool, so memory one capture freed serves the
+next; ``pool=rk.MemoryPool()`` lets several entry points share one the same way. PyTorch's
+caveat: a later graph may put live outputs in an earlier one's scratch. Within one entry point
+copy-out and the hold keep that safe; across them, before one records or replays, every other
+user must hold nothing live there (:meth:`claim`), or the call runs eagerly (``pool_busy``).
+A lone user pays one comparison per call.
 
-PyTorch's caveat for shared pools: a graph captured later may place its live outputs in
-memory an earlier graph uses as scratch, so replaying the earlier graph overwrites them (and
-vice versa for memory a pending backward still reads). Within one entry point copy-out and the
-hold already keep that safe. Across entry points the rule is: before one records or replays in
-a shared pool, every other one using it must hold nothing live there (:meth:`claim`): no
-backward pending, no accumulation under way (static gradients are ``.grad``), handed-out static
-tensors copied out now. Otherwise that call runs eagerly (``pool_busy``). A switch to another
-user happens only when the user changes, so a lone user pays one comparison per call.
-
-On the emulated backend nothing shares memory, so a claim overwrites the other users' static
-outputs and gradients with NaN: what a CUDA replay may do to them. A holder that kept one
-without the protection (``unsafe_disable=["shared_pool"]``) then sees the difference on a CPU.
+On the emulated backend a claim fills the other users' static outputs and gradients with NaN
+(what a CUDA replay may do), so a holder without the protection sees it on a CPU.
 """
 
 from __future__ import annotations
@@ -89,9 +80,7 @@ class MemoryPool:
 
     def claim(self, user: PoolUser, call: int, safe: bool = True) -> bool:
         """Before ``user`` records or replays: True when it may (the others hold nothing live here).
-
-        ``safe=False`` (``unsafe_disable=["shared_pool"]``) skips the others' check.
-        """
+        ``safe=False`` (``unsafe_disable=["shared_pool"]``) skips the others' check."""
         holder = self._holder() if self._holder is not None else None
         if holder is user:
             return True
@@ -116,14 +105,10 @@ class MemoryPool:
 
 
 def open_pool(device: torch.device) -> tuple[tuple[int, int], torch.cuda.CUDAGraph]:
-    """A new CUDA graph pool's handle, and an empty graph captured into it that keeps it open.
-
-    The caching allocator counts a pool's graphs; when the last one is reset while a block of
-    the pool is still live (a handed-out loss, a gradient), the pool lingers with a count of
-    zero and the next capture into it fails ("use_count > 0 INTERNAL ASSERT", seen on the H200
-    when a step re-recorded after its only recording was dropped). The anchor graph holds one
-    count for as long as its owner keeps the handle; dropping it lets the pool go.
-    """
+    """A new CUDA graph pool's handle, and an empty graph captured into it that keeps it open. A
+    pool whose last graph is reset while a block is live lingers at count zero, and the next capture
+    into it fails ("use_count > 0 INTERNAL ASSERT" on the H200); the anchor graph holds one count
+    while its owner keeps the handle."""
     with torch.cuda.device(device):
         handle = torch.cuda.graph_pool_handle()
         anchor = torch.cuda.CUDAGraph()

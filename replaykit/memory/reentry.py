@@ -1,15 +1,11 @@
 """Reentry: a captured module called again before the previous call's backward.
 
-Eager shares work between two such calls that no recording can: a parameter the recording
-reads twice gets its gradient summed inside the graph, and autograd adds the second call's
-uses in another order (the last bits); under autocast, eager casts each parameter once for
-the region (autocast's cache) and sums both calls' gradients in the low precision, where
-each replay casts its own copy. Which recordings are at risk is known when they are made;
-whether the training code calls twice before a backward is not. So the first call of an
-at-risk recording runs eagerly and is watched (:class:`FirstUse`): another call before its
-backward refuses that signature, exact because every call so far was eager; its backward
-coming first clears the recording to replay. A reentry after that, of a replayed call, is
-seen by the hold and said in a warning (the training code changed its pattern).
+Eager shares work between two such calls that no recording can: a parameter read twice gets its
+gradient summed in another order, and autocast casts each parameter once per region. Which
+recordings are at risk is known when they are made; whether the code calls twice is not. So an
+at-risk recording's first call runs eagerly and is watched (:class:`FirstUse`): another call
+before its backward refuses the signature (exact: every call was eager); its backward first
+clears it to replay. A later reentry of a replayed call is seen by the hold and warned about.
 """
 
 from __future__ import annotations

@@ -1,31 +1,19 @@
 """The state one call of a step may change, taken once at the start of its recording call.
 
-A recording call runs the step's Python more than once (probe, eager reference, capture;
-a retry). Whatever it ends in (a recording that stands, a refusal, a retirement, a retry),
-it must leave exactly what ONE eager call leaves. :class:`CallState` is the one owner of
-"put everything back": it is taken at the start of the recording call and restored before
-the one real run and on every outcome that does not stand. It holds
+A recording call runs the step's Python more than once; whatever it ends in (a recording that
+stands, a refusal, a retirement, a retry), it must leave exactly what one eager call leaves.
+:class:`CallState` is the one owner of "put everything back", restored before the one real run
+and on every outcome that does not stand. It holds the tensors (the model's values, ``.grad``,
+RNG, bindings, optimizer/scaler/EMA state), the Python values the code names (cells, globals,
+what they hold, modules outside the model such as a teacher), the class attributes that code
+reads, the optimizer's Python, and each run's output (:mod:`.output`).
 
-- the tensors (:class:`~.step_check.StepSnapshot` or :class:`~.snapshot.StateSnapshot`: the
-  model's values, ``.grad``, RNG, plain attributes, held containers, which tensor each
-  parameter / buffer / submodule name is bound to, the optimizer's, scaler's and EMA's state);
-- the Python values the code names (:class:`~replaykit.guards.code.LossInputs` finds them):
-  closure cells, globals, the containers and plain objects they hold, and every module they
-  hold outside the model (a BYOL target network, DINO's loss with its centre, a teacher whose
-  BatchNorm statistics move), snapshotted whole;
-- the class attributes that code reads (``type(self).calls``, ``Counters.seen``: the finders'
-  ``class_attributes``), on every class of the chain (a ``+=`` binds the subclass's own);
-- the optimizer's Python: its param groups' values (a Lookahead counter, a custom key
-  ``step()`` increments), its own attributes, an inner optimizer's state; other objects' plain
-  attributes (an EMA's counter);
-- the output each run prints, logs or warns (:mod:`.output`), and the warnings' registries: the
-  run that stands emits its own;
-- cuDNN's RNN dropout state, found while the runs go (:meth:`CallState.watching`), where
-  recording a CUDA RNN with dropout is allowed (``guards.recurrent.allow_cudnn_dropout``).
+Where recording a CUDA RNN with dropout is allowed (``guards.recurrent.allow_cudnn_dropout``),
+it also holds cuDNN's RNN dropout state, found while the runs go (:meth:`CallState.watching`).
 
-Tensors the code holds loose (a running mean in a closure) are watched by version, not
-copied (one may be a dataset): :meth:`CallState.unsaved_writes` names those written without
-a copy, and the entry point then lets the run that wrote them stand as the call.
+Tensors the code holds loose (a running mean in a closure) are watched by version, not copied
+(one may be a dataset): :meth:`CallState.unsaved_writes` names those written, and the run that
+wrote them stands as the call.
 """
 
 from __future__ import annotations
@@ -65,13 +53,9 @@ _SLOTS = ("_parameters", "_buffers", "_modules")
 
 class CallState:
     """Taken once at the start of a recording call; :meth:`restore` puts everything back.
-
-    ``tensors``: the tensor snapshot of the entry point. ``model``: what it snapshots already (the
-    modules ``code`` holds outside it are snapshotted here). ``code``: the sources of the code the
-    call runs (``LossInputs`` / ``ForwardInputs``). ``objects``: plain objects whose attributes a
-    call may re-bind (an EMA). ``whole=False`` (unsafe: ``call_state`` switched off): the tensor
-    snapshot alone, every run printing as it goes.
-    """
+    ``tensors``: the entry point's snapshot; ``model``: what it covers; ``code``: the sources of the
+    code the call runs; ``objects``: plain objects a call may re-bind (an EMA); ``whole=False``
+    (``call_state`` off): the tensor snapshot alone."""
 
     def __init__(
         self,
@@ -309,9 +293,8 @@ def _reached(values: list[Any], inside: set[int]) -> tuple[list[nn.Module], list
             continue
         if depth == 0 or id(value) in held or isinstance(value, torch.Tensor):
             continue
-        if isinstance(
-            value, (tuple, frozenset)
-        ):  # entered (a partial's arguments), nothing to put back
+        # entered (a partial's arguments), nothing to put back
+        if isinstance(value, (tuple, frozenset)):
             todo += [(v, depth - 1) for v in value]
             continue
         if not mutable(value):

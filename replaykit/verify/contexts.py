@@ -1,14 +1,10 @@
 """Contexts entered around every recording: libraries told, while a graph is captured, what eager sees.
 
-Some libraries branch on ``torch.cuda.is_current_stream_capturing()``: Hugging Face
-transformers' ``is_tracing()`` is true under a capture, and its attention-mask builders then
-skip a host read and build the mask another way than eager does. A recording must compute
-what eager computes, so each integration (``replaykit.integrations.<library>``) registers a
-context that, during a recording only, makes its library take eager's branch; the host read
-that branch makes is answered from the recording's key (:mod:`replaykit.guards.input_reads`).
-
-The core never imports a library: an integration is loaded when its library is already
-imported (``sys.modules``), at the first recording that finds it there.
+Some libraries branch on ``is_current_stream_capturing()`` (transformers' mask builders then skip
+a host read), so each integration (``replaykit.integrations.<library>``) registers a context that
+makes its library take eager's branch during a recording; that branch's host read is answered
+from the key (:mod:`replaykit.guards.input_reads`). The core never imports a library: an
+integration loads at the first recording that finds its library in ``sys.modules``.
 """
 
 from __future__ import annotations

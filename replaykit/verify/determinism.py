@@ -1,17 +1,10 @@
 """Deterministic kernels: bitwise parity with eager presupposes that eager repeats itself.
 
-On CUDA, cuDNN's and cuBLAS's fastest algorithms may accumulate in a run-dependent
-order (atomics, split-K), so two eager runs already differ in their last bits. Parity
-runs (tests, benchmarks, notebooks) switch to deterministic algorithms first.
-
-A ``torch.compile``'d model's twin repeats itself only if inductor does too: its autotuning
-picks kernels (and split reductions) by timing them, so two compilations of the same model may
-pick differently. ``enable_determinism`` sets inductor's ``deterministic`` mode (no on-device
-benchmarking where it changes numerics; ``TORCHINDUCTOR_DETERMINISTIC=1`` if inductor is not loaded
-yet) and, if inductor is loaded, ``fallback_random`` (random ops draw as eager does) with
-max-autotune off. What it cannot make deterministic: a compiled program
-chosen before it was called (compile after calling it), and kernels inductor itself documents
-as nondeterministic under ``torch.use_deterministic_algorithms`` (it then warns, as eager does).
+cuDNN's and cuBLAS's fastest algorithms may accumulate in a run-dependent order, and inductor's
+autotuning picks kernels by timing them. ``enable_determinism`` sets deterministic algorithms,
+inductor's ``deterministic`` mode (``TORCHINDUCTOR_DETERMINISTIC=1`` if not loaded yet) and, if
+loaded, ``fallback_random`` with max-autotune off. It cannot fix a program compiled before it was
+called, nor kernels inductor documents as nondeterministic (it warns, as eager does).
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The base of replaykit's dispatch modes: they watch code run without changing what it does.
 
-Three modes run around recorded code (the emulated backend's tape, the probe's inspector, the
-input reads' provenance). Each must leave the run as eager would see it, and two things of a
-plain ``TorchDispatchMode`` do not:
-
-- Under any dispatch mode, a foreach op's in-place write (``torch._foreach_mul_``, which
-  ``clip_grad_norm_`` uses) bumps no version counter; outside one, and on a capturing CUDA
-  stream, it does. A check of inputs written in place would then pass on the CPU and fail on a
-  GPU, and a forward writing its input with one would lose that write unseen.
-  :meth:`WatchingMode.run` bumps what a foreach op left unbumped.
-- Dynamo skips compiled frames under a mode that does not declare
-  ``ignore_compile_internals``, and marks their code skipped for good: a ``torch.compile``'d
-  model would run uncompiled ever after.
+Two things of a plain ``TorchDispatchMode`` change a run: under any mode a foreach op's in-place
+write (``clip_grad_norm_``'s ``_foreach_mul_``) bumps no version counter, while outside one and on
+a capturing stream it does (:meth:`WatchingMode.run` bumps it); and dynamo marks compiled frames
+run under a mode without ``ignore_compile_internals`` skipped for good.
 """
 
 from __future__ import annotations

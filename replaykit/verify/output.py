@@ -1,18 +1,11 @@
 """What a recording call's extra runs print and log, held back until the call knows which run stands.
 
-A recording call runs the step's Python more than once (probe, eager reference, capture).
-Tensors and Python values are put back between runs (:mod:`.call_state`); what they wrote to
-the terminal or a log cannot be. So each run's prints (``sys.stdout``) and log
-records (``logging``) are held, and the call emits those of the one run that stands as eager's
-— once per call, as eager prints — and drops the others. ``sys.stderr`` is held alike (a
-``print(..., file=sys.stderr)``, a traceback a user logs). Only the recording thread's output is
-held: another thread printing meanwhile goes straight through.
-
-Warnings are held as warnings, not as text: a ``default`` one shown by a run that is dropped
-would enter its module's ``__warningregistry__`` and never show again. So the registries are
-put back as they were at the call's start (:class:`WarningRegistries`) and the standing run's
-warnings are issued again (``warn_explicit``, their category, file and line): the filters
-decide as they do for one eager call (``default``: once, ``always``: every call).
+A recording call runs the Python more than once; tensors are put back between runs
+(:mod:`.call_state`), output cannot be. So the recording thread's stdout, stderr and log records
+are held per run and only the standing run's are emitted, once per call as eager prints.
+Warnings are held as warnings: one shown by a dropped run would enter ``__warningregistry__``
+and never show again, so the registries are put back (:class:`WarningRegistries`) and the
+standing run's warnings issued again, for the filters to decide as for one eager call.
 """
 
 from __future__ import annotations
@@ -32,9 +25,8 @@ __all__ = ["HeldOutput", "WarningRegistries"]
 _original_handle = logging.Logger.handle
 _original_showwarning = warnings.showwarning
 _lock = threading.Lock()
-_holders: dict[
-    int, list[HeldOutput]
-] = {}  # thread id -> the output being held there (innermost last)
+# thread id -> the output being held there (innermost last)
+_holders: dict[int, list[HeldOutput]] = {}
 
 
 class _Stream:

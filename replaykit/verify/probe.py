@@ -1,34 +1,14 @@
 """The record-time probe: one eager forward and backward that finds what no replay can repeat.
 
-Some behaviour of a forward is invisible to a signature and frozen by any graph, so it
-is looked for once, before recording, on the same stand-ins the backends use:
-
-- Python effects a replay would not repeat (:mod:`replaykit.verify.side_effects`): module
-  attributes assigned, inputs written in place, held containers changed;
-- random ops drawing from a private ``torch.Generator``: a graph registers only the
-  default generator and would replay the first numbers for ever;
-- host reads of tensor data and data-dependent shapes (``.item()``, ``nonzero``, boolean
-  masks): a capture fails on them, and a frozen replay would repeat the first answer (a read
-  of a value computed from the inputs alone is made and noted instead, when the caller
-  passes a :class:`~replaykit.guards.input_reads.Provenance` around ``fn``: it keys the recording);
-- sparse gradients (``nn.Embedding(sparse=True)``): no static buffer can hold them;
-- gradient hooks on several parameters: eager runs them as the backward reaches each
-  parameter, a replay all at once after its backward, in another order;
-- an input that requires grad and is read several times: its gradient is a sum whose
-  order, together with the caller's other uses of the tensor, can differ from eager;
-- tensors requiring grad that are not parameters of the module (a tensor attribute, a
-  module kept in a plain dict): a recording would give them no gradient;
-- an output that is (a view of) an input: eager hands back the caller's memory, a replay
-  a static copy;
-- an object among the outputs (a ``DynamicCache``, :mod:`replaykit.memory.outputs`): a replay
-  cannot rebuild its identity and state;
-- a parameter cast several times under autocast (a head shared by FPN levels, ALBERT's
-  block): eager's cast cache casts it once and sums its uses' gradients in the low
-  precision, a recording (cache off, as a capture needs) per use, summed in float32.
-
-Most retire the recorder (they hold for every signature); a reused input, an output
-aliasing an input, an output object and a weight shared under autocast route only that
-signature eagerly.
+Run once before recording, on the backends' stand-ins, it looks for what a signature cannot see
+and a graph would freeze: Python effects (:mod:`replaykit.verify.side_effects`), private
+generators (a graph registers only the default one), host reads and data-dependent shapes
+(an input-derived read is noted instead when a
+:class:`~replaykit.guards.input_reads.Provenance` wraps ``fn``), sparse gradients, gradient hooks
+on several parameters (a replay runs them in another order), foreign leaves requiring grad, an
+input requiring grad read several times, an output aliasing an input, an object among the
+outputs, and a parameter cast several times under autocast (eager's cast cache sums its uses'
+gradients in low precision). Most retire the recorder; the last four route only that signature.
 """
 
 from __future__ import annotations
@@ -80,9 +60,7 @@ def _boolean_mask(func: Any, args: tuple) -> bool:
 
 class _Inspector(WatchingMode):
     """Notes aten ops a graph cannot repeat: private generators, host reads, data-dependent shapes.
-
-    Puts each private generator's state back afterwards (the probe must leave no trace).
-    """
+    Puts each private generator's state back afterwards (the probe must leave no trace)."""
 
     def __init__(self, leaves: Sequence[torch.Tensor] = ()) -> None:
         super().__init__()
@@ -220,16 +198,14 @@ def probe(
     written: list[torch.Tensor] | None = None,
 ) -> Refusal | None:
     """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None.
-
     ``saved``, when given, receives the indices of the parameters the backward reads;
     ``saved_inputs`` those of the inputs it reads (eager raises if one changes in place before it);
-    ``multi_use`` those of the parameters read more than once (their gradient is a sum inside the call);
-    ``outputs`` the structure and constant leaves of what the forward returned (:mod:`replaykit.memory.outputs`);
-    ``written`` the module's parameters, trainable or frozen, whose storage the forward writes in
-    place (a weight decayed under no_grad, a momentum encoder, a write through ``.data`` or a view):
-    a verification's rerun must find them as the call found them.
-    The caller snapshots and restores module state and RNG around this call.
-    """
+    ``multi_use`` those of the parameters read more than once (their gradient is a sum inside the
+    call); ``outputs`` the structure and constant leaves of what the forward returned
+    (:mod:`replaykit.memory.outputs`); ``written`` the module's parameters, trainable or frozen,
+    whose storage the forward writes in place (a weight decayed under no_grad, a momentum encoder, a
+    write through ``.data`` or a view): a verification's rerun must find them as the call found
+    them. The caller snapshots and restores module state and RNG around this call."""
     if (refusal := _hook_order(params)) is not None:
         return refusal
     leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the storages

@@ -1,13 +1,9 @@
 """The shadow check: a sampled replayed call compared bit for bit with eager on the same state.
 
-Guards cover what was foreseen; this covers the rest. With ``capture(..., check_every=N)``
-every N-th replayed call (the first one included) first runs eagerly on stand-ins of the
-parameters and inputs, from the same module state and RNG state, which are then put
-back; the replay follows. Its outputs, the buffers and plain tensor attributes it
-updated and the RNG state must equal eager's bitwise, and at the backward so must every
-gradient and its None pattern. On the first difference the recorder retires with reason
-``diverged: <tensor>: max abs ..., ... ulp``, and that call's result is eager's: a
-forward is re-run eagerly from the restored state, a backward returns eager's gradients.
+Guards cover what was foreseen; this covers the rest. With ``check_every=N`` every N-th replayed
+call first runs eagerly on stand-ins from the same state, which is then put back; the replay's
+outputs, buffers, RNG and, at the backward, every gradient and its None pattern must equal
+eager's. A difference retires the recorder (``diverged: ...``) and that call's result is eager's.
 """
 
 from __future__ import annotations
@@ -49,16 +45,12 @@ def _state(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 
 class Shadow:
-    """The eager twin of one replayed call: its outputs and end state at the forward, its
-    gradients at the backward.
+    """The eager twin of one replayed call: its outputs and end state at the forward, its gradients at
+    the backward.
 
-    It keeps no autograd graph between the two: eager's activations beside the recording's
-    static ones doubled the peak memory of every first replay (1.61-1.81x
-    ``make_graphed_callables`` on the H200). The forward's values are kept; at the backward,
-    after the replayed backward let the graph's activations go, eager's forward runs again
-    from the same state (restored, then put back as it is by then) and is differentiated
-    there. That rerun must reproduce the first one bitwise, or the check fails: an eager run
-    that is not repeatable cannot vouch for a replay.
+    It keeps no autograd graph between the two (beside the recording's activations that doubled
+    the first replay's peak on the H200): at the backward eager's forward reruns from the same state
+    and is differentiated there; the rerun must reproduce the first bitwise, or the check fails.
     """
 
     def __init__(
@@ -76,9 +68,8 @@ class Shadow:
         self._written = list(written)
         self._kept = [*self._written, *held]
         snapshot = StateSnapshot(module, parameters=False, extra=self._kept)
-        stand_ins: dict[
-            int, torch.Tensor
-        ] = {}  # one per distinct tensor: `q is k` stays true, as in eager
+        # one per distinct tensor: `q is k` stays true, as in eager
+        stand_ins: dict[int, torch.Tensor] = {}
         # private copies (same layout): an input written in place after the forward must not change the rerun
         self.inputs = [
             stand_ins.setdefault(id(x), same_layout(x).requires_grad_(x.requires_grad))

@@ -1,18 +1,10 @@
 """What a replay would not repeat: the Python effects of the code a recording ran once.
 
-A replay runs kernels, not Python. So when the recorded code (network replay's probe
-forward, or the whole step's recording call)
-
-- assigns a module attribute (an auxiliary loss stored on the module, a counter, a flag
-  it reads next call),
-- writes one of its inputs in place (eager changes the caller's tensor, a replay its own
-  static copy), or
-- changes a container or plain object the model holds (``self.log.append(...)``),
-
-replays would silently not do it again. Nor would a replay draw again from Python's
-``random``, numpy's global RNG (mixup's lambda, LayerDrop) or, beside a GPU model, torch's CPU
-generator (transformers' LayerDrop draws ``torch.rand([])`` on the host): it repeats the first draw.
-:class:`SideEffects` watches one run for all of these; both entry points ask it the same question.
+A replay runs kernels, not Python: a module attribute assigned (an auxiliary loss, a counter),
+an input written in place (a replay writes its static copy), a container the model holds
+changed (``self.log.append``), or a draw from Python's ``random``, numpy's RNG or, beside a GPU
+model, torch's CPU generator would not happen again. :class:`SideEffects` watches one run for
+all of these, for both entry points.
 """
 
 from __future__ import annotations

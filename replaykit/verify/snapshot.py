@@ -1,9 +1,7 @@
 """Snapshot and restore of what warm-up and capture may touch: parameters, buffers, ``.grad``, RNG.
 
-Recording runs the module several times (probe, warm-up, capture). Those runs must
-leave no trace: BatchNorm statistics, plain tensor attributes a forward updates in
-place, attributes a forward assigns (a Python counter, a stored loss), dropout's RNG
-stream, parameters and gradients are put back exactly, so the call that records is
+Recording runs the module several times; those runs must leave no trace (BatchNorm statistics,
+attributes a forward updates or assigns, dropout's RNG, gradients), so the call that records is
 bitwise equal to eager.
 """
 
@@ -25,26 +23,20 @@ from ..guards.recurrent import restore_cuda_rng
 
 def host_copy(t: torch.Tensor) -> torch.Tensor:
     """A copy of ``t``'s values in host memory (a CPU tensor's: a clone), to be copied back.
-
-    Snapshots and reference states hold the whole training state (parameters, gradients, the
-    optimizer's moments: four times the parameters under Adam) while a step runs beside them:
-    on the GPU that raised a recording call's peak by as much, an out-of-memory for a model
-    whose eager step fits. A recording call pays two host copies instead.
-    """
+    Snapshots hold the whole training state (four times the parameters under Adam) while a step runs
+    beside them: on the GPU that was an out-of-memory where eager fits."""
     if t.device.type == "cpu":
         return t.detach().clone()
     return t.detach().to("cpu", non_blocking=True)  # pinned, in stream order: read it after a sync
 
 
 class StateSnapshot:
-    """Values of a module's parameters and buffers, its ``.grad`` tensors, the RNG states and its
-    plain attributes and held containers.
+    """Values of a module's parameters and buffers, ``.grad``, RNG states, plain attributes and held
+    containers.
 
-    ``tensors=False`` keeps only the attributes and containers: after a CUDA capture that
-    raised, only the body's Python ran (a capture executes no kernels). ``parameters=False``
-    leaves parameters and ``.grad`` out: a run on stand-ins of the parameters (the shadow
-    check) changes neither, and copying them would double the parameters' memory at the peak;
-    ``extra``: the parameters it does change (a forward writing a weight in place), kept then.
+    ``tensors=False``: attributes and containers only (a raising CUDA capture ran only Python).
+    ``parameters=False``: no parameters or ``.grad`` (a run on stand-ins changes neither); ``extra``:
+    the parameters it does change.
     """
 
     def __init__(
@@ -109,9 +101,8 @@ class StateSnapshot:
             cpu, cuda = self._rng
             torch.set_rng_state(cpu)
             for device, state in cuda.items():
-                restore_cuda_rng(
-                    state, device
-                )  # not set_rng_state: it re-seeds cuDNN's RNN dropout
+                # not set_rng_state: it re-seeds cuDNN's RNN dropout
+                restore_cuda_rng(state, device)
 
 
 _MISSING = object()

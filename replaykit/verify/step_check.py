@@ -1,19 +1,11 @@
 """The whole step checked against its eager twin on the same state, bit for bit.
 
-Guards cover what was foreseen. Code that computes differently while a graph is being
-captured (a library branching on ``torch.cuda.is_current_stream_capturing()``: transformers'
-mask builders), or kernels a capture chose differently, are not a guard's business: the
-only sure test is to run the same call eagerly from the same state and compare. So
-
-- every new recording is verified at its recording call: the twin's body runs eagerly first
-  and its end state (``E``) is kept, the state before the call is put back, the recording is
-  made (its work: ``R``), and ``R`` must equal ``E`` bitwise (parameters, buffers, gradients
-  and their None pattern, optimizer, scaler and EMA state, the loss); and
-- with ``TrainStep(..., check_every=N)`` every N-th replayed call is checked the same way.
-
-The state left behind is always eager's, so a difference loses nothing: the recording's
-signature then routes eager (verification) or the step retires (shadow check), with the
-first differing tensor named.
+Guards cover what was foreseen; code that computes differently under capture (transformers'
+mask builders ask ``is_current_stream_capturing()``) or kernels chosen differently are caught
+only by running the call eagerly from the same state and comparing: at every new recording's
+call (the twin's end state ``E`` kept, state put back, the recording's work ``R`` must equal
+``E``) and every N-th replay with ``check_every=N``. The state left is always eager's; a
+difference routes the signature eager or retires the step, naming the first differing tensor.
 """
 
 from __future__ import annotations
@@ -33,14 +25,10 @@ __all__ = ["StepSnapshot", "difference", "end_state", "unique"]
 
 
 class StepSnapshot:
-    """What one step may change, to be put back in place.
-
-    ``tensors=True``: the model's values, ``.grad``, RNG, plain attributes and held
-    containers (:class:`~replaykit.verify.snapshot.StateSnapshot`), the optimizer's, scaler's and
-    EMA's state tensors and the scaler's per-optimizer notes. ``tensors=False`` (after a CUDA
-    capture that raised, which ran only the body's Python): the attributes, containers and
-    the scaler's notes.
-    """
+    """What one step may change, to be put back in place. ``tensors=True``: the model's
+    :class:`~replaykit.verify.snapshot.StateSnapshot`, the optimizer's, scaler's and EMA's state and
+    the scaler's notes; ``tensors=False`` (a raising CUDA capture ran only Python): the attributes,
+    containers and the scaler's notes."""
 
     def __init__(
         self,
