@@ -29,6 +29,9 @@ from torch import nn
 
 from .backends import Backend, Scratch, module_device, resolve_backend
 from .backends.gaps import capturing, gap
+from .distributed.ranks import RankAgreement
+from .distributed.reduction import DDPReduction
+from .distributed.watchdog import Watchdog
 from .ema import EMA
 from .errors import ReplayWarning
 from .guards.code import ForwardInputs, LossInputs
@@ -52,15 +55,12 @@ from .memory.foreign import ForeignLeaves
 from .memory.layout import aligned_key, copy_into
 from .memory.pool import MemoryPool, storage_bytes
 from .protections import Switches
-from .ranks import RankAgreement
-from .reduction import DDPReduction
 from .route import Entry, signature_of
 from .step_config import PRECISIONS, StepConfig, fixed
 from .step_recording import RecordingSteps, StepRecording
 from .verify.call_state import CallState
 from .verify.probe import foreign_leaves
 from .verify.step_check import StepSnapshot, difference, end_state, unique
-from .watchdog import Watchdog
 
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 

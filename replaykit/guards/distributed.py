@@ -4,7 +4,7 @@
 prepares the reducer and broadcasts buffers, its autograd hooks all-reduce the gradients
 bucket by bucket. A ``TrainStep`` over a DDP model therefore records two graphs (forward and
 backward of ``ddp.module``; clipping and the optimizer) and runs DDP's work between them
-(:mod:`replaykit.reduction`). What that reduction does not repeat bit for bit is refused here,
+(:mod:`replaykit.distributed.reduction`). What that reduction does not repeat bit for bit is refused here,
 with the reason: the step then runs eagerly (real DDP), saying why.
 
 The collectives inside a graph (NCCL's bucketed all-reduce captured in the backward graph) are
@@ -29,7 +29,7 @@ IN_GRAPH_REFUSAL = (
 
 
 #: DDP's own flags its forward assigns; a replayed step's host work assigns them the same way
-#: (:meth:`replaykit.reduction.DDPReduction.before_forward`), so they are no side effect there
+#: (:meth:`replaykit.distributed.reduction.DDPReduction.before_forward`), so they are no side effect there
 REPEATED_DDP_FLAGS = frozenset({"require_forward_param_sync"})
 
 #: the DDP wrappers a TrainStep drives in the two-graph form (their flags are repeated)
@@ -48,7 +48,7 @@ def is_ddp(model: nn.Module) -> bool:
 
 def ddp_refusal(model: nn.Module) -> str | None:
     """Why a whole step over ``model`` must run eagerly under DDP, or None (a plain model, or a
-    DDP whose reduction :class:`~replaykit.reduction.DDPReduction` repeats exactly)."""
+    DDP whose reduction :class:`~replaykit.distributed.reduction.DDPReduction` repeats exactly)."""
     if _DDP is None:
         return None
     if not is_ddp(model):

@@ -207,7 +207,7 @@ def _bench(case: Case, arm: str) -> dict[str, Any]:
     all-reduce of the gradients' size alone, the floor; ``agree``: the route agreement alone)."""
     import torch.distributed as dist
 
-    from replaykit.ranks import RankAgreement
+    from replaykit.distributed.ranks import RankAgreement
 
     net, ddp, opt, scaler, batches = _setup(case)
     x, y = batches[0]

@@ -8,7 +8,7 @@ the one-GPU stand-in for two). Each rank trains the same small model wrapped in
 
 - ``native``: eager DDP (forward, backward with DDP's all-reduce, clip, SGD step);
 - ``trainstep``: ``rk.TrainStep(ddp, ...)``: the two-graph form (forward+backward and the
-  optimizer step replayed, DDP's all-reduce between them: :mod:`replaykit.reduction`);
+  optimizer step replayed, DDP's all-reduce between them: :mod:`replaykit.distributed.reduction`);
 - ``capture+step``: ``rk.capture(ddp.module)`` (network replay: DDP's forward, reducer and
   collectives stay outside the graphs) and :class:`~replaykit.optimizer_step.OptimizerStep`.
 

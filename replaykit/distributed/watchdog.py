@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .errors import ReplayError
+from ..errors import ReplayError
 
 __all__ = ["Watchdog"]
 

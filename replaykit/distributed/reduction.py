@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .errors import ReplayError
-from .guards.distributed import DRIVEN
+from ..errors import ReplayError
+from ..guards.distributed import DRIVEN
 from .watchdog import Watchdog
 
 __all__ = ["DDPReduction"]
