@@ -13,7 +13,7 @@ ZOO_SPEC ?= torchvision==0.28.0 timm==1.0.31
 HF_SPEC ?= transformers==5.17.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test e2e demo demo-core colab-sim gpu lint bench clean nbcheck nbstrip
+.PHONY: venv test oldest-torch e2e demo demo-core colab-sim gpu lint bench clean nbcheck nbstrip
 
 venv: $(STAMP)
 
@@ -41,6 +41,18 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not env and not e2e" \
 		--nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
 		tests notebooks
+
+# The oldest torch pyproject.toml allows (torch>=2.4), on the CPU: the core tests (not cuda) and the
+# README's examples against PyPI's torch 2.4.1 in its own venv (a CUDA build: ~5 GB with its
+# nvidia-* wheels, which it needs to import even on a CPU). Not part of `make test`.
+OLDEST_VENV ?= $(HOME)/.cache/replaykit/torch24
+OLDEST_PY ?= python3.12
+oldest-torch:
+	test -x $(OLDEST_VENV)/bin/python || $(OLDEST_PY) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install -q torch==2.4.1 "numpy<2" pytest tqdm
+	$(OLDEST_VENV)/bin/python -m pip install -q -c $(CURDIR)/tests/oldest-torch.txt lightning
+	PYTHONPATH=$(CURDIR) $(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+		-m "not cuda" tests/core
 
 # The main job: the parity notebook on the device present, saved under runs/ with its summary.
 demo: $(STAMP)

@@ -40,6 +40,22 @@ _MASKED_INDEX = {
 _DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
 
 
+def _set_version_counters(tensors: Sequence[torch.Tensor], versions: Sequence[int]) -> None:
+    """Put version counters back: torch 2.5+ sets a list in one call, torch 2.4 one tensor a call."""
+    if _BATCHED_VERSIONS:
+        torch._C._autograd._unsafe_set_version_counter(tensors, versions)
+    else:
+        for tensor, version in zip(tensors, versions, strict=True):
+            torch._C._autograd._unsafe_set_version_counter(tensor, version)
+
+
+try:  # probed once: the signature changed in torch 2.5
+    torch._C._autograd._unsafe_set_version_counter((), ())
+    _BATCHED_VERSIONS = True
+except TypeError:
+    _BATCHED_VERSIONS = False
+
+
 class _Slot:
     """A tensor argument: the value of slot ``i`` at replay time."""
 
@@ -359,7 +375,7 @@ class Tape:
                 for s in op.frees:
                     table[s] = None
         if self._statics:  # a graph's replay bumps no version counter
-            torch._C._autograd._unsafe_set_version_counter(self._statics, self._versions)
+            _set_version_counters(self._statics, self._versions)
         self._table = table  # the one set of activations: replaces the last replay's
 
     def free(self) -> None:

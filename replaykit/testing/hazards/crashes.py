@@ -17,11 +17,8 @@ from functools import partial
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import (
-    CheckpointPolicy,
-    checkpoint,
-    create_selective_checkpoint_contexts,
-)
+from torch.utils import checkpoint as _checkpointing
+from torch.utils.checkpoint import checkpoint
 
 import replaykit as rk
 
@@ -260,9 +257,14 @@ def _graph(api: str) -> Callable[[nn.Module, Arm], Extras]:
     return train
 
 
-def _save_matmuls(ctx: object, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:
+SELECTIVE_CHECKPOINTING = hasattr(_checkpointing, "CheckpointPolicy")
+"""Selective activation checkpointing's public API came with torch 2.5: its patterns need it."""
+
+
+def _save_matmuls(ctx: object, op: object, *args: object, **kwargs: object) -> object:
+    policy = _checkpointing.CheckpointPolicy
     matmuls = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
-    return CheckpointPolicy.MUST_SAVE if op in matmuls else CheckpointPolicy.PREFER_RECOMPUTE
+    return policy.MUST_SAVE if op in matmuls else policy.PREFER_RECOMPUTE
 
 
 class SelectiveCheckpointed(nn.Module):
@@ -274,7 +276,7 @@ class SelectiveCheckpointed(nn.Module):
         self.head = nn.Linear(6, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        contexts = partial(create_selective_checkpoint_contexts, _save_matmuls)
+        contexts = partial(_checkpointing.create_selective_checkpoint_contexts, _save_matmuls)
         return self.head(checkpoint(self.block, x, use_reentrant=False, context_fn=contexts))
 
 
@@ -295,15 +297,18 @@ PATTERNS += [
         _graph("step"),
         step_what="a sparse COO adjacency passed with each batch, whole step",
     ),
-    *HC.twins(
-        "selective_activation_checkpointing",
-        "checkpoint(..., use_reentrant=False, context_fn=create_selective_checkpoint_contexts(...))",
-        built(SelectiveCheckpointed),
-        looped(steps=4),
-        stepped(steps=5),
-        step_what="selective activation checkpointing, whole step",
-    ),
 ]
+if SELECTIVE_CHECKPOINTING:
+    PATTERNS += [
+        *HC.twins(
+            "selective_activation_checkpointing",
+            "checkpoint(..., use_reentrant=False, context_fn=create_selective_checkpoint_contexts(...))",
+            built(SelectiveCheckpointed),
+            looped(steps=4),
+            stepped(steps=5),
+            step_what="selective activation checkpointing, whole step",
+        ),
+    ]
 
 KNOWN_LIMITS: list[Pattern] = []
 """Still silent differences (README, Known limits): kept out of ``PATTERNS``."""
