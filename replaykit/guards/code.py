@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..verify.snapshot import held_state
-from .module import cell_filled, value_key
+from .module import Pinned, cell_filled, value_key
 
 _DEPTH = 3  # functions reached through functions: helpers of helpers, not the whole program
 #: guarded by the step itself, or by identity (a tensor's memory is what a graph reads)
@@ -157,6 +157,8 @@ class LossInputs:
                 if id(value) in self._model_ids
                 else ("module", id(value), _module_values(self._submodules(value)))
             )
+        if isinstance(value, torch.Tensor):
+            return ("tensor", Pinned(value))
         if isinstance(value, _SKIPPED) or type(value).__module__.startswith("torch."):
             return ("id", id(value))
         return value_key(value)

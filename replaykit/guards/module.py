@@ -216,6 +216,24 @@ class listen_for_writes:
 # ----------------------------------------------------------------------------- value keys
 
 
+class Pinned:
+    """A tensor in a key, by identity, held: Python reuses a freed object's ``id``, so a script
+    that re-binds a global tensor each step (``SCALE = torch.tensor(s)``) could meet its old key
+    with a new tensor while the graph reads the old one's memory. A key that holds the tensor
+    keeps its ``id`` from being reused while the recording keyed by it lives."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Pinned) and other.tensor is self.tensor
+
+    def __hash__(self) -> int:
+        return id(self.tensor)
+
+
 def value_key(value: Any) -> Any:
     """A hashable key that changes whenever ``value`` would make a forward behave differently.
     Floats are keyed by their bits (``-0.0`` is not ``0.0``; a NaN equals itself), tensors and
@@ -253,9 +271,9 @@ def value_key(value: Any) -> Any:
         )
     if isinstance(value, functools.partial):
         return ("partial", value_key(value.func), value_key(value.args), value_key(value.keywords))
-    if isinstance(
-        value, (torch.Tensor, nn.Module, BuiltinFunctionType, MethodType, type, ModuleType)
-    ):
+    if isinstance(value, torch.Tensor):
+        return ("tensor", Pinned(value))
+    if isinstance(value, (nn.Module, BuiltinFunctionType, MethodType, type, ModuleType)):
         return ("id", id(value))
     attrs = getattr(value, "__dict__", None)
     if attrs is not None:
