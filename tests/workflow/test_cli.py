@@ -48,9 +48,10 @@ def test_scripts_are_shims(script: str) -> None:
 
 HARNESS = {
     "bench_replay.py",
+    "core_shape.py",
     "demo.py",
     "parity_matrix.py",
-}  # entry points over replaykit.testing and runs
+}  # entry points over replaykit.testing and runs (core_shape: the core's size)
 
 
 def test_scripts_holds_the_shims_and_the_harness_entry_points_only() -> None:
