@@ -282,7 +282,8 @@ class TrainStep(RecordingSteps, Entry):
                 *(p for g in self.optimizer.param_groups for p in g["params"]),
             ]
         )
-        self._refusal = ddp_refusal(self.model) or optimizer_refusal(
+        cuda = self._backend is not None and self._backend.name == "cuda"
+        self._refusal = ddp_refusal(self.model, cuda) or optimizer_refusal(
             self.optimizer, self.scaler, self.device, self._trust
         )
         self._rg = ()
