@@ -54,6 +54,7 @@ def test_rank_one_alone_meets_a_rerecord_trigger_and_both_ranks_route_eager() ->
     assert not unsafe["equal"], unsafe
 
 
+@pytest.mark.e2e  # a child-process run of the harness: `make e2e` (CI runs it)
 @pytest.mark.ddp
 def test_a_stalled_rank_is_named_by_the_replay_watchdog() -> None:
     """Rank 1 stalls 3 s before call 5 (a replay); rank 0, with replay_timeout=1, raises a

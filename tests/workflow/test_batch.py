@@ -75,6 +75,7 @@ def summary_of(folder: Path, cell: dict) -> dict:
     return json.loads((folder / cell["run_dir"] / "summary.json").read_text())
 
 
+@pytest.mark.e2e  # a child-process run of the harness: `make e2e` (CI runs it)
 def test_two_environments_two_trees_with_failures(tmp_path: Path, clean_jupyter_path: None) -> None:
     repo = make_repo(tmp_path / "repo", ["one", "two"])
     (repo / "VERSION").write_text("worktree\n")  # the path tree is dirty: not what HEAD holds

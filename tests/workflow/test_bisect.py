@@ -165,6 +165,7 @@ def test_commits_between(repo: tuple[Path, list[str]]) -> None:
         commits_between(path, shas[2], shas[2])
 
 
+@pytest.mark.e2e  # a child-process run of the harness: `make e2e` (CI runs it)
 @pytest.mark.slow
 def test_bisect_finds_the_breaking_commit_around_a_skip(
     repo: tuple[Path, list[str]], tmp_path: Path
@@ -257,6 +258,7 @@ def test_endpoints_are_checked_before_any_commit_is_named(
     _assert_refused(info.value.folder, message, shas[good], shas[bad])
 
 
+@pytest.mark.e2e  # a child-process run of the harness: `make e2e` (CI runs it)
 @pytest.mark.slow
 def test_arms_side_by_side(repo: tuple[Path, list[str]], tmp_path: Path) -> None:
     path, shas = repo
@@ -291,6 +293,7 @@ def test_arms_side_by_side(repo: tuple[Path, list[str]], tmp_path: Path) -> None
     assert json.loads(result.index.read_text())["kind"] == "arms"
 
 
+@pytest.mark.e2e  # a child-process run of the harness: `make e2e` (CI runs it)
 @pytest.mark.slow
 def test_cli(
     repo: tuple[Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]

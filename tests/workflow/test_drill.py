@@ -96,6 +96,7 @@ def test_dry_run_prints_the_plan(
     assert main(["--repo", str(path), "--range", "nonsense"]) == 2
 
 
+@pytest.mark.e2e  # a child-process run of the harness: `make e2e` (CI runs it)
 @pytest.mark.slow
 def test_the_drill_names_the_planted_commit(
     repo: tuple[Path, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch

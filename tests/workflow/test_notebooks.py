@@ -107,6 +107,7 @@ def test_parameters_are_typed_and_documented(path: Path) -> None:
 @pytest.mark.parametrize(
     "path", [p for p in NOTEBOOKS if p.name != "verify.ipynb"], ids=lambda p: p.name
 )
+@pytest.mark.e2e  # a child-process run of the harness: `make e2e` (CI runs it)
 @pytest.mark.slow
 def test_runs_through_papermill_with_injected_parameters(path: Path, tmp_path: Path) -> None:
     pytest.importorskip("papermill")

@@ -492,6 +492,7 @@ def test_notebook_is_committed_clean() -> None:
     assert "parameters" in code[0].metadata.tags and "run_dir" in code[0].source
 
 
+@pytest.mark.e2e  # a child-process run of the harness: `make e2e` (CI runs it)
 @pytest.mark.slow
 def test_notebook_through_the_runner(tmp_path: Path) -> None:
     pytest.importorskip("papermill")

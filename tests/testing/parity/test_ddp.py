@@ -44,6 +44,7 @@ def test_unsupported_strategy_retires_every_recorder() -> None:
     cb.on_fit_end(trainer, task)
 
 
+@pytest.mark.e2e  # a child-process run of the harness: `make e2e` (CI runs it)
 @pytest.mark.slow
 def test_parity_notebook_with_ddp(tmp_path) -> None:
     pytest.importorskip("papermill")

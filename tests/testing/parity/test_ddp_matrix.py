@@ -12,6 +12,7 @@ from replaykit.testing.parity.ddp import main, run_matrix
 from replaykit.testing.parity.ddp_matrix import UNSAFE_ARM, ddp_scenarios
 
 
+@pytest.mark.e2e  # a child-process run of the harness: `make e2e` (CI runs it)
 @pytest.mark.ddp
 def test_ddp_matrix_replay_and_step_equal_on_every_rank(tmp_path: Path, capsys) -> None:
     out_json, out_md = tmp_path / "m.json", tmp_path / "m.md"
