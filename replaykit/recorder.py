@@ -121,6 +121,7 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
             Fills()
         )  # writes into the model: a first write, a cache filled, or per-call Python
         self._free_after_backward = False
+        self._dropout_buffers: list[torch.Tensor] = []  # cuDNN's, seen by a recording call
         self._pending_plan: Plan | None = (
             None  # the plan of the replayed call whose backward is pending
         )

@@ -137,6 +137,11 @@ class RecorderRecording:
         inputs = self._forward_inputs
         return inputs.held_tensors() if inputs is not None and self.on.call_state else []
 
+    def _shadow_held(self) -> list[torch.Tensor]:
+        """What an eager rerun of the forward (the shadow check's) puts back besides the module's
+        state: the forward's held tensors and cuDNN's RNN dropout state, which it advances."""
+        return [*self._forward_held(), *self._dropout_buffers]
+
     def _host_held(self) -> list[tuple[torch.Tensor, int]]:
         """The CPU tensors the forward names beside a GPU module, with versions (:func:`cpu_versions`)."""
         return [] if self._device_kind == "cpu" else cpu_versions(self._forward_held())
@@ -152,6 +157,7 @@ class RecorderRecording:
             with state.output().held():
                 made.refusal = self._probe(made, reads.wrap(fn)) or self._class_writes(before)
             made.key = self._input_reads.settle(made.key, reads.reads)
+            self._dropout_buffers = state.dropout_buffers() or self._dropout_buffers
             if made.refusal is not None:
                 return True
             with state.output().held():
@@ -213,7 +219,7 @@ class RecorderRecording:
             callargs.tensors,
             made.params,
             made.written,
-            self._forward_held(),
+            self._shadow_held(),
         )
 
     def _judge(self, made: Made, call: int) -> Made | None:

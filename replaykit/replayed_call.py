@@ -206,7 +206,7 @@ class RecorderReplay:
                 callargs.tensors,
                 recording.params,
                 plan.written,
-                self._forward_held(),
+                self._shadow_held(),
             )
         outputs = _apply(step, callargs.tensors, recording.params)
         shadow = step.shadow

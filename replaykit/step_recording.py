@@ -113,7 +113,7 @@ class RecordingSteps:
         self._forward_key = self._code()[1].key()  # its class attributes: changed by a run?
         self._hold_host_tensors()
         state = self._call_state()
-        with state.watching(self.model, whole_step=True):
+        with state.watching(self.model):
             while True:
                 outcome = self._attempt(state, phase, key, callargs, args, kwargs)
                 if outcome.kind != "retry":
@@ -151,9 +151,7 @@ class RecordingSteps:
 
     def _unrecordable(self) -> str | None:
         """What no recording of this step can hold (checked before any run): a retirement."""
-        frozen = host_dependence(self.model, whole_step=True) or host_state(
-            self.optimizer, self.device
-        )
+        frozen = host_dependence(self.model) or host_state(self.optimizer, self.device)
         if frozen is not None:
             return frozen
         if self.on.call_state:

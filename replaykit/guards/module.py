@@ -28,7 +28,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from .recurrent import cudnn_dropout_refusal
 from .signature import PLAIN_VALUES
 
 #: Dict-valued module attributes that are containers, not values the forward reads.
@@ -564,12 +563,11 @@ def tree_contains(root: nn.Module, module: nn.Module) -> bool:
     return any(m is module for m in root.modules())
 
 
-def host_dependence(module: nn.Module, whole_step: bool = False) -> str | None:
+def host_dependence(module: nn.Module) -> str | None:
     """Why a graph would freeze a host-side value of this module, or None.
 
     BatchNorm with ``momentum=None`` averages with ``1 / num_batches_tracked`` read on the
-    host at every call; a graph would replay the first call's factor for ever. A CUDA RNN with
-    dropout in training draws from cuDNN's private state (``replaykit/guards/recurrent.py``).
+    host at every call; a graph would replay the first call's factor for ever.
     """
     for name, m in module.named_modules():
         if (
@@ -578,4 +576,4 @@ def host_dependence(module: nn.Module, whole_step: bool = False) -> str | None:
             and m.track_running_stats
         ):
             return f"BatchNorm {name or type(m).__name__} with momentum=None reads a host-side counter every call"
-    return cudnn_dropout_refusal(module, whole_step)
+    return None

@@ -24,15 +24,14 @@ taken and restored before each step already differed from eager in every dropout
 itself is out of Python's reach but handed to ``aten._cudnn_rnn`` as its ``dropout_state``
 argument: :class:`DropoutStates` copies each buffer it sees there before the op advances it,
 and the call state puts it back before the call's one real run. Measured on the H200
-(``scripts/gpu/rnn_dropout_try.py``): a whole step so recorded replays exactly; ``rk.capture``
-still differed, so there such an RNN is refused up front (:func:`cudnn_dropout_refusal`:
-eager, exact) unless :data:`allow_cudnn_dropout` is set.
+(``scripts/gpu/rnn_dropout_try.py``): a whole step so recorded replays exactly, and so does
+``rk.capture`` once its shadow check's eager rerun puts the buffer back as well
+(:meth:`DropoutStates.buffers`): the rerun at the backward otherwise drew the next masks.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,11 +40,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-
-#: record CUDA RNNs with dropout in training, their cuDNN dropout state put back by the call state
-#: (:class:`DropoutStates`) under ``rk.capture`` too; a whole step always does. Off: a capture differed
-#: on the H200 (``scripts/gpu/rnn_dropout_try.py``). ``REPLAYKIT_CUDNN_DROPOUT_STATE=1``
-allow_cudnn_dropout: bool = os.environ.get("REPLAYKIT_CUDNN_DROPOUT_STATE") == "1"
 
 
 @contextmanager
@@ -83,28 +77,6 @@ def restore_cuda_rng(state: torch.Tensor, device: torch.device) -> None:
         torch.cuda.set_rng_state(state, device)
         return
     view().set_state(state)
-
-
-def cudnn_dropout_refusal(module: nn.Module, whole_step: bool = False) -> str | None:
-    """Why a recording would change what a CUDA RNN with dropout computes, or None.
-
-    A recording call runs the forward more than once (reference, capture, check) and each
-    train-mode cuDNN forward with ``dropout > 0`` advances cuDNN's private dropout state (and
-    the first one after a seed re-seeds it, reading the seed on the host: a capture cannot):
-    later masks would differ from eager's. A whole step puts the state back (measured exact on
-    the H200: LSTM/GRU, fp32/bf16, with and without ``nn.Dropout`` beside it); ``rk.capture``,
-    whose replays run between eager optimizer steps, still differed there: refused up front so
-    that no extra run happens, unless :data:`allow_cudnn_dropout`.
-    """
-    if whole_step or allow_cudnn_dropout:
-        return None  # the call state puts the dropout state back (DropoutStates)
-    name, m = next(iter(_cudnn_dropout_rnns(module)), ("", None))
-    if m is None:
-        return None
-    return (
-        f"{name or type(m).__name__}: cuDNN's RNN dropout (dropout={m.dropout}) draws from a state "
-        "of its own that every extra run of a recording call would advance"
-    )
 
 
 def _cudnn_dropout_rnns(module: nn.Module) -> list[tuple[str, nn.RNNBase]]:
@@ -153,6 +125,11 @@ class DropoutStates(TorchDispatchMode):
             for state, copy in self._saved:
                 state.copy_(copy)
 
+    def buffers(self) -> list[torch.Tensor]:
+        """The state buffers seen so far: a later eager rerun of the forward (the shadow check's)
+        puts them back too, or it would draw the next masks, not the replayed call's."""
+        return [state for state, _ in self._saved]
+
 
 def _argument(func: Any, args: tuple, kwargs: dict, name: str) -> Any:
     names = [a.name for a in func._schema.arguments]
@@ -160,15 +137,15 @@ def _argument(func: Any, args: tuple, kwargs: dict, name: str) -> Any:
     return args[i] if i < len(args) else kwargs.get(name)
 
 
-def records_cudnn_dropout(module: nn.Module, whole_step: bool = False) -> bool:
-    """Whether ``module`` draws cuDNN dropout and recording it is allowed (the state put back)."""
-    return (whole_step or allow_cudnn_dropout) and bool(_cudnn_dropout_rnns(module))
+def records_cudnn_dropout(module: nn.Module) -> bool:
+    """Whether ``module`` draws cuDNN dropout (its state is watched and put back)."""
+    return bool(_cudnn_dropout_rnns(module))
 
 
-def dropout_states(module: nn.Module, whole_step: bool = False) -> DropoutStates | None:
+def dropout_states(module: nn.Module) -> DropoutStates | None:
     """A watcher for the recording call's runs where :func:`records_cudnn_dropout`, else None:
     nothing watched, nothing costs."""
-    return DropoutStates() if records_cudnn_dropout(module, whole_step) else None
+    return DropoutStates() if records_cudnn_dropout(module) else None
 
 
 def watching(states: DropoutStates | None) -> contextlib.AbstractContextManager:

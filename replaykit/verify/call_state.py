@@ -8,8 +8,8 @@ RNG, bindings, optimizer/scaler/EMA state), the Python values the code names (ce
 what they hold, modules outside the model such as a teacher), the class attributes that code
 reads, the optimizer's Python, and each run's output (:mod:`.output`).
 
-Where recording a CUDA RNN with dropout is allowed (``guards.recurrent.allow_cudnn_dropout``),
-it also holds cuDNN's RNN dropout state, found while the runs go (:meth:`CallState.watching`).
+For a CUDA RNN with dropout it also holds cuDNN's RNN dropout state, found while the runs go
+(:meth:`CallState.watching`).
 
 Tensors the code holds loose (a running mean in a closure) are watched by version, not copied
 (one may be a dataset): :meth:`CallState.unsaved_writes` names those written, and the run that
@@ -107,15 +107,17 @@ class CallState:
         self._warnings = WarningRegistries() if whole else None
         self._dropout: DropoutStates | None = None
 
-    def watching(
-        self, model: nn.Module, whole_step: bool = False
-    ) -> contextlib.AbstractContextManager:
+    def watching(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """Around the recording call's runs: the state kept outside Python's reach that a run
         hands to an op (cuDNN's RNN dropout state) is copied at its first sighting, before that
         run advances it, and :meth:`restore` puts it back (a whole call state only)."""
         if self._whole:
-            self._dropout = dropout_states(model, whole_step)
+            self._dropout = dropout_states(model)
         return watching(self._dropout)
+
+    def dropout_buffers(self) -> list[torch.Tensor]:
+        """cuDNN's RNN dropout state buffers the runs so far handed to ``aten._cudnn_rnn``."""
+        return self._dropout.buffers() if self._dropout is not None else []
 
     def _take_optimizer(self, optimizers: list, objects: Iterable[Any]) -> None:
         """The param groups' values, the optimizers' and ``objects``' attributes, and an inner

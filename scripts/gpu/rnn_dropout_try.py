@@ -3,16 +3,14 @@
 Run from the repository root on a GPU machine:  python scripts/gpu/rnn_dropout_try.py
 (``--device cpu``: fp32 on the CPU's emulated backend, SGD for AdamW: no cuDNN there, a sanity run.)
 
-With ``guards.recurrent.allow_cudnn_dropout`` on (this script sets it; ``--off`` leaves the default
-refusal), a 2-layer nn.LSTM / nn.GRU with dropout 0.2 in training, fp32 and bf16 autocast, trains
+A 2-layer nn.LSTM / nn.GRU with dropout 0.2 in training, fp32 and bf16 autocast, trains
 8 steps under rk.TrainStep (TS) and under rk.capture + a plain loop (CAP); each is compared with a
 plain eager loop from the same seeds (model seed, CUDA seed: cuDNN's dropout state is seeded from
 the CUDA generator at the first dropout forward, batches). One line per case:
 
   <net> <prec> <entry> exact=Y/N losses=k/8 rec/rep/eager/retire=a/b/c/d <reasons> PASS|FAIL
 
-PASS: every loss and the final state torch.equal to eager, and at least one replay. With --off
-every case must be exact and replay 0 (the up-front refusal); with --unsafe (call_state off, the
+PASS: every loss and the final state torch.equal to eager, and at least one replay. With --unsafe (call_state off, the
 dropout state not put back) PASS means the case DIVERGED (exact=N): the negative control. "+drop" cases add an nn.Dropout
 drawing from the CUDA generator (fp32 only). Each case runs under a 60 s alarm;
 the script stops starting cases after 200 s.
@@ -34,7 +32,6 @@ import torch
 from torch import nn
 
 import replaykit as rk
-from replaykit.guards import recurrent
 
 STEPS, BATCH, SEQ, FEAT, HID, CLASSES = 8, 4, 6, 8, 16, 5
 CASE_S, BUDGET_S = 60, 190
@@ -149,7 +146,7 @@ def _alarm(*_: object) -> None:
     raise Timeout()
 
 
-def case(kind: str, prec: str, device: str, entry: str, ref: tuple, off: bool) -> bool:
+def case(kind: str, prec: str, device: str, entry: str, ref: tuple) -> bool:
     t0 = time.perf_counter()
     label = f"{kind:9s} {prec:4s} {entry:3s}"
     try:
@@ -169,7 +166,7 @@ def case(kind: str, prec: str, device: str, entry: str, ref: tuple, off: bool) -
     retire = f" retire={runner.retire_reason!r}"[:160] if runner.retired else ""
     replays = c.get("replay", 0)
     # --unsafe is the negative control: without the call state the masks must differ
-    ok = not exact if UNSAFE else exact and (replays == 0 if off else replays > 0)
+    ok = not exact if UNSAFE else exact and replays > 0
     print(
         f"{label} exact={'Y' if exact else 'N'} losses={same}/{STEPS} rec/rep/eager/retire={counts} "
         f"{reasons}{retire} {time.perf_counter() - t0:.1f}s {'PASS' if ok else 'FAIL'}",
@@ -183,17 +180,15 @@ def case(kind: str, prec: str, device: str, entry: str, ref: tuple, off: bool) -
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--off", action="store_true", help="keep the up-front refusal (the default)")
     ap.add_argument("--unsafe", action="store_true", help="call_state off: must diverge (PASS=N)")
     args = ap.parse_args()
     global UNSAFE
     UNSAFE = ("call_state",) if args.unsafe else ()
-    recurrent.allow_cudnn_dropout = not args.off
     rk.enable_determinism()
     print(
         f"torch {torch.__version__} cudnn "
         f"{torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None} "
-        f"device {args.device} allow_cudnn_dropout={recurrent.allow_cudnn_dropout}",
+        f"device {args.device}",
         flush=True,
     )
     signal.signal(signal.SIGALRM, _alarm)
@@ -220,7 +215,7 @@ def main() -> None:
                     continue
                 signal.alarm(CASE_S)
                 try:
-                    passed += case(kind, prec, args.device, entry, ref, args.off)
+                    passed += case(kind, prec, args.device, entry, ref)
                 finally:
                     signal.alarm(0)
                 total += 1
