@@ -12,6 +12,13 @@ ZOO_SPEC ?= torchvision==0.28.0 timm==1.0.31
 # torch, so the CPU build stays (the version the H200 host has).
 HF_SPEC ?= transformers==5.17.0
 STAMP := $(VENV)/.installed
+# No byte-compiling at install (half the venv's time: every module of torch, transformers, jupyter);
+# Python compiles what the tests import, once, at their first import.
+PIP := $(BIN)/python -m pip install -q --no-compile
+# One intra-op thread per test process: two workers on two cores with torch's default of one thread
+# per core oversubscribe them, and the suite's small tensors gain nothing from threads (a test file
+# ran 2.3x faster so on a loaded 2-core machine). Kernels and child processes inherit it.
+TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 .PHONY: venv test oldest-torch e2e demo demo-core colab-sim gpu lint bench clean nbcheck nbstrip
 
@@ -20,25 +27,26 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[dev,testing,workflow,notebooks]"
+	$(PIP) "$(TORCH_SPEC)"
+	$(PIP) -e ".[dev,testing,workflow,notebooks]"
 	$(BIN)/python -c "import torch; print(torch.__version__)" > $(VENV)/.torch-version
-	$(BIN)/python -m pip install -q "$(HF_SPEC)"
+	$(PIP) "$(HF_SPEC)"
 	$(BIN)/python -c "import torch; print(torch.__version__)" | cmp -s - $(VENV)/.torch-version \
 		|| (echo "installing $(HF_SPEC) changed torch" && exit 1)
 	rm -rf $(VENV)/zoo-site
-	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/zoo-site $(ZOO_SPEC)
+	$(PIP) --no-deps --target $(VENV)/zoo-site $(ZOO_SPEC)
 	touch $(STAMP)
 
 # pytest and nbval in one run on two workers: a file's tests (a notebook's cells: one kernel) share
 # one worker; files with slow tests and the notebooks go first (tests/conftest.py orders them;
 # xdist's reorder by test count would put them last). nbval runs each notebook with its CPU-quick
-# parameters (notebooks/conftest.py edits the parameters cell). Tests marked env or e2e: `make e2e`.
+# parameters (notebooks/conftest.py edits the parameters cell). Tests marked env, e2e or ddp (rank
+# processes): `make e2e`.
 test: $(STAMP)
 	$(BIN)/ruff check replaykit tests scripts
 	$(BIN)/ruff format --check replaykit tests scripts
 	$(BIN)/python -m replaykit.workflow.nbclean --check notebooks/*.ipynb
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not env and not e2e" \
+	$(TEST_ENV) $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not env and not e2e and not ddp" \
 		--nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
 		tests notebooks
 
@@ -64,7 +72,7 @@ demo: $(STAMP)
 # ~/.cache/replaykit/colab-runtime/, keyed by tests/workflow/colab-runtime.txt: a CI job keeps that
 # folder), and the README's offline recipe (a wheelhouse, a venv of torch and lightning only).
 e2e: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "env or e2e"
+	$(TEST_ENV) $(BIN)/python -m pytest -q -n 2 --dist loadfile -m "env or e2e or ddp"
 
 colab-sim: $(STAMP)
 	$(BIN)/python -m pytest -q tests/workflow/test_colab.py

@@ -12,7 +12,7 @@ from replaykit.testing.parity.scenario import Scenario
 from replaykit.testing.tasks import make_task
 
 
-@pytest.mark.slow
+@pytest.mark.ddp
 def test_ddp_replay_matches_native_on_every_rank_and_without_copy_out_diverges() -> None:
     """One torchrun job (the processes start once): replay equal to native on every rank, and the
     copy_out protection switched off (the unsafe arm) diverging while replay stays equal."""
@@ -26,7 +26,7 @@ def test_ddp_replay_matches_native_on_every_rank_and_without_copy_out_diverges()
     assert any(result["diffs"]["unsafe:copy_out"])  # ...on some rank
 
 
-@pytest.mark.slow
+@pytest.mark.ddp
 def test_ddp_replay_matches_native_on_every_rank_bf16() -> None:
     result = compare(Scenario(task="pose", precision="bf16-mixed", accumulation=1, devices=2))
     assert result["ok"], result
