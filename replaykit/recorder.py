@@ -294,7 +294,15 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
 
     def _eager(self, call: int, reason: str, args: tuple, kwargs: dict) -> Any:
         self.lifecycle.eager(call, reason)
-        return self._forward(*args, **kwargs)
+        return self._call_forward(*args, **kwargs)
+
+    def _call_forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The module's forward as eager calls it now: its own, or the one its class has now (a
+        script may rebind ``Model.forward``; the key then records anew, guards/code.py)."""
+        if self._own_forward:
+            return self._forward(*args, **kwargs)
+        module = self.module
+        return type(module).forward.__get__(module)(*args, **kwargs)
 
     def _run_forward(
         self,
@@ -306,9 +314,9 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
         """The module's own forward on ``tensors``; with ``params``, those stand in for ``originals``."""
         args, kwargs = callargs.rebuild(tensors)
         if params is None:
-            return self._forward(*args, **kwargs)
+            return self._call_forward(*args, **kwargs)
         with self.lifecycle.lock, stand_ins(self.module, originals, params):
-            return self._forward(*args, **kwargs)
+            return self._call_forward(*args, **kwargs)
 
     def _record(self, call: int, callargs: CallArgs, key: tuple) -> Plan | None:
         """The recording call (the route's entry): its steps are in :mod:`.recording`; a kept

@@ -217,7 +217,7 @@ class RecorderReplay:
                 del outputs, step  # the hold ends with the discarded graph
                 shadow.snapshot.restore()  # the state before this call: eager runs it again
                 self._diverged(plan, difference, call, verifying)
-                return self._forward(*args, **kwargs)
+                return self._call_forward(*args, **kwargs)
         plan.aliases.handed_out(outputs)
         return recording.build_outputs(outputs)
 

@@ -379,9 +379,10 @@ def _names(code: Any) -> set[str]:
 class ForwardInputs(LossInputs):
     """What a captured tree's own classes read outside the tree: their plain class attributes
     (``type(self).SCALE``) and the plain-value globals and closure cells their ``forward`` code
-    names (a module-level ``TEMPERATURE``). torch's own classes keep none; functions, classes and
-    modules are not keyed (rebinding one is not a schedule), so a tree that reads none costs one
-    empty check per call."""
+    names (a module-level ``TEMPERATURE``), and which ``forward`` each class has: a script that
+    rebinds it (``Model.forward = f``) runs other code, which a recording of the old would
+    replay. torch's own classes keep none; other functions, classes and modules are not keyed
+    (rebinding one is not a schedule), so a tree of torch's classes costs one empty check per call."""
 
     def __init__(self, module: nn.Module) -> None:
         self._values_only = True
@@ -397,6 +398,10 @@ class ForwardInputs(LossInputs):
                 continue
             seen.add(cls)
             self._class_values(cls)
+            # by identity, held (no id reuse): a dict lookup per method and call
+            for method in _methods_called(cls):
+                read = functools.partial(getattr, cls, method)
+                self._sources.append((f"{cls.__name__}.{method}", read))
             forward = vars(cls).get("forward")
             if isinstance(forward, FunctionType):
                 self._function(forward, f"{cls.__name__}.forward", 1)
@@ -414,6 +419,35 @@ class ForwardInputs(LossInputs):
         found = [g.get(n) for g, n in self.global_names]
         found += [c.cell_contents for c in self.cells if cell_filled(c)]
         return [t for t in found if _loose_tensor(t) and not t.is_inference()]
+
+
+def _class_attribute(cls: type, name: str) -> Any:
+    """What ``cls.<name>`` resolves to, as stored (a descriptor is not bound anew)."""
+    for klass in cls.__mro__:
+        found = vars(klass).get(name)
+        if found is not None:
+            return found
+    return None
+
+
+def _methods_called(cls: type) -> list[str]:
+    """``forward`` and the methods of ``cls`` it calls by name (``self.act(x)``), a few levels deep:
+    a script that rebinds one on the class (``Model.act = f``) changes the code a call runs."""
+    names, todo = ["forward"], ["forward"]
+    while todo and len(names) < 32:
+        fn = _class_attribute(cls, todo.pop())
+        if not isinstance(fn, FunctionType) or fn.__module__.startswith("torch."):
+            continue
+        for name in fn.__code__.co_names:
+            found = _class_attribute(cls, name)
+            if (
+                name not in names
+                and isinstance(found, FunctionType)
+                and not found.__module__.startswith("torch.")
+            ):
+                names.append(name)
+                todo.append(name)
+    return names
 
 
 def cpu_versions(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, int]]:

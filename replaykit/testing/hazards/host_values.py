@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import types
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +15,7 @@ from torch import nn
 
 from . import user_settings
 from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, set_at, setter, step_loop
-from .writing import HazardClass, built, looped, stepped
+from .writing import HazardClass, Train, built, looped, stepped
 
 HAZARD = "host_values"
 HC = HazardClass(HAZARD)
@@ -471,25 +472,63 @@ def _tanh_forward(self: MLP, x: torch.Tensor) -> torch.Tensor:
     return self.fc2(torch.tanh(self.fc1(x)))
 
 
-def _class_forward_rebound(model: nn.Module, arm: Arm) -> Extras:
-    original = Rebound.forward
-    try:
-        return step_loop(
-            model,
-            arm,
-            before=lambda m, o, s: setattr(Rebound, "forward", _tanh_forward) if s == 2 else None,
-        )
-    finally:
-        Rebound.forward = original  # type: ignore[method-assign]
+def _rebind_at(cls: type, name: str, value: Any, step: int) -> Callable[..., None]:
+    """Before ``step``: ``cls.<name> = value`` (a script rebinding a method on the class)."""
+
+    def rebind(*args: Any) -> None:  # loop's (model, step) or step_loop's (model, optimizer, step)
+        if args[-1] == step:
+            setattr(cls, name, value)
+
+    return rebind
 
 
-KNOWN_LIMITS: list[Pattern] = [
-    HC.pattern(
-        "step_class_forward_rebound",
-        "the model class's forward rebound (Model.forward = f) after recording, whole step",
-        built(Rebound),
-        _class_forward_rebound,
-        api="step",
-    ),
-]
+def _class_rebound(cls: type, name: str, value: Any) -> tuple[Train, Train]:
+    """The capture loop and the whole step, ``cls.<name>`` rebound at step 2 and put back after."""
+
+    def restoring(train: Train) -> Train:
+        def run(model: nn.Module, arm: Arm) -> Extras:
+            original = vars(cls).get(name)
+            try:
+                return train(model, arm)
+            finally:
+                if original is None:
+                    delattr(cls, name)
+                else:
+                    setattr(cls, name, original)
+
+        return run
+
+    rebind = _rebind_at(cls, name, value, 2)
+    return (
+        restoring(looped(steps=4, before=rebind)),
+        restoring(lambda m, a: step_loop(m, a, before=rebind)),
+    )
+
+
+class Helped(MLP):
+    """An MLP whose forward calls a method of its class: the method is what a script rebinds."""
+
+    def act(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+PATTERNS += HC.twins(
+    "class_forward_rebound",
+    "the model class's forward rebound (Model.forward = f) after recording",
+    built(Rebound),
+    *_class_rebound(Rebound, "forward", _tanh_forward),
+    guard="forward_inputs",
+)
+PATTERNS += HC.twins(
+    "class_helper_rebound",
+    "a method the forward calls rebound on the class (Model.act = f) after recording",
+    built(Helped),
+    *_class_rebound(Helped, "act", lambda self, x: torch.tanh(x)),
+    guard="forward_inputs",
+)
+
+KNOWN_LIMITS: list[Pattern] = []
 """Still silent differences (README, Known limits): kept out of ``PATTERNS``."""
