@@ -9,8 +9,8 @@ HERE=$PWD; OLD_TREE="${1:-}"
 one() { local name=$1 t=$2; shift 2; local s; s=$(date +%s)
   timeout "$t" "$@" > "$O/$name.log" 2>&1; echo "rc $? in $(( $(date +%s) - s )) s" >> "$O/$name.log"; tail -1 "$O/$name.log" | sed "s/^/$name: /"; }
 export PYTHONPATH="$HERE"
-one rnn_dropout 90 env REPLAYKIT_CUDNN_DROPOUT_STATE=1 python3 scripts/gpu/rnn_dropout_try.py
-one rnn 260 env REPLAYKIT_CUDNN_DROPOUT_STATE=1 python3 scripts/gpu/rnn_bench.py
+one rnn_dropout 90 python3 scripts/gpu/rnn_dropout_try.py
+one rnn 300 python3 scripts/gpu/rnn_bench.py
 one step_vs_raw 100 python3 scripts/gpu/step_vs_raw.py
 if [ -n "$OLD_TREE" ]; then
   (cd "$OLD_TREE" && PYTHONPATH="$OLD_TREE" one old_step_vs_raw 100 python3 "$HERE/scripts/gpu/step_vs_raw.py")

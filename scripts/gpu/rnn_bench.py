@@ -330,7 +330,9 @@ def main() -> None:
         arm_names = ["eager", "step", "capture"]
         if args.device == "cuda":
             arm_names += ["compile"] if compiled and not args.no_compile else []
-            arm_names += ["graphed", "raw"]
+            # make_graphed_callables over a cuDNN dropout RNN ended in an illegal memory access on
+            # the H200 (torch 2.11): dropout rows leave that floor out
+            arm_names += ["raw"] if dropout else ["graphed", "raw"]
         rows = bench(w, arm_names)
         results.append((w.label, rows))
         print(
