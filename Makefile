@@ -46,7 +46,8 @@ test: $(STAMP)
 	$(BIN)/ruff check replaykit tests scripts
 	$(BIN)/ruff format --check replaykit tests scripts
 	$(BIN)/python -m replaykit.workflow.nbclean --check notebooks/*.ipynb
-	$(TEST_ENV) $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not env and not e2e and not ddp" \
+	$(TEST_ENV) $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=10 \
+		-m "not env and not e2e and not ddp" \
 		--nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
 		tests notebooks
 
