@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .backends import Recording
+from .backends import Recording, Subject
 from .guards.code import cpu_versions, iterator_reason
 from .guards.compiled import CompileWatch, aot_compiled, compiled_regions
 from .guards.input_reads import Provenance
@@ -168,7 +168,7 @@ class RecorderRecording:
             branches = recording_context(self.on.capture_branches)
             with branches, watch, state.output().held():
                 made.recording = self.backend.record(
-                    fn, made.static_inputs, made.params, self.warmup
+                    Subject(fn, made.static_inputs, made.params, self.warmup)
                 )
             watch.check()
         except Exception as exc:

@@ -9,7 +9,7 @@ import torch
 
 from ..errors import ReplayError, ReplayWarning
 from ..memory.pool import MemoryPool
-from .base import Backend, Recording, Region
+from .base import Backend, Recording, Region, Subject
 from .emulated import EmulatedBackend
 from .scratch import Scratch
 
@@ -81,6 +81,7 @@ __all__ = [
     "Recording",
     "Region",
     "Scratch",
+    "Subject",
     "module_device",
     "resolve_backend",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,6 +17,17 @@ from .scratch import Scratch
 #: Runs the module's own forward on the static inputs and returns its output tree;
 #: ``fn(*inputs, params=leaves)`` runs it with ``leaves`` standing in for the parameters.
 ForwardFn = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What one recording captures: ``fn`` over ``static_inputs`` with ``params``, after ``warmup``
+    eager runs; one value every backend's ``record`` and recording takes."""
+
+    fn: ForwardFn
+    static_inputs: list[torch.Tensor]
+    params: list[torch.Tensor]
+    warmup: int
 
 
 def flatten_outputs(outputs: Any) -> tuple[list[torch.Tensor], OutputTree]:
@@ -48,13 +60,11 @@ class Recording(ABC):
         """Indices of the outputs that carry no gradient (fixed for the recording)."""
         return tuple(i for i in range(len(self.static_outputs)) if i not in self.differentiable)
 
-    def _stand_ins(
-        self, static_inputs: list[torch.Tensor], params: list[torch.Tensor]
-    ) -> list[torch.Tensor]:
+    def _stand_ins(self, subject: Subject) -> list[torch.Tensor]:
         """Leaves standing in for ``params``: the recording differentiates these, not the module's."""
-        self.static_inputs, self.params = static_inputs, params
-        leaves = [p.detach().requires_grad_(True) for p in params]
-        self._targets = grad_targets(static_inputs, leaves)
+        self.static_inputs, self.params = subject.static_inputs, subject.params
+        leaves = [p.detach().requires_grad_(True) for p in subject.params]
+        self._targets = grad_targets(subject.static_inputs, leaves)
         return leaves
 
     def build_outputs(self, outputs: Sequence[torch.Tensor]) -> Any:
@@ -123,15 +133,9 @@ class Backend(ABC):
     name: str
 
     @abstractmethod
-    def record(
-        self,
-        fn: ForwardFn,
-        static_inputs: list[torch.Tensor],
-        params: list[torch.Tensor],
-        warmup: int,
-    ) -> Recording:
-        """Warm up ``warmup`` times, then record ``fn`` over ``static_inputs``. The caller snapshots
-        and restores module state and RNG around this call."""
+    def record(self, subject: Subject) -> Recording:
+        """Warm up ``subject.warmup`` times, then record ``subject.fn`` over its static inputs. The
+        caller snapshots and restores module state and RNG around this call."""
 
     @abstractmethod
     def region(self, fixed: Sequence[torch.Tensor]) -> Region:

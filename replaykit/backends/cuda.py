@@ -29,9 +29,9 @@ from ..memory.pool import MemoryPool, open_pool, pool_reserved
 from . import workspaces
 from .base import (
     Backend,
-    ForwardFn,
     Recording,
     Region,
+    Subject,
     differentiable_indices,
     flatten_outputs,
 )
@@ -102,16 +102,14 @@ class CudaRecording(Recording):
 
     def __init__(
         self,
-        fn: ForwardFn,
-        static_inputs: list[torch.Tensor],
-        params: list[torch.Tensor],
-        warmup: int,
+        subject: Subject,
         pool: tuple[int, int],
         device: torch.device,
         spent: Callable[[tuple[int, int]], None] = lambda pool: None,
     ) -> None:
         self._spent = spent  # told when a failed capture leaves the pool's id unusable
-        leaves = self._stand_ins(static_inputs, params)
+        leaves = self._stand_ins(subject)
+        fn, static_inputs = subject.fn, subject.static_inputs
         enabled, dtype = autocast_key("cuda")
 
         def forward() -> list[torch.Tensor]:
@@ -131,7 +129,7 @@ class CudaRecording(Recording):
                     allow_unused=True,
                 )
 
-        self._warm_up(forward, backward, warmup, device)
+        self._warm_up(forward, backward, subject.warmup, device)
         outs = self._capture_forward(forward, pool, device, spent)
         self.differentiable = differentiable_indices(outs)
         self.static_outputs = outs
@@ -365,20 +363,12 @@ class CudaBackend(Backend):
             pool_reserved(self.device, h) for h in (self._own, *self._spent_pools) if h is not None
         )
 
-    def record(
-        self,
-        fn: ForwardFn,
-        static_inputs: list[torch.Tensor],
-        params: list[torch.Tensor],
-        warmup: int,
-    ) -> Recording:
-        for t in static_inputs:
+    def record(self, subject: Subject) -> Recording:
+        for t in subject.static_inputs:
             if t.device != self.device:
                 raise ReplayError(f"input on {t.device}, recorder on {self.device}")
         with torch.cuda.device(self.device):
-            return CudaRecording(
-                fn, static_inputs, params, warmup, self.pool, self.device, self.spend
-            )
+            return CudaRecording(subject, self.pool, self.device, self.spend)
 
     def region(self, fixed: Sequence[torch.Tensor]) -> Region:
         return CudaRegion(self.device, self.pool, self.spend)

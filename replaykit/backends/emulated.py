@@ -22,9 +22,9 @@ from ..memory.pool import MemoryPool
 from ..verify.bitwise import all_equal
 from .base import (
     Backend,
-    ForwardFn,
     Recording,
     Region,
+    Subject,
     differentiable_indices,
     flatten_outputs,
 )
@@ -49,15 +49,10 @@ def _check_dense(grads: Sequence[torch.Tensor | None], names: Sequence[str]) -> 
 class EmulatedRecording(Recording):
     """A recording whose forward 'graph' is a tape of aten calls and whose backward is its autograd graph."""
 
-    def __init__(
-        self,
-        fn: ForwardFn,
-        static_inputs: list[torch.Tensor],
-        params: list[torch.Tensor],
-        warmup: int,
-    ) -> None:
+    def __init__(self, subject: Subject) -> None:
         self._tape: Tape | None = None
-        leaves = self._stand_ins(static_inputs, params)
+        leaves = self._stand_ins(subject)
+        fn, static_inputs, params = subject.fn, subject.static_inputs, subject.params
         names = [f"input {i}" for i, x in enumerate(static_inputs) if x.requires_grad]
         names += [f"parameter {i} ({tuple(p.shape)})" for i, p in enumerate(params)]
         device = next((t.device.type for t in (*static_inputs, *params)), "cpu")
@@ -72,7 +67,7 @@ class EmulatedRecording(Recording):
                 outs, self.out_spec = flatten_outputs(fn(*static_inputs, params=leaves))
             return outs
 
-        for _ in range(warmup):
+        for _ in range(subject.warmup):
             outs = forward()
             diff = differentiable_indices(outs)
             if diff and self._targets:
@@ -180,14 +175,8 @@ class EmulatedBackend(Backend):
             pool.emulated = True  # a claim then overwrites what a CUDA replay may overwrite
         self._exposure = Exposure()  # scratch survivors an earlier region's replay overwrites
 
-    def record(
-        self,
-        fn: ForwardFn,
-        static_inputs: list[torch.Tensor],
-        params: list[torch.Tensor],
-        warmup: int,
-    ) -> Recording:
-        return EmulatedRecording(fn, static_inputs, params, warmup)
+    def record(self, subject: Subject) -> Recording:
+        return EmulatedRecording(subject)
 
     def region(self, fixed: Sequence[torch.Tensor]) -> Region:
         return TapeRegion(fixed, self._exposure)

@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn.utils.stateless import _reparametrize_module
 
 import replaykit as rk
+from replaykit.backends.base import Subject
 from replaykit.backends.emulated import EmulatedBackend
 from replaykit.protections import negative_control
 from replaykit.testing.nets import DetectionNet, DropoutNet
@@ -43,7 +44,7 @@ class Direct:
 
         statics = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
         snapshot = StateSnapshot(model)
-        self.rec = EmulatedBackend().record(fn, statics, [p for _, p in named], warmup)
+        self.rec = EmulatedBackend().record(Subject(fn, statics, [p for _, p in named], warmup))
         if restore:
             snapshot.restore()
 

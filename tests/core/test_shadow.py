@@ -49,8 +49,8 @@ class _SkewedBackend(Backend):
         self.name = inner.name
         self.device = getattr(inner, "device", None)
 
-    def record(self, fn, static_inputs, params, warmup):
-        return _Skewed(self._inner.record(fn, static_inputs, params, warmup), self._where)
+    def record(self, subject):
+        return _Skewed(self._inner.record(subject), self._where)
 
     def region(self, fixed):
         return self._inner.region(fixed)

@@ -26,9 +26,9 @@ from torch import nn
 
 from ...backends.base import (
     Backend,
-    ForwardFn,
     Recording,
     Region,
+    Subject,
     differentiable_indices,
     flatten_outputs,
     grad_targets,
@@ -49,14 +49,14 @@ GUARDS = (
 class NullRecording(Recording):
     """Replays nothing: fixed outputs, fixed gradients (what a graph would leave in static memory)."""
 
-    def __init__(
-        self, fn: ForwardFn, static_inputs: list[torch.Tensor], params: list[torch.Tensor]
-    ) -> None:
-        self.static_inputs, self.params = static_inputs, params
-        outs, self.out_spec = flatten_outputs(fn(*static_inputs))
+    def __init__(self, subject: Subject) -> None:
+        self.static_inputs, self.params = subject.static_inputs, subject.params
+        outs, self.out_spec = flatten_outputs(subject.fn(*self.static_inputs))
         self.differentiable = differentiable_indices(outs)
         self.static_outputs = [o.detach().clone() for o in outs]
-        self.static_grads = [torch.zeros_like(t) for t in grad_targets(static_inputs, params)]
+        self.static_grads = [
+            torch.zeros_like(t) for t in grad_targets(self.static_inputs, self.params)
+        ]
 
     def replay_forward(self) -> None:
         self.generation += 1
@@ -76,14 +76,8 @@ class NullRecording(Recording):
 class NullBackend(Backend):
     name = "null"
 
-    def record(
-        self,
-        fn: ForwardFn,
-        static_inputs: list[torch.Tensor],
-        params: list[torch.Tensor],
-        warmup: int,
-    ) -> Recording:
-        return NullRecording(fn, static_inputs, params)
+    def record(self, subject: Subject) -> Recording:
+        return NullRecording(subject)
 
     def region(self, fixed: Sequence[torch.Tensor]) -> Region:
         raise NotImplementedError("the no-op backend measures network replay's host time only")
