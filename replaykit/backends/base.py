@@ -67,6 +67,11 @@ class Recording(ABC):
         self._targets = grad_targets(subject.static_inputs, leaves)
         return leaves
 
+    def _outputs(self, subject: Subject, leaves: list[torch.Tensor]) -> list[torch.Tensor]:
+        """One run of ``subject.fn`` on the stand-ins: its output tensors (the tree's rest kept as ``out_spec``)."""
+        outs, self.out_spec = flatten_outputs(subject.fn(*subject.static_inputs, params=leaves))
+        return outs
+
     def build_outputs(self, outputs: Sequence[torch.Tensor]) -> Any:
         """The forward's output tree from replayed flat outputs."""
         if self._builder is None:

@@ -33,7 +33,6 @@ from .base import (
     Region,
     Subject,
     differentiable_indices,
-    flatten_outputs,
 )
 from .gaps import open_gaps
 from .scratch import PoolScratch, Scratch, pool_routing
@@ -109,13 +108,11 @@ class CudaRecording(Recording):
     ) -> None:
         self._spent = spent  # told when a failed capture leaves the pool's id unusable
         leaves = self._stand_ins(subject)
-        fn, static_inputs = subject.fn, subject.static_inputs
         enabled, dtype = autocast_key("cuda")
 
         def forward() -> list[torch.Tensor]:
             with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False):
-                outs, self.out_spec = flatten_outputs(fn(*static_inputs, params=leaves))
-            return outs
+                return self._outputs(subject, leaves)
 
         def backward(outs: list[torch.Tensor], grads: Sequence[torch.Tensor], retain: bool):
             if not self.differentiable or not self._targets:

@@ -26,7 +26,6 @@ from .base import (
     Region,
     Subject,
     differentiable_indices,
-    flatten_outputs,
 )
 from .gaps import open_gaps
 from .scratch import Exposure, Scratch, TrackedScratch
@@ -52,7 +51,7 @@ class EmulatedRecording(Recording):
     def __init__(self, subject: Subject) -> None:
         self._tape: Tape | None = None
         leaves = self._stand_ins(subject)
-        fn, static_inputs, params = subject.fn, subject.static_inputs, subject.params
+        static_inputs, params = subject.static_inputs, subject.params
         names = [f"input {i}" for i, x in enumerate(static_inputs) if x.requires_grad]
         names += [f"parameter {i} ({tuple(p.shape)})" for i, p in enumerate(params)]
         device = next((t.device.type for t in (*static_inputs, *params)), "cpu")
@@ -64,8 +63,7 @@ class EmulatedRecording(Recording):
                 torch.enable_grad(),
                 torch.autocast(device, dtype=dtype, enabled=enabled, cache_enabled=False),
             ):
-                outs, self.out_spec = flatten_outputs(fn(*static_inputs, params=leaves))
-            return outs
+                return self._outputs(subject, leaves)
 
         for _ in range(subject.warmup):
             outs = forward()
