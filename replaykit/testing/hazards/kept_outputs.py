@@ -16,8 +16,10 @@ import torch
 from torch import nn
 
 from .pattern import MLP, Arm, Extras, Pattern, sgd
+from .writing import HazardClass, built
 
 HAZARD = "kept_outputs"
+HC = HazardClass(HAZARD)
 
 
 class Scored(MLP):
@@ -92,52 +94,49 @@ def _step_epoch(model: nn.Module, arm: Arm, steps: int = 5) -> Extras:
     return {f"loss{i}": step(arm.randn(*shape)) for i in range(steps)}
 
 
+def _kept(name: str, what: str, model: type[nn.Module], keep: str) -> Pattern:
+    """A capture pattern whose epoch keeps ``keep`` (:func:`_epoch`); copy-out is what it needs."""
+    return HC.pattern(
+        name, what, built(model), lambda m, a: _epoch(m, a, keep), guard="live_outputs"
+    )
+
+
 PATTERNS: list[Pattern] = [
-    Pattern(
+    _kept(
         "epoch_metric_keeps_logits",
-        HAZARD,
         "preds.append(logits.detach()) every step for an epoch metric",
-        lambda d: Scored().to(d),
-        lambda m, a: _epoch(m, a, "logits"),
-        guard="live_outputs",
+        Scored,
+        "logits",
     ),
-    Pattern(
+    _kept(
         "epoch_metric_keeps_a_view",
-        HAZARD,
         "keeps a column of the detached logits (a view sharing the output's memory)",
-        lambda d: Scored().to(d),
-        lambda m, a: _epoch(m, a, "argmax_view"),
-        guard="live_outputs",
+        Scored,
+        "argmax_view",
     ),
-    Pattern(
+    _kept(
         "keeps_the_models_losses",
-        HAZARD,
         "a list of the model's own losses (model(**batch).loss) kept as tensors",
-        lambda d: Scored().to(d),
-        lambda m, a: _epoch(m, a, "losses"),
-        guard="live_outputs",
+        Scored,
+        "losses",
     ),
-    Pattern(
+    _kept(
         "returns_a_cache_object",
-        HAZARD,
         "the model returns a cache object holding each layer's keys and values; the loop keeps them",
-        lambda d: Cached().to(d),
-        lambda m, a: _epoch(m, a, "cache"),
-        guard="live_outputs",
+        Cached,
+        "cache",
     ),
-    Pattern(
+    HC.pattern(
         "step_keeps_its_losses",
-        HAZARD,
         "the losses rk.TrainStep hands back, kept as tensors for the epoch's mean",
-        lambda d: Scored().to(d),
+        built(Scored),
         _step_epoch,
         api="step",
     ),
-    Pattern(
+    HC.pattern(
         "step_model_returns_a_cache_object",
-        HAZARD,
         "loss_fn reads the loss of a model that also returns a cache object",
-        lambda d: Cached().to(d),
+        built(Cached),
         _step_epoch,
         api="step",
     ),

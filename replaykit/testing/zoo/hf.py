@@ -109,17 +109,28 @@ def _common(size: str) -> dict[str, int]:
     return SIZES[size]
 
 
+#: the causal LMs' vocabulary and special tokens (padding apart from the one token that begins and ends)
+_CAUSAL_TOKENS = {"vocab_size": VOCAB, "bos_token_id": 1, "eos_token_id": 1, "pad_token_id": 0}
+
+
+def _encoder_sizes(s: dict[str, int]) -> dict[str, int]:
+    """The size keywords the BERT-style configs (BERT, Llama, ViT) name alike."""
+    return {
+        "hidden_size": s["width"],
+        "intermediate_size": 2 * s["width"],
+        "num_hidden_layers": s["layers"],
+        "num_attention_heads": s["heads"],
+    }
+
+
 def gpt2(size: str = "tiny") -> Workload:
     tf, s = deps.transformers(), _common(size)
     config = tf.GPT2Config(
-        vocab_size=VOCAB,
+        **_CAUSAL_TOKENS,
         n_positions=2 * SEQ,
         n_embd=s["width"],
         n_layer=s["layers"],
         n_head=s["heads"],
-        bos_token_id=1,
-        eos_token_id=1,
-        pad_token_id=0,
     )
     return Workload(tf.GPT2LMHeadModel(config), _language(causal=True), loss)
 
@@ -127,16 +138,10 @@ def gpt2(size: str = "tiny") -> Workload:
 def llama(size: str = "tiny") -> Workload:
     tf, s = deps.transformers(), _common(size)
     config = tf.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=s["width"],
-        intermediate_size=2 * s["width"],
-        num_hidden_layers=s["layers"],
-        num_attention_heads=s["heads"],
+        **_CAUSAL_TOKENS,
+        **_encoder_sizes(s),
         num_key_value_heads=s["kv_heads"],
         max_position_embeddings=2 * SEQ,
-        bos_token_id=1,
-        eos_token_id=1,
-        pad_token_id=0,
     )
     return Workload(tf.LlamaForCausalLM(config), _language(causal=True), loss)
 
@@ -145,10 +150,7 @@ def bert(size: str = "tiny") -> Workload:
     tf, s = deps.transformers(), _common(size)
     config = tf.BertConfig(
         vocab_size=VOCAB,
-        hidden_size=s["width"],
-        intermediate_size=2 * s["width"],
-        num_hidden_layers=s["layers"],
-        num_attention_heads=s["heads"],
+        **_encoder_sizes(s),
         max_position_embeddings=2 * SEQ,
         pad_token_id=0,
     )
@@ -177,10 +179,7 @@ def vit(size: str = "tiny") -> Workload:
     config = tf.ViTConfig(
         image_size=32,
         patch_size=8,
-        hidden_size=s["width"],
-        intermediate_size=2 * s["width"],
-        num_hidden_layers=s["layers"],
-        num_attention_heads=s["heads"],
+        **_encoder_sizes(s),
         num_labels=classes,
     )
 
