@@ -30,7 +30,7 @@ from ...memory.pool import MemoryPool
 from ...step import TrainStep
 from ...verify.bitwise import diff_states
 from ..zoo.language import TinyLM
-from .timing import ArmResult, measure_peaks, memory_columns, peak_reset, sync
+from .timing import MEMORY_COLUMNS, ArmResult, measure_peaks, memory_columns, peak_reset, sync
 
 VOCAB = 256
 ARMS = ("eager", "TrainStep", "TrainStep per bucket", "TrainStep per bucket, shared pool")
@@ -209,10 +209,7 @@ COLUMNS = (
     "break_even_batch",
     "median_ms",
     "step_speedup_vs_eager",
-    "peak_mib",
-    "peak_reserved_mib",
-    "alloc_vs_eager",
-    "reserved_vs_eager",
+    *MEMORY_COLUMNS,
     "equals_eager",
     "note",
 )

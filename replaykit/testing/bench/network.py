@@ -22,7 +22,9 @@ from replaykit.capturing import capture
 
 from ..nets import DetectionNet
 from .timing import (
+    MEMORY_COLUMNS,
     SIZES,
+    TIME_COLUMNS,
     ArmResult,
     Size,
     TimedArm,
@@ -153,15 +155,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 MARKDOWN_COLUMNS = (
     "size",
     "arm",
-    "median_ms",
-    "p10_ms",
-    "p90_ms",
-    "speedup_vs_eager",
+    *TIME_COLUMNS,
     "time_vs_mgc",
-    "peak_mib",
-    "peak_reserved_mib",
-    "alloc_vs_eager",
-    "reserved_vs_eager",
+    *MEMORY_COLUMNS,
     "mem_vs_mgc",
     "equals_eager",
 )

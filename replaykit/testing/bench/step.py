@@ -27,7 +27,9 @@ from ...step import TrainStep
 from ...verify.bitwise import diff_states
 from ..nets import DetectionNet
 from .timing import (
+    MEMORY_COLUMNS,
     SIZES,
+    TIME_COLUMNS,
     ArmResult,
     Size,
     heads_loss,
@@ -262,17 +264,11 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 COLUMNS = (
     "size",
     "arm",
-    "median_ms",
-    "p10_ms",
-    "p90_ms",
-    "speedup_vs_eager",
+    *TIME_COLUMNS,
     "time_vs_raw_graph",
     "time_vs_unchecked",
     "time_vs_unchecked_amortized",
-    "peak_mib",
-    "peak_reserved_mib",
-    "alloc_vs_eager",
-    "reserved_vs_eager",
+    *MEMORY_COLUMNS,
     "mem_vs_network",
     "equals_eager",
     "note",

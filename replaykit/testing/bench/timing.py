@@ -181,6 +181,12 @@ def measure_peaks(device: torch.device, base: MemoryBase) -> tuple[float, float]
     return peak_mib(device, base), peak_reserved_mib(device, base)
 
 
+#: the timing columns the bench tables lead with: an arm's percentiles and its ratio to eager
+TIME_COLUMNS = ("median_ms", "p10_ms", "p90_ms", "speedup_vs_eager")
+#: the allocated peak and :func:`memory_columns`' keys: an arm's memory beside eager's
+MEMORY_COLUMNS = ("peak_mib", "peak_reserved_mib", "alloc_vs_eager", "reserved_vs_eager")
+
+
 def memory_columns(result: Any, eager: Any) -> dict[str, float]:
     """An arm's memory beside eager's at the same size (both ArmResults): the peak reserved, and the
     allocated and reserved peaks as ratios of eager's. NaN off CUDA (tables print ``n/a``): no
