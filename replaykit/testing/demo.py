@@ -20,6 +20,7 @@ from replaykit.errors import ReplayWarning
 from replaykit.verify.determinism import enable_determinism
 
 from .nets import DetectionNet
+from .parity.scenario import VERDICT_COLUMNS
 from .parity.trial import Trial, arms
 
 
@@ -70,12 +71,7 @@ def rows(device: str, steps: int) -> tuple[list[dict], str]:
 
 
 COLUMNS = (
-    "scenario",
-    "arm",
-    "expected",
-    "equal",
-    "ok",
-    "tensors_differing",
+    *VERDICT_COLUMNS,
     "record",
     "replay",
     "eager",

@@ -10,30 +10,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .parity.scenario import ScenarioResult, steady_steps
+from .parity.scenario import JOURNAL_SUMMARY, VERDICT_COLUMNS, ScenarioResult, steady_steps
 
 ZERO_FLOOR = 1e-12  # where a bitwise-equal tensor is drawn on a log axis
 
 RESULT_COLUMNS = [
-    "scenario",
-    "arm",
-    "expected",
-    "equal",
-    "ok",
-    "tensors_differing",
+    *VERDICT_COLUMNS,
     "max_abs_diff",
     "none_pattern_diffs",
     "error",
 ]
-JOURNAL_COLUMNS = [
-    "scenario",
-    "recordings",
-    "replays",
-    "eager",
-    "eager_reasons",
-    "backward_reasons",
-    "retired",
-]
+JOURNAL_COLUMNS = ["scenario", *JOURNAL_SUMMARY]
 
 
 def pd_table(rows: Sequence[dict[str, Any]]) -> Any:

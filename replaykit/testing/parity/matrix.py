@@ -4,18 +4,19 @@ and the tables (rows, diff rows, summary) a notebook renders from their results.
 from __future__ import annotations
 
 import itertools
-import statistics
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from typing import Any
 
 from .arms import STEP_ARM, run_scenario, step_unsafe_arms, unsafe_arms
 from .scenario import (
+    JOURNAL_SUMMARY,
     PRECISIONS,
+    VERDICT_COLUMNS,
     Scenario,
     ScenarioResult,
     automatic_step_choice,
-    steady_steps,
+    median_steady,
 )
 
 
@@ -162,11 +163,6 @@ def _must_diverge(scenario: Scenario, arm: str) -> bool:
     return kind == "step-unsafe" and name in scenario.step_exercised()
 
 
-def _median_steady(ms: list[float]) -> float:
-    steady = steady_steps(ms)
-    return statistics.median(steady) if steady else float("nan")
-
-
 def rows(results: Iterable[ScenarioResult]) -> list[dict[str, Any]]:
     """One row per scenario and non-native arm: pass/fail, diff summary, journal summary, step times."""
     out = []
@@ -201,8 +197,8 @@ def rows(results: Iterable[ScenarioResult]) -> list[dict[str, Any]]:
                         "eager_reasons", {}
                     ),
                     "step_retired": (rec.get("optimizer_step") or {}).get("retired"),
-                    "native_step_ms": _median_steady(native.step_ms),
-                    "arm_step_ms": _median_steady(arm.step_ms),
+                    "native_step_ms": median_steady(native.step_ms),
+                    "arm_step_ms": median_steady(arm.step_ms),
                     "error": arm.error or native.error,
                 }
             )
@@ -211,20 +207,10 @@ def rows(results: Iterable[ScenarioResult]) -> list[dict[str, Any]]:
 
 _KEYS = (
     *(k for k in Scenario.__dataclass_fields__ if k != "device"),
-    "scenario",
-    "arm",
-    "expected",
-    "equal",
-    "ok",
-    "tensors_differing",
+    *VERDICT_COLUMNS,
     "max_abs_diff",
     "none_pattern_diffs",
-    "recordings",
-    "replays",
-    "eager",
-    "eager_reasons",
-    "backward_reasons",
-    "retired",
+    *JOURNAL_SUMMARY,
     "step_replays",
     "step_eager_reasons",
     "step_retired",

@@ -6,6 +6,7 @@ Both runners build on it: :mod:`replaykit.testing.parity.arms` (one process) and
 
 from __future__ import annotations
 
+import statistics
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,10 +129,22 @@ class Scenario:
 WARMUP_STEPS = 2  # the first steps record (replay) or warm caches (native): not steady-state timing
 
 
+#: what every parity table's row leads with: the scenario, the arm and its verdict
+VERDICT_COLUMNS = ("scenario", "arm", "expected", "equal", "ok", "tensors_differing")
+#: the journal's summary beside a verdict: what recorded, replayed, ran eagerly (and why), retired
+JOURNAL_SUMMARY = ("recordings", "replays", "eager", "eager_reasons", "backward_reasons", "retired")
+
+
 def steady_steps(ms: list[float]) -> list[float]:
     """Per-step times without the warm-up steps, which record graphs and would swamp a median;
     kept whole when there are too few steps to spare them."""
     return ms[WARMUP_STEPS:] if len(ms) > 2 * WARMUP_STEPS else list(ms)
+
+
+def median_steady(ms: list[float]) -> float:
+    """The median of :func:`steady_steps` (NaN for no steps): one step time for a table's row."""
+    steady = steady_steps(ms)
+    return statistics.median(steady) if steady else float("nan")
 
 
 @dataclass

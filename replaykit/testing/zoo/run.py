@@ -22,7 +22,6 @@ A row's verdict:
 
 from __future__ import annotations
 
-import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -38,7 +37,7 @@ from replaykit.errors import ReplayError, ReplayWarning
 from replaykit.step import TrainStep
 from replaykit.verify.bitwise import TensorDiff, diff_states
 
-from ..parity.scenario import PRECISIONS, steady_steps
+from ..parity.scenario import PRECISIONS, median_steady
 from ..parity.trial import flat_state, grads
 from . import MODELS, build, names, unavailable
 from .workload import invoke
@@ -331,11 +330,6 @@ def run_matrix(zoo_cases: Iterable[ZooCase], progress: bool = True) -> Iterator[
             bar.close()
 
 
-def _median(ms: list[float]) -> float:
-    steady = steady_steps(ms)
-    return statistics.median(steady) if steady else float("nan")
-
-
 def rows(results: Iterable[ZooResult]) -> list[dict[str, Any]]:
     """One row per case: the verdict, bitwise yes/no, the journal (replays, eager routes, retirement), step times."""
     out = []
@@ -343,8 +337,8 @@ def rows(results: Iterable[ZooResult]) -> list[dict[str, Any]]:
         c = r.case
         replay = r.arms.get("replay")
         rec = (replay.recorder if replay else None) or {}
-        eager_ms = _median(r.arms["eager"].step_ms) if "eager" in r.arms else float("nan")
-        replay_ms = _median(replay.step_ms) if replay else float("nan")
+        eager_ms = median_steady(r.arms["eager"].step_ms) if "eager" in r.arms else float("nan")
+        replay_ms = median_steady(replay.step_ms) if replay else float("nan")
         out.append(
             {
                 "model": c.model,
