@@ -37,22 +37,18 @@ def _parser(command: str, doc: str | None) -> argparse.ArgumentParser:
 
 def _parameter_options(ap: argparse.ArgumentParser) -> None:
     """-p/-r/-y, read by ``runs.cli_parameters``."""
-    ap.add_argument(
-        "-p",
-        "--parameter",
-        nargs=2,
-        action="append",
-        metavar=("NAME", "VALUE"),
-        help="parameter, converted like papermill -p (int, float, True/False/None, str)",
-    )
-    ap.add_argument(
-        "-r",
-        "--raw",
-        nargs=2,
-        action="append",
-        metavar=("NAME", "VALUE"),
-        help="parameter kept as a string",
-    )
+    for short, name, what in (
+        ("-p", "--parameter", "converted like papermill -p (int, float, True/False/None, str)"),
+        ("-r", "--raw", "kept as a string"),
+    ):
+        ap.add_argument(
+            short,
+            name,
+            nargs=2,
+            action="append",
+            metavar=("NAME", "VALUE"),
+            help=f"parameter {what}",
+        )
     ap.add_argument(
         "-y",
         "--yaml",
@@ -62,18 +58,16 @@ def _parameter_options(ap: argparse.ArgumentParser) -> None:
     )
 
 
+def markers_and_ids(ap: argparse.ArgumentParser, markers: str, ids: str) -> None:
+    """-m/--markers (default cuda) and the repeatable --id: the pytest selection every runner takes."""
+    ap.add_argument("-m", "--markers", default="cuda", help=markers)
+    ap.add_argument("--id", action="append", dest="ids", default=[], metavar="NODE_ID", help=ids)
+
+
 def _selection_options(ap: argparse.ArgumentParser) -> None:
     """-m/--id/--repeats and pytest's own arguments after ``--``: what verify and bisect select."""
-    ap.add_argument(
-        "-m", "--markers", default="cuda", help="pytest -m expression; '' for none (default: cuda)"
-    )
-    ap.add_argument(
-        "--id",
-        action="append",
-        dest="ids",
-        default=[],
-        metavar="NODE_ID",
-        help="a test id to select (repeatable)",
+    markers_and_ids(
+        ap, "pytest -m expression; '' for none (default: cuda)", "a test id to select (repeatable)"
     )
     ap.add_argument("--repeats", type=int, default=1, help="runs of the whole selection (per tree)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from replaykit.workflow.cli import markers_and_ids
 from replaykit.workflow.git import git, git_text
 
 __all__ = ["DEFAULT_PLANT", "Plant", "Planted", "main", "plant_history"]
@@ -134,16 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--file", default=DEFAULT_PLANT.path, help="file to plant the bug in")
     ap.add_argument("--old", default=DEFAULT_PLANT.old, help="text replaced (must occur once)")
     ap.add_argument("--new", default=DEFAULT_PLANT.new, help="replacement")
-    ap.add_argument(
-        "-m", "--markers", default="cuda", help="pytest -m expression for bisect (default: cuda)"
-    )
-    ap.add_argument(
-        "--id",
-        action="append",
-        dest="ids",
-        default=[],
-        metavar="NODE_ID",
-        help="test ids or folders to select (repeatable; default: the whole suite)",
+    markers_and_ids(
+        ap,
+        "pytest -m expression for bisect (default: cuda)",
+        "test ids or folders to select (repeatable; default: the whole suite)",
     )
     ap.add_argument("--runs-dir", type=Path, default=Path("runs"))
     ap.add_argument(
