@@ -9,13 +9,25 @@ our grace too is killed with torchrun's process group.
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 #: The jobs running now (several threads may each wait on one).
 _LIVE: set[subprocess.Popen] = set()
+
+
+def worker_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The parser of a module that launches its own ranks: a launched rank is told it is one by
+    the hidden ``--worker`` (the path of its job's spec or output)."""
+    ap = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    return ap
 
 
 def stop_jobs_on_sigterm() -> None:

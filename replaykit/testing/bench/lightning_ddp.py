@@ -25,7 +25,6 @@ with the single-process bench (:mod:`replaykit.testing.bench.lightning_step`) sh
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -39,8 +38,8 @@ import torch
 
 from ...lightning import ReplayCallback
 from ..nets import DetectionNet
-from ..parity.one_device import one_device_trainer_args
-from ..torchrun import stop_jobs_on_sigterm, torchrun
+from ..parity.one_device import one_device_option, one_device_trainer_args
+from ..torchrun import stop_jobs_on_sigterm, torchrun, worker_parser
 from .lightning_step import AutoModule, fit_step_ms
 from .timing import SIZES
 
@@ -233,19 +232,12 @@ def line(result: dict[str, Any], arms: tuple[str, ...] = ARMS) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    ap = worker_parser(__doc__)
     ap.add_argument("--sizes", default="launch-bound,medium")
     ap.add_argument("--steps", type=int, default=60, help="batches per rank and arm")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--devices", type=int, default=2, help="DDP ranks (processes)")
-    ap.add_argument(
-        "--one-device",
-        action="store_true",
-        help="every rank on the first device over gloo (the stand-in for a host with one GPU)",
-    )
+    one_device_option(ap)
     ap.add_argument(
         "--arms", default=",".join(ARMS), help="comma-separated, from: " + ", ".join(ARMS)
     )

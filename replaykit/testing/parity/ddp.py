@@ -36,9 +36,10 @@ from typing import Any
 import torch
 
 from ...verify.bitwise import TensorDiff, diff_states
-from ..torchrun import stop_jobs_on_sigterm, torchrun
+from ..torchrun import stop_jobs_on_sigterm, torchrun, worker_parser
 from .arms import STEP_ARM, STEP_UNSAFE, run_arm
 from .ddp_matrix import UNSAFE_ARM, arm_report, ddp_scenarios, line, markdown, passed, total
+from .one_device import one_device_option
 from .scenario import ArmOutcome, Scenario, ScenarioResult, quiet_replay_warnings
 
 
@@ -295,20 +296,13 @@ def _worker(spec_path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    ap = worker_parser(__doc__)
     ap.add_argument("--task", default="detection")
     ap.add_argument("--precision", default="32")
     ap.add_argument("--accumulation", type=int, default=2)
     ap.add_argument("--devices", type=int, default=2)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument(
-        "--one-device",
-        action="store_true",
-        help="every rank on the first device over gloo (the stand-in for a host with one GPU)",
-    )
+    one_device_option(ap)
     ap.add_argument("--n-train", type=int, default=None, help="training samples (all ranks)")
     ap.add_argument("--clip", type=float, default=None)
     ap.add_argument("--optimizer", default="sgd")

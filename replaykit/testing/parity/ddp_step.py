@@ -22,12 +22,8 @@ Every process runs under a deadline: a hung collective ends the run with a messa
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 import warnings
@@ -38,7 +34,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .plain_ddp import free_port
+from ..torchrun import worker_parser
+from .plain_ddp import run_ranks
+from .trial import scaled_step
 
 ROUTES = ("replay", "record", "eager")
 
@@ -116,12 +114,7 @@ def _native_step(case: Case, ddp: nn.Module, opt: Any, scaler: Any, i: int, x: A
         if scaler is not None:
             scaler.unscale_(opt)
         nn.utils.clip_grad_norm_(ddp.parameters(), 1.0, foreach=True, error_if_nonfinite=False)
-        if scaler is not None:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
-        opt.zero_grad(set_to_none=True)
+        scaled_step(opt, scaler)
     return loss.detach()
 
 
@@ -274,42 +267,9 @@ def launch(cases: list[Case], timeout: float = 60, pg_timeout: float = 60) -> li
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "cases.json"
         spec.write_text(json.dumps({"cases": [asdict(c) for c in cases], "pg_timeout": pg_timeout}))
-        port = free_port()
-        procs = []
-        for rank in range(world):
-            env = {
-                **os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
-                "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                "OMP_NUM_THREADS": "1",
-            }  # fmt: skip
-            cmd = [sys.executable, "-m", "replaykit.testing.parity.ddp_step", "--worker", str(spec)]
-            procs.append(
-                subprocess.Popen(
-                    cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-                )
-            )
-        _wait(procs, timeout)
+        args = ["--worker", str(spec)]
+        run_ranks("replaykit.testing.parity.ddp_step", args, world, timeout, "DDP TrainStep")
         return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(world)]
-
-
-def _wait(procs: list[subprocess.Popen], timeout: float) -> None:
-    failures = []
-    deadline = time.monotonic() + timeout
-    for rank, proc in enumerate(procs):
-        try:
-            _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-                p.communicate()
-            raise RuntimeError(
-                f"rank {rank} did not finish in {timeout:.0f} s (a hung collective?); "
-                "every rank was killed"
-            ) from None
-        if proc.returncode != 0:
-            failures.append(f"rank {rank} exit {proc.returncode}: {err[-3000:]}")
-    if failures:
-        raise RuntimeError("DDP TrainStep run failed:\n" + "\n".join(failures))
 
 
 def compare(cases: list[Case], timeout: float = 60, pg_timeout: float = 60) -> list[dict]:
@@ -344,10 +304,7 @@ def _judge(case: Case, ranks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    ap = worker_parser(__doc__)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", default="32")
     ap.add_argument("--accumulate", type=int, default=1)

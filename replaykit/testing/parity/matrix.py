@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from typing import Any
 
+from ..progress import run_each
 from .arms import STEP_ARM, run_scenario, step_unsafe_arms, unsafe_arms
 from .scenario import (
     JOURNAL_SUMMARY,
@@ -16,6 +17,7 @@ from .scenario import (
     Scenario,
     ScenarioResult,
     automatic_step_choice,
+    journal_counts,
     median_steady,
 )
 
@@ -97,29 +99,23 @@ def run_matrix(
 
     ``arm``: ``replay`` (network replay) or ``step`` (network replay and the optimizer step under
     automatic optimization), each with its own unsafe arms."""
-    scenarios = list(scenarios)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(scenarios), desc="parity", unit="case")
-    try:
-        for scenario in scenarios:
-            unsafe = step_unsafe_arms if arm == STEP_ARM else unsafe_arms
-            arms = [arm, *(unsafe(scenario) if with_unsafe else [])]
-            if scenario.devices > 1:  # each arm as DDP processes under torchrun
-                from .ddp import run_scenario as run_ddp  # torch.distributed only when asked
+    def run(scenario: Scenario) -> ScenarioResult:
+        unsafe = step_unsafe_arms if arm == STEP_ARM else unsafe_arms
+        arms = [arm, *(unsafe(scenario) if with_unsafe else [])]
+        if scenario.devices > 1:  # each arm as DDP processes under torchrun
+            from .ddp import run_scenario as run_ddp  # torch.distributed only when asked
 
-                result = run_ddp(scenario, ("native", *arms))
-            else:
-                result = run_scenario(scenario, arms)
-            if bar is not None:
-                bar.set_postfix_str(f"{scenario.name}: {'pass' if result.passed else 'FAIL'}")
-                bar.update()
-            yield result
-    finally:
-        if bar is not None:
-            bar.close()
+            return run_ddp(scenario, ("native", *arms))
+        return run_scenario(scenario, arms)
+
+    yield from run_each(
+        list(scenarios),
+        run,
+        "parity",
+        progress,
+        lambda s, r: f"{s.name}: {'pass' if r.passed else 'FAIL'}",
+    )
 
 
 def diff_rows(results: Iterable[ScenarioResult], limit: int = 20) -> list[dict[str, Any]]:
@@ -187,11 +183,7 @@ def rows(results: Iterable[ScenarioResult]) -> list[dict[str, Any]]:
                     ),
                     "none_pattern_diffs": sum(d.problem == "none_pattern" for d in diffs),
                     "recordings": rec.get("record", 0),
-                    "replays": rec.get("replay", 0),
-                    "eager": rec.get("eager", 0),
-                    "eager_reasons": rec.get("eager_reasons", {}),
-                    "backward_reasons": rec.get("backward_reasons", {}),
-                    "retired": rec.get("retired"),
+                    **journal_counts(rec),
                     "step_replays": (rec.get("optimizer_step") or {}).get("replay", 0),
                     "step_eager_reasons": (rec.get("optimizer_step") or {}).get(
                         "eager_reasons", {}

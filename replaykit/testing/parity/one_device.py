@@ -9,6 +9,7 @@ multi-GPU DDP; only the transport differs.
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
@@ -29,3 +30,12 @@ def one_device_trainer_args(ranks: int) -> dict[str, Any]:
     """``Trainer`` arguments that run ``ranks`` torchrun processes on one device over gloo."""
     strategy = DDPStrategy(cluster_environment=OneDeviceEnvironment(), process_group_backend="gloo")
     return {"strategy": strategy, "devices": 1, "num_nodes": ranks}
+
+
+def one_device_option(ap: argparse.ArgumentParser) -> None:
+    """``--one-device``: the launchers' switch onto this stand-in."""
+    ap.add_argument(
+        "--one-device",
+        action="store_true",
+        help="every rank on the first device over gloo (the stand-in for a host with one GPU)",
+    )

@@ -19,19 +19,21 @@ collective ends the run with a message instead of a hang.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from ..torchrun import worker_parser
 
 ARMS = ("native", "trainstep", "capture+step")
 
@@ -129,6 +131,45 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_ranks(module: str, args: list[str], world: int, timeout: float, what: str) -> None:
+    """``world`` ranks of ``python -m module *args``, their rendezvous on a free local port; waits for
+    all. Past ``timeout`` seconds every rank is killed; raises naming ``what`` when one fails."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = {
+            **os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", module, *args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    failures = []
+    deadline = time.monotonic() + timeout
+    for rank, proc in enumerate(procs):
+        try:
+            _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+                p.communicate()
+            raise RuntimeError(
+                f"{what} rank {rank} did not finish in {timeout:.0f} s (a hung collective?); "
+                "every rank was killed"
+            ) from None
+        if proc.returncode != 0:
+            failures.append(f"rank {rank} exit {proc.returncode}: {err[-3000:]}")
+    if failures:
+        raise RuntimeError(f"{what} run failed:\n" + "\n".join(failures))
+
+
 def compare(
     world: int = 2, device: str = "cpu", steps: int = 6, timeout: float = 60
 ) -> dict[str, Any]:
@@ -137,40 +178,8 @@ def compare(
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        port = free_port()
-        procs = []
-        for rank in range(world):
-            env = {
-                **os.environ,
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world),
-                "LOCAL_RANK": str(rank),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "OMP_NUM_THREADS": "1",
-            }
-            cmd = [sys.executable, "-m", "replaykit.testing.parity.plain_ddp", "--worker", str(out)]
-            cmd += ["--device", device, "--steps", str(steps)]
-            procs.append(
-                subprocess.Popen(
-                    cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-                )
-            )
-        failures = []
-        for rank, proc in enumerate(procs):
-            try:
-                _, err = proc.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                for p in procs:
-                    p.kill()
-                raise RuntimeError(
-                    f"plain DDP rank {rank} did not finish in {timeout:.0f} s (a hung collective?); "
-                    "every rank was killed"
-                ) from None
-            if proc.returncode != 0:
-                failures.append(f"rank {rank} exit {proc.returncode}: {err[-3000:]}")
-        if failures:
-            raise RuntimeError("plain DDP run failed:\n" + "\n".join(failures))
+        args = ["--worker", str(out), "--device", device, "--steps", str(steps)]
+        run_ranks("replaykit.testing.parity.plain_ddp", args, world, timeout, "plain DDP")
         ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
     def names(arm: str, rank: dict[str, Any]) -> list[str]:
@@ -197,10 +206,7 @@ def compare(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    ap = worker_parser(__doc__)
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (every rank on cuda:0)")
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6)

@@ -50,14 +50,20 @@ def automatic_step_choice(
 
 
 @dataclass(frozen=True)
-class Scenario:
-    """One training configuration of the parity matrix."""
+class Training:
+    """What every parity matrix varies first: the task, its precision, accumulation and batches."""
 
     task: str = "detection"
     precision: str = "32"
     accumulation: int = 1
     layout: str = "contiguous"
     batch_size: int = 4
+
+
+@dataclass(frozen=True)
+class Scenario(Training):
+    """One training configuration of the parity matrix."""
+
     n_train: int | None = None  # batches come from the layout when None
     max_steps: int = -1  # optimizer steps; -1: one epoch
     clip: float | None = None
@@ -139,6 +145,18 @@ def steady_steps(ms: list[float]) -> list[float]:
     """Per-step times without the warm-up steps, which record graphs and would swamp a median;
     kept whole when there are too few steps to spare them."""
     return ms[WARMUP_STEPS:] if len(ms) > 2 * WARMUP_STEPS else list(ms)
+
+
+def journal_counts(rec: dict[str, Any]) -> dict[str, Any]:
+    """A recorder summary's replays, eager calls and why, backward reasons and retirement: the
+    journal columns of a row (:data:`JOURNAL_SUMMARY` but the recordings, which tables name apart)."""
+    return {
+        "replays": rec.get("replay", 0),
+        "eager": rec.get("eager", 0),
+        "eager_reasons": rec.get("eager_reasons", {}),
+        "backward_reasons": rec.get("backward_reasons", {}),
+        "retired": rec.get("retired"),
+    }
 
 
 def median_steady(ms: list[float]) -> float:

@@ -22,16 +22,12 @@ from ...protections import negative_control
 from ...step import EMA, TrainStep
 from ...verify.bitwise import TensorDiff, diff_states
 from ..tasks import make_datamodule, make_task
+from .scenario import Training
 from .step_trial import end_state
 
 
 @dataclass(frozen=True)
-class StepScenario:
-    task: str = "detection"
-    precision: str = "32"
-    accumulation: int = 1
-    layout: str = "contiguous"
-    batch_size: int = 4
+class StepScenario(Training):
     steps: int = 7  # optimizer steps (a partial layout adds a half batch)
     device: str = "cpu"
 

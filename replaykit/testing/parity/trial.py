@@ -129,6 +129,17 @@ def flat_state(model: nn.Module, opt: torch.optim.Optimizer) -> State:
     return state
 
 
+def scaled_step(opt: torch.optim.Optimizer, scaler: Any) -> None:
+    """Eager's optimizer step, through the grad scaler when there is one, then
+    ``zero_grad(set_to_none=True)``: the reference loops' step after their backward."""
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
 def grads(model: nn.Module, prefix: str) -> State:
     """Each parameter's ``.grad`` (``None`` kept: the None pattern is compared too), under ``prefix``."""
     return {

@@ -37,8 +37,9 @@ from replaykit.errors import ReplayError, ReplayWarning
 from replaykit.step import TrainStep
 from replaykit.verify.bitwise import TensorDiff, diff_states
 
-from ..parity.scenario import PRECISIONS, median_steady
-from ..parity.trial import flat_state, grads
+from ..parity.scenario import PRECISIONS, journal_counts, median_steady
+from ..parity.trial import flat_state, grads, scaled_step
+from ..progress import run_each
 from . import MODELS, build, names, unavailable
 from .workload import invoke
 
@@ -148,12 +149,7 @@ def train(case: ZooCase, capture_kwargs: dict[str, Any] | None = None) -> ZooArm
                     if scaler is not None:
                         scaler.unscale_(opt)
                     state.update(grads(module, f"grad/step{step}"))
-                    if scaler is not None:
-                        scaler.step(opt)
-                        scaler.update()
-                    else:
-                        opt.step()
-                    opt.zero_grad(set_to_none=True)
+                    scaled_step(opt, scaler)
                     step += 1
                 _sync(case.device)
                 step_ms.append((time.perf_counter() - t0) * 1e3)
@@ -312,22 +308,9 @@ def cases(
 
 def run_matrix(zoo_cases: Iterable[ZooCase], progress: bool = True) -> Iterator[ZooResult]:
     """Run the cases one by one, yielding each result (a tqdm bar when ``progress``)."""
-    zoo_cases = list(zoo_cases)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(zoo_cases), desc="zoo", unit="case")
-    try:
-        for case in zoo_cases:
-            result = run_case(case)
-            if bar is not None:
-                bar.set_postfix_str(f"{case.name}: {result.verdict[:40]}")
-                bar.update()
-            yield result
-    finally:
-        if bar is not None:
-            bar.close()
+    yield from run_each(
+        list(zoo_cases), run_case, "zoo", progress, lambda c, r: f"{c.name}: {r.verdict[:40]}"
+    )
 
 
 def rows(results: Iterable[ZooResult]) -> list[dict[str, Any]]:
@@ -353,11 +336,7 @@ def rows(results: Iterable[ZooResult]) -> list[dict[str, Any]]:
                 and not r.eager_diffs
                 and not any(a.error for a in r.arms.values()),
                 "records": rec.get("record", 0),
-                "replays": rec.get("replay", 0),
-                "eager": rec.get("eager", 0),
-                "eager_reasons": rec.get("eager_reasons", {}),
-                "backward_reasons": rec.get("backward_reasons", {}),
-                "retired": rec.get("retired"),
+                **journal_counts(rec),
                 "tensors_differing": len(r.diffs),
                 "max_ulp": max((d.max_ulp for d in r.diffs), default=0),
                 "eager_step_ms": eager_ms,
