@@ -15,12 +15,11 @@ import socket
 import subprocess
 import sys
 import tarfile
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from replaykit.workflow import archive
-from replaykit.workflow.bootstrap import MANIFEST_NAME, in_colab
+from replaykit.workflow.bootstrap import MANIFEST_NAME, in_colab, installed
 from replaykit.workflow.errors import WorkflowError
 from replaykit.workflow.folders import slug
 from replaykit.workflow.git import GitError, git_text
@@ -172,13 +171,6 @@ def tree_info(tree: str | Path | None = None) -> dict[str, Any]:
     return base | {"source": None, "commit": None, "dirty": None}
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def _torch_info() -> dict[str, Any]:
     info: dict[str, Any] = dict.fromkeys(("torch", "cuda", "cudnn", "gpu", "gpu_count"))
     info["device"] = "cpu"
@@ -220,8 +212,8 @@ def fingerprint(tree: str | Path | None = None) -> dict[str, Any]:
         "platform": platform.platform(),
         **_torch_info(),
         "driver": _driver(),
-        "papermill": _version("papermill"),
-        "nbclient": _version("nbclient"),
+        "papermill": installed("papermill"),
+        "nbclient": installed("nbclient"),
         "colab": in_colab(),
         "hostname": socket.gethostname(),
         "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
