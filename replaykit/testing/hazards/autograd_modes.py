@@ -17,7 +17,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.utils.checkpoint import checkpoint
 
-from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, sgd, step_loop
+from .pattern import MLP, Arm, Extras, Pattern, loop, loss_steps, mlp, sgd, step_loop
 from .writing import HazardClass, built, looped, stepped
 
 HAZARD = "autograd_modes"
@@ -115,17 +115,13 @@ def _compressed_step(at: int) -> Callable[[nn.Module, Arm], Extras]:
     return train
 
 
+def _save_on_cpu_loss(model: nn.Module, arm: Arm) -> torch.Tensor:
+    with torch.autograd.graph.save_on_cpu():
+        return model(arm.randn(4, 6)).pow(2).mean()
+
+
 def _save_on_cpu_capture(model: nn.Module, arm: Arm) -> Extras:
-    opt = sgd(model)
-    kept: Extras = {}
-    for i in range(4):
-        opt.zero_grad(set_to_none=True)
-        with torch.autograd.graph.save_on_cpu():
-            loss = model(arm.randn(4, 6)).pow(2).mean()
-        loss.backward()
-        opt.step()
-        kept[f"loss{i}"] = loss.detach()
-    return kept
+    return loss_steps(model, arm, _save_on_cpu_loss)
 
 
 def _save_on_cpu_step(model: nn.Module, arm: Arm) -> Extras:
