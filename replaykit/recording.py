@@ -9,6 +9,7 @@ call that runs eagerly emits its own. A mixin of :class:`~replaykit.recorder.Rec
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -23,6 +24,7 @@ from .guards.module import host_dependence
 from .guards.recurrent import records_cudnn_dropout
 from .guards.signature import CallArgs
 from .memory.outputs import OutputTree
+from .verify import weight_caches
 from .verify.call_state import CallState
 from .verify.contexts import recording as recording_context
 from .verify.probe import Refusal, probe
@@ -166,7 +168,8 @@ class RecorderRecording:
             if reads.reads:
                 fn = Provenance(made.static_inputs, dict(reads.reads)).wrap(fn)
             branches = recording_context(self.on.capture_branches)
-            with branches, watch, state.output().held():
+            cached = weight_caches.uncached() if self.on.call_state else contextlib.nullcontext()
+            with branches, watch, cached, state.output().held():
                 made.recording = self.backend.record(
                     Subject(fn, made.static_inputs, made.params, self.warmup)
                 )

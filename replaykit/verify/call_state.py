@@ -29,6 +29,7 @@ from torch import nn
 
 from ..guards.module import cell_filled, hidden_modules
 from ..guards.recurrent import DropoutStates, dropout_states, watching
+from . import weight_caches
 from .output import HeldOutput, WarningRegistries
 from .snapshot import StateSnapshot, contents, host_copy, mutable, put_back
 
@@ -157,6 +158,8 @@ class CallState:
 
     def restore(self) -> None:
         """Put back everything the call's runs changed (the same objects, values as they were)."""
+        if self._whole:
+            weight_caches.drop()
         for d, bound in self._slots:
             _rebind(d, bound)
         if self._warnings is not None:

@@ -18,6 +18,7 @@ from torch import nn
 from ..guards.signature import autocast_key
 from ..memory.layout import same_layout
 from ..memory.outputs import OutputTree, split_outputs
+from . import weight_caches
 from .bitwise import diff
 from .output import HeldOutput
 from .snapshot import StateSnapshot, rng_states, tensor_attributes
@@ -102,6 +103,7 @@ class Shadow:
         """Eager's forward on the stand-ins, under the autocast state of the forward call (the
         backward runs on autograd's thread, which has none of its own)."""
         with contextlib.ExitStack() as stack:
+            stack.enter_context(weight_caches.uncached())
             for device, (enabled, dtype) in self._autocast:
                 if enabled or torch.is_autocast_enabled(device):
                     stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled))

@@ -18,7 +18,7 @@ from torch import nn
 
 from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, sgd, step_loop
 from .under_capture import CaptureAware
-from .writing import HazardClass, built, looped, stepped
+from .writing import HazardClass, Train, built, looped, stepped
 
 HAZARD = "recording_call"
 HC = HazardClass(HAZARD)
@@ -353,7 +353,68 @@ def _forward_globals() -> list[Pattern]:
     ]
 
 
+class _UnitRows(nn.Module):
+    """A parametrization: each row of the weight scaled to unit norm."""
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return w / w.norm(dim=1, keepdim=True)
+
+
+def _parametrized(device: str) -> nn.Module:
+    model = mlp()(device)
+    nn.utils.parametrize.register_parametrization(model.fc1, "weight", _UnitRows())
+    return model
+
+
+Region = Callable[[Arm], contextlib.AbstractContextManager]
+
+
+def _autocast(arm: Arm) -> contextlib.AbstractContextManager:
+    return torch.autocast(arm.device, dtype=torch.bfloat16)
+
+
+def _in_region(region: Region, steps: int = 4) -> tuple[Train, Train]:
+    """The capture loop and the whole step, each step's forward and backward inside a region the
+    caller opens (``with region: loss = step(x)``), as eager opens it per step."""
+
+    def captured(model: nn.Module, arm: Arm) -> Extras:
+        opt, kept = sgd(model), {}
+        for i in range(steps):
+            opt.zero_grad(set_to_none=True)
+            with region(arm):
+                loss = model(arm.randn(4, 6)).float().pow(2).mean()
+                loss.backward()
+            opt.step()
+            kept[f"loss{i}"] = loss.detach()
+        return kept
+
+    def stepped_(model: nn.Module, arm: Arm) -> Extras:
+        step = arm.train_step(model, lambda m, x: m(x).float().pow(2).mean(), sgd(model))
+        kept = {}
+        for i in range(steps):
+            with region(arm):
+                kept[f"loss{i}"] = step(arm.randn(4, 6)).detach()
+        return kept
+
+    return captured, stepped_
+
+
 PATTERNS: list[Pattern] = [
+    HC.pattern(  # rk.capture: its recordings keep autocast's cache off themselves (backends)
+        "step_autocast_region_per_step",
+        "each step inside the caller's torch.autocast(bfloat16), its weight-cast cache on, whole step",
+        mlp(),
+        _in_region(_autocast)[1],
+        guard="call_state",
+        api="step",
+    ),
+    *HC.twins(
+        "parametrize_cached_region",
+        "a parametrized weight, each step's forward and backward inside parametrize.cached()",
+        _parametrized,
+        *_in_region(lambda arm: nn.utils.parametrize.cached()),
+        guard="call_state",
+    ),
     *HC.twins(
         "rebound_centre_buffer",
         "DINO's head re-binds a centre buffer in forward (self.center = m * self.center + ...)",
