@@ -102,5 +102,27 @@ PATTERNS: list[Pattern] = [
     ),
 ]
 
-KNOWN_LIMITS: list[Pattern] = []
-"""Still silent differences (README, Known limits): kept out of ``PATTERNS``. None now."""
+
+def _one_region_for_the_loop(model: nn.Module, arm: Arm, steps: int = 4) -> Extras:
+    """Every step, optimizer included, inside one autocast region: eager casts each weight once, at
+    the first step, and reuses that cast until the region ends (the weights it trains move on)."""
+    opt, kept = sgd(model), {}
+    with torch.autocast(arm.device, dtype=torch.bfloat16):
+        for i in range(steps):
+            opt.zero_grad(set_to_none=True)
+            loss = model(arm.randn(4, 6)).float().pow(2).mean()
+            loss.backward()
+            opt.step()
+            kept[f"loss{i}"] = loss.detach()
+    return kept
+
+
+KNOWN_LIMITS: list[Pattern] = [
+    HC.pattern(
+        "autocast_region_spans_the_loop",
+        "the whole training loop inside one bf16 autocast region (eager reuses step 1's casts)",
+        built(nn.Linear, 6, 3),
+        _one_region_for_the_loop,
+    ),
+]
+"""Still silent differences (README, Known limits): kept out of ``PATTERNS``."""
