@@ -35,6 +35,24 @@ _anomaly = torch.is_anomaly_enabled
 _functorch = torch._C._are_functorch_transforms_active
 _graph_task = torch._C._current_graph_task_id
 _saved_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+_hooks_message = torch._C._autograd._saved_tensors_hooks_get_disabled_error_message
+_hooks_disable = torch._C._autograd._saved_tensors_hooks_disable
+_hooks_enable = torch._C._autograd._saved_tensors_hooks_enable
+
+
+def _saved_hooks_pushed() -> bool:
+    """Whether saved-tensor default hooks are pushed, where torch has no getter for them (2.4):
+    disabling the hooks raises while any are pushed and changes nothing else; the disabled state
+    is put back as it was. Never calls a hook (a user's pack hook may count or offload)."""
+    before = _hooks_message()
+    try:
+        _hooks_disable(before if before is not None else "replaykit: probing saved-tensor hooks")
+    except RuntimeError:
+        return True
+    finally:
+        if before is None:
+            _hooks_enable()
+    return False
 
 
 #: What to change when most calls run eagerly for a reason (the one-time warning names it).
@@ -157,7 +175,7 @@ class Lifecycle:
                 return "in_backward"
             if _functorch():
                 return "functorch"
-            if _saved_hooks is not None and _saved_hooks(False) is not None:
+            if _saved_hooks(False) is not None if _saved_hooks else _saved_hooks_pushed():
                 return "saved_tensors_hooks"
         return None
 

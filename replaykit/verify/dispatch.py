@@ -70,5 +70,21 @@ class WatchingMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         unbumped = [t for t, v in zip(targets, before, strict=True) if t._version == v]
         if unbumped:
-            torch._C._increment_version(unbumped)
+            _increment_versions(unbumped)
         return out
+
+
+def _increment_versions(tensors: list[torch.Tensor]) -> None:
+    """Bump each tensor's version: torch 2.5+ takes a list in one call, torch 2.4 one tensor."""
+    if _BATCHED_INCREMENT:
+        torch._C._increment_version(tensors)
+    else:
+        for tensor in tensors:
+            torch._C._increment_version(tensor)
+
+
+try:  # probed once: torch 2.4 takes one tensor only
+    torch._C._increment_version([])
+    _BATCHED_INCREMENT = True
+except (RuntimeError, TypeError):
+    _BATCHED_INCREMENT = False
