@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import replaykit as rk
+from replaykit import route as route_module
 from replaykit.testing.nets import DetectionNet
 from replaykit.testing.parity.trial import Trial, compare
 from tests.nets import WithKwargs
@@ -78,6 +79,50 @@ def test_kwargs_non_tensor_arguments_and_nested_outputs(backend: str, device: st
         assert torch.equal(p.grad, q.grad)
     assert rec.counts["record"] == 2, rec.journal.format()  # scale=2.0 is a new signature
     assert rec.counts["replay"] == 2
+    rec.release()
+
+
+@pytest.mark.parametrize("reader", ["getter", "probe"])
+def test_saved_tensors_hooks_route_eager_calling_each_hook_as_eager_does(
+    backend: str, device: str, reader: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Saved-tensor hooks (activation compression, offload) route eager. torch 2.4 has no getter
+    for them: the probe that stands in there (forced here on any torch) must see them, call none
+    of them itself, and leave a ``disable_saved_tensors_hooks`` context's message as it was."""
+    if reader == "probe":
+        monkeypatch.setattr(route_module, "_saved_hooks", None)
+    elif route_module._saved_hooks is None:
+        pytest.skip("this torch has no getter for saved-tensor hooks (2.4): the probe reads them")
+    torch.manual_seed(0)
+    twin = DetectionNet().to(device)
+    model, rec = _captured(device, backend)
+    x = torch.randn(2, 3, 8, 8, device=device)
+    packs = {"twin": 0, "captured": 0}
+
+    def counting(name: str):
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            packs[name] += 1
+            return t
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+    for name, net in (("twin", twin), ("captured", model)):
+        with counting(name):
+            net(x)
+    assert packs["twin"] > 0 and packs["captured"] == packs["twin"]
+    model(x)
+    model.eval()  # eval routes after autograd's mode is read: the read runs, nothing records
+    with torch.autograd.graph.disable_saved_tensors_hooks("the caller's message"):
+        model(x)
+        assert (
+            torch._C._autograd._saved_tensors_hooks_get_disabled_error_message()
+            == "the caller's message"
+        )
+    model.train()
+    model(x)
+    assert torch._C._autograd._saved_tensors_hooks_is_enabled()
+    assert dict(rec.eager_reasons) == {"saved_tensors_hooks": 1, "eval": 1}
+    assert rec.counts["record"] == 1 and rec.counts["replay"] == 1, rec.journal.format()
     rec.release()
 
 
