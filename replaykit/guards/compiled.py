@@ -119,7 +119,7 @@ class CompileWatch:
             return self
         compiles = self.compiles
 
-        def started(args: Any) -> None:
+        def started(args: Any = None) -> None:  # torch 2.4 passes no arguments
             compiles.append(str(getattr(args, "callback_trigger", "compile")).rsplit(".", 1)[-1])
 
         handler = getattr(dynamo, "callback_handler", None)

@@ -25,7 +25,8 @@ def enable_determinism() -> None:
     os.environ.setdefault("TORCHINDUCTOR_DETERMINISTIC", "1")
     inductor = sys.modules.get("torch._inductor.config")
     if inductor is not None:
-        inductor.deterministic = True
+        if hasattr(inductor, "deterministic"):  # torch 2.4's inductor has no such mode
+            inductor.deterministic = True
         inductor.fallback_random = True
         inductor.max_autotune = False
         inductor.max_autotune_pointwise = False

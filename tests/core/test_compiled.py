@@ -108,15 +108,17 @@ def test_compiled_with_its_own_cuda_graphs_is_refused(options):
 def test_enable_determinism_makes_inductor_deterministic():
     import torch._inductor.config as inductor
 
-    saved = (inductor.deterministic, inductor.fallback_random, inductor.max_autotune)
+    names = ("fallback_random", "max_autotune", "deterministic")  # deterministic: torch 2.5+
+    saved = {n: getattr(inductor, n) for n in names if hasattr(inductor, n)}
     try:
-        inductor.deterministic = inductor.fallback_random = False
-        inductor.max_autotune = True
+        for n in saved:
+            setattr(inductor, n, n == "max_autotune")
         rk.enable_determinism()
-        assert inductor.deterministic and inductor.fallback_random
-        assert not inductor.max_autotune
+        assert inductor.fallback_random and not inductor.max_autotune
+        assert "deterministic" not in saved or inductor.deterministic
     finally:
-        inductor.deterministic, inductor.fallback_random, inductor.max_autotune = saved
+        for n, v in saved.items():
+            setattr(inductor, n, v)
 
 
 @torch.compile
