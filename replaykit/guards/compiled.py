@@ -52,8 +52,14 @@ def _backend_of(m: nn.Module) -> Any:
     ctx = getattr(m, "dynamo_ctx", None) or getattr(callable_, "_torchdynamo_orig_callable", None)
     cb = getattr(ctx, "callback", None)
     seen = 0
-    while cb is not None and seen < 8 and hasattr(cb, "_torchdynamo_orig_backend"):
-        cb, seen = cb._torchdynamo_orig_backend, seen + 1
+    while cb is not None and seen < 8:
+        # torch 2.5+ links its wrappers by _torchdynamo_orig_backend, torch 2.4 by _orig_callable
+        inner = getattr(cb, "_torchdynamo_orig_backend", None)
+        if inner is None:
+            inner = getattr(cb, "_torchdynamo_orig_callable", None)
+        if inner is None:
+            break
+        cb, seen = inner, seen + 1
     return cb
 
 
