@@ -57,6 +57,10 @@ def test_held_views_of_outputs_keep_their_values_and_the_calls_replay(
     assert all(torch.equal(k, e) for k, e in zip(kept, eager, strict=True))
     if backend == "cuda" and rec.counts["replay"] != 4:
         pytest.xfail("on CUDA held outputs still route eager (live_alias; H200, 2026-12-02)")
+    if not hasattr(torch.UntypedStorage, "_swap_data_ptr_"):  # torch 2.4: held outputs cannot move
+        assert set(rec.eager_reasons) == {"live_alias"}, rec.journal.format()
+        rec.release()
+        return
     assert rec.counts["replay"] == 4 and not rec.eager_reasons, rec.journal.format()
     assert rec.counts["copy_out"] >= 4, rec.journal.format()
     rec.release()

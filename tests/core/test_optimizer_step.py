@@ -165,6 +165,11 @@ def test_a_body_assigning_new_gradients_retires_and_stays_exact(backend: str) ->
     mine, step = _rebinding(True, backend)
     assert step is not None and step.retired and "new .grad" in step.retire_reason
     assert all(torch.equal(a, b) for a, b in zip(eager, mine, strict=True))
-    unsafe, step = _rebinding(True, backend, negative_control("grad_rebind"))
+    try:
+        unsafe, step = _rebinding(True, backend, negative_control("grad_rebind"))
+    except RuntimeError as e:  # torch 2.4: the tape's static gradient is freed under it, loudly
+        if torch.torch_version.TorchVersion(torch.__version__) >= "2.5" or "storage" not in str(e):
+            raise
+        return
     assert step is not None and step.counts["replay"] > 0
     assert not all(torch.equal(a, b) for a, b in zip(eager, unsafe, strict=True))
