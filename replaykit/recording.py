@@ -18,7 +18,12 @@ import torch
 
 from .backends import Recording, Subject
 from .guards.code import cpu_versions, iterator_reason
-from .guards.compiled import CompileWatch, aot_compiled, compiled_regions
+from .guards.compiled import (
+    CompileWatch,
+    aot_compiled,
+    compiled_regions,
+    unwatched_compiled_code,
+)
 from .guards.input_reads import Provenance
 from .guards.module import host_dependence
 from .guards.recurrent import records_cudnn_dropout
@@ -115,6 +120,9 @@ class RecorderRecording:
             regions = compiled_regions(self.module)
             if regions:
                 return CompileWatch.unseen_reason(regions[0][0])
+            unwatched = unwatched_compiled_code()
+            if unwatched is not None:
+                return unwatched
         compiled = aot_compiled(self.module)
         if compiled is not None:
             # measured on the H200: a recording's backward runs inductor's compiled backward again

@@ -20,7 +20,7 @@ import torch
 
 from .backends import Region, Scratch
 from .guards.code import ForwardInputs, LossInputs, cpu_versions, iterator_reason
-from .guards.compiled import CompileWatch, compiled_regions
+from .guards.compiled import CompileWatch, compiled_regions, unwatched_compiled_code
 from .guards.host_choices import Watch
 from .guards.input_reads import NewInputRead, Provenance
 from .guards.module import host_dependence
@@ -162,6 +162,9 @@ class RecordingSteps:
             regions = compiled_regions(self.model)  # the tape cannot see their kernels
             if regions:
                 return CompileWatch.unseen_reason(regions[0][0])
+            unwatched = unwatched_compiled_code()
+            if unwatched is not None:
+                return unwatched
         return None
 
     def _call_state(self, tensors: bool | None = None) -> CallState:

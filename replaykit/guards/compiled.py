@@ -25,7 +25,13 @@ from torch import nn
 
 from ..errors import ReplayError
 
-__all__ = ["CompileWatch", "Recompiled", "compiled_regions", "refuse_cudagraphs"]
+__all__ = [
+    "CompileWatch",
+    "Recompiled",
+    "compiled_regions",
+    "refuse_cudagraphs",
+    "unwatched_compiled_code",
+]
 
 
 class Recompiled(ReplayError):
@@ -35,6 +41,24 @@ class Recompiled(ReplayError):
 def _dynamo() -> Any:
     """``torch._dynamo`` if the process imported it (compiled code can only run then), else None."""
     return sys.modules.get("torch._dynamo")
+
+
+def _frames_unwatched(dynamo: Any) -> bool:
+    """torch 2.4's dynamo has no guard-complete hook: a compiled frame run is not seen."""
+    return not hasattr(dynamo.eval_frame, "set_guard_complete_hook")
+
+
+def unwatched_compiled_code() -> str | None:
+    """Why the emulated tape records nothing while dynamo holds compiled code (its output code
+    objects, cleared by ``torch._dynamo.reset()``), where compiled frames cannot be counted
+    (torch 2.4), or None. Measured on 2.4.1: a recording over a compiled function recompiled it
+    at every attempt, and the run ended unlike eager, silently."""
+    dynamo = _dynamo()
+    if dynamo is None or not _frames_unwatched(dynamo):
+        return None
+    if not dynamo.convert_frame.output_codes.seen_ids:
+        return None
+    return CompileWatch.unseen_reason("torch < 2.5 cannot count its frames")
 
 
 def compiled_regions(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -104,6 +128,7 @@ class CompileWatch:
         "_hook",
         "_previous",
         "_start",
+        "blind",
         "compiles",
         "frames",
         "refuse_frames",
@@ -118,12 +143,14 @@ class CompileWatch:
         self._start: Any = None
         self._hook: Any = None
         self._previous: Any = None
+        self.blind = False  # frames are to be watched and cannot be (torch 2.4)
 
     def __enter__(self) -> CompileWatch:
         dynamo = _dynamo()
         if dynamo is None:
             return self
         compiles = self.compiles
+        self.blind = self.watch_frames and self.refuse_frames and _frames_unwatched(dynamo)
 
         def started(args: Any = None) -> None:  # torch 2.4 passes no arguments
             compiles.append(str(getattr(args, "callback_trigger", "compile")).rsplit(".", 1)[-1])
@@ -156,6 +183,8 @@ class CompileWatch:
         """After the recording: raise if it cannot be kept (compiled frames the tape cannot see, a
         compilation inside it)."""
         unseen = self.unseen() if self.refuse_frames else None
+        if unseen is None and self.blind and self.compiles:  # what compiled may run unseen
+            unseen = self.unseen_reason("torch < 2.5 cannot count its frames")
         if unseen is not None:
             raise ReplayError(unseen)
         compiling = self.compiling()
@@ -164,7 +193,7 @@ class CompileWatch:
 
     def recompiled(self) -> bool:
         """Whether a failed recording is to be made again (dynamo compiled in it) rather than refused."""
-        return bool(self.compiles) and not (self.refuse_frames and self.frames)
+        return bool(self.compiles) and not (self.refuse_frames and self.frames) and not self.blind
 
     def compiling(self) -> str | None:
         """Why the recording must be made again after an eager call, or None."""

@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._dynamo
 
 import replaykit as rk
 from replaykit.errors import ReplayError
 from replaykit.guards.compiled import CompileWatch
 from replaykit.protections import negative_control
 from replaykit.testing.parity.compiled_trial import MLP, CompiledConfig, model_loss, trial
+
+#: torch 2.4's dynamo compiles again at every recording attempt and cannot report a compiled frame
+#: run: there compiled code never records on the emulated backend (it runs eagerly, with a reason)
+DYNAMO_24 = not hasattr(torch._dynamo.eval_frame, "set_guard_complete_hook")
+records_compiled_code = pytest.mark.skipif(
+    DYNAMO_24, reason="torch 2.4: compiled code never records on the emulated backend"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -43,6 +51,7 @@ def test_inductor_model_replays_on_cuda_or_runs_eagerly_on_the_cpu(backend, devi
         assert result.counts["replay"] > 0, result.summary
 
 
+@records_compiled_code
 def test_without_the_refusal_the_tape_replays_stale_inductor_buffers():
     # steps=5: under the tape dynamo recompiles once (its function-mode guard), which aborts a recording
     cfg = CompiledConfig(
@@ -63,6 +72,7 @@ def test_a_captured_compiled_module_whose_backward_donates_buffers_retires_sayin
     assert result.entry.retired and "donates" in result.entry.retire_reason, result.summary
 
 
+@records_compiled_code
 @pytest.mark.parametrize("entry", ["step", "capture"])
 def test_a_compilation_inside_a_recording_aborts_it_and_the_next_call_records(entry):
     # backend="eager" runs dynamo's graph through the dispatcher: the tape can replay it
@@ -78,6 +88,7 @@ def test_a_compilation_inside_a_recording_aborts_it_and_the_next_call_records(en
     assert result.counts["record"] >= 1 and result.counts["replay"] >= 1, result.summary
 
 
+@records_compiled_code
 def test_recording_leaves_the_model_compiled():
     """Dynamo skips frames under a dispatch mode and marks their code skipped for good; the
     tape's mode says it ignores compile internals, so the model stays compiled."""
@@ -140,12 +151,14 @@ class _CallsCompiled(torch.nn.Module):
 @pytest.mark.parametrize("unsafe", [(), negative_control("compiled_code")])
 def test_a_compiled_function_inside_the_forward_is_seen_by_its_frames(unsafe):
     def run(replay: bool) -> tuple[list[torch.Tensor], rk.TrainStep]:
+        if DYNAMO_24:  # each arm compiles afresh; its recompiles diverge within 24 steps there
+            torch._dynamo.reset()
         torch.manual_seed(0)
         model = _CallsCompiled()
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         step = rk.TrainStep(model, model_loss, opt, replay=replay, unsafe_disable=unsafe)
         g = torch.Generator().manual_seed(1)
-        for _ in range(6):
+        for _ in range(24 if DYNAMO_24 else 6):
             step(torch.randn(4, 8, generator=g), torch.randint(0, 10, (4,), generator=g))
         return [p.detach().clone() for p in model.parameters()], step
 
@@ -153,6 +166,7 @@ def test_a_compiled_function_inside_the_forward_is_seen_by_its_frames(unsafe):
     replayed, step = run(True)
     equal = all(map(torch.equal, twin, replayed))
     if unsafe:
-        assert step.counts["replay"] > 0 and not equal, step.summary()  # silent without the refusal
+        # silent without the refusal (on torch 2.4 every call ran eagerly, compiling, and still differs)
+        assert (DYNAMO_24 or step.counts["replay"] > 0) and not equal, step.summary()
     else:
         assert equal and step.retired and "torch.compile'd" in step.retire_reason, step.summary()
