@@ -60,8 +60,8 @@ oldest-torch:
 	test -x $(OLDEST_VENV)/bin/python || $(OLDEST_PY) -m venv $(OLDEST_VENV)
 	$(OLDEST_VENV)/bin/python -m pip install -q torch==2.4.1 "numpy<2" pytest tqdm
 	$(OLDEST_VENV)/bin/python -m pip install -q -c $(CURDIR)/tests/oldest-torch.txt lightning
-	PYTHONPATH=$(CURDIR) $(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider \
-		-m "not cuda" tests/core
+	PYTHONPATH=$(CURDIR) $(TEST_ENV) $(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+		-m "not cuda and not e2e and not ddp" tests/core
 
 # The main job: the parity notebook on the device present, saved under runs/ with its summary.
 demo: $(STAMP)

@@ -58,6 +58,7 @@ from .protections import Switches
 from .route import Entry, signature_of
 from .step_config import PRECISIONS, StepConfig, fixed
 from .step_recording import RecordingSteps, StepRecording
+from .verify import weight_caches
 from .verify.call_state import CallState
 from .verify.probe import foreign_leaves
 from .verify.step_check import StepSnapshot, difference, end_state, unique
@@ -317,6 +318,8 @@ class TrainStep(RecordingSteps, Entry):
             return "warmup"
         if self._ddp is not None and not self._ddp.ready():
             return "ddp_buckets"  # DDP lays its buckets out anew in its second forward
+        if weight_caches.FREES_HELD_CASTS:
+            return weight_caches.region_reason(self._device.type)
         return None
 
     def late_checks(self, call: int) -> str | None:

@@ -18,6 +18,21 @@ from contextlib import contextmanager
 import torch
 from torch.nn.utils import parametrize
 
+#: torch before 2.5 frees a cached cast when its region ends even while Python still holds it (a
+#: recording made in the caller's region then held freed memory: "Cannot access data pointer")
+FREES_HELD_CASTS = torch.torch_version.TorchVersion(torch.__version__) < (2, 5)
+
+
+def region_reason(device: str) -> str | None:
+    """Why a whole step inside the caller's autocast region (its cache on) runs eagerly on this
+    torch, or None (every torch from 2.5)."""
+    if FREES_HELD_CASTS and torch.is_autocast_enabled(device) and torch.is_autocast_cache_enabled():
+        return (
+            "autocast_region: called inside torch.autocast with its cache on, which torch "
+            f"{torch.__version__} frees under a recording; pass precision= instead"
+        )
+    return None
+
 
 def drop() -> None:
     """Empty both caches (cheap when empty: a recording call's, never a replay's, cost)."""

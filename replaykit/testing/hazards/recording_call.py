@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ...verify.weight_caches import FREES_HELD_CASTS
 from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, sgd, step_loop
 from .under_capture import CaptureAware
 from .writing import HazardClass, Train, built, looped, stepped
@@ -407,6 +408,9 @@ PATTERNS: list[Pattern] = [
         _in_region(_autocast)[1],
         guard="call_state",
         api="step",
+        unsafe_never=(
+            "torch < 2.5 runs it eagerly (autocast_region)" if FREES_HELD_CASTS else None
+        ),
     ),
     *HC.twins(
         "parametrize_cached_region",
