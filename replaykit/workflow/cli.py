@@ -124,6 +124,18 @@ def _check_run(args: argparse.Namespace) -> None:
             raise FileNotFoundError(f"{flag} {path}: no such folder")
 
 
+def tree_under_test(tree: Path | None, params: dict) -> Path | None:
+    """The tree a run folder is named after: ``--tree``, else the notebook's ``tree`` parameter
+    when it is a local archive or folder (the run tests that tree, not this checkout), else None
+    (this checkout; a git URL's commit is known only once the notebook fetched it)."""
+    if tree is not None:
+        return tree
+    local = params.get("tree")
+    if isinstance(local, str) and local and Path(local).exists():
+        return Path(local)
+    return None
+
+
 def run(argv: list[str] | None = None) -> int:
     args = run_parser().parse_args(argv)
     try:
@@ -145,7 +157,7 @@ def run(argv: list[str] | None = None) -> int:
             kernel_name=args.kernel,
             cell_timeout=args.cell_timeout,
             progress=not args.no_progress,
-            tree=args.tree,
+            tree=tree_under_test(args.tree, params),
             cwd=args.cwd,
         )
     except (FileNotFoundError, ValueError, TypeError) as exc:

@@ -242,3 +242,16 @@ def test_ctrl_c_during_a_run_keeps_the_partial_notebook(
     saved = nbformat.read(err[0].rsplit(": ", 1)[1], as_version=4)
     assert saved.cells[2].outputs[0]["text"] == "before\n"  # cells[1]: injected parameters
     assert saved.cells[4].metadata["papermill"]["status"] == "pending"
+
+
+def test_a_run_folder_is_named_after_the_tree_under_test(tmp_path: Path) -> None:
+    """``run -p tree ARCHIVE`` tests the archive: its folder names the archive's commit, not the
+    commit of the checkout the runner happens to sit in (a GPU host's stale copy)."""
+    from replaykit.workflow.cli import tree_under_test
+
+    archive = tmp_path / "replaykit-abc1234.tar.gz"
+    archive.write_bytes(b"")
+    assert tree_under_test(None, {"tree": str(archive)}) == archive
+    assert tree_under_test(tmp_path, {"tree": str(archive)}) == tmp_path  # --tree wins
+    assert tree_under_test(None, {"tree": "https://example.org/r.git@main"}) is None
+    assert tree_under_test(None, {}) is None
