@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .pattern import Arm, Extras, Pattern, sgd, step_loop
+from .pattern import Arm, Extras, Pattern, loss_steps, sgd, step_loop
 from .writing import HazardClass, built
 
 HAZARD = "autocast"
@@ -103,18 +103,11 @@ PATTERNS: list[Pattern] = [
 ]
 
 
-def _one_region_for_the_loop(model: nn.Module, arm: Arm, steps: int = 4) -> Extras:
+def _one_region_for_the_loop(model: nn.Module, arm: Arm) -> Extras:
     """Every step, optimizer included, inside one autocast region: eager casts each weight once, at
     the first step, and reuses that cast until the region ends (the weights it trains move on)."""
-    opt, kept = sgd(model), {}
-    with torch.autocast(arm.device, dtype=torch.bfloat16):
-        for i in range(steps):
-            opt.zero_grad(set_to_none=True)
-            loss = model(arm.randn(4, 6)).float().pow(2).mean()
-            loss.backward()
-            opt.step()
-            kept[f"loss{i}"] = loss.detach()
-    return kept
+    with torch.autocast(torch.device(arm.device).type, dtype=torch.bfloat16):
+        return loss_steps(model, arm, lambda m, a: m(a.randn(4, 6)).float().pow(2).mean())
 
 
 KNOWN_LIMITS: list[Pattern] = [
