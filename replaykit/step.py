@@ -283,8 +283,7 @@ class TrainStep(RecordingSteps, Entry):
                 *(p for g in self.optimizer.param_groups for p in g["params"]),
             ]
         )
-        cuda = self._backend is not None and self._backend.name == "cuda"
-        self._refusal = ddp_refusal(self.model, cuda) or optimizer_refusal(
+        self._refusal = ddp_refusal(self.model) or optimizer_refusal(
             self.optimizer, self.scaler, self.device, self._trust
         )
         self._rg = ()
@@ -316,8 +315,12 @@ class TrainStep(RecordingSteps, Entry):
             return self._refusal
         if self._steps < self.config.warmup:
             return "warmup"
-        if self._ddp is not None and not self._ddp.ready():
-            return "ddp_buckets"  # DDP lays its buckets out anew in its second forward
+        if self._ddp is not None:
+            if not self._ddp.ready():
+                return "ddp_buckets"  # DDP lays its buckets out anew in its second forward
+            why = self._ddp.stream_refusal()
+            if why is not None:
+                return why
         if weight_caches.FREES_HELD_CASTS:
             return weight_caches.region_reason(self._device.type)
         return None

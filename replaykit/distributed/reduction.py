@@ -16,6 +16,14 @@ the two (:mod:`replaykit.backends.split`) DDP's work runs on the host every step
 A DDP configuration whose reduction differs from this (a communication hook, unused-parameter
 detection, a static graph, gradients as bucket views, DDP's mixed precision, Join) is refused by
 :func:`replaykit.guards.distributed.ddp_refusal` before anything is recorded.
+
+On CUDA, DDP's reducer holds every parameter's gradient accumulator from its construction, and
+autograd runs an accumulator on the stream current when it was made. Built on the default
+(legacy) stream, the captured backward would have to make that stream wait on the capturing one,
+which CUDA forbids (``cudaErrorStreamCaptureImplicit``); built on a side stream, as torch's CUDA
+graphs notes ask of DDP (and Lightning's DDP strategy does), that stream joins the capture. So
+the first eager backward looks at where the accumulation ran (:meth:`DDPReduction.stream_refusal`)
+and a default-stream DDP runs eagerly, saying how to build it.
 """
 
 from __future__ import annotations
@@ -49,9 +57,33 @@ class DDPReduction:
         ]
         self._buckets: list[list[int]] | None = None
         self._flat: dict[tuple, torch.Tensor] = {}
+        #: whether the accumulators ran on the default CUDA stream (None: not seen yet, or CPU)
+        self._on_default: bool | None = None
+        if self.params and self.params[0].is_cuda:
+            self._probe = self.params[0].register_post_accumulate_grad_hook(self._accumulated)
+
+    def _accumulated(self, param: torch.Tensor) -> None:
+        """A one-shot hook: autograd runs the accumulator under its own stream."""
+        self._on_default = torch.cuda.current_stream(param.device) == torch.cuda.default_stream(
+            param.device
+        )
+        self._probe.remove()
+
+    def stream_refusal(self) -> str | None:
+        """Why the backward cannot be captured: DDP built on the default CUDA stream, or None."""
+        if not self._on_default:
+            return None
+        return (
+            "ddp_default_stream: DistributedDataParallel was built on the default CUDA stream, "
+            "where its gradient accumulators then run, and a captured backward cannot make that "
+            "stream wait on the capture; build it under `with torch.cuda.stream(torch.cuda.Stream()):` "
+            "as torch's CUDA graphs notes ask of DDP (Lightning's DDP strategy does)"
+        )
 
     def ready(self) -> bool:
         """Whether DDP rebuilt its buckets (in its second forward): the layout the reduction follows."""
+        if self.params and self.params[0].is_cuda and self._on_default is None:
+            return False  # no eager backward seen yet: where its accumulators run is unknown
         if self._buckets is None:
             if not getattr(self.ddp, "_has_rebuilt_buckets", False):
                 return False

@@ -46,19 +46,11 @@ def is_ddp(model: nn.Module) -> bool:
     return _DDP is not None and isinstance(model, _DDP)
 
 
-def ddp_refusal(model: nn.Module, cuda: bool = False) -> str | None:
+def ddp_refusal(model: nn.Module) -> str | None:
     """Why a whole step over ``model`` must run eagerly under DDP, or None (a plain model, or a
-    DDP whose reduction :class:`~replaykit.distributed.reduction.DDPReduction` repeats exactly).
-    On CUDA the two-graph form's capture (a graph ended and begun again around the reduction)
-    failed on the H200 stand-in: refused there, with the way that does replay."""
+    DDP whose reduction :class:`~replaykit.distributed.reduction.DDPReduction` repeats exactly)."""
     if _DDP is None:
         return None
-    if cuda and is_ddp(model):
-        return (
-            "DistributedDataParallel on CUDA: the step's two-graph form has not run there yet; "
-            "replay the wrapped module with rk.capture(ddp.module) and the optimizer step with "
-            "replaykit.optimizer_step.OptimizerStep"
-        )
     if not is_ddp(model):
         if any(isinstance(m, _DDP) for m in model.modules()):
             return (

@@ -73,7 +73,30 @@ def matrix(device: str, timeout: float, deadline: float, quick: bool) -> list[di
                 "ranks_agree": r["ranks_agree"], "replays": r["replay"], "routes": r["routes"][0],
                 "seconds": round(time.monotonic() - t0, 1), "why": why[-600:],
             })  # fmt: skip
+    rows.append(_rank1_change(device, timeout))
     return rows
+
+
+def _rank1_change(device: str, timeout: float) -> dict:
+    """Rank 1 alone meets a re-record trigger at call 6: both ranks run it eagerly
+    (``peer_route``); with the agreement off (the unsafe arm) the ranks' routes split and the
+    result differs."""
+    row: dict = {"precision": "32", "accumulate": "rank 1 alone changes dropout.p at call 6"}
+    case = Case(
+        arms=("native", "trainstep", "unsafe"), device=device, steps=7, rank1_change=6,
+        replay_timeout=5.0,
+    )  # fmt: skip
+    try:
+        (result,) = compare([case], timeout=timeout, pg_timeout=10)
+    except RuntimeError as exc:
+        return {**row, "verdict": "FAIL", "why": str(exc)[-600:]}
+    r, unsafe = result["trainstep"], result["unsafe"]
+    ok = (
+        r["equal"] and r["ranks_agree"] and r["routes"][0] == r["routes"][1]
+        and r["routes"][0][5] == "eager:peer_route" and not unsafe["equal"]
+    )  # fmt: skip
+    why = f"routes {r['routes'][0]}; unsafe equal={unsafe['equal']} routes {unsafe['routes']}"
+    return {**row, "verdict": "PASS" if ok else "FAIL", "replays": r["replay"], "why": why}
 
 
 def bench(device: str, steps: int, timeout: float, deadline: float, quick: bool) -> list[dict]:

@@ -77,3 +77,24 @@ def test_collectives_in_graph_and_a_bad_timeout_are_refused() -> None:
         rk.TrainStep(net, loss_fn, opt, collectives_in_graph=True)
     with pytest.raises(ReplayError, match="replay_timeout"):
         rk.TrainStep(net, loss_fn, opt, replay_timeout=0)
+
+
+@pytest.mark.ddp
+def test_trainstep_over_ddp_replays_on_cuda_and_refuses_a_default_stream_ddp(
+    cuda_device: str,
+) -> None:
+    """The one-GPU stand-in (two ranks, gloo, CUDA tensors): DDP built on a side stream replays
+    the two-graph form bitwise on every rank; built on the default stream (where its gradient
+    accumulators then run, which a capture cannot join) every call runs eagerly, saying how to
+    build it, and stays equal."""
+    cases = [
+        Case(precision=p, accumulate=a, device=cuda_device, steps=5 if a == 1 else 4)
+        for p, a in (("32", 1), ("bf16-mixed", 2), ("16-mixed", 4))
+    ]
+    default = Case(device=cuda_device, steps=5, default_stream=True)
+    *results, last = compare([*cases, default], timeout=240)
+    for result in results:
+        _replayed_equal(result)
+    r = last["trainstep"]
+    assert r["equal"] and r["replay"] == [0, 0], r
+    assert all("ddp_default_stream" in s for s in r["summaries"]), r["summaries"]

@@ -54,6 +54,7 @@ class Case:
     rank1_change: int = 0  # the call at which rank 1 alone changes dropout.p (0: never)
     rank1_stall: int = 0  # the call before which rank 1 alone sleeps 3 s (0: never)
     find_unused: bool = False  # DDP(find_unused_parameters=...): a configuration the step refuses
+    default_stream: bool = False  # on CUDA, DDP built on the default stream: the step refuses it
     replay_timeout: float | None = None
     width: int = 32
     depth: int = 2
@@ -80,7 +81,14 @@ def _setup(case: Case) -> tuple:
     rank = dist.get_rank()
     torch.manual_seed(0)
     net = _net(case).to(case.device)
-    ddp = DDP(net, find_unused_parameters=case.find_unused)
+    # on CUDA, built on a side stream, as torch's CUDA graphs notes ask of DDP (Lightning does)
+    side = (
+        torch.cuda.Stream() if case.device.startswith("cuda") and not case.default_stream else None
+    )
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        ddp = DDP(net, find_unused_parameters=case.find_unused)
+    if side is not None:
+        torch.cuda.current_stream().wait_stream(side)
     # a GradScaler steps a fused optimizer without reading found_inf on the host
     fused = case.precision == "16-mixed" or None
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9, fused=fused)
