@@ -492,7 +492,7 @@ class TrainStep(RecordingSteps, Entry):
             else contextlib.nullcontext()
         )
         # under DDP: its forward, no_sync on accumulation micro-batches; captured (split): the
-        # wrapped module, DDP's host work between the graphs (backends/split.py, reduction.py)
+        # wrapped module, DDP's host work between the graphs (backends/gaps.py, reduction.py)
         split = self._ddp is not None and capturing()
         sync = phase in ("step", "last")
         if split:

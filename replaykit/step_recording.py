@@ -479,7 +479,9 @@ class RecordingSteps:
             return Outcome("retry", rekey=True)
         if watch.recompiled():  # this call runs eagerly (compiling it); the next records
             return Outcome("eager", reason="compiling")
-        if a.reads is None:  # perhaps a host read of the batch: captured again, watched
+        # perhaps a host read of the batch: captured again, watched (not when a stream the capture
+        # cannot join was made to wait on it: no host read, and its first error is the reason)
+        if a.reads is None and "cudaErrorStreamCaptureImplicit" not in str(exc):
             self._watch_reads = True
             self.journal.add(
                 "refuse",

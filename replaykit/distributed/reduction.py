@@ -3,7 +3,7 @@
 Under ``DistributedDataParallel`` a replayed :class:`~replaykit.step.TrainStep` records the
 forward, loss and backward of the wrapped module (``ddp.module``: no reducer hook fires, since
 DDP's forward, which arms them, does not run) and, after it, clipping and the optimizer; between
-the two (:mod:`replaykit.backends.split`) DDP's work runs on the host every step:
+the two (:mod:`replaykit.backends.gaps`) DDP's work runs on the host every step:
 
 - before the forward, what DDP's ``forward`` does first: its buffer broadcast from rank 0 when
   the previous forward synchronised (``broadcast_buffers``), then its flag for the next one;
