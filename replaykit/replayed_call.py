@@ -255,7 +255,7 @@ class RecorderReplay:
             step.pending = self._hold.begin(step.call)
             self._pending_plan = plan
         # what the caller may keep: views on storages of their own (copy_out.py), or the static outputs
-        outputs = tuple(map(_detach, plan.aliases.outputs or recording.static_outputs))
+        outputs = tuple(map(_detach, plan.aliases.hand_out() or recording.static_outputs))
         if recording.frozen_outputs:
             ctx.mark_non_differentiable(*[outputs[i] for i in recording.frozen_outputs])
         return outputs

@@ -487,7 +487,8 @@ class RecordingSteps:
                 "refuse",
                 call,
                 "input_read",
-                f"capture failed ({type(exc).__name__}): again, watching input-derived host reads",
+                f"capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}): "
+                "again, watching input-derived host reads",
             )
             return Outcome("retry")
         self._retire(f"capture failed: {type(exc).__name__}: {exc}", call)

@@ -12,7 +12,10 @@ storage must be referenced by its recording alone:
   object. One still held at the next replay is moved, with all its holders at once, to
   memory of its own holding the same values (its data pointer swapped with a copy's):
   ``preds.append(logits.detach())`` keeps its values and the call replays. The recording
-  hands out a fresh storage object from then on;
+  hands out a fresh storage object from then on. A torch without that swap (before 2.12: the
+  H200's 2.11, Colab's) cannot move a holder, so each replay hands out a copy of its static
+  outputs instead (one device copy per static storage, memory eager would allocate too): a
+  kept output is the caller's own, and the call replays;
 - a gradient buffer the recorder can reach (a parameter's ``.grad``) gets storage of its
   own: same values, same tensor, so every holder of that tensor keeps its values. This
   happens at forward time, before the replay; inside the replayed backward is too late;
@@ -41,6 +44,11 @@ _swap = getattr(torch.UntypedStorage, "_swap_data_ptr_", None)
 _alias_storage = getattr(torch._C, "_construct_storage_from_data_pointer", None)
 
 
+def holders_move() -> bool:
+    """Whether this torch can move every holder of a handed-out storage (else: copies are handed out)."""
+    return _swap is not None and _alias_storage is not None
+
+
 def _cdata(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
@@ -50,30 +58,53 @@ class Handout:
     their own (one per static storage, not owning its memory), and their use-count baselines.
 
     ``foreign`` storages (an input's, a parameter's, a buffer's: memory the recording does not
-    own) are handed out as they are, reached through the outputs themselves as before.
+    own) are handed out as they are, reached through the outputs themselves as before. Without
+    :func:`holders_move`, ``copies``: each hand-out is a copy per static storage.
     """
 
-    __slots__ = ("__weakref__", "baseline", "cdatas", "groups", "statics", "tensors")
+    __slots__ = (
+        "__weakref__",
+        "_copied",
+        "baseline",
+        "cdatas",
+        "copies",
+        "groups",
+        "statics",
+        "tensors",
+    )
 
     def __init__(self, statics: Sequence[torch.Tensor], foreign: Iterable[torch.Tensor]) -> None:
         self.statics = list(
             statics
         )  # owning: the memory stays while a handed-out view may point at it
         theirs = {t.untyped_storage().data_ptr() for t in foreign}
-        self.groups: list[
-            list[int]
-        ] = []  # outputs sharing one static storage share one handed-out one
-        by_ptr: dict[int, list[int]] = {}
+        by_ptr: dict[int, list[int]] = {}  # outputs sharing one static storage share one handed out
         for i, t in enumerate(self.statics):
             ptr = t.untyped_storage().data_ptr()
-            if _swap is not None and _alias_storage is not None and ptr not in theirs:
+            if ptr not in theirs:
                 by_ptr.setdefault(ptr, []).append(i)
-        self.groups = list(by_ptr.values())
+        self.copies = not holders_move()
+        self.groups = [] if self.copies else list(by_ptr.values())
         self.tensors = list(self.statics)
         for group in self.groups:
             self._fresh(group)
         self.cdatas = [_cdata(t) for t in self.tensors]
         self.baseline = list(map(_use_count, self.cdatas))
+        self._copied = list(by_ptr.values()) if self.copies else []
+
+    def hand_out(self) -> list[torch.Tensor]:
+        """What a replay returns: the handed-out views, or (``copies``) a copy of each static
+        storage with its outputs' views on it, so outputs that shared memory still share it."""
+        if not self._copied:
+            return self.tensors
+        out = list(self.tensors)
+        for group in self._copied:
+            own = self.statics[group[0]].untyped_storage().clone()
+            for i in group:
+                t = self.statics[i]
+                view = torch.empty(0, dtype=t.dtype, device=t.device)
+                out[i] = view.set_(own, t.storage_offset(), t.size(), t.stride())
+        return out
 
     def _fresh(self, group: list[int]) -> None:
         """New handed-out views for one static storage (nobody holds them yet)."""
@@ -142,8 +173,6 @@ class StaticAliases:
         """``outputs``: static outputs to guard; ``grads``: (parameter, static gradient buffer)
         pairs; ``foreign``: tensors whose storage the recording does not own (inputs, parameters)."""
         self._handout = Handout(outputs, foreign)
-        #: what a replay hands out, one per static output
-        self.outputs = self._handout.tensors
         if self._handout.groups:  # collected with outputs still held: they move first
             weakref.finalize(self, _release, self._handout).atexit = False
         self._grads: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -162,6 +191,10 @@ class StaticAliases:
         cdatas = [_cdata(buf) for _, buf in grads]
         self._grad_cdatas += cdatas
         self._grad_baseline += list(map(_use_count, cdatas))
+
+    def hand_out(self) -> list[torch.Tensor]:
+        """What a replay returns, one per static output (none: the static outputs themselves)."""
+        return self._handout.hand_out()
 
     def handed_out(self, outputs: Sequence[torch.Tensor]) -> None:
         """A replayed forward returned ``outputs`` (kept weakly, to reach them)."""

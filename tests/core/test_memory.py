@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import replaykit as rk
+from replaykit.memory import copy_out
 from replaykit.protections import negative_control
 from replaykit.testing.bench.buckets import lm_loss, padded_batches
 from replaykit.testing.zoo.language import TinyLM
@@ -161,6 +162,10 @@ def test_a_shared_pool_keeps_a_pending_backward_of_another_recorder(backend, dev
     assert enc.counts["replay"] > 0
 
 
+@pytest.mark.skipif(
+    not copy_out.holders_move(),
+    reason="this torch hands out copies of outputs: a held output never shares the pool",
+)
 def test_without_the_shared_pool_protection_a_held_output_is_overwritten():
     eager, _ = _two_recorders(False)
     with pytest.warns(rk.ReplayWarning):
