@@ -69,6 +69,14 @@ def main() -> int:
         kept.append(logits.detach())
         print(f"call {i + 1}: {[(e.kind, e.reason) for e in rec.journal if e.call == i + 1][:3]}")
     print(rec.summary())
+    rec.release()
+    # the same network under a TrainStep after its recorder was released, the kept outputs alive
+    step = rk.TrainStep(net, lambda m, x: m(x).square().mean(), opt)
+    losses = [step(torch.randn(4, 6, device=args.device)) for _ in range(7)]
+    print("after capture:", step.summary())
+    for e in step.journal:
+        if e.kind in ("refuse", "retire"):
+            print("  ", e.kind, str(e.reason)[:300], str(e.detail)[:600])
     return 0
 
 
