@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .backends import Recording, Subject
+from .backends import Recording, Subject, capture_failure
 from .guards.code import cpu_versions, iterator_reason
 from .guards.compiled import (
     CompileWatch,
@@ -186,7 +186,7 @@ class RecorderRecording:
             if watch.recompiled():  # this call runs eagerly (compiling it); the next records
                 self._not_recorded = "compiling"
                 return False
-            self._retire(f"capture failed: {type(exc).__name__}: {exc}", self._calls, cause=exc)
+            self._retire(capture_failure(exc), self._calls, cause=exc)
             return False
         return True
 

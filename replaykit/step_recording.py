@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .backends import Region, Scratch
+from .backends import Region, Scratch, capture_failure
 from .guards.code import ForwardInputs, LossInputs, cpu_versions, iterator_reason
 from .guards.compiled import CompileWatch, compiled_regions, unwatched_compiled_code
 from .guards.host_choices import Watch
@@ -491,7 +491,7 @@ class RecordingSteps:
                 "again, watching input-derived host reads",
             )
             return Outcome("retry")
-        self._retire(f"capture failed: {type(exc).__name__}: {exc}", call)
+        self._retire(capture_failure(exc), call)
         return Outcome("eager", reason=self.lifecycle.stopped() or "retired")
 
     # ----------------------------------------------------------------- judge and keep

@@ -9,7 +9,7 @@ import torch
 
 from ..errors import ReplayError, ReplayWarning
 from ..memory.pool import MemoryPool
-from .base import Backend, Recording, Region, Subject
+from .base import Backend, Recording, Region, Subject, capture_failure
 from .emulated import EmulatedBackend
 from .scratch import Scratch
 
@@ -82,6 +82,7 @@ __all__ = [
     "Region",
     "Scratch",
     "Subject",
+    "capture_failure",
     "module_device",
     "resolve_backend",
 ]

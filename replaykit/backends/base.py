@@ -167,3 +167,23 @@ def grad_targets(
 def differentiable_indices(outputs: list[torch.Tensor]) -> tuple[int, ...]:
     """Indices of the outputs that carry a gradient."""
     return tuple(i for i, o in enumerate(outputs) if o.requires_grad)
+
+
+#: CUDA capture errors whose cause a user can act on: what the journal says instead of the code
+_ACTIONABLE = {
+    "cudaErrorStreamCaptureImplicit": (
+        "the backward had to make the default CUDA stream wait on the capture: a parameter's "
+        "gradient accumulator was made on that stream and is still held, by an autograd graph "
+        "the caller keeps (an eager loss not yet freed: `del loss`, or keep `loss.detach()`) or "
+        "by DistributedDataParallel built there (build it on a side stream)"
+    ),
+}
+
+
+def capture_failure(exc: BaseException) -> str:
+    """The reason a failed capture retires with: what to do where the cause is known."""
+    text = str(exc)
+    for code, why in _ACTIONABLE.items():
+        if code in text:
+            return f"capture failed: {why} ({code})"
+    return f"capture failed: {type(exc).__name__}: {exc}"

@@ -22,6 +22,7 @@ NAMES = (
     "rope_table_grown",
     "step_rope_table_grown",
     "step_gan_generator_trainable_disc",
+    "step_gan_generator_trainable_disc_loss_detached",
     "step_mutual_learning_trained_peer",
     "step_gan_disc_layer_replaced",
     "step_layerdrop_python_random",

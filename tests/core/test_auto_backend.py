@@ -51,3 +51,19 @@ def test_explicit_emulated_never_warns_about_speed():
     assert rec.counts["eager"] + rec.counts["record"] + rec.counts["replay"] >= 1
     assert step.counts["eager"] + step.counts["record"] + step.counts["replay"] >= 1
     assert not [w for w in seen if "uses the emulated backend" in str(w.message)], seen
+
+
+def test_a_capture_failure_with_a_known_cause_says_what_to_do() -> None:
+    """What the H200 raised when a held gradient accumulator belonged to the default stream (DDP
+    built there, a GAN's eager discriminator loss still alive): the retire reason names the cause."""
+    from replaykit.backends import capture_failure
+
+    raised = RuntimeError(
+        "CUDA error: operation would make the legacy stream depend on a capturing blocking stream\n"
+        "Search for `cudaErrorStreamCaptureImplicit' in https://docs.nvidia.com/cuda/"
+    )
+    why = capture_failure(raised)
+    assert why.startswith("capture failed: the backward had to make the default CUDA stream wait")
+    assert "del loss" in why and "side stream" in why and "cudaErrorStreamCaptureImplicit" in why
+    other = capture_failure(ValueError("something else"))
+    assert other == "capture failed: ValueError: something else"

@@ -33,9 +33,12 @@ def _gan(
     freeze_d: bool,
     api: str,
     before: Callable[[nn.Module, torch.optim.Optimizer, int], None] | None = None,
+    keep_graph: bool = True,
 ) -> Extras:
     """Alternating steps: the discriminator eagerly, the generator through ``rk.TrainStep``
-    (``api="step"``) or as a plain loop over the captured generator (``api="capture"``)."""
+    (``api="step"``) or as a plain loop over the captured generator (``api="capture"``).
+    ``keep_graph``: the discriminator's loss (and with it its autograd graph) is still alive at
+    the generator step, as in most GAN loops; else it is kept detached."""
     disc = MLP(d_in=6, d_h=8, d_out=1).to(arm.device)
     d_opt = torch.optim.SGD(disc.parameters(), lr=0.05, momentum=0.9)
     g_opt = sgd(model, lr=0.05)
@@ -52,6 +55,8 @@ def _gan(
         d_opt.zero_grad(set_to_none=True)
         d_loss = disc(model(z).detach()).mean() - disc(real).mean()
         d_loss.backward()
+        if not keep_graph:
+            d_loss = d_loss.detach()
         d_opt.step()
         if freeze_d:
             disc.requires_grad_(
@@ -106,8 +111,16 @@ PATTERNS: list[Pattern] = [
         lambda m, a: _gan(m, a, False, "step"),
         guard="foreign_grads",
         api="step",
-        cpu_only="on the H200 (11e42d2) the unguarded capture itself fails (the discriminator's gradients "
-        "accumulate into memory allocated outside it) and the step retires, exact",
+        cpu_only="on the H200 the unguarded capture itself fails in some processes (state_check.py; "
+        "the safe arm too there, while pytest's replays) and the step retires, exact",
+    ),
+    HC.pattern(
+        "step_gan_generator_trainable_disc_loss_detached",
+        "the same GAN loop keeping the discriminator's loss detached (`d_loss = d_loss.detach()`)",
+        built(Generator),
+        lambda m, a: _gan(m, a, False, "step", keep_graph=False),
+        guard="foreign_grads",
+        api="step",
     ),
     HC.pattern(
         "step_mutual_learning_trained_peer",

@@ -20,6 +20,7 @@ def test_without_the_guard_leaving_grads_patterns_diverge(backend: str, name: st
 #: a second network in the loss replays now: its parameters get their gradients as eager gives them
 REPLAYING = [
     "step_gan_generator_trainable_disc",
+    "step_gan_generator_trainable_disc_loss_detached",
     "step_mutual_learning_trained_peer",
     "step_gan_generator_frozen_disc",
     "step_gan_disc_layer_replaced",
