@@ -38,7 +38,21 @@ from ..errors import ReplayError
 from ..guards.distributed import DRIVEN
 from .watchdog import Watchdog
 
-__all__ = ["DDPReduction"]
+__all__ = ["DDPReduction", "arm_reducer"]
+
+
+def arm_reducer(ddp: nn.Module) -> None:
+    """Before an eager backward of a model inside ``ddp`` whose forward the caller runs (``ddp=``):
+    what Lightning's ``manual_backward`` does under its DDP strategy (``prepare_for_backward``),
+    and DDP's own forward after the module ran. The reducer's hooks then all-reduce this
+    backward's gradients; under ``no_sync`` (``require_backward_grad_sync`` off) they stay off.
+    Lightning's DDP forward around ``training_step`` leaves them off in manual optimization."""
+    if torch.is_grad_enabled() and ddp.require_backward_grad_sync:
+        ddp.require_forward_param_sync = True
+        ddp.reducer._rebuild_buckets()  # a no-op once DDP's forward rebuilt them (Lightning calls it)
+        ddp.reducer.prepare_for_backward([])
+    else:
+        ddp.require_forward_param_sync = False
 
 
 class DDPReduction:
