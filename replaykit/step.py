@@ -288,10 +288,9 @@ class TrainStep(RecordingSteps, Entry):
                 *(p for g in self.optimizer.param_groups for p in g["params"]),
             ]
         )
-        outer = self.config.ddp
-        self._refusal = (
-            ddp_refusal(self.model) or (ddp_refusal(outer) if outer is not None else None)
-        ) or optimizer_refusal(self.optimizer, self.scaler, self.device, self._trust)
+        self._refusal = ddp_refusal(self.model) or optimizer_refusal(
+            self.optimizer, self.scaler, self.device, self._trust
+        )
         self._rg = ()
         self._refresh_trainable()
 

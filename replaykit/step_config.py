@@ -20,7 +20,7 @@ from .capturing import recorder_of
 from .ema import EMA
 from .errors import ReplayError, check_count
 from .guards.compiled import refuse_cudagraphs
-from .guards.distributed import IN_GRAPH_REFUSAL, is_ddp
+from .guards.distributed import IN_GRAPH_REFUSAL, ddp_refusal, is_ddp
 from .memory.pool import MemoryPool, check_pool
 from .protections import disabled_protections
 
@@ -117,7 +117,9 @@ class StepConfig:
 
 def _check_outer_ddp(model: nn.Module, ddp: nn.Module) -> None:
     """``ddp=``: a DDP wrapper whose module holds every parameter of ``model`` (its reducer then
-    reduces them); ``model`` itself is what runs, not a DDP wrapper."""
+    reduces them); ``model`` itself is what runs, not a DDP wrapper. A DDP configuration the
+    step's reduction does not repeat raises: the step's eager backward arms the default reducer
+    (:func:`~replaykit.distributed.reduction.arm_reducer`), not what Lightning arranges for it."""
     if not is_ddp(ddp):
         raise ReplayError(
             f"ddp= takes the DistributedDataParallel wrapper, not {type(ddp).__name__}"
@@ -127,6 +129,9 @@ def _check_outer_ddp(model: nn.Module, ddp: nn.Module) -> None:
             "ddp= is for a model inside a DDP wrapper whose forward the caller runs; a DDP model "
             "is given alone: rk.TrainStep(ddp_model, ...)"
         )
+    refused = ddp_refusal(ddp)
+    if refused is not None:  # its eager arming is the default reducer's too: raise, not run eagerly
+        raise ReplayError(f"ddp=: {refused}")
     inside = set(map(id, ddp.module.parameters()))
     if not all(id(p) in inside for p in model.parameters()):
         raise ReplayError(

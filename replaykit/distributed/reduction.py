@@ -13,6 +13,12 @@ the two (:mod:`replaykit.backends.gaps`) DDP's work runs on the host every step:
   DDP's process group, copied back. Bucket for bucket this is the collective eager issues, so
   the bits are the same for any world size.
 
+With ``ddp=`` (Lightning's DDP strategy in manual optimization, whose own DDP forward runs
+around the step and leaves the reducer unarmed) the step runs the model inside the wrapper and
+does no forward work of DDP's: before an eager synchronising backward it arms the reducer as
+Lightning's ``manual_backward`` does (:func:`arm_reducer`), and a replay runs the all-reduce
+after the backward as above.
+
 A DDP configuration whose reduction differs from this (a communication hook, unused-parameter
 detection, a static graph, gradients as bucket views, DDP's mixed precision, Join) is refused by
 :func:`replaykit.guards.distributed.ddp_refusal` before anything is recorded.

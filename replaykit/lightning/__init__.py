@@ -224,6 +224,14 @@ def whole_step(
     ``global_step``, ``max_steps`` and step-based checkpoints count as they would.
     Precision, scaler and clipping are the TrainStep's (``precision=``, ``scaler=``,
     ``max_norm=``), not the Trainer's: keep ``Trainer(precision="32")``.
+
+    Under ``Trainer(strategy="ddp")`` the same code trains every rank: Lightning runs
+    ``training_step`` inside DDP's forward (left as Lightning runs it), and the step is
+    ``TrainStep(net, ..., ddp=trainer.strategy.model)``: it repeats DDP's gradient all-reduce
+    between its two graphs, with ``no_sync`` on accumulation micro-batches, every rank agreeing
+    on each call's route (:func:`ddp_wrapper`). Bitwise equal to native Lightning
+    manual-optimization DDP (``manual_backward``, ``block_backward_sync``), rank by rank
+    (:mod:`replaykit.testing.parity.lightning_ddp_step`). Other strategies raise ReplayError.
     """
     from ..step import TrainStep
 

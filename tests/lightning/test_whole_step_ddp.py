@@ -30,8 +30,9 @@ def cpu_results() -> list[dict]:
     """One launch: the three cases, then rank 1's change with the unsafe arm last (its unpaired
     collective ends the process group)."""
     cases = [Case(precision=p, accumulate=a) for p, a in CASES]
+    unused = Case(find_unused=True, steps=1)
     change = Case(arms=("native", "whole_step", "unsafe"), steps=6, rank1_change=4)
-    return compare([*cases, change], timeout=240, pg_timeout=10)
+    return compare([*cases, unused, change], timeout=240, pg_timeout=10)
 
 
 @pytest.mark.ddp
@@ -40,9 +41,17 @@ def test_whole_step_under_lightning_ddp_is_native_lightning_ddp_on_every_rank(cp
     clipping, SGD with momentum): every rank's weights, buffers, momentum and losses equal native
     Lightning manual-optimization DDP's, the ranks' weights agree, steps replayed on both ranks,
     and the step ticks Lightning's global_step."""
-    for result in cpu_results[:-1]:
+    for result in cpu_results[:3]:
         _replayed_equal(result)
         assert result["whole_step"]["global_step"] == [4, 4], result["whole_step"]
+
+
+@pytest.mark.ddp
+def test_whole_step_refuses_a_ddp_reduction_it_does_not_repeat(cpu_results):
+    """DDPStrategy(find_unused_parameters=True): the step's eager backward would arm the default
+    reducer, not Lightning's unused-parameter search, so whole_step raises on every rank."""
+    errors = cpu_results[3]["whole_step"]["errors"]
+    assert all("ReplayError" in e and "find_unused_parameters" in e for e in errors), errors
 
 
 @pytest.mark.ddp

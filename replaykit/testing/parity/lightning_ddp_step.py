@@ -16,7 +16,11 @@ seed, on its own shard of the batches:
   ``training_step``: replayed from graphs, DDP's all-reduce between them;
 - ``unsafe``: the same with the ``rank_agreement`` protection switched off;
 - with ``rank1_change`` rank 1 alone changes dropout's ``p`` for one call (a re-record trigger on
-  rank 1 alone).
+  rank 1 alone); with ``find_unused`` DDP finds unused parameters, a reduction the step does not
+  repeat: ``whole_step`` raises ReplayError on every rank (kept as the arm's error).
+
+Under 16-mixed native steps with ``scaler.step(optimizer)`` (the GradScaler's own call, which
+Lightning's optimizer wrapper does not count), so its ``global_step`` stays 0; the step's counts.
 
 Each arm's end state (weights, BatchNorm buffers, momentum, losses) is compared with native's bit
 for bit on every rank, and the ranks' weights with each other; each call's route is kept per rank.
@@ -51,6 +55,7 @@ class Case:
     world: int = 2
     arms: tuple[str, ...] = ("native", "whole_step")
     rank1_change: int = 0  # the call at which rank 1 alone changes dropout.p (0: never)
+    find_unused: bool = False  # DDPStrategy(find_unused_parameters=...): whole_step raises
     width: int = 32
     batch: int = 8
 
@@ -149,7 +154,10 @@ def _trainer(case: Case) -> Any:
     from lightning.pytorch.strategies import DDPStrategy
 
     devices = [torch.device(case.device)] * case.world  # cuda: every rank on cuda:0
-    strategy = DDPStrategy(parallel_devices=devices, process_group_backend="gloo")
+    strategy = DDPStrategy(
+        parallel_devices=devices, process_group_backend="gloo",
+        find_unused_parameters=case.find_unused,
+    )  # fmt: skip
     return L.Trainer(
         strategy=strategy, accelerator="cpu" if case.device == "cpu" else "cuda",
         max_epochs=1, precision="32", logger=False, enable_checkpointing=False,
