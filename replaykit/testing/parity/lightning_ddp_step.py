@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from ..torchrun import worker_parser
-from .ddp_step import ROUTES, loss_fn
+from .ddp_step import end_state, judge_arm, loss_fn, routes
 from .plain_ddp import run_ranks
 
 
@@ -165,15 +165,6 @@ def _trainer(case: Case) -> Any:
     )  # fmt: skip
 
 
-def _routes(step: Any) -> list[str]:
-    """Each call's route, in order (from the journal)."""
-    by_call: dict[int, str] = {}
-    for e in step.journal:
-        if e.kind in ROUTES and e.call not in by_call:
-            by_call[e.call] = e.kind if e.kind != "eager" else f"eager:{e.reason}"
-    return [by_call.get(c, "?") for c in range(1, max(by_call, default=0) + 1)]
-
-
 def _arm(case: Case, arm: str) -> dict[str, Any]:
     """One arm's fit on this rank: end state, each call's route, what it replayed."""
     import torch.distributed as dist
@@ -188,15 +179,10 @@ def _arm(case: Case, arm: str) -> dict[str, Any]:
     info: dict[str, Any] = {"global_step": trainer.global_step}
     step = module.step
     if step is not None:
-        info.update(routes=_routes(step), replay=step.counts["replay"], summary=step.summary())
+        info.update(routes=routes(step), replay=step.counts["replay"], summary=step.summary())
         step.release()
     net, opt = module.net, module.optimizers().optimizer
-    state = {f"param/{n}": p.detach().cpu().clone() for n, p in net.named_parameters()}
-    state.update({f"buffer/{n}": b.cpu().clone() for n, b in net.named_buffers()})
-    state.update(
-        {f"momentum/{i}": s["momentum_buffer"].cpu() for i, s in enumerate(opt.state.values())}
-    )
-    state.update({f"loss/{i}": v.float().cpu() for i, v in enumerate(module.losses)})
+    state = end_state(net, opt, module.losses)
     return {"state": state, "error": error, **info}
 
 
@@ -234,26 +220,10 @@ def compare(cases: list[Case], timeout: float = 120, pg_timeout: float = 60) -> 
 
 
 def _judge(case: Case, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    from ...verify.bitwise import diff_states
-
+    """Every arm (native too: its ranks must agree) against native, rank by rank."""
     out: dict[str, Any] = {"case": asdict(case)}
     for arm in case.arms:
-        diffs = [
-            [d.name for d in diff_states(r["native"]["state"], r[arm]["state"])] for r in ranks
-        ]
-        weights = [
-            {k: v for k, v in r[arm]["state"].items() if k.startswith("param/")} for r in ranks
-        ]
-        out[arm] = {
-            "equal": all(not d for d in diffs) and not any(r[arm]["error"] for r in ranks),
-            "errors": [r[arm]["error"] for r in ranks],
-            "ranks_agree": all(not diff_states(weights[0], w) for w in weights[1:]),
-            "diffs": diffs,
-            "routes": [r[arm].get("routes") for r in ranks],
-            "replay": [r[arm].get("replay") for r in ranks],
-            "summaries": [r[arm].get("summary") for r in ranks],
-            "global_step": [r[arm]["global_step"] for r in ranks],
-        }
+        out[arm] = {**judge_arm(ranks, arm), "global_step": [r[arm]["global_step"] for r in ranks]}
     return out
 
 
