@@ -74,7 +74,7 @@ def test_rank_one_alone_changes_dropout_and_both_ranks_route_eager(cpu_results):
 def test_whole_step_under_lightning_ddp_replays_on_cuda(cuda_device: str) -> None:
     """The one-GPU stand-in (two ranks, gloo, CUDA tensors on cuda:0; Lightning builds DDP on a
     side stream): the same cases replay the two-graph form bitwise on every rank."""
-    cases = [Case(precision=p, accumulate=a, device=cuda_device) for p, a in CASES]
+    cases = [Case(precision=p, accumulate=a, device=cuda_device, steps=5) for p, a in CASES]
     for result in compare(cases, timeout=300):
         _replayed_equal(result)
 
