@@ -30,7 +30,7 @@ from torch import nn
 from .backends import Backend, Scratch, module_device, resolve_backend
 from .backends.gaps import capturing, gap
 from .distributed.ranks import RankAgreement
-from .distributed.reduction import DDPReduction
+from .distributed.reduction import DDPReduction, arm_reducer
 from .distributed.watchdog import Watchdog
 from .ema import EMA
 from .errors import ReplayWarning
@@ -121,6 +121,7 @@ class TrainStep(RecordingSteps, Entry):
         process_group: Any = None,
         replay_timeout: float | None = None,
         collectives_in_graph: bool = False,
+        ddp: nn.Module | None = None,
     ) -> None:
         self.config = c = StepConfig(
             model, loss_fn, optimizer, scaler=scaler, max_norm=max_norm, ema=ema,
@@ -129,7 +130,7 @@ class TrainStep(RecordingSteps, Entry):
             check_every=check_every, strict=strict, trust_optimizer=trust_optimizer,
             unsafe_disable=unsafe_disable, on_optimizer_step=on_optimizer_step, pool=pool,
             process_group=process_group, replay_timeout=replay_timeout,
-            collectives_in_graph=collectives_in_graph,
+            collectives_in_graph=collectives_in_graph, ddp=ddp,
         )  # fmt: skip
         self.on = on = Switches(c.unsafe_disable)
         self._trust = c.trust_optimizer or not on.optimizer_trust
@@ -158,16 +159,20 @@ class TrainStep(RecordingSteps, Entry):
         self._watchdog: Watchdog | None = None
         self._agreement: RankAgreement | None = None
         self._ddp: DDPReduction | None = None
-        ddp = is_ddp(c.model)
+        wrapper = c.ddp if c.ddp is not None else c.model if is_ddp(c.model) else None
         if not c.replay:
             return
-        if ddp and self._refusal is None:
-            self._ddp = DDPReduction(c.model)
+        if wrapper is not None and self._refusal is None:
+            self._ddp = DDPReduction(wrapper)
         ranks = dist.is_available() and dist.is_initialized()
         if ranks and c.replay_timeout is not None:
             self._watchdog = Watchdog(c.replay_timeout, dist.get_rank())
-        if ranks and (ddp or c.process_group is not None) and self.on.rank_agreement:
-            group = c.process_group if c.process_group is not None else c.model.process_group
+        if (
+            ranks
+            and (wrapper is not None or c.process_group is not None)
+            and self.on.rank_agreement
+        ):
+            group = c.process_group if c.process_group is not None else wrapper.process_group
             self._agreement = RankAgreement(group, self._watchdog)
 
     def _per_call_state(self) -> None:
@@ -492,13 +497,15 @@ class TrainStep(RecordingSteps, Entry):
             else contextlib.nullcontext()
         )
         # under DDP: its forward, no_sync on accumulation micro-batches; captured (split): the
-        # wrapped module, DDP's host work between the graphs (backends/gaps.py, reduction.py)
+        # wrapped module, DDP's host work between the graphs (backends/gaps.py, reduction.py).
+        # ddp= (the caller runs DDP's forward): the model, the reducer armed before an eager
+        # synchronising backward as Lightning's manual_backward does; captured, the gap after it
         split = self._ddp is not None and capturing()
         sync = phase in ("step", "last")
-        if split:
+        if split and c.ddp is None:
             assert self._ddp is not None
             gap(partial(self._ddp.before_forward, sync), first=True)
-        model = c.model.module if split else c.model
+        model = c.model.module if split and c.ddp is None else c.model
         quiet = c.model.no_sync() if not sync and not split and is_ddp(c.model) else _NULL
         with quiet:
             with ctx:
@@ -511,6 +518,8 @@ class TrainStep(RecordingSteps, Entry):
             scaled = loss / c.accumulate if c.accumulate > 1 else loss
             if scaler is not None:
                 scaled = scaler.scale(scaled)
+            if sync and not split and c.ddp is not None:
+                arm_reducer(c.ddp)
             scaled.backward()
         if split and sync:
             assert self._ddp is not None

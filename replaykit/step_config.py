@@ -20,7 +20,7 @@ from .capturing import recorder_of
 from .ema import EMA
 from .errors import ReplayError, check_count
 from .guards.compiled import refuse_cudagraphs
-from .guards.distributed import IN_GRAPH_REFUSAL
+from .guards.distributed import IN_GRAPH_REFUSAL, ddp_refusal, is_ddp
 from .memory.pool import MemoryPool, check_pool
 from .protections import disabled_protections
 
@@ -61,6 +61,10 @@ class StepConfig:
     replay_timeout: float | None = None
     #: NCCL's all-reduce captured in the backward graph: refused (not proven on two GPUs)
     collectives_in_graph: bool = False
+    #: the DistributedDataParallel wrapper around ``model`` whose forward the caller runs around
+    #: each call (Lightning's DDP strategy runs ``training_step`` inside it): the step repeats its
+    #: reducer's all-reduce, and runs ``model``, not the wrapper
+    ddp: nn.Module | None = None
 
     def __post_init__(self) -> None:
         self._check_objects()
@@ -69,6 +73,8 @@ class StepConfig:
         check_count("max_recordings", self.max_recordings, 1)
         check_count("max_rerecords", self.max_rerecords, 0)
         check_count("check_every", self.check_every, 0, "(0: off)")
+        if self.ddp is not None:
+            _check_outer_ddp(self.model, self.ddp)
         if self.collectives_in_graph:
             raise ReplayError(f"collectives_in_graph=True: {IN_GRAPH_REFUSAL}")
         if self.replay_timeout is not None and not float(self.replay_timeout) > 0:
@@ -107,6 +113,31 @@ class StepConfig:
             raise ReplayError(
                 f"loss_fn must be callable as loss_fn(model, *batch), not {type(self.loss_fn).__name__}"
             )
+
+
+def _check_outer_ddp(model: nn.Module, ddp: nn.Module) -> None:
+    """``ddp=``: a DDP wrapper whose module holds every parameter of ``model`` (its reducer then
+    reduces them); ``model`` itself is what runs, not a DDP wrapper. A DDP configuration the
+    step's reduction does not repeat raises: the step's eager backward arms the default reducer
+    (:func:`~replaykit.distributed.reduction.arm_reducer`), not what Lightning arranges for it."""
+    if not is_ddp(ddp):
+        raise ReplayError(
+            f"ddp= takes the DistributedDataParallel wrapper, not {type(ddp).__name__}"
+        )
+    if is_ddp(model):
+        raise ReplayError(
+            "ddp= is for a model inside a DDP wrapper whose forward the caller runs; a DDP model "
+            "is given alone: rk.TrainStep(ddp_model, ...)"
+        )
+    refused = ddp_refusal(ddp)
+    if refused is not None:  # its eager arming is the default reducer's too: raise, not run eagerly
+        raise ReplayError(f"ddp=: {refused}")
+    inside = set(map(id, ddp.module.parameters()))
+    if not all(id(p) in inside for p in model.parameters()):
+        raise ReplayError(
+            "ddp=: the model has parameters outside the DDP wrapper's module, which its reducer "
+            "does not all-reduce"
+        )
 
 
 def fixed(name: str, path: str) -> property:

@@ -13,6 +13,12 @@ the two (:mod:`replaykit.backends.gaps`) DDP's work runs on the host every step:
   DDP's process group, copied back. Bucket for bucket this is the collective eager issues, so
   the bits are the same for any world size.
 
+With ``ddp=`` (Lightning's DDP strategy in manual optimization, whose own DDP forward runs
+around the step and leaves the reducer unarmed) the step runs the model inside the wrapper and
+does no forward work of DDP's: before an eager synchronising backward it arms the reducer as
+Lightning's ``manual_backward`` does (:func:`arm_reducer`), and a replay runs the all-reduce
+after the backward as above.
+
 A DDP configuration whose reduction differs from this (a communication hook, unused-parameter
 detection, a static graph, gradients as bucket views, DDP's mixed precision, Join) is refused by
 :func:`replaykit.guards.distributed.ddp_refusal` before anything is recorded.
@@ -38,7 +44,21 @@ from ..errors import ReplayError
 from ..guards.distributed import DRIVEN
 from .watchdog import Watchdog
 
-__all__ = ["DDPReduction"]
+__all__ = ["DDPReduction", "arm_reducer"]
+
+
+def arm_reducer(ddp: nn.Module) -> None:
+    """Before an eager backward of a model inside ``ddp`` whose forward the caller runs (``ddp=``):
+    what Lightning's ``manual_backward`` does under its DDP strategy (``prepare_for_backward``),
+    and DDP's own forward after the module ran. The reducer's hooks then all-reduce this
+    backward's gradients; under ``no_sync`` (``require_backward_grad_sync`` off) they stay off.
+    Lightning's DDP forward around ``training_step`` leaves them off in manual optimization."""
+    if torch.is_grad_enabled() and ddp.require_backward_grad_sync:
+        ddp.require_forward_param_sync = True
+        ddp.reducer._rebuild_buckets()  # a no-op once DDP's forward rebuilt them (Lightning calls it)
+        ddp.reducer.prepare_for_backward([])
+    else:
+        ddp.require_forward_param_sync = False
 
 
 class DDPReduction:

@@ -30,6 +30,7 @@ from torch import nn
 
 from ..capturing import capture
 from ..errors import ReplayError
+from ..guards.distributed import is_ddp
 from ..optimizer_step import OptimizerStep
 from ..recorder import Recorder
 
@@ -223,6 +224,14 @@ def whole_step(
     ``global_step``, ``max_steps`` and step-based checkpoints count as they would.
     Precision, scaler and clipping are the TrainStep's (``precision=``, ``scaler=``,
     ``max_norm=``), not the Trainer's: keep ``Trainer(precision="32")``.
+
+    Under ``Trainer(strategy="ddp")`` the same code trains every rank: Lightning runs
+    ``training_step`` inside DDP's forward (left as Lightning runs it), and the step is
+    ``TrainStep(net, ..., ddp=trainer.strategy.model)``: it repeats DDP's gradient all-reduce
+    between its two graphs, with ``no_sync`` on accumulation micro-batches, every rank agreeing
+    on each call's route (:func:`ddp_wrapper`). Bitwise equal to native Lightning
+    manual-optimization DDP (``manual_backward``, ``block_backward_sync``), rank by rank
+    (:mod:`replaykit.testing.parity.lightning_ddp_step`). Other strategies raise ReplayError.
     """
     from ..step import TrainStep
 
@@ -231,15 +240,8 @@ def whole_step(
             "whole_step needs manual optimization: set self.automatic_optimization = False"
         )
     trainer = getattr(pl_module, "_trainer", None)
-    strategy = type(trainer.strategy).__name__ if trainer is not None else "SingleDeviceStrategy"
-    if strategy != "SingleDeviceStrategy":
-        raise ReplayError(
-            f"whole_step under {strategy}: Lightning runs training_step inside DDP's forward, so "
-            "a step's own backward there is not the all-reduce Lightning's manual_backward "
-            "arranges; not proven, so refused. Under DDP use ReplayCallback(..., "
-            "optimizer_step=True) with automatic optimization, or rk.TrainStep(ddp_model, ...) "
-            "in a plain torch.distributed loop"
-        )
+    if trainer is not None and type(trainer.strategy).__name__ != "SingleDeviceStrategy":
+        step_kwargs = {**step_kwargs, "ddp": ddp_wrapper(trainer.strategy, pl_module)}
     lopt = pl_module.optimizers()
     if isinstance(lopt, list):
         raise ReplayError("whole_step takes one optimizer; this module configures several")
@@ -249,3 +251,33 @@ def whole_step(
         lopt._on_after_step()
 
     return TrainStep(net, loss_fn, lopt.optimizer, on_optimizer_step=tick, **step_kwargs)
+
+
+def ddp_wrapper(strategy: Any, pl_module: L.LightningModule) -> nn.Module:
+    """The DDP wrapper whose reduction a whole step repeats under Lightning's DDP strategy.
+
+    Lightning runs ``training_step`` inside DDP's forward (its buffer broadcast and bucket
+    rebuild stay Lightning's) and, in manual optimization, keeps that forward from arming the
+    reducer: ``manual_backward`` arms it. So the step runs ``net`` and arms the reducer before its
+    eager backward as ``manual_backward`` would; a replay runs the reducer's all-reduce between
+    its graphs. Another strategy, or a Lightning whose DDP forward arms the reducer around
+    ``training_step`` (a captured backward would fire its hooks), is refused.
+    """
+    name = type(strategy).__name__
+    model = getattr(strategy, "model", None)
+    redirection = type(getattr(strategy, "_forward_redirection", None)).__name__
+    if name != "DDPStrategy":
+        why = "not supported (SingleDeviceStrategy and DDPStrategy are)"
+    elif not is_ddp(model) or model.module is not pl_module:
+        why = "its model is not a DistributedDataParallel around this LightningModule"
+    elif redirection != "_DDPForwardRedirection":
+        why = (
+            "this Lightning's DDP forward around training_step does not leave the reducer to "
+            "manual_backward, so a captured backward would fire its hooks"
+        )
+    else:
+        return model
+    raise ReplayError(
+        f"whole_step under {name}: {why}. Use ReplayCallback(..., optimizer_step=True) with "
+        "automatic optimization, or rk.TrainStep(ddp_model, ...) in a plain torch.distributed loop"
+    )

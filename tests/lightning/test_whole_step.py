@@ -79,14 +79,23 @@ def test_whole_step_needs_manual_optimization():
         whole_step(module, module.net, small_loss)
 
 
-def test_whole_step_under_ddp_is_refused_with_the_reason():
-    """Lightning runs training_step inside DDP's forward: a step's own backward there is not
-    proven against Lightning's DDP, so whole_step refuses it and names what does work."""
+@pytest.mark.parametrize(
+    "strategy, why",
+    [
+        ("FSDPStrategy", "not supported"),
+        ("DDPStrategy", "its model is not a DistributedDataParallel around this LightningModule"),
+    ],
+)
+def test_whole_step_under_another_strategy_is_refused_with_the_reason(strategy, why):
+    """A strategy other than one device and DDP (whose wrapper around this module the step's
+    reduction repeats: tests/lightning/test_whole_step_ddp.py) is refused, naming what works."""
     from types import SimpleNamespace
 
     module = WholeStepModule(True)
-    module._trainer = SimpleNamespace(strategy=type("DDPStrategy", (), {})())
-    with pytest.raises(ReplayError, match=r"whole_step under DDPStrategy.*optimizer_step=True"):
+    module._trainer = SimpleNamespace(strategy=type(strategy, (), {"model": module.net})())
+    with pytest.raises(
+        ReplayError, match=rf"whole_step under {strategy}: {why}.*optimizer_step=True"
+    ):
         whole_step(module, module.net, small_loss)
 
 

@@ -126,7 +126,7 @@ def _native_step(case: Case, ddp: nn.Module, opt: Any, scaler: Any, i: int, x: A
     return loss.detach()
 
 
-def _routes(step: Any) -> list[str]:
+def routes(step: Any) -> list[str]:
     """Each call's route, in order (from the journal)."""
     by_call: dict[int, str] = {}
     for e in step.journal:
@@ -192,15 +192,21 @@ def _arm(case: Case, arm: str) -> dict[str, Any]:
         info["summary"] = f"{rec.summary()} || {ostep.summary()}"
         rec.release()
     elif step is not None:
-        info = {"routes": _routes(step), "replay": step.counts["replay"], "summary": step.summary()}
+        info = {"routes": routes(step), "replay": step.counts["replay"], "summary": step.summary()}
         step.release()
+    state = end_state(net, opt, losses)
+    return {"state": state, "error": error, **info}
+
+
+def end_state(net: nn.Module, opt: Any, losses: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What an arm is judged by, on the CPU: weights, buffers, momentum, losses."""
     state = {f"param/{n}": p.detach().cpu().clone() for n, p in net.named_parameters()}
     state.update({f"buffer/{n}": b.cpu().clone() for n, b in net.named_buffers()})
     state.update(
         {f"momentum/{i}": s["momentum_buffer"].cpu() for i, s in enumerate(opt.state.values())}
     )
     state.update({f"loss/{i}": v.float().cpu() for i, v in enumerate(losses)})
-    return {"state": state, "error": error, **info}
+    return state
 
 
 def _bench(case: Case, arm: str) -> dict[str, Any]:
@@ -286,27 +292,28 @@ def compare(cases: list[Case], timeout: float = 60, pg_timeout: float = 60) -> l
     return [_judge(case, [r[i] for r in per_rank]) for i, case in enumerate(cases)]
 
 
-def _judge(case: Case, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+def judge_arm(ranks: list[dict[str, Any]], arm: str) -> dict[str, Any]:
+    """``arm`` against native on every rank (bit for bit), the ranks' weights against each
+    other, and what each rank routed, replayed and raised."""
     from ...verify.bitwise import diff_states
 
+    diffs = [[d.name for d in diff_states(r["native"]["state"], r[arm]["state"])] for r in ranks]
+    weights = [{k: v for k, v in r[arm]["state"].items() if k.startswith("param/")} for r in ranks]
+    return {
+        "equal": all(not d for d in diffs) and not any(r[arm]["error"] for r in ranks),
+        "ranks_agree": all(not diff_states(weights[0], w) for w in weights[1:]),
+        "diffs": diffs,
+        "routes": [r[arm].get("routes") for r in ranks],
+        "replay": [r[arm].get("replay") for r in ranks],
+        "errors": [r[arm]["error"] for r in ranks],
+        "summaries": [r[arm].get("summary") for r in ranks],
+    }
+
+
+def _judge(case: Case, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"case": asdict(case)}
     for arm in case.arms[1:]:
-        diffs = [
-            [d.name for d in diff_states(r["native"]["state"], r[arm]["state"])] for r in ranks
-        ]
-        weights = [
-            {k: v for k, v in r[arm]["state"].items() if k.startswith("param/")} for r in ranks
-        ]
-        out[arm] = {
-            "equal": all(not d for d in diffs) and not any(r[arm]["error"] for r in ranks),
-            "ranks_agree": all(not diff_states(weights[0], w) for w in weights[1:]),
-            "diffs": diffs,
-            "routes": [r[arm].get("routes") for r in ranks],
-            "replay": [r[arm].get("replay") for r in ranks],
-            "errors": [r[arm]["error"] for r in ranks],
-            "summaries": [r[arm].get("summary") for r in ranks],
-            "ms": [r[arm].get("ms") for r in ranks],
-        }
+        out[arm] = {**judge_arm(ranks, arm), "ms": [r[arm].get("ms") for r in ranks]}
     out["native_ms"] = [r["native"].get("ms") for r in ranks]
     return out
 
