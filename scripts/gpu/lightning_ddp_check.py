@@ -44,29 +44,34 @@ def _run(case: Case, timeout: float, pg_timeout: float) -> tuple[dict | None, st
     return result, ""
 
 
-def matrix(device: str, timeout: float, deadline: float, quick: bool) -> list[dict]:
-    rows = []
-    for precision in PRECISIONS:
-        for acc in ACCUMULATIONS:
-            row: dict = {"precision": precision, "accumulate": acc}
-            if time.monotonic() > deadline:
-                rows.append({**row, "verdict": "SKIP", "why": "time budget spent"})
-                continue
-            t0 = time.monotonic()
-            case = Case(precision=precision, accumulate=acc, device=device, steps=4 if quick else 6)
-            result, error = _run(case, timeout, timeout)
-            if result is None:
-                rows.append({**row, "verdict": "FAIL", "why": error})
-                continue
-            r = result["whole_step"]
-            ok = r["equal"] and r["ranks_agree"] and min(r["replay"]) > 0
-            ok = ok and result["native"]["ranks_agree"] and r["routes"][0] == r["routes"][1]
-            why = "" if ok else f"diffs {r['diffs']} errors {r['errors']} {r['summaries']}"
-            rows.append({
-                **row, "verdict": "PASS" if ok else "FAIL", "replays": r["replay"],
-                "routes": r["routes"][0], "seconds": round(time.monotonic() - t0, 1),
-                "why": why[-600:],
-            })  # fmt: skip
+def _case_row(
+    precision: str, acc: int, device: str, timeout: float, deadline: float, quick: bool
+) -> dict:
+    row: dict = {"precision": precision, "accumulate": acc}
+    if time.monotonic() > deadline:
+        return {**row, "verdict": "SKIP", "why": "time budget spent"}
+    t0 = time.monotonic()
+    case = Case(precision=precision, accumulate=acc, device=device, steps=4 if quick else 6)
+    result, error = _run(case, timeout, timeout)
+    if result is None:
+        return {**row, "verdict": "FAIL", "why": error}
+    r = result["whole_step"]
+    ok = r["equal"] and r["ranks_agree"] and min(r["replay"]) > 0
+    ok = ok and result["native"]["ranks_agree"] and r["routes"][0] == r["routes"][1]
+    why = "" if ok else f"diffs {r['diffs']} errors {r['errors']} {r['summaries']}"
+    return {
+        **row, "verdict": "PASS" if ok else "FAIL", "replays": r["replay"],
+        "routes": r["routes"][0], "seconds": round(time.monotonic() - t0, 1), "why": why[-600:],
+    }  # fmt: skip
+
+
+def matrix(device: str, timeout: float, deadline: float, quick: bool, jobs: int = 1) -> list[dict]:
+    """Every case, ``jobs`` two-rank launches at a time; the rank-1 change last."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    grid = [(p, a) for p in PRECISIONS for a in ACCUMULATIONS]
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        rows = list(pool.map(lambda pa: _case_row(*pa, device, timeout, deadline, quick), grid))
     rows.append(_rank1_change(device, timeout))
     return rows
 
@@ -114,8 +119,10 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=120, help="seconds per case (ranks killed)")
     ap.add_argument("--budget", type=float, default=420, help="seconds before no new case starts")
     ap.add_argument("--quick", action="store_true", help="fewer steps per case")
+    ap.add_argument("--jobs", type=int, default=1, help="cases launched side by side")
     args = ap.parse_args()
-    rows = matrix(args.device, args.timeout, time.monotonic() + args.budget, args.quick)
+    deadline = time.monotonic() + args.budget
+    rows = matrix(args.device, args.timeout, deadline, args.quick, args.jobs)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "lightning_ddp_check.json").write_text(json.dumps(rows, indent=1, default=str))
     text = markdown(args.device, rows)
