@@ -181,8 +181,12 @@ def _arm(case: Case, arm: str) -> dict[str, Any]:
     if step is not None:
         info.update(routes=routes(step), replay=step.counts["replay"], summary=step.summary())
         step.release()
-    net, opt = module.net, module.optimizers().optimizer
-    state = end_state(net, opt, module.losses)
+    lopt = module.optimizers()
+    if isinstance(
+        lopt, list
+    ):  # fit raised before Lightning set the optimizer up: the error says why
+        return {"state": {}, "error": error or "fit configured no optimizer", **info}
+    state = end_state(module.net, lopt.optimizer, module.losses)
     return {"state": state, "error": error, **info}
 
 
@@ -238,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         _worker(args.worker)
         return 0
     (result,) = compare([Case(args.precision, args.accumulate, args.device)], args.timeout)
-    print(json.dumps(result["whole_step"], default=str)[:4000])
+    print(json.dumps(result, default=str)[:6000])
     return 0 if result["whole_step"]["equal"] and result["whole_step"]["ranks_agree"] else 1
 
 
