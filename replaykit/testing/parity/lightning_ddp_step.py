@@ -153,15 +153,19 @@ def _trainer(case: Case) -> Any:
     import lightning as L
     from lightning.pytorch.strategies import DDPStrategy
 
-    devices = [torch.device(case.device)] * case.world  # cuda: every rank on cuda:0
+    from .one_device import OneDeviceEnvironment
+
+    # every rank a node of one device (cuda:0 on a GPU host): the automatic matrix's stand-in
+    # (one_device.py); Lightning's CUDA accelerator would put rank 1 on cuda:1 otherwise
     strategy = DDPStrategy(
-        parallel_devices=devices, process_group_backend="gloo",
+        cluster_environment=OneDeviceEnvironment(), process_group_backend="gloo",
         find_unused_parameters=case.find_unused,
     )  # fmt: skip
     return L.Trainer(
         strategy=strategy, accelerator="cpu" if case.device == "cpu" else "cuda",
-        max_epochs=1, precision="32", logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
+        devices=1, num_nodes=case.world, max_epochs=1, precision="32", logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        use_distributed_sampler=False,
     )  # fmt: skip
 
 
