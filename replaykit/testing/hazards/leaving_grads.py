@@ -111,8 +111,10 @@ PATTERNS: list[Pattern] = [
         lambda m, a: _gan(m, a, False, "step"),
         guard="foreign_grads",
         api="step",
-        cpu_only="on the H200 the unguarded capture itself fails in some processes (state_check.py; "
-        "the safe arm too there, while pytest's replays) and the step retires, exact",
+        cpu_only="on the H200 the capture fails, guarded or not, and the step retires, exact: the "
+        "discriminator's loss, still alive, holds its parameters' gradient accumulators made on the "
+        "default stream, which the captured backward would have to wait on; with that loss kept "
+        "detached the same loop replays (step_gan_generator_trainable_disc_loss_detached, H200)",
     ),
     HC.pattern(
         "step_gan_generator_trainable_disc_loss_detached",
