@@ -27,6 +27,7 @@ import json
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -252,38 +253,49 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _worker(spec: Path) -> None:
+def rank_worker(spec: Path, run_case: Callable[[dict], dict]) -> None:
+    """One rank of a launch: the gloo group (Lightning finds it initialised and keeps it),
+    ``run_case`` over each case of ``spec`` (a dict each), this rank's results saved beside it."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
     data = json.loads(spec.read_text())
-    cases = [Case(**{**c, "arms": tuple(c["arms"])}) for c in data["cases"]]
     # a collective left unpaired (the unsafe arm) fails after this, not after gloo's 30 minutes
     dist.init_process_group("gloo", timeout=timedelta(seconds=data["pg_timeout"]))
     rank = dist.get_rank()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            results = [
-                {arm: (_bench if case.bench else _arm)(case, arm) for arm in case.arms}
-                for case in cases
-            ]
+            results = [run_case(c) for c in data["cases"]]
         torch.save(results, spec.parent / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def launch(cases: list[Case], timeout: float = 60, pg_timeout: float = 60) -> list[list[dict]]:
-    """Every arm of each case (one after another in the same processes: they start once) on
-    ``world`` ranks; each rank's results per case. Past ``timeout`` every rank is killed."""
+def launch_ranks(
+    module: str, cases: list[Any], timeout: float, pg_timeout: float, what: str
+) -> list[list[dict]]:
+    """Every case of ``cases`` (dataclasses with ``world``) on ``world`` ranks of ``python -m
+    module --worker``, one after another in the same processes (they start once); each rank's
+    results per case. Past ``timeout`` every rank is killed."""
     world = cases[0].world
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "cases.json"
         spec.write_text(json.dumps({"cases": [asdict(c) for c in cases], "pg_timeout": pg_timeout}))
-        args = ["--worker", str(spec)]
-        run_ranks("replaykit.testing.parity.ddp_step", args, world, timeout, "DDP TrainStep")
+        run_ranks(module, ["--worker", str(spec)], world, timeout, what)
         return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def _run_case(data: dict) -> dict:
+    case = Case(**{**data, "arms": tuple(data["arms"])})
+    return {arm: (_bench if case.bench else _arm)(case, arm) for arm in case.arms}
+
+
+def launch(cases: list[Case], timeout: float = 60, pg_timeout: float = 60) -> list[list[dict]]:
+    """Every arm of each case on ``world`` ranks; each rank's results per case."""
+    module = "replaykit.testing.parity.ddp_step"
+    return launch_ranks(module, cases, timeout, pg_timeout, "DDP TrainStep")
 
 
 def compare(cases: list[Case], timeout: float = 60, pg_timeout: float = 60) -> list[dict]:
@@ -326,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=60)
     args = ap.parse_args(argv)
     if args.worker:
-        _worker(args.worker)
+        rank_worker(args.worker, _run_case)
         return 0
     (result,) = compare([Case(args.precision, args.accumulate, args.device)], args.timeout)
     print(json.dumps(result["trainstep"], default=str)[:4000])

@@ -30,18 +30,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import tempfile
-import warnings
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..torchrun import worker_parser
-from .ddp_step import end_state, judge_arm, loss_fn, routes
-from .plain_ddp import run_ranks
+from .ddp_step import end_state, judge_arm, launch_ranks, loss_fn, rank_worker, routes
 
 
 @dataclass(frozen=True)
@@ -194,36 +190,16 @@ def _arm(case: Case, arm: str) -> dict[str, Any]:
     return {"state": state, "error": error, **info}
 
 
-def _worker(spec: Path) -> None:
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    data = json.loads(spec.read_text())
-    cases = [Case(**{**c, "arms": tuple(c["arms"])}) for c in data["cases"]]
-    # a collective left unpaired (the unsafe arm) fails after this, not after gloo's 30 minutes;
-    # Lightning finds the group initialised and keeps it
-    dist.init_process_group("gloo", timeout=timedelta(seconds=data["pg_timeout"]))
-    rank = dist.get_rank()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            results = [{arm: _arm(case, arm) for arm in case.arms} for case in cases]
-        torch.save(results, spec.parent / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _run_case(data: dict) -> dict:
+    case = Case(**{**data, "arms": tuple(data["arms"])})
+    return {arm: _arm(case, arm) for arm in case.arms}
 
 
 def compare(cases: list[Case], timeout: float = 120, pg_timeout: float = 60) -> list[dict]:
     """Per case: every arm against native on every rank, the ranks' weights against each other.
     Every arm of every case runs in the same ``world`` processes; past ``timeout`` all are killed."""
-    world = cases[0].world
-    with tempfile.TemporaryDirectory() as tmp:
-        spec = Path(tmp) / "cases.json"
-        spec.write_text(json.dumps({"cases": [asdict(c) for c in cases], "pg_timeout": pg_timeout}))
-        module = "replaykit.testing.parity.lightning_ddp_step"
-        run_ranks(module, ["--worker", str(spec)], world, timeout, "Lightning DDP whole_step")
-        per_rank = [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    module = "replaykit.testing.parity.lightning_ddp_step"
+    per_rank = launch_ranks(module, cases, timeout, pg_timeout, "Lightning DDP whole_step")
     return [_judge(case, [r[i] for r in per_rank]) for i, case in enumerate(cases)]
 
 
@@ -243,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=120)
     args = ap.parse_args(argv)
     if args.worker:
-        _worker(args.worker)
+        rank_worker(args.worker, _run_case)
         return 0
     (result,) = compare([Case(args.precision, args.accumulate, args.device)], args.timeout)
     print(json.dumps(result, default=str)[:6000])
