@@ -98,3 +98,19 @@ def test_trainstep_over_ddp_replays_on_cuda_and_refuses_a_default_stream_ddp(
     r = last["trainstep"]
     assert r["equal"] and r["replay"] == [0, 0], r
     assert all("ddp_default_stream" in s for s in r["summaries"]), r["summaries"]
+
+
+@pytest.mark.ddp
+def test_a_loss_calling_the_ddp_wrapper_runs_eagerly_and_without_the_guard_differs() -> None:
+    """``lambda m, x, y: ce(ddp(x), y)``: the loss calls the wrapper it closes over, so DDP's own
+    forward would run inside the recording. The step runs eagerly from then on, saying why, equal
+    to eager DDP; with ``ddp_wrapper_forward`` off the replays end with other weights."""
+    case = Case(
+        arms=("native", "trainstep", "unsafe"), steps=6, loss_closure=True,
+        unsafe="ddp_wrapper_forward",
+    )  # fmt: skip
+    (result,) = compare([case], timeout=150)
+    safe, unsafe = result["trainstep"], result["unsafe"]
+    assert safe["equal"] and safe["ranks_agree"] and safe["replay"] == [0, 0], safe
+    assert all("called the DistributedDataParallel wrapper" in s for s in safe["summaries"])
+    assert not unsafe["equal"] and min(unsafe["replay"]) > 0, unsafe

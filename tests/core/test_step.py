@@ -145,6 +145,7 @@ def test_every_step_protection_has_a_negative_control():
         "verify_recording",  # test_a_capture_time_branch_is_caught_at_recording
         "shared_pool",  # tests/core/test_memory.py: a step reads overwritten gradients
         "rank_agreement",  # tests/core/test_ddp_step.py: rank 0 replays while rank 1 records
+        "ddp_wrapper_forward",  # tests/core/test_ddp_step.py: a loss calling the DDP wrapper
     }
     controlled |= {g for p in PATTERNS if p.api == "step" and p.guard for g in p.guard.split("+")}
     controlled.add("compiled_code")  # tests/core/test_compiled.py (a compiled model: slow to build)
@@ -746,3 +747,40 @@ def test_the_eager_twin_releases_and_keeps_running(device: str) -> None:
     before = model.weight.detach().clone()
     step(x)  # the twin still trains
     assert not torch.equal(model.weight, before)
+
+
+class _TrainerClass:
+    """The "Trainer class" pattern: the loss closes over ``self``, which holds the step itself."""
+
+    def __init__(self, backend: str, device: str, replay: bool = True) -> None:
+        torch.manual_seed(0)
+        self.model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(device)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
+        self.crit = nn.CrossEntropyLoss()
+        self.scale = 1.0  # read by the loss through self: a change must key a new recording
+        self.step = rk.TrainStep(
+            self.model,
+            lambda m, x, y: self.crit(m(x), y) * self.scale,
+            self.opt,
+            backend=backend,
+            replay=replay,
+        )
+
+
+def test_a_loss_closing_over_an_object_that_holds_the_step_replays(
+    backend: str, device: str
+) -> None:
+    """Keying the loss's closure walked self -> step -> loss -> self without end (RecursionError);
+    the step keys itself by identity, a value read through self still keys the recording."""
+    runs = [_TrainerClass(backend, device, replay) for replay in (True, False)]
+    g = torch.Generator().manual_seed(1)
+    for i in range(7):
+        x, y = torch.randn(8, 8, generator=g).to(device), torch.randint(0, 4, (8,), generator=g)
+        for t in runs:
+            t.scale = 0.5 if i >= 5 else 1.0
+            t.step(x.clone(), y.clone())
+    replayed, eager = runs
+    for a, b in zip(replayed.model.parameters(), eager.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert replayed.step.counts["replay"] >= 3, replayed.step.summary()
+    assert replayed.step.counts["record"] == 2, replayed.step.summary()  # scale changed: anew

@@ -10,7 +10,8 @@ own shard of the batches:
   ``loss / accumulate``, scaler, clip, SGD, ``zero_grad(set_to_none=True)``);
 - ``trainstep``: ``rk.TrainStep(ddp, ...)``: the two-graph form (forward+backward replayed, DDP's
   all-reduce between, clip+optimizer replayed), the ranks agreeing on each call's route;
-- ``unsafe``: the same with the ``rank_agreement`` protection switched off;
+- ``unsafe``: the same with the ``unsafe`` protection switched off (``rank_agreement``);
+- with ``loss_closure``, the loss calls the DDP wrapper it closes over, not the model it is given;
 - with ``rank1_change``, rank 1 alone changes a value the forward reads (dropout's ``p``) for
   one call, so rank 1 alone meets a re-record trigger there; with ``rank1_stall`` rank 1 sleeps
   before one call (the watchdog's case, with ``replay_timeout``).
@@ -56,6 +57,8 @@ class Case:
     rank1_stall: int = 0  # the call before which rank 1 alone sleeps 3 s (0: never)
     find_unused: bool = False  # DDP(find_unused_parameters=...): a configuration the step refuses
     default_stream: bool = False  # on CUDA, DDP built on the default stream: the step refuses it
+    loss_closure: bool = False  # the loss calls the DDP wrapper from its closure
+    unsafe: str = "rank_agreement"  # the protection the unsafe arm switches off
     replay_timeout: float | None = None
     width: int = 32
     depth: int = 2
@@ -159,10 +162,12 @@ def _trainer(case: Case, arm: str, ddp: Any, opt: Any, scaler: Any) -> tuple[Any
             return loss.detach()
 
         return run, (rec, ostep)
+    closed = lambda m, x, y: loss_fn(ddp, x, y)  # noqa: E731  (the wrapper, not ``m``)
     step = rk.TrainStep(
-        ddp, loss_fn, opt, scaler=scaler, max_norm=1.0, accumulate=case.accumulate,
+        ddp, closed if case.loss_closure else loss_fn, opt, scaler=scaler, max_norm=1.0,
+        accumulate=case.accumulate,
         precision=case.precision, backend="auto" if case.device != "cpu" else "emulated",
-        warmup=2, unsafe_disable=("rank_agreement",) if arm == "unsafe" else (),
+        warmup=2, unsafe_disable=(case.unsafe,) if arm == "unsafe" else (),
         replay_timeout=30.0 if arm == "trainstep+watchdog" else case.replay_timeout,
     )  # fmt: skip
     return (lambda i, x, y: step(x, y)), step
