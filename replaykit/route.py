@@ -307,9 +307,6 @@ class Entry:
 
     #: the entry point's kind, as ``__repr__`` names it
     kind: ClassVar[str] = "Entry"
-    #: a value key (``guards/module.py``) meeting an entry point (an object a loss closes over
-    #: holds the step) keys it by identity: its counters and recordings change every call
-    replaykit_key_by_identity: ClassVar[bool] = True
     lifecycle: Lifecycle
     journal: Journal  # the lifecycle's
     on: Switches

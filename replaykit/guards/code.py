@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import ReplayWarning
 from ..verify.snapshot import held_state
 from .module import Pinned, cell_filled, value_key
 
@@ -92,8 +94,21 @@ class LossInputs:
                 self.unwatched.append(f"{name} ({type(exc).__name__})")
 
     def key(self) -> tuple:
-        """The values ``loss_fn`` would read now."""
-        return tuple(read() for _, read in self._sources)
+        """The values ``loss_fn`` would read now. A source that became unkeyable since it was
+        found (``self`` of a loss, once ``self`` holds the step: its walk comes back round) is
+        named in ``unwatched`` from then on, as one unkeyable from the start is, and warned of."""
+        try:
+            return tuple(read() for _, read in self._sources)
+        except (RecursionError, TypeError, ValueError):
+            before = len(self.unwatched)
+            self._check_sources()
+            warnings.warn(
+                f"replaykit: what the code reads through {', '.join(self.unwatched[before:])} can "
+                "no longer be keyed: a Python value read there is frozen at the recording call",
+                ReplayWarning,
+                stacklevel=2,
+            )
+            return tuple(read() for _, read in self._sources)
 
     def changed(self, before: tuple, classes: bool = False) -> str | None:
         """The first source whose value differs from ``before`` (a key taken earlier), or None.

@@ -236,27 +236,11 @@ class Pinned:
 def value_key(value: Any) -> Any:
     """A hashable key that changes whenever ``value`` would make a forward behave differently.
     Floats are keyed by their bits (``-0.0`` is not ``0.0``; a NaN equals itself), tensors and
-    callables by identity (a graph reads a tensor's memory, whatever it holds). An object met
-    again inside its own key (a loss closing over ``self`` that holds the step) is keyed there
-    by identity: its contents are keyed where the walk first met it."""
+    callables by identity (a graph reads a tensor's memory, whatever it holds)."""
     if isinstance(value, float):
         return ("f", value.hex())
     if isinstance(value, PLAIN_VALUES):
         return (type(value), value)
-    if getattr(type(value), "replaykit_key_by_identity", False):
-        return ("id", id(value))
-    walking = _local.__dict__.setdefault("keying", set())
-    if id(value) in walking:
-        return ("cycle", id(value))
-    walking.add(id(value))
-    try:
-        return _compound_key(value)
-    finally:
-        walking.discard(id(value))
-
-
-def _compound_key(value: Any) -> Any:
-    """:func:`value_key` of a value that holds others (a container, a function, an object)."""
     if isinstance(value, (tuple, list)):
         return (type(value), tuple(value_key(v) for v in value))
     if isinstance(value, dict):
