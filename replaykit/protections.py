@@ -231,13 +231,6 @@ REGISTRY: dict[str, Protection] = {
             "under DDP each rank routes alone: one records or runs eagerly while another replays, their "
             "collectives no longer pair up (a hang, or gradients averaged across different steps)",
         ),
-        Protection(
-            "ddp_wrapper_forward",
-            "step",
-            "under DDP a loss that calls the DDP wrapper itself (a closure over it) runs DDP's forward "
-            "inside the recording: the reducer armed and its collectives recorded, and replays end "
-            "with other weights than eager DDP's",
-        ),
     )
 }
 

@@ -507,9 +507,6 @@ class TrainStep(RecordingSteps, Entry):
             gap(partial(self._ddp.before_forward, sync), first=True)
         model = c.model.module if split and c.ddp is None else c.model
         quiet = c.model.no_sync() if not sync and not split and is_ddp(c.model) else _NULL
-        if split and c.ddp is None and self.on.ddp_wrapper_forward:
-            assert self._ddp is not None
-            quiet = self._ddp.wrapper_closed()
         with quiet:
             with ctx:
                 loss = c.loss_fn(model, *args, **kwargs)

@@ -110,6 +110,10 @@ class _Op:
         self.frees: tuple[int, ...] = ()  # scratch slots last read here
 
 
+#: the op namespaces of torch.distributed's collectives (eager ProcessGroup ops, functional ones)
+_COLLECTIVES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_dtensor"})
+
+
 def untapeable(func: Any, args: tuple, kwargs: dict) -> str | None:
     """Why a CUDA graph capture could not replay this aten call faithfully, or None."""
     name = str(func)
@@ -121,6 +125,12 @@ def untapeable(func: Any, args: tuple, kwargs: dict) -> str | None:
         ):
             return f"{name} with a boolean mask has a data-dependent output shape (the host must read device data)"
         return None
+    if getattr(func, "namespace", "") in _COLLECTIVES:
+        return (
+            f"{name} is a collective (torch.distributed) inside the recorded code: a replay would "
+            "issue it again outside the process group's pairing and never wait for it; reduce "
+            "outside the step (DDP's own gradient all-reduce runs between the step's graphs)"
+        )
     if func is _aten._local_scalar_dense.default:
         return f"{name} reads a tensor's value on the host (.item(), float(t), a tensor in an if); a graph would freeze the value read at capture"
     tags = func.tags

@@ -34,8 +34,7 @@ and a default-stream DDP runs eagerly, saying how to build it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -100,18 +99,6 @@ class DDPReduction:
             "stream wait on the capture; build it under `with torch.cuda.stream(torch.cuda.Stream()):` "
             "as torch's CUDA graphs notes ask of DDP (Lightning's DDP strategy does)"
         )
-
-    @contextmanager
-    def wrapper_closed(self) -> Iterator[None]:
-        """While the step's graphs are captured around ``ddp.module``: DDP's own forward must not
-        run (a loss closing over the wrapper), since it would arm the reducer and issue its
-        collectives inside the recording. It raises instead; the capture fails and the step
-        runs eagerly from then on, saying why."""
-        handle = self.ddp.register_forward_pre_hook(_wrapper_called)
-        try:
-            yield
-        finally:
-            handle.remove()
 
     def ready(self) -> bool:
         """Whether DDP rebuilt its buckets (in its second forward): the layout the reduction follows."""
@@ -204,11 +191,3 @@ class DDPReduction:
                 views.append(flat[offset : offset + g.numel()].view(g.size()))
             offset += g.numel()
         return flat, views, grads
-
-
-def _wrapper_called(module: nn.Module, args: tuple) -> None:
-    raise ReplayError(
-        "replaykit: loss_fn called the DistributedDataParallel wrapper itself (a closure over it?) "
-        "while the step was recorded around its module: DDP's forward arms its reducer and issues "
-        "collectives the replay repeats between its graphs; call the model loss_fn is given"
-    )

@@ -101,16 +101,13 @@ def test_trainstep_over_ddp_replays_on_cuda_and_refuses_a_default_stream_ddp(
 
 
 @pytest.mark.ddp
-def test_a_loss_calling_the_ddp_wrapper_runs_eagerly_and_without_the_guard_differs() -> None:
-    """``lambda m, x, y: ce(ddp(x), y)``: the loss calls the wrapper it closes over, so DDP's own
-    forward would run inside the recording. The step runs eagerly from then on, saying why, equal
-    to eager DDP; with ``ddp_wrapper_forward`` off the replays end with other weights."""
-    case = Case(
-        arms=("native", "trainstep", "unsafe"), steps=6, loss_closure=True,
-        unsafe="ddp_wrapper_forward",
-    )  # fmt: skip
-    (result,) = compare([case], timeout=150)
-    safe, unsafe = result["trainstep"], result["unsafe"]
-    assert safe["equal"] and safe["ranks_agree"] and safe["replay"] == [0, 0], safe
-    assert all("called the DistributedDataParallel wrapper" in s for s in safe["summaries"])
-    assert not unsafe["equal"] and min(unsafe["replay"]) > 0, unsafe
+def test_collectives_inside_the_loss_run_eagerly_and_stay_equal() -> None:
+    """A loss normalised by a count all-reduced across the ranks, and a loss calling the DDP
+    wrapper it closes over (whose forward broadcasts buffers and arms the reducer): a replay would
+    reissue those collectives unpaired and unwaited (they replayed with other weights, silently).
+    The capture refuses a collective; every call runs eagerly, saying why, equal to eager DDP."""
+    cases = [Case(steps=6, loss_collective=True), Case(steps=6, loss_closure=True)]
+    for result in compare(cases, timeout=150):
+        r = result["trainstep"]
+        assert r["equal"] and r["ranks_agree"] and r["replay"] == [0, 0], (result["case"], r)
+        assert all("is a collective (torch.distributed)" in s for s in r["summaries"]), r

@@ -145,7 +145,6 @@ def test_every_step_protection_has_a_negative_control():
         "verify_recording",  # test_a_capture_time_branch_is_caught_at_recording
         "shared_pool",  # tests/core/test_memory.py: a step reads overwritten gradients
         "rank_agreement",  # tests/core/test_ddp_step.py: rank 0 replays while rank 1 records
-        "ddp_wrapper_forward",  # tests/core/test_ddp_step.py: a loss calling the DDP wrapper
     }
     controlled |= {g for p in PATTERNS if p.api == "step" and p.guard for g in p.guard.split("+")}
     controlled.add("compiled_code")  # tests/core/test_compiled.py (a compiled model: slow to build)

@@ -12,6 +12,7 @@ own shard of the batches:
   all-reduce between, clip+optimizer replayed), the ranks agreeing on each call's route;
 - ``unsafe``: the same with the ``unsafe`` protection switched off (``rank_agreement``);
 - with ``loss_closure``, the loss calls the DDP wrapper it closes over, not the model it is given;
+  with ``loss_collective``, it divides by the batch size all-reduced across the ranks;
 - with ``rank1_change``, rank 1 alone changes a value the forward reads (dropout's ``p``) for
   one call, so rank 1 alone meets a re-record trigger there; with ``rank1_stall`` rank 1 sleeps
   before one call (the watchdog's case, with ``replay_timeout``).
@@ -58,6 +59,7 @@ class Case:
     find_unused: bool = False  # DDP(find_unused_parameters=...): a configuration the step refuses
     default_stream: bool = False  # on CUDA, DDP built on the default stream: the step refuses it
     loss_closure: bool = False  # the loss calls the DDP wrapper from its closure
+    loss_collective: bool = False  # the loss is normalised by a count all-reduced across ranks
     unsafe: str = "rank_agreement"  # the protection the unsafe arm switches off
     replay_timeout: float | None = None
     width: int = 32
@@ -76,6 +78,15 @@ def _net(case: Case) -> nn.Module:
 
 def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(model(x), y)
+
+
+def _global_mean(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The loss summed, over the number of items all ranks hold (an all-reduce inside the loss)."""
+    import torch.distributed as dist
+
+    count = torch.tensor(float(y.numel()), device=y.device)
+    dist.all_reduce(count)
+    return nn.functional.cross_entropy(model(x), y, reduction="sum") / count
 
 
 def _setup(case: Case) -> tuple:
@@ -119,7 +130,7 @@ def _native_step(case: Case, ddp: nn.Module, opt: Any, scaler: Any, i: int, x: A
     ac = torch.autocast(case.device, dtype=dtype) if dtype else contextlib.nullcontext()
     with ddp.no_sync() if not sync else contextlib.nullcontext():
         with ac:
-            loss = loss_fn(ddp, x, y)
+            loss = (_global_mean if case.loss_collective else loss_fn)(ddp, x, y)
         scaled = loss / acc if acc > 1 else loss
         (scaler.scale(scaled) if scaler is not None else scaled).backward()
     if sync:
@@ -163,8 +174,9 @@ def _trainer(case: Case, arm: str, ddp: Any, opt: Any, scaler: Any) -> tuple[Any
 
         return run, (rec, ostep)
     closed = lambda m, x, y: loss_fn(ddp, x, y)  # noqa: E731  (the wrapper, not ``m``)
+    chosen = closed if case.loss_closure else _global_mean if case.loss_collective else loss_fn
     step = rk.TrainStep(
-        ddp, closed if case.loss_closure else loss_fn, opt, scaler=scaler, max_norm=1.0,
+        ddp, chosen, opt, scaler=scaler, max_norm=1.0,
         accumulate=case.accumulate,
         precision=case.precision, backend="auto" if case.device != "cpu" else "emulated",
         warmup=2, unsafe_disable=(case.unsafe,) if arm == "unsafe" else (),
