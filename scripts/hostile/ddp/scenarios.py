@@ -105,11 +105,12 @@ def freeze_midrun_rewrap(ctx):
     return net, opt, losses
 
 
-def adamw_foreach(ctx):
+def adamw_fused_amsgrad(ctx):
+    """(capturable=True is CUDA-only: on the CPU, fused is the replayable AdamW.)"""
     net, ddp, opt, kw, batches = _base(
         ctx,
         opt_fn=lambda m: torch.optim.AdamW(
-            m.parameters(), lr=1e-2, weight_decay=0.1, foreach=True, capturable=True
+            m.parameters(), lr=1e-2, weight_decay=0.1, fused=True, amsgrad=True
         ),
     )
     step = ctx.make_step(ddp, ce, opt, **kw)
@@ -547,5 +548,229 @@ def world_size_in_loss(ctx):
     return net, opt, [step(x, y) for x, y in batches]
 
 
+
+
+# ------------------------------------------------------------------ second batch
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.bn(self.c1(x)))
+        h = torch.relu(self.c2(h))
+        return self.fc(h.mean((2, 3)))
+
+
+def channels_last_conv(ctx):
+    """A channels_last conv net (parameters with non-default strides in DDP's buckets)."""
+    g = torch.Generator().manual_seed(100 + ctx.rank)
+    batches = [
+        (
+            torch.randn(4, 3, 6, 6, generator=g).to(memory_format=torch.channels_last),
+            torch.randint(0, 4, (4,), generator=g),
+        )
+        for _ in range(STEPS)
+    ]
+    torch.manual_seed(0)
+    net = ConvNet().to(memory_format=torch.channels_last)
+    net, ddp, opt, kw, batches = _base(ctx, net=net, batches=batches)
+    step = ctx.make_step(ddp, ce, opt, **kw)
+    return net, opt, [step(x, y) for x, y in batches]
+
+
+class Mixed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.b = nn.Linear(16, 16).double()
+        self.c = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        h = torch.relu(self.b(h.double())).float()
+        return self.c(h)
+
+
+def mixed_dtype_params(ctx):
+    """float32 and float64 parameters: DDP buckets them apart."""
+    net, ddp, opt, kw, batches = _base(ctx, net=Mixed())
+    step = ctx.make_step(ddp, ce, opt, **kw)
+    return net, opt, [step(x, y) for x, y in batches]
+
+
+def frozen_from_start(ctx):
+    torch.manual_seed(0)
+    net = net_bn()
+    net[0].requires_grad_(False)
+    net, ddp, opt, kw, batches = _base(
+        ctx,
+        net=net,
+        opt_fn=lambda m: torch.optim.SGD(
+            [p for p in m.parameters() if p.requires_grad], lr=0.05, momentum=0.9
+        ),
+    )
+    step = ctx.make_step(ddp, ce, opt, **kw)
+    return net, opt, [step(x, y) for x, y in batches]
+
+
+def two_steps_same_ddp(ctx):
+    """Multi-task: two steps (two losses) over one DDP model and one optimizer, alternating."""
+    net, ddp, opt, kw, batches = _base(ctx, steps=12)
+
+    def loss_b(model, x, y):
+        return (model(x) ** 2).mean()
+
+    step_a = ctx.make_step(ddp, ce, opt, **kw)
+    step_b = ctx.make_step(ddp, loss_b, opt, **kw)
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        losses.append((step_a if i % 2 == 0 else step_b)(x, y))
+    return net, opt, losses
+
+
+class Branchy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.b = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        if x.mean() > 0:  # data-dependent host branch: ranks may take different ones
+            h = h * 2
+        return self.b(h)
+
+
+def data_dependent_branch(ctx):
+    net, ddp, opt, kw, batches = _base(ctx, net=Branchy(), steps=10)
+    step = ctx.make_step(ddp, ce, opt, **kw)
+    return net, opt, [step(x, y) for x, y in batches]
+
+
+def loss_item_logging(ctx):
+    """The loss logs loss.item() into a list (a host read inside loss_fn)."""
+    net, ddp, opt, kw, batches = _base(ctx)
+    logged = []
+
+    def loss_fn(model, x, y):
+        loss = ce(model, x, y)
+        logged.append(loss.item())
+        return loss
+
+    step = ctx.make_step(ddp, loss_fn, opt, **kw)
+    losses = [step(x, y) for x, y in batches]
+    ctx.keep("logged", list(logged))
+    return net, opt, losses
+
+
+def bn_frozen_eval(ctx):
+    """Fine-tuning with BatchNorm kept in eval mode (frozen statistics) while training."""
+    net, ddp, opt, kw, batches = _base(ctx)
+    net[1].eval()
+    step = ctx.make_step(ddp, ce, opt, **kw)
+    return net, opt, [step(x, y) for x, y in batches]
+
+
+def bn_eval_toggled_midrun(ctx):
+    """BatchNorm switched to eval at step 5 (freeze statistics late in training)."""
+    net, ddp, opt, kw, batches = _base(ctx, steps=10)
+    step = ctx.make_step(ddp, ce, opt, **kw)
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        if i == 5:
+            net[1].eval()
+        losses.append(step(x, y))
+    return net, opt, losses
+
+
+def small_buckets(ctx):
+    """bucket_cap_mb tiny: one bucket per parameter or so."""
+    net, ddp, opt, kw, batches = _base(ctx, ddp_kw={"bucket_cap_mb": 0.0005})
+    step = ctx.make_step(ddp, ce, opt, **kw)
+    return net, opt, [step(x, y) for x, y in batches]
+
+
+def ignored_params(ctx):
+    """DDP told to ignore one layer's parameters (kept local on each rank)."""
+    torch.manual_seed(0)
+    net = net_bn()
+    DDP._set_params_and_buffers_to_ignore_for_model(net, ["4.weight", "4.bias"])
+    net, ddp, opt, kw, batches = _base(ctx, net=net)
+    step = ctx.make_step(ddp, ce, opt, **kw)
+    return net, opt, [step(x, y) for x, y in batches]
+
+
+def user_no_sync_around_step(ctx):
+    """Wrong usage: the user wraps every other step(x, y) in ddp.no_sync() (accumulate=1)."""
+    import contextlib
+
+    net, ddp, opt, kw, batches = _base(ctx)
+    step = ctx.make_step(ddp, ce, opt, **kw)
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        with ddp.no_sync() if i % 2 == 0 else contextlib.nullcontext():
+            losses.append(step(x, y))
+    return net, opt, losses
+
+
+def unfreeze_midrun_same_ddp(ctx):
+    """Backbone frozen before DDP is built, unfrozen at step 5 with the same DDP: DDP's reducer
+    does not know the layer, so eager DDP trains it with each rank's local gradient."""
+    torch.manual_seed(0)
+    net = net_bn()
+    net[0].requires_grad_(False)
+    net, ddp, opt, kw, batches = _base(ctx, net=net, steps=10)
+    step = ctx.make_step(ddp, ce, opt, **kw)
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        if i == 5:
+            net[0].requires_grad_(True)
+        losses.append(step(x, y))
+    return net, opt, losses
+
+
+def unfreeze_before_step_built(ctx):
+    """As above, but unfrozen after DDP is built and before the step is built."""
+    torch.manual_seed(0)
+    net = net_bn()
+    net[0].requires_grad_(False)
+    net, ddp, opt, kw, batches = _base(ctx, net=net)
+    net[0].requires_grad_(True)
+    step = ctx.make_step(ddp, ce, opt, **kw)
+    return net, opt, [step(x, y) for x, y in batches]
+
+
+def fp16_scaler_overflow_rank1(ctx):
+    """fp16 + GradScaler; at step 6 rank 1 alone gets a batch that overflows fp16."""
+    batches = data(ctx.rank, STEPS)
+    if ctx.rank == 1:
+        x, y = batches[5]
+        batches[5] = (x * 1e6, y)
+    net, ddp, opt, kw, batches = _base(
+        ctx,
+        batches=batches,
+        opt_fn=lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, fused=True),
+    )
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    step = ctx.make_step(ddp, ce, opt, scaler=scaler, precision="16-mixed", **kw)
+    losses = [step(x, y) for x, y in batches]
+    ctx.keep("scale", scaler.get_scale())
+    return net, opt, losses
+
+
+def adamw_foreach_default(ctx):
+    net, ddp, opt, kw, batches = _base(
+        ctx, opt_fn=lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, foreach=True)
+    )
+    step = ctx.make_step(ddp, ce, opt, **kw)
+    return net, opt, [step(x, y) for x, y in batches]
+
+
 ALL = [n for n, f in list(globals().items()) if callable(f) and n[0] != "_" and
-       f.__module__ == __name__ and not isinstance(f, type) and n not in ("ce", "data", "net_bn")]  # fmt: skip
+       f.__module__ == __name__ and not isinstance(f, type) and n not in ("ce", "data", "net_bn", "DDP")]  # fmt: skip
