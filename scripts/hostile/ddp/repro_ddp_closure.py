@@ -39,7 +39,8 @@ def run(replay: bool, arg_model: bool, bn: bool):
 
     step = rk.TrainStep(ddp, loss_fn, opt, max_norm=1.0, replay=replay,
                         **({"backend": "emulated"} if replay else {}))  # fmt: skip
-    g = torch.Generator().manual_seed(100 + rank)
+    # HK_SAME_DATA=1: both ranks see the same batches (averaging then changes nothing)
+    g = torch.Generator().manual_seed(100 + (0 if os.environ.get("HK_SAME_DATA") else rank))
     snaps = []
     for _ in range(8):
         x, y = torch.randn(8, 8, generator=g), torch.randint(0, 4, (8,), generator=g)
@@ -65,6 +66,10 @@ def worker(arg_model: bool, bn: bool) -> None:
         bad = [k for k in a if not torch.equal(a[k], b[k])]
         print(f"rank{rank} call {i + 1} {routes.get(i + 1, '?'):>22}: "
               f"{'bitwise' if not bad else 'DIFF ' + ','.join(bad)}", flush=True)  # fmt: skip
+    if os.environ.get("HK_DEBUG"):  # did a replayed call move the weights at all?
+        for i in range(4, len(rep)):
+            still = [k for k in rep[i] if k != "loss" and torch.equal(rep[i][k], rep[i - 1][k])]
+            print(f"rank{rank} call {i + 1}: unchanged since call {i}: {still}", flush=True)
     replay_warnings = [str(x.message)[:120] for x in w if "Replay" in x.category.__name__]
     print(f"rank{rank} ReplayWarnings: {replay_warnings}", flush=True)
     dist.destroy_process_group()

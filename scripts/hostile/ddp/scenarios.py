@@ -772,5 +772,35 @@ def adamw_foreach_default(ctx):
     return net, opt, [step(x, y) for x, y in batches]
 
 
+def allreduce_metric_in_loss(ctx):
+    """A logging all_reduce of a detached metric inside loss_fn (kept nowhere)."""
+    net, ddp, opt, kw, batches = _base(ctx)
+
+    def loss_fn(model, x, y):
+        loss = nn.functional.cross_entropy(model(x), y)
+        metric = loss.detach().clone()
+        dist.all_reduce(metric)
+        return loss
+
+    step = ctx.make_step(ddp, loss_fn, opt, **kw)
+    return net, opt, [step(x, y) for x, y in batches]
+
+
+def metric_dict_in_loss(ctx):
+    """loss_fn stores a detached metric into a dict held by an object it closes over."""
+    net, ddp, opt, kw, batches = _base(ctx)
+    store = {}
+
+    def loss_fn(model, x, y):
+        loss = nn.functional.cross_entropy(model(x), y)
+        store[f"m{len(store)}"] = loss.detach().clone()
+        return loss
+
+    step = ctx.make_step(ddp, loss_fn, opt, **kw)
+    losses = [step(x, y) for x, y in batches]
+    ctx.keep("store", dict(store))
+    return net, opt, losses
+
+
 ALL = [n for n, f in list(globals().items()) if callable(f) and n[0] != "_" and
        f.__module__ == __name__ and not isinstance(f, type) and n not in ("ce", "data", "net_bn", "DDP")]  # fmt: skip
