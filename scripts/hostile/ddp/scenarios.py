@@ -802,5 +802,113 @@ def metric_dict_in_loss(ctx):
     return net, opt, losses
 
 
+def bn_reset_assign(ctx):
+    """Reset BatchNorm statistics at step 5 by assigning new buffers (DDP's broadcast list keeps
+    the old tensors)."""
+    net, ddp, opt, kw, batches = _base(ctx, steps=10)
+    step = ctx.make_step(ddp, ce, opt, **kw)
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        if i == 5:
+            net[1].running_mean = torch.zeros(16)
+            net[1].running_var = torch.ones(16)
+        losses.append(step(x, y))
+    return net, opt, losses
+
+
+def bn_reset_inplace(ctx):
+    net, ddp, opt, kw, batches = _base(ctx, steps=10)
+    step = ctx.make_step(ddp, ce, opt, **kw)
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        if i == 5:
+            net[1].reset_running_stats()
+        losses.append(step(x, y))
+    return net, opt, losses
+
+
+def extra_param_in_loss(ctx):
+    """A learnable temperature outside the DDP model, in the optimizer (DDP does not average it)."""
+    torch.manual_seed(0)
+    temp = nn.Parameter(torch.ones(()))
+    net, ddp, opt, kw, batches = _base(
+        ctx,
+        opt_fn=lambda m: torch.optim.SGD([*m.parameters(), temp], lr=0.05, momentum=0.9),
+    )
+
+    def loss_fn(model, x, y):
+        return nn.functional.cross_entropy(model(x) / temp, y)
+
+    step = ctx.make_step(ddp, loss_fn, opt, **kw)
+    losses = [step(x, y) for x, y in batches]
+    ctx.keep("temp", temp.detach().clone())
+    return net, opt, losses
+
+
+def gan_two_ddp(ctx):
+    """A GAN under DDP: G and D each a DDP with its own step; G's loss calls D's DDP wrapper."""
+    torch.manual_seed(0)
+    gnet = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8))
+    dnet = nn.Sequential(nn.Linear(8, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+    G, D = DDP(gnet), DDP(dnet)
+    optG = torch.optim.Adam(G.parameters(), lr=1e-3, betas=(0.5, 0.9), fused=True)
+    optD = torch.optim.Adam(D.parameters(), lr=1e-3, betas=(0.5, 0.9), fused=True)
+    torch.manual_seed(1 + ctx.rank)
+    g = torch.Generator().manual_seed(100 + ctx.rank)
+    batches = [(torch.randn(8, 4, generator=g), torch.randn(8, 8, generator=g)) for _ in range(10)]
+
+    def d_loss(m, fake, real):
+        return nn.functional.softplus(m(fake)).mean() + nn.functional.softplus(-m(real)).mean()
+
+    def g_loss(m, z):
+        return nn.functional.softplus(-D(m(z))).mean()
+
+    stepD = ctx.make_step(D, d_loss, optD)
+    stepG = ctx.make_step(G, g_loss, optG)
+    losses = []
+    for z, real in batches:
+        with torch.no_grad():
+            fake = G(z)
+        losses.append(stepD(fake, real))
+        losses.append(stepG(z))
+        optD.zero_grad(set_to_none=True)
+    ctx.keep("G", [p.detach().clone() for p in gnet.parameters()])
+    ctx.keep("optG", [t.clone() for s in optG.state.values() for t in s.values()])
+    return dnet, optD, losses
+
+
+def gan_two_ddp_module_closure(ctx):
+    """As gan_two_ddp, but G's loss calls D.module (bypassing D's DDP forward, as some GAN code
+    does to avoid D's reducer)."""
+    torch.manual_seed(0)
+    gnet = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8))
+    dnet = nn.Sequential(nn.Linear(8, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+    G, D = DDP(gnet), DDP(dnet)
+    optG = torch.optim.Adam(G.parameters(), lr=1e-3, betas=(0.5, 0.9), fused=True)
+    optD = torch.optim.Adam(D.parameters(), lr=1e-3, betas=(0.5, 0.9), fused=True)
+    torch.manual_seed(1 + ctx.rank)
+    g = torch.Generator().manual_seed(100 + ctx.rank)
+    batches = [(torch.randn(8, 4, generator=g), torch.randn(8, 8, generator=g)) for _ in range(10)]
+
+    def d_loss(m, fake, real):
+        return nn.functional.softplus(m(fake)).mean() + nn.functional.softplus(-m(real)).mean()
+
+    def g_loss(m, z):
+        return nn.functional.softplus(-D.module(m(z))).mean()
+
+    stepD = ctx.make_step(D, d_loss, optD)
+    stepG = ctx.make_step(G, g_loss, optG)
+    losses = []
+    for z, real in batches:
+        with torch.no_grad():
+            fake = G(z)
+        losses.append(stepD(fake, real))
+        losses.append(stepG(z))
+        optD.zero_grad(set_to_none=True)
+    ctx.keep("G", [p.detach().clone() for p in gnet.parameters()])
+    ctx.keep("optG", [t.clone() for s in optG.state.values() for t in s.values()])
+    return dnet, optD, losses
+
+
 ALL = [n for n, f in list(globals().items()) if callable(f) and n[0] != "_" and
        f.__module__ == __name__ and not isinstance(f, type) and n not in ("ce", "data", "net_bn", "DDP")]  # fmt: skip
