@@ -161,7 +161,13 @@ def end_state(model: nn.Module, opt: Any, losses: list, extras: dict) -> dict:
 
 def same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        if torch.equal(a, b):
+            return True
+        # a NaN loss (a GradScaler's overflow step) equals a NaN at the same place
+        nan = a.isnan() if a.is_floating_point() else None
+        return nan is not None and torch.equal(nan, b.isnan()) and torch.equal(a[~nan], b[~nan])
     if isinstance(a, float) and isinstance(b, float):
         return a == b or (a != a and b != b)
     return type(a) is type(b) and a == b
