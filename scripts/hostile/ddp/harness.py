@@ -248,8 +248,9 @@ def free_port() -> int:
 def launch(name: str, mode: str, out: Path, timeout: float) -> str | None:
     port = free_port()
     procs = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+    world = int(os.environ.get("HK_WORLD", "2"))  # HK_WORLD=3: three ranks
+    for rank in range(world):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}  # fmt: skip
         procs.append(
             subprocess.Popen(
@@ -285,7 +286,7 @@ def judge(name: str, out: Path, timeout: float, split: bool) -> dict:
             res[f"{group[0]}_launch"] = prob
     for mode in MODES:
         per[mode] = []
-        for r in range(2):
+        for r in range(int(os.environ.get("HK_WORLD", "2"))):
             f = out / f"{name}.{mode}.rank{r}.pt"
             per[mode].append(torch.load(f, weights_only=False) if f.exists() else None)
     res["per"] = per
@@ -311,7 +312,7 @@ def verdict(res: dict) -> list[str]:
             if rr["warnings"]:
                 lines.append(f"  {mode} rank{r}: warnings={rr['warnings'][:3]}")
     for mode in ("twin", "replay"):
-        for r in range(2):
+        for r in range(len(per["plain"])):
             a, b = per["plain"][r], per[mode][r]
             if a is None or b is None or "state" not in a or "state" not in b:
                 continue
