@@ -16,7 +16,6 @@ Outcome per scenario: BITWISE (replays>0), EAGER(reason), ERROR(...), SILENT DIF
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import socket
 import subprocess
@@ -70,7 +69,9 @@ class PlainStep:
                 if self.scaler is not None:
                     self.scaler.unscale_(self.opt)
                 # the order the twin clips in: the model's parameters, then the optimizer's
-                ps = list(ddp.parameters()) + [p for g in self.opt.param_groups for p in g["params"]]
+                ps = list(ddp.parameters()) + [
+                    p for g in self.opt.param_groups for p in g["params"]
+                ]
                 ps = [p for p in dict.fromkeys(ps) if p.requires_grad and p.grad is not None]
                 nn.utils.clip_grad_norm_(ps, self.max_norm, foreach=True, error_if_nonfinite=False)
             if self.scaler is not None:

@@ -11,7 +11,6 @@ End states (params, grads, buffers, optimizer state, lr, losses) compared bit fo
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import tempfile
 import time
@@ -83,10 +82,7 @@ def make_module(arm: str, sc: dict):
 
         def training_step(self, batch, batch_idx):
             x, y = batch
-            if self.step is not None:
-                loss = self.step(x, y)
-            else:
-                loss = self.native(x, y)
+            loss = self.step(x, y) if self.step is not None else self.native(x, y)
             self.losses.append(loss)
             self.calls += 1
             if sc.get("sched") and self.calls % acc == 0:
@@ -97,11 +93,21 @@ def make_module(arm: str, sc: dict):
             sync = (self.calls + 1) % acc == 0  # counted across epochs, as the step counts calls
             loss = self.loss_fn(self.net, x, y)
             scaled = loss / acc if acc > 1 else loss
-            cm = self.trainer.strategy.block_backward_sync() if not sync else contextlib.nullcontext()
+            cm = (
+                self.trainer.strategy.block_backward_sync()
+                if not sync
+                else contextlib.nullcontext()
+            )
             with cm:
                 self.manual_backward(scaled)
             if sync:
-                ps = [p for p in dict.fromkeys([*self.net.parameters(), *lopt.optimizer.param_groups[0]["params"]]) if p.grad is not None]
+                ps = [
+                    p
+                    for p in dict.fromkeys(
+                        [*self.net.parameters(), *lopt.optimizer.param_groups[0]["params"]]
+                    )
+                    if p.grad is not None
+                ]
                 nn.utils.clip_grad_norm_(ps, 1.0, foreach=True, error_if_nonfinite=False)
                 lopt.step()
                 lopt.zero_grad(set_to_none=True)
@@ -165,7 +171,11 @@ def run_arm(name: str, arm: str, out: Path) -> None:
             result["error"] = f"{type(exc).__name__}: {exc}"[:700]
             result["tb"] = traceback.format_exc()[-2500:]
         result["warnings"] = sorted(
-            {f"{x.category.__name__}: {str(x.message)[:200]}" for x in w if "Replay" in x.category.__name__}
+            {
+                f"{x.category.__name__}: {str(x.message)[:200]}"
+                for x in w
+                if "Replay" in x.category.__name__
+            }
         )
     result["steps"] = step_info([module.step] if getattr(module, "step", None) else [])
     torch.save(result, out / f"{name}.{arm}.rank{rank}.pt")
@@ -200,7 +210,9 @@ def main(argv: list[str]) -> int:
                     print(f"  {arm}: LAUNCH PROBLEM {prob[:800]}")
             per = {
                 arm: [
-                    torch.load(f, weights_only=False) if (f := out / f"{name}.{arm}.rank{r}.pt").exists() else None
+                    torch.load(f, weights_only=False)
+                    if (f := out / f"{name}.{arm}.rank{r}.pt").exists()
+                    else None
                     for r in range(2)
                 ]
                 for arm in ARMS
@@ -211,7 +223,9 @@ def main(argv: list[str]) -> int:
                         print(f"  {arm} rank{r}: no result")
                         continue
                     if rr["error"]:
-                        print(f"  {arm} rank{r}: ERROR {rr['error'][:400]}\n{rr.get('tb', '')[-800:]}")
+                        print(
+                            f"  {arm} rank{r}: ERROR {rr['error'][:400]}\n{rr.get('tb', '')[-800:]}"
+                        )
                     for st in rr["steps"]:
                         c = {k: v for k, v in st["counts"].items() if v}
                         print(f"  {arm} rank{r}: counts={c} reasons={st['reasons']}")
@@ -222,12 +236,16 @@ def main(argv: list[str]) -> int:
                     a, b = per["native"][r], per[arm][r]
                     if a and b and "state" in a and "state" in b:
                         d = diff(a["state"], b["state"])
-                        print(f"  {arm} vs native rank{r}: {'BITWISE' if not d else f'DIFF {len(d)}: {d[:8]}'}")
+                        print(
+                            f"  {arm} vs native rank{r}: {'BITWISE' if not d else f'DIFF {len(d)}: {d[:8]}'}"
+                        )
             for r in range(2):
                 a, b = per["twin"][r], per["replay"][r]
                 if a and b and "state" in a and "state" in b:
                     d = diff(a["state"], b["state"])
-                    print(f"  replay vs twin rank{r}: {'BITWISE' if not d else f'DIFF {len(d)}: {d[:8]}'}")
+                    print(
+                        f"  replay vs twin rank{r}: {'BITWISE' if not d else f'DIFF {len(d)}: {d[:8]}'}"
+                    )
             print(f"  [{time.monotonic() - t0:.0f}s]", flush=True)
     return 0
 

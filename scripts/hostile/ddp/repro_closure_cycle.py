@@ -30,7 +30,9 @@ class Trainer:
             try:
                 self.step(x, y)
             except Exception as exc:
-                print(f"call {i + 1}: {type(exc).__module__}.{type(exc).__name__}: {str(exc)[:120]}")
+                print(
+                    f"call {i + 1}: {type(exc).__module__}.{type(exc).__name__}: {str(exc)[:120]}"
+                )
                 return
         print("no error:", self.step.summary())
 

@@ -29,7 +29,9 @@ def run(replay: bool, arg_model: bool, bn: bool):
 
     rank = dist.get_rank()
     torch.manual_seed(0)
-    layers = [nn.Linear(8, 16)] + ([nn.BatchNorm1d(16)] if bn else []) + [nn.ReLU(), nn.Linear(16, 4)]
+    layers = (
+        [nn.Linear(8, 16)] + ([nn.BatchNorm1d(16)] if bn else []) + [nn.ReLU(), nn.Linear(16, 4)]
+    )
     net = nn.Sequential(*layers)
     ddp = DDP(net)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)

@@ -10,10 +10,9 @@ import io
 
 import torch
 import torch.distributed as dist
+from harness import ce, data, net_bn
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-from harness import ce, data, net_bn
 
 STEPS = 8
 
@@ -169,9 +168,7 @@ def sched_tensor_lr(ctx):
     net, ddp, opt, kw, batches = _base(
         ctx,
         steps=10,
-        opt_fn=lambda m: torch.optim.AdamW(
-            m.parameters(), lr=torch.tensor(1e-2), fused=True
-        ),
+        opt_fn=lambda m: torch.optim.AdamW(m.parameters(), lr=torch.tensor(1e-2), fused=True),
     )
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
     step = ctx.make_step(ddp, ce, opt, **kw)
@@ -548,8 +545,6 @@ def world_size_in_loss(ctx):
     return net, opt, [step(x, y) for x, y in batches]
 
 
-
-
 # ------------------------------------------------------------------ second batch
 
 
@@ -908,6 +903,27 @@ def gan_two_ddp_module_closure(ctx):
     ctx.keep("G", [p.detach().clone() for p in gnet.parameters()])
     ctx.keep("optG", [t.clone() for s in optG.state.values() for t in s.values()])
     return dnet, optD, losses
+
+
+def global_token_norm(ctx):
+    """The loss is normalised by the global number of labelled items: a count all-reduced across
+    the ranks inside loss_fn (as LLM trainers do with padding masks)."""
+    g = torch.Generator().manual_seed(100 + ctx.rank)
+    batches = []
+    for _ in range(STEPS):
+        x, y = torch.randn(8, 8, generator=g), torch.randint(0, 4, (8,), generator=g)
+        y[torch.rand(8, generator=g) < 0.3] = -100  # ignored (padding)
+        batches.append((x, y))
+    net, ddp, opt, kw, batches = _base(ctx, batches=batches)
+
+    def loss_fn(model, x, y):
+        count = (y != -100).sum().float()
+        dist.all_reduce(count)
+        loss = nn.functional.cross_entropy(model(x), y, ignore_index=-100, reduction="sum")
+        return loss * dist.get_world_size() / count
+
+    step = ctx.make_step(ddp, loss_fn, opt, **kw)
+    return net, opt, [step(x, y) for x, y in batches]
 
 
 ALL = [n for n, f in list(globals().items()) if callable(f) and n[0] != "_" and
