@@ -926,5 +926,33 @@ def global_token_norm(ctx):
     return net, opt, [step(x, y) for x, y in batches]
 
 
+def contrastive_all_gather(ctx):
+    """A contrastive loss with negatives from every rank: dist.all_gather of detached embeddings
+    (CLIP-style), the local ones keeping their gradient."""
+
+    class Enc(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.f = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+
+        def forward(self, x):
+            return nn.functional.normalize(self.f(x), dim=1)
+
+    torch.manual_seed(0)
+    net, ddp, opt, kw, batches = _base(ctx, net=Enc())
+
+    def loss_fn(model, x, y):
+        a, b = model(x), model(x + 0.1 * torch.roll(x, 1, 0))
+        gathered = [torch.empty_like(b) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, b.detach().contiguous())
+        gathered[dist.get_rank()] = b
+        logits = a @ torch.cat(gathered).t() / 0.1
+        target = torch.arange(len(a)) + dist.get_rank() * len(a)
+        return nn.functional.cross_entropy(logits, target)
+
+    step = ctx.make_step(ddp, loss_fn, opt, **kw)
+    return net, opt, [step(x, y) for x, y in batches]
+
+
 ALL = [n for n, f in list(globals().items()) if callable(f) and n[0] != "_" and
        f.__module__ == __name__ and not isinstance(f, type) and n not in ("ce", "data", "net_bn", "DDP")]  # fmt: skip
