@@ -64,6 +64,10 @@ def make_module(arm: str, sc: dict):
             out = self(x) if sc.get("self_call") else net(x)
             if self.head is not None:
                 out = self.head(out)
+            if sc.get("global_norm"):  # normalised by the count over every rank
+                n = torch.tensor(float(len(y)))
+                dist.all_reduce(n)
+                return nn.functional.cross_entropy(out, y, reduction="sum") / n
             return nn.functional.cross_entropy(out, y)
 
         def configure_optimizers(self):
@@ -139,6 +143,7 @@ SCENARIOS: dict[str, dict] = {
     "l_head_outside_net": {"epochs": 2, "head": True},
     "l_sched_steplr": {"epochs": 2, "sched": True},
     "l_loss_calls_self": {"epochs": 2, "self_call": True},  # loss_fn ignores net, calls self(x)
+    "l_global_norm_in_loss": {"epochs": 2, "global_norm": True},
     "l_accum2_odd_epoch": {"epochs": 2, "accumulate": 2, "n": 40},  # 5 batches an epoch
 }
 
