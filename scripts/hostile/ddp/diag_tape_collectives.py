@@ -45,9 +45,7 @@ def worker() -> None:
         for _ in range(5):
             step(torch.randn(8, 8, generator=g), torch.randint(0, 4, (8,), generator=g))
         for rec in step._recordings.values():  # diagnostic only: the tape's op names
-            names = Counter(
-                str(getattr(op, "func", op)) for op in rec.region.tape._ops
-            )
+            names = Counter(str(getattr(op, "func", op)) for op in rec.region.tape._ops)
             other = {k: v for k, v in names.items() if "aten." not in k}
             if rank == 0:
                 print(f"{kind}: {sum(names.values())} ops; non-aten: {other}", flush=True)
@@ -63,11 +61,11 @@ else:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    base = {"HK_WORKER": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
     procs = [
         subprocess.Popen(
             [sys.executable, __file__],
-            env={**os.environ, "HK_WORKER": "1", "RANK": str(r), "WORLD_SIZE": "2",
-                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},  # fmt: skip
+            env={**os.environ, **base, "RANK": str(r), "MASTER_PORT": str(port)},
         )
         for r in range(2)
     ]
