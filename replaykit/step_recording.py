@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .backends import Region, Scratch, capture_failure
+from .backends import Region, Scratch, capture_failure, known_cause
 from .guards.code import ForwardInputs, LossInputs, cpu_versions, iterator_reason
 from .guards.compiled import CompileWatch, compiled_regions, unwatched_compiled_code
 from .guards.host_choices import Watch
@@ -479,9 +479,9 @@ class RecordingSteps:
             return Outcome("retry", rekey=True)
         if watch.recompiled():  # this call runs eagerly (compiling it); the next records
             return Outcome("eager", reason="compiling")
-        # perhaps a host read of the batch: captured again, watched (not when a stream the capture
-        # cannot join was made to wait on it: no host read, and its first error is the reason)
-        if a.reads is None and "cudaErrorStreamCaptureImplicit" not in str(exc):
+        # perhaps a host read of the batch: captured again, watched (not for a known cause: no
+        # host read, and its first error is the reason)
+        if a.reads is None and known_cause(exc) is None:
             self._watch_reads = True
             self.journal.add(
                 "refuse",

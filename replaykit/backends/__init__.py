@@ -9,7 +9,7 @@ import torch
 
 from ..errors import ReplayError, ReplayWarning
 from ..memory.pool import MemoryPool
-from .base import Backend, Recording, Region, Subject, capture_failure
+from .base import Backend, Recording, Region, Subject, capture_failure, known_cause
 from .emulated import EmulatedBackend
 from .scratch import Scratch
 
@@ -83,6 +83,7 @@ __all__ = [
     "Scratch",
     "Subject",
     "capture_failure",
+    "known_cause",
     "module_device",
     "resolve_backend",
 ]

@@ -180,10 +180,16 @@ _ACTIONABLE = {
 }
 
 
-def capture_failure(exc: BaseException) -> str:
-    """The reason a failed capture retires with: what to do where the cause is known."""
+def known_cause(exc: BaseException) -> str | None:
+    """What to do about a failed capture whose cause is known (no retry helps then), or None."""
     text = str(exc)
     for code, why in _ACTIONABLE.items():
         if code in text:
-            return f"capture failed: {why} ({code})"
-    return f"capture failed: {type(exc).__name__}: {exc}"
+            return f"{why} ({code})"
+    return None
+
+
+def capture_failure(exc: BaseException) -> str:
+    """The reason a failed capture retires with: what to do where the cause is known."""
+    why = known_cause(exc)
+    return f"capture failed: {why if why is not None else f'{type(exc).__name__}: {exc}'}"

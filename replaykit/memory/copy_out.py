@@ -59,7 +59,7 @@ class Handout:
 
     ``foreign`` storages (an input's, a parameter's, a buffer's: memory the recording does not
     own) are handed out as they are, reached through the outputs themselves as before. Without
-    :func:`holders_move`, ``copies``: each hand-out is a copy per static storage.
+    :func:`holders_move`, each hand-out is a copy per static storage.
     """
 
     __slots__ = (
@@ -67,7 +67,6 @@ class Handout:
         "_copied",
         "baseline",
         "cdatas",
-        "copies",
         "groups",
         "statics",
         "tensors",
@@ -83,14 +82,14 @@ class Handout:
             ptr = t.untyped_storage().data_ptr()
             if ptr not in theirs:
                 by_ptr.setdefault(ptr, []).append(i)
-        self.copies = not holders_move()
-        self.groups = [] if self.copies else list(by_ptr.values())
+        moves = holders_move()
+        self.groups = list(by_ptr.values()) if moves else []
         self.tensors = list(self.statics)
         for group in self.groups:
             self._fresh(group)
         self.cdatas = [_cdata(t) for t in self.tensors]
         self.baseline = list(map(_use_count, self.cdatas))
-        self._copied = list(by_ptr.values()) if self.copies else []
+        self._copied = [] if moves else list(by_ptr.values())
 
     def hand_out(self) -> list[torch.Tensor]:
         """What a replay returns: the handed-out views, or (``copies``) a copy of each static

@@ -347,19 +347,35 @@ def _judge(case: Case, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = worker_parser(__doc__)
+def harness_main(
+    argv: list[str] | None,
+    doc: str | None,
+    run_case: Callable[[dict], dict],
+    one_case: Callable[[str, int, str, float], dict],
+    arm: str,
+    timeout: float,
+) -> int:
+    """A DDP harness's command line: a rank (``--worker``), or one case on every rank, its ``arm``
+    printed; exit 0 when that arm equals native on every rank and the ranks agree."""
+    ap = worker_parser(doc)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", default="32")
     ap.add_argument("--accumulate", type=int, default=1)
-    ap.add_argument("--timeout", type=float, default=60)
+    ap.add_argument("--timeout", type=float, default=timeout)
     args = ap.parse_args(argv)
     if args.worker:
-        rank_worker(args.worker, _run_case)
+        rank_worker(args.worker, run_case)
         return 0
-    (result,) = compare([Case(args.precision, args.accumulate, args.device)], args.timeout)
-    print(json.dumps(result["trainstep"], default=str)[:4000])
-    return 0 if result["trainstep"]["equal"] and result["trainstep"]["ranks_agree"] else 1
+    result = one_case(args.precision, args.accumulate, args.device, args.timeout)
+    print(json.dumps(result[arm], default=str)[:4000])
+    return 0 if result[arm]["equal"] and result[arm]["ranks_agree"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    def one(precision: str, accumulate: int, device: str, timeout: float) -> dict:
+        return compare([Case(precision, accumulate, device)], timeout)[0]
+
+    return harness_main(argv, __doc__, _run_case, one, "trainstep", 60)
 
 
 if __name__ == "__main__":

@@ -29,15 +29,13 @@ for bit on every rank, and the ranks' weights with each other; each call's route
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..torchrun import worker_parser
-from .ddp_step import end_state, judge_arm, launch_ranks, loss_fn, rank_worker, routes
+from .ddp_step import end_state, harness_main, judge_arm, launch_ranks, loss_fn, routes
 
 
 @dataclass(frozen=True)
@@ -212,18 +210,10 @@ def _judge(case: Case, ranks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = worker_parser(__doc__)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--precision", default="32")
-    ap.add_argument("--accumulate", type=int, default=1)
-    ap.add_argument("--timeout", type=float, default=120)
-    args = ap.parse_args(argv)
-    if args.worker:
-        rank_worker(args.worker, _run_case)
-        return 0
-    (result,) = compare([Case(args.precision, args.accumulate, args.device)], args.timeout)
-    print(json.dumps(result, default=str)[:6000])
-    return 0 if result["whole_step"]["equal"] and result["whole_step"]["ranks_agree"] else 1
+    def one(precision: str, accumulate: int, device: str, timeout: float) -> dict:
+        return compare([Case(precision, accumulate, device)], timeout)[0]
+
+    return harness_main(argv, __doc__, _run_case, one, "whole_step", 120)
 
 
 if __name__ == "__main__":
