@@ -771,7 +771,10 @@ def test_a_loss_closing_over_an_object_that_holds_the_step_replays(
     g = torch.Generator().manual_seed(1)
     with pytest.warns(rk.ReplayWarning, match="no longer be keyed"):
         for _ in range(6):
-            x, y = torch.randn(8, 8, generator=g).to(device), torch.randint(0, 4, (8,), generator=g)
+            x, y = (
+                torch.randn(8, 8, generator=g).to(device),
+                torch.randint(0, 4, (8,), generator=g).to(device),
+            )
             for t in runs:
                 t.step(x.clone(), y.clone())
     replayed, eager = runs
