@@ -43,10 +43,9 @@ from .guards.module import epoch as guard_epoch
 from .guards.module import gradient_hooks
 from .guards.optimizer import (
     GRAD,
+    OptimizerTail,
     OptimizerWatch,
-    hyper_key,
     optimizer_hooks,
-    optimizer_refusal,
     scaler_key,
 )
 from .guards.signature import UnhashableArgument, signature, split_call
@@ -181,6 +180,8 @@ class TrainStep(RecordingSteps, Entry):
         self._rg: tuple[bool, ...] = ()
         self._rg_key = 0
         self._trainable: list[nn.Parameter] = []
+        self._tail = OptimizerTail()  # where the optimizer step runs
+        self._tail_failed = False  # a capture failed inside the optimizer step
         self._find_params()
         self._calls = 0
         self._micro = 0  # micro-batches into the current optimizer step
@@ -288,11 +289,20 @@ class TrainStep(RecordingSteps, Entry):
                 *(p for g in self.optimizer.param_groups for p in g["params"]),
             ]
         )
-        self._refusal = ddp_refusal(self.model) or optimizer_refusal(
-            self.optimizer, self.scaler, self.device, self._trust
-        )
+        refusal = ddp_refusal(self.model)
+        tail = self._tail.place(self.optimizer, self.scaler, self.device, self._trust)
+        if tail is not None and self._under_ddp():  # the reduction's gap would end the step
+            refusal, self._tail.eager = refusal or tail, None
+        self._refusal = refusal
         self._rg = ()
         self._refresh_trainable()
+
+    @property
+    def optimizer_eager(self) -> str | None:
+        """Why the optimizer step runs eagerly after each replayed forward+backward (it cannot be
+        captured: ``capturable=False``, a step of its own, a non-fused optimizer under a
+        GradScaler), or None: it is recorded with them."""
+        return self._tail.eager
 
     def _refresh_trainable(self) -> None:
         """Which parameters require grad: a recording freezes it (a layer frozen later would still
@@ -430,6 +440,8 @@ class TrainStep(RecordingSteps, Entry):
             rec.foreign.hand_out()
         self._input_reads.advance()  # the CPU generator where eager's host draws leave it
         self._choices.advance()  # Python's and numpy's too
+        if rec.tail:
+            self._eager_tail(rec)
 
     def _snapshot(self, tensors: bool) -> StepSnapshot:
         generators = self._loss_inputs.generators() if self._loss_inputs is not None else ()
@@ -464,14 +476,7 @@ class TrainStep(RecordingSteps, Entry):
             else tuple(0 if g is None else g.data_ptr() for g in grads)
         )
         on = self.on
-        if on.host_values:
-            extra = (
-                None if self.max_norm is None else float(self.max_norm).hex(),
-                scaler_key(self.config.scaler),
-            )
-            hyper: tuple = hyper_key(self.config.optimizer, extra)
-        else:
-            hyper = ()
+        hyper = self._host_values() if on.host_values else ()
         self._loss_key = self._loss_inputs.key() if self._loss_inputs is not None else ()
         self._forward_key = self._forward_inputs.key() if self._forward_inputs is not None else ()
         return (
@@ -485,6 +490,20 @@ class TrainStep(RecordingSteps, Entry):
             self._foreign_leaves.key(),
             *signature(callargs, self._device.type, True, aligned_key),
         )
+
+    def _host_values(self) -> tuple:
+        """The optimizer's, scaler's and clip's host values (``OptimizerTail.key``); once they vary
+        the step leaves the graph and the recordings made with it are dropped."""
+        c = self.config
+        clip = None if self.max_norm is None else float(self.max_norm).hex()
+        hyper = self._tail.key(c.optimizer, (clip, scaler_key(c.scaler)), self._under_ddp())
+        if hyper is None:
+            self.lifecycle.rerecord(f"host_values: {self._tail.eager}", self._calls)
+            return self._host_values()
+        return hyper
+
+    def _under_ddp(self) -> bool:
+        return is_ddp(self.model) or self.config.ddp is not None
 
     # ----------------------------------------------------------------- eager (the twin)
     def _body(self, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:
@@ -514,7 +533,7 @@ class TrainStep(RecordingSteps, Entry):
                 self._walking
             ):  # the recording call: does the loss reach parameters we do not hand gradients to?
                 self._foreign = foreign_leaves([loss], [*self.params, *self._foreign_leaves.leaves])
-            scaler, optimizer = c.scaler, c.optimizer
+            scaler = c.scaler
             scaled = loss / c.accumulate if c.accumulate > 1 else loss
             if scaler is not None:
                 scaled = scaler.scale(scaled)
@@ -525,23 +544,38 @@ class TrainStep(RecordingSteps, Entry):
             assert self._ddp is not None
             grads = [p.grad for p in self._ddp.params]
             gap(partial(self._ddp.after_backward, grads, self._watchdog))
-        if sync:
-            if self.max_norm is not None:
-                if scaler is not None:
-                    scaler.unscale_(optimizer)
-                params = [p for p in self._trainable if p.grad is not None]
-                torch.nn.utils.clip_grad_norm_(
-                    params, self.max_norm, foreach=True, error_if_nonfinite=False
-                )
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            if c.ema is not None:
-                c.ema.update()
-            optimizer.zero_grad(set_to_none=True)
+        if sync and not (capturing() and self._tail.eager is not None):
+            self._tail_failed = capturing()  # recorded: a capture failing there is the step's
+            self._optimizer_tail()
+            self._tail_failed = False
         return loss.detach()
+
+    def _optimizer_tail(self) -> None:
+        """Clip, the optimizer (and scaler) step, the EMA, zero_grad: recorded after the backward,
+        or run eagerly after each replay when the optimizer cannot be captured (``OptimizerTail``)."""
+        c = self.config
+        scaler, optimizer = c.scaler, c.optimizer
+        if self.max_norm is not None:
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            params = [p for p in self._trainable if p.grad is not None]
+            torch.nn.utils.clip_grad_norm_(
+                params, self.max_norm, foreach=True, error_if_nonfinite=False
+            )
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        if c.ema is not None:
+            c.ema.update()
+        optimizer.zero_grad(set_to_none=True)
+
+    def _eager_tail(self, rec: StepRecording) -> None:
+        """A recording that left the optimizer out: its gradients as ``.grad``, then the tail, as eager's."""
+        for p, g in zip(self._trainable, rec.grads_out, strict=True):
+            p.grad = g
+        self._optimizer_tail()
 
     def _eager(self, phase: str, reason: str | None, args: tuple, kwargs: dict) -> torch.Tensor:
         if reason is not None:
@@ -573,8 +607,9 @@ class TrainStep(RecordingSteps, Entry):
             self._stepped()
         elif phase == "last":  # zero_grad(set_to_none=True) ran in Python at capture only
             self._stepped()
-            for p, g in zip(self._trainable, rec.grads_out, strict=True):
-                p.grad = g
+            if not rec.tail:  # an eager tail's zero_grad left None
+                for p, g in zip(self._trainable, rec.grads_out, strict=True):
+                    p.grad = g
         else:  # between micro-batches eager's .grad holds the running sum: fresh aliases of the static buffers
             handed = []
             for p, g in zip(self._trainable, rec.grads_out, strict=True):

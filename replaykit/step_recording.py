@@ -41,7 +41,7 @@ __all__ = ["Outcome", "RecordingSteps", "StepRecording"]
 class StepRecording:
     """One phase of one signature: its region, static inputs and loss, and the gradients it leaves."""
 
-    __slots__ = ("foreign", "grads_out", "keep", "loss", "region", "static_inputs")
+    __slots__ = ("foreign", "grads_out", "keep", "loss", "region", "static_inputs", "tail")
 
     def __init__(
         self,
@@ -51,8 +51,11 @@ class StepRecording:
         grads_out: list,
         keep: list,
         foreign: ForeignBuffers | None = None,
+        tail: bool = False,
     ) -> None:
         self.region = region
+        # the optimizer step left out (it cannot be captured): run eagerly after each replay
+        self.tail = tail
         self.foreign = foreign  # a second network's gradient buffers (memory/foreign.py), or None
         self.static_inputs = static_inputs
         self.loss = loss
@@ -151,7 +154,9 @@ class RecordingSteps:
 
     def _unrecordable(self) -> str | None:
         """What no recording of this step can hold (checked before any run): a retirement."""
-        frozen = host_dependence(self.model) or host_state(self.optimizer, self.device)
+        frozen = host_dependence(self.model)
+        if frozen is None and self._tail.eager is None:
+            frozen = host_state(self.optimizer, self.device)
         if frozen is not None:
             return frozen
         if self.on.call_state:
@@ -395,9 +400,7 @@ class RecordingSteps:
         if a.foreign is not None:
             a.foreign.captured()
         a.key = self._input_reads.settle(a.key, () if a.reads is None else a.reads.reads)
-        grads_out = [p.grad for p in self._trainable]  # per parameter: its storage after, or None
-        keep = [*(g for g in a.private if g is not None), *tensors_of(self.optimizer)]
-        a.rec = StepRecording(a.region, a.static, a.loss, grads_out, keep, a.foreign)
+        a.rec = self._recorded(a)
         why = self._capture_why(a, state)
         if why is None:
             return None
@@ -420,6 +423,16 @@ class RecordingSteps:
         else:
             self._retire(why, self._calls)
         return Outcome("stands", out, a.run)
+
+    def _recorded(self, a: Attempt) -> StepRecording:
+        """The capture's recording; an optimizer step left out of it runs now, as after a replay."""
+        grads_out = [p.grad for p in self._trainable]  # per parameter: its storage after, or None
+        keep = [*(g for g in a.private if g is not None), *tensors_of(self.optimizer)]
+        tail = self._tail.eager is not None and a.phase in ("step", "last")
+        rec = StepRecording(a.region, a.static, a.loss, grads_out, keep, a.foreign, tail)
+        if tail:
+            self._eager_tail(rec)
+        return rec
 
     def _wrote(self, why: str) -> None:
         """A run that wrote into the model stood as the call (``guards/fills.py``): the first write
@@ -471,6 +484,11 @@ class RecordingSteps:
     def _capture_failed(self, a: Attempt, exc: Exception, watch: CompileWatch) -> Outcome:
         """A capture that raised: learn a read and retry, watch reads and retry, or run eagerly."""
         call = self._calls
+        if self._tail_failed:  # the optimizer step: the next call records without it
+            self._tail_failed = False
+            why = self._tail.failed(exc)
+            self.lifecycle.rerecord(f"optimizer_eager: {why}", call)
+            return Outcome("eager", reason=self.lifecycle.stopped() or "optimizer_eager")
         if isinstance(exc, NewInputRead) and self._input_reads.learn(exc.program):
             # a function of the batch alone: evaluated before choosing a recording from now on
             self.journal.add(

@@ -4,7 +4,8 @@ A recorded step bakes in every Python value its optimizer read (float ``lr``, ``
 scaler's settings and the clip threshold, and reads every state tensor at its address. So host
 values form the *hyper key* (a scheduler's float ``lr`` records anew; a tensor ``lr`` updated in
 place is read by the graph); state tensors are watched by address (:class:`OptimizerWatch`); what
-can never replay is refused up front (:func:`optimizer_refusal`).
+can never replay is refused up front (:func:`optimizer_refusal`), and a step no graph can hold
+runs eagerly after the replayed network instead (:class:`OptimizerTail`).
 """
 
 from __future__ import annotations
@@ -276,3 +277,64 @@ def restore_scaler(scaler: Any, state: Any) -> None:
     if state is not None:
         scaler._per_optimizer_states.clear()
         scaler._per_optimizer_states.update(state)
+
+
+#: Distinct sets of host values recorded before the optimizer step leaves the graph.
+HOST_VALUE_SETS = 2
+VARYING = (
+    "the optimizer's host values change from step to step (a float lr a scheduler sets): its step "
+    "runs eagerly after each replay (a tensor lr, lr=torch.tensor(...), keeps it in the graph)"
+)
+
+
+class OptimizerTail:
+    """Where a whole step's optimizer step runs: recorded after the backward, or eagerly after each
+    replayed forward+backward (``eager``: why).
+
+    A graph cannot hold a step that reads its state on the host (``capturable=False``'s step
+    counter, a non-fused GradScaler's ``found_inf``, Adagrad's CPU state) or keeps Python state (a
+    ``step`` of its own); run eagerly on the replay's gradients it is eager's step, and the network
+    still replays. A recorded step bakes in the host values (:func:`hyper_key`), which key the
+    recordings; when they keep changing (a scheduler's float lr) the step leaves the graph too:
+    one re-record instead of a recording per value."""
+
+    def __init__(self) -> None:
+        self.eager: str | None = None
+        self._sets: set[tuple] = set()
+        self._sticky: str | None = None  # the host values varied, or the step failed a capture
+
+    def place(
+        self, optimizer: torch.optim.Optimizer, scaler: Any, device: torch.device, trust: bool
+    ) -> str | None:
+        """Decide (at construction and each re-record): ``eager`` set or cleared."""
+        self.eager = (
+            optimizer_refusal(optimizer, scaler, device, trust)
+            or host_state(optimizer, device)
+            or self._sticky
+        )
+        return self.eager
+
+    def key(self, optimizer: torch.optim.Optimizer, extra: tuple, fixed: bool) -> tuple | None:
+        """The host values a recording bakes in (``extra``: the scaler's and clip's); an eager
+        step keys only the scaler's (its ``scale()`` is recorded). None: they just varied past
+        :data:`HOST_VALUE_SETS` (the caller re-records). ``fixed``: never leave the graph."""
+        if self.eager is not None:
+            return extra[1:]
+        hyper = hyper_key(optimizer, extra)
+        if hyper in self._sets:
+            return hyper
+        self._sets.add(hyper)
+        if len(self._sets) <= HOST_VALUE_SETS or fixed:
+            return hyper
+        self._sticky = self.eager = VARYING
+        return None
+
+    def failed(self, exc: BaseException) -> str:
+        """The step raised inside a capture (a host read of its state: Adagrad's step counter on a
+        CPU): from now on it runs eagerly after the replay."""
+        first = str(exc).splitlines()[0][:160] if str(exc) else ""
+        self._sticky = self.eager = (
+            f"the optimizer step failed in a capture ({type(exc).__name__}: {first}): it runs "
+            "eagerly after each replay"
+        )
+        return self._sticky

@@ -91,11 +91,13 @@ def test_grad_scaler_with_a_fused_optimizer_skips_on_the_device(backend, device,
     assert result.step.counts["replay"] > 0 and not result.step.eager_reasons.keys() - {"warmup"}
 
 
-def test_a_non_fused_scaler_step_routes_eager_with_its_reason(backend, device):
+def test_a_non_fused_scaler_step_replays_the_network_and_steps_eagerly(backend, device):
+    """GradScaler.step with a non-fused optimizer reads found_inf on the host: the forward and
+    backward replay, the scaler's step runs eagerly after each replay, and the run is eager's."""
     result = trial(_cfg(device, backend, optimizer="sgd_float", scaler=True))
     assert result.equal, result.diffs[:3]
-    assert result.step.counts["replay"] == 0
-    assert any("found_inf on the host" in r for r in result.step.eager_reasons)
+    assert result.step.counts["replay"] > 0
+    assert "found_inf on the host" in result.step.optimizer_eager
 
 
 def test_a_float_lr_changed_by_hand_records_anew(backend, device):
@@ -223,11 +225,98 @@ def test_lbfgs_is_refused_at_construction():
         )
 
 
-def test_an_adam_without_capturable_routes_eager_with_its_reason(backend, device):
-    result = trial(_cfg(device, backend, optimizer="adam_plain"))
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_an_adam_without_capturable_replays_the_network_and_steps_eagerly(
+    backend, device, accumulate
+):
+    """torch's default Adam (capturable=False) reads its step counter on the host: no graph can
+    hold its step, so it runs eagerly after each replayed forward+backward, bitwise eager's."""
+    result = trial(
+        _cfg(device, backend, optimizer="adam_plain", accumulate=accumulate, clip=1.0, ema=0.9)
+    )
     assert result.equal, result.diffs[:3]
-    assert result.step.counts["replay"] == 0
-    assert any("capturable=True" in r for r in result.step.eager_reasons)
+    assert result.step.counts["replay"] >= 3 * accumulate, result.step.journal
+    assert "capturable=True" in result.step.optimizer_eager
+    assert not result.step.eager_reasons.keys() - {"warmup"}
+
+
+def test_a_float_lr_set_at_every_step_moves_the_optimizer_step_out_of_the_graph(backend, device):
+    """SGD with a float lr a scheduler sets at every step: a recorded step bakes the lr in, so each
+    value needed a recording (then ``budget``: all eager). After the second value the step runs
+    eagerly after each replay instead (one re-record); the network keeps replaying."""
+    runs = []
+    for replay in (True, False):
+        torch.manual_seed(0)
+        net = SmallNet().to(device)
+        opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+        step = TrainStep(net, small_loss, opt, backend=backend, replay=replay)
+        g = torch.Generator().manual_seed(3)
+        for _ in range(9):
+            x = torch.randn(8, 8, generator=g).to(device)
+            step(x, torch.randint(0, 4, (8,), generator=g).to(device))
+            sched.step()
+        runs.append((net, step))
+    (a, replayed), (b, _) = runs
+    for (ka, va), vb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(va, vb), ka
+    assert replayed.counts["rerecord"] == 1 and replayed.counts["replay"] >= 5, replayed.journal
+    assert "float lr" in replayed.optimizer_eager
+
+
+def test_an_optimizer_that_reads_its_state_on_the_host_steps_eagerly_after_the_replay(
+    backend, device
+):
+    """Adagrad's step counter is a CPU tensor it reads on the host: on CUDA that is known up front;
+    on the CPU tape the capture of its step fails. Either way the step runs eagerly after each
+    replayed forward+backward from then on, bitwise eager's."""
+    runs = []
+    for replay in (True, False):
+        torch.manual_seed(0)
+        net = SmallNet().to(device)
+        opt = torch.optim.Adagrad(net.parameters(), lr=0.05)
+        step = TrainStep(net, small_loss, opt, backend=backend, replay=replay)
+        g = torch.Generator().manual_seed(3)
+        for _ in range(7):
+            x = torch.randn(8, 8, generator=g).to(device)
+            step(x, torch.randint(0, 4, (8,), generator=g).to(device))
+        runs.append((net, opt, step))
+    (a, oa, replayed), (b, ob, _) = runs
+    for (ka, va), vb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(va, vb), ka
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(oa.state[pa]["sum"], ob.state[pb]["sum"])
+    assert replayed.counts["replay"] >= 4 and replayed.retire_reason is None, replayed.journal
+    assert replayed.optimizer_eager is not None
+
+
+def test_an_eager_optimizer_step_reads_a_float_lr_every_step_without_recording_anew(
+    backend, device
+):
+    """A scheduler's float lr changes at every step: a recorded optimizer would record anew per
+    value; an eager one reads it itself, so one recording serves every step."""
+    torch.manual_seed(0)
+    runs = []
+    for replay in (True, False):
+        torch.manual_seed(0)
+        net = SmallNet().to(device)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+        step = TrainStep(net, small_loss, opt, backend=backend, replay=replay, max_norm=1.0)
+        g = torch.Generator().manual_seed(3)
+        for _ in range(8):
+            x = torch.randn(8, 8, generator=g).to(device)
+            step(x, torch.randint(0, 4, (8,), generator=g).to(device))
+            sched.step()
+        runs.append((net, opt, step))
+    (a, oa, replayed), (b, ob, _) = runs
+    for (ka, va), vb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(va, vb), ka
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        assert pa.grad is None and pb.grad is None
+        for k in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(oa.state[pa][k], ob.state[pb][k]), k
+    assert replayed.counts["record"] == 1 and replayed.counts["replay"] == 6, replayed.journal
 
 
 # ----------------------------------------------------------------- review findings (one test each)
