@@ -280,13 +280,11 @@ def test_a_step_patterns_retirement_and_routing_are_classified(backend: str) -> 
 
     assert run_pattern(_fake_step("retires", lambda m: None, loss_fn=flip), backend).kind == RETIRED
 
-    def lr_every_step(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
-        opt.param_groups[0]["lr"] = 0.1 / (
-            step + 1
-        )  # a new recording per step: over the budget of one
+    def p_every_step(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+        model.drop.p = 0.1 / (step + 1)  # a new recording per step: over the budget of one
 
     def budget(model: nn.Module, arm: Arm) -> dict:
-        return step_loop(model, arm, before=lr_every_step, max_recordings=1)
+        return step_loop(model, arm, before=p_every_step, max_recordings=1)
 
     outcome = run_pattern(
         Pattern("budget", "inputs", "", lambda d: MLP().to(d), budget, api="step"), backend
