@@ -48,10 +48,11 @@ def test_scripts_are_shims(script: str) -> None:
 
 HARNESS = {
     "bench_replay.py",
+    "call_walk.py",
     "core_shape.py",
     "demo.py",
     "parity_matrix.py",
-}  # entry points over replaykit.testing and runs (core_shape: the core's size)
+}  # entry points over replaykit.testing and runs (core_shape, call_walk: the core's size and tangle)
 
 
 def test_scripts_holds_the_shims_and_the_harness_entry_points_only() -> None:
