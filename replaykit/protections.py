@@ -32,6 +32,12 @@ REGISTRY: dict[str, Protection] = {
             "live gradients are not copied out before a replay: accumulation reads overwritten buffers",
         ),
         Protection(
+            "write_back",
+            "both",
+            "an input the recorded code writes in place (a batch centred by forward or loss_fn) is not written "
+            "back after a replay: the replay writes its static copy, the caller's tensor keeps its old values",
+        ),
+        Protection(
             "hold",
             "capture",
             "forwards replay while a backward is pending: it reads the later forward's activations",

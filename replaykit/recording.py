@@ -50,6 +50,9 @@ class Made:
     saved_inputs: list[int] = field(default_factory=list)  # the inputs it reads
     multi_use: list[int] = field(default_factory=list)  # the parameters it reads more than once
     written: list[torch.Tensor] = field(default_factory=list)  # parameters written in place
+    written_inputs: list[int] = field(
+        default_factory=list
+    )  # inputs written in place (written back)
     probed: list[OutputTree] = field(default_factory=list)  # the probe's output structure
     refusal: Refusal | None = None
     shadow: Shadow | None = None
@@ -165,7 +168,8 @@ class RecorderRecording:
         try:
             before = self._forward_inputs.key() if self._forward_inputs is not None else ()
             with state.output().held():
-                made.refusal = self._probe(made, reads.wrap(fn)) or self._class_writes(before)
+                made.refusal = self._probe(made, reads.wrap(fn), callargs.tensors)
+                made.refusal = made.refusal or self._class_writes(before)
             made.key = self._input_reads.settle(made.key, reads.reads)
             self._dropout_buffers = state.dropout_buffers() or self._dropout_buffers
             if made.refusal is not None:
@@ -190,7 +194,7 @@ class RecorderRecording:
             return False
         return True
 
-    def _probe(self, made: Made, fn: Any) -> Refusal | None:
+    def _probe(self, made: Made, fn: Any, callers: list[torch.Tensor]) -> Refusal | None:
         """One eager forward and backward that finds what no replay can repeat (verify/probe.py)."""
         if not self.on.record_probe:
             return None
@@ -205,6 +209,7 @@ class RecorderRecording:
             made.multi_use,
             made.probed,
             made.written,
+            (callers, made.written_inputs),
         )
 
     def _class_writes(self, before: tuple) -> Refusal | None:
@@ -231,6 +236,7 @@ class RecorderRecording:
             made.params,
             made.written,
             self._shadow_held(),
+            made.written_inputs,
         )
 
     def _judge(self, made: Made, call: int) -> Made | None:

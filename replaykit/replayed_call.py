@@ -20,6 +20,7 @@ from .guards.signature import CallArgs
 from .memory.copy_out import StaticAliases
 from .memory.hold import PendingBackward
 from .memory.layout import copy_into
+from .memory.write_back import WriteBack
 from .verify.shadow import Shadow
 
 __all__ = ["Plan", "RecorderReplay"]
@@ -78,6 +79,7 @@ class Plan:
         "autocast",
         "cleared",
         "copies",
+        "inputs_written",
         "key",
         "multi_use",
         "recording",
@@ -85,6 +87,7 @@ class Plan:
         "saved_inputs",
         "shadow",
         "verified",
+        "write_back",
         "written",
     )
 
@@ -110,6 +113,10 @@ class Plan:
             None  # the recording call's eager forward, made before the capture
         )
         self.written: list[torch.Tensor] = []  # parameters the forward writes in place
+        self.inputs_written: tuple[
+            int, ...
+        ] = ()  # inputs it writes in place (the shadow compares them)
+        self.write_back: WriteBack | None = None  # their copy back to the caller after each replay
         self.saved = saved  # the parameters its backward reads: their versions are checked
         self.saved_inputs = saved_inputs  # the inputs (positions) it reads: likewise
         self.all_differentiable = recording.differentiable == tuple(
@@ -132,6 +139,7 @@ class Plan:
     def free(self) -> None:
         """Let static memory go with the recording: a replayed call's autograd node (its step) may outlive it."""
         self.copies = []
+        self.write_back = None
         self.aliases = StaticAliases((), ())
 
 
@@ -207,15 +215,18 @@ class RecorderReplay:
                 recording.params,
                 plan.written,
                 self._shadow_held(),
+                plan.inputs_written,
             )
         outputs = _apply(step, callargs.tensors, recording.params)
         shadow = step.shadow
         if shadow is not None:
-            difference = shadow.check_forward(self.module, outputs, recording.out_spec)
+            written = callargs.tensors if plan.inputs_written else ()
+            difference = shadow.check_forward(self.module, outputs, recording.out_spec, written)
             self.journal.add("check", call, "forward", difference)
             if difference is not None:
                 del outputs, step  # the hold ends with the discarded graph
                 shadow.snapshot.restore()  # the state before this call: eager runs it again
+                shadow.put_back(callargs.tensors)  # its inputs too, where the replay wrote them
                 self._diverged(plan, difference, call, verifying)
                 return self._call_forward(*args, **kwargs)
         plan.aliases.handed_out(outputs)
@@ -243,6 +254,8 @@ class RecorderReplay:
             else:
                 copy_into(static, tensors[i])
         recording.replay_forward()
+        if plan.write_back is not None:  # before the versions below: the write is the forward's
+            plan.write_back.copy_back(tensors)
         # what eager's saved-tensor check covers: the parameters the backward reads
         if self.on.inplace_weights:
             step.versions = list(map(_VERSION, plan.saved))

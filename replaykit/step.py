@@ -364,6 +364,8 @@ class TrainStep(RecordingSteps, Entry):
                     why = "input_requires_grad"
                 else:
                     rec, why = self.choose(self._recordings, key, call)
+                    if rec is not None and rec.write_back is not None:
+                        why = rec.write_back.refusal(callargs.tensors)
         alias = False
         if why is None and rec is not None and phase == "first":
             self._copy_out(call)
@@ -389,6 +391,8 @@ class TrainStep(RecordingSteps, Entry):
         if check and (self._replayed - 1) % check == 0:
             return self._checked_replay(phase, rec, callargs, args, kwargs)
         self._replay(rec, callargs, f"its replayed {phase} (call {call})")
+        if rec.write_back is not None:  # what the step wrote of the batch, into the caller's
+            rec.write_back.copy_back(callargs.tensors)
         self.journal.tick("replay", call, phase)
         return self._after(phase, rec)
 
@@ -416,7 +420,9 @@ class TrainStep(RecordingSteps, Entry):
         snapshot = self._call_state(tensors=True)
         self._replay(rec, callargs)
         self.journal.tick("replay", call, phase)
-        found, loss = self._against_eager(snapshot, rec.loss, phase, args, kwargs)
+        # eager writes the batch itself: compared with the replay's static copies, not written back
+        written = rec.write_back.pairs(callargs.tensors) if rec.write_back is not None else []
+        found, loss = self._against_eager(snapshot, rec.loss, phase, args, kwargs, written)
         self.journal.add("check", call, "step", found)
         if found is None:
             return self._after(phase, rec)
@@ -457,15 +463,24 @@ class TrainStep(RecordingSteps, Entry):
         )
 
     def _against_eager(
-        self, snapshot: CallState, loss: torch.Tensor, phase: str, args: tuple, kwargs: dict
+        self,
+        snapshot: CallState,
+        loss: torch.Tensor,
+        phase: str,
+        args: tuple,
+        kwargs: dict,
+        written: list[tuple[str, torch.Tensor, torch.Tensor]],
     ) -> tuple[str | None, torch.Tensor]:
         """The recorded work's end state against the twin's body run from ``snapshot``: the first
-        difference (or None) and eager's loss. The state left behind is eager's."""
+        difference (or None) and eager's loss. The state left behind is eager's. ``written``: the
+        batch's tensors the step writes in place, with their static copies the replay wrote."""
         state = self._judged()
-        replayed = end_state(*state, loss, clone=True, extra=snapshot.outside)
+        replayed = [(n, s) for n, _, s in written]
+        replayed = end_state(*state, loss, clone=True, extra=[*snapshot.outside, *replayed])
         snapshot.restore()
         eager = self._body(phase, args, kwargs)
-        now = end_state(*state, eager, clone=False, extra=snapshot.outside)
+        now = [*snapshot.outside, *((n, x) for n, x, _ in written)]
+        now = end_state(*state, eager, clone=False, extra=now)
         return difference(replayed, now), eager
 
     def _key(self, phase: str, state: Any, callargs: Any) -> tuple:

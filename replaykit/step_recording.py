@@ -26,7 +26,8 @@ from .guards.input_reads import NewInputRead, Provenance
 from .guards.module import host_dependence
 from .guards.optimizer import GRAD, host_state, tensors_of
 from .memory.foreign import ForeignBuffers
-from .memory.layout import aligned_copy
+from .memory.layout import aligned_copy, copy_into
+from .memory.write_back import WriteBack
 from .verify.call_state import CallState
 from .verify.contexts import recording as recording_context
 from .verify.output import HeldOutput
@@ -41,7 +42,16 @@ __all__ = ["Outcome", "RecordingSteps", "StepRecording"]
 class StepRecording:
     """One phase of one signature: its region, static inputs and loss, and the gradients it leaves."""
 
-    __slots__ = ("foreign", "grads_out", "keep", "loss", "region", "static_inputs", "tail")
+    __slots__ = (
+        "foreign",
+        "grads_out",
+        "keep",
+        "loss",
+        "region",
+        "static_inputs",
+        "tail",
+        "write_back",
+    )
 
     def __init__(
         self,
@@ -52,10 +62,12 @@ class StepRecording:
         keep: list,
         foreign: ForeignBuffers | None = None,
         tail: bool = False,
+        write_back: WriteBack | None = None,
     ) -> None:
         self.region = region
         # the optimizer step left out (it cannot be captured): run eagerly after each replay
         self.tail = tail
+        self.write_back = write_back  # the inputs it writes in place, copied back after a replay
         self.foreign = foreign  # a second network's gradient buffers (memory/foreign.py), or None
         self.static_inputs = static_inputs
         self.loss = loss
@@ -249,9 +261,7 @@ class RecordingSteps:
             else Scratch()
         )
         drawn_to = self._input_reads.drawn_to
-        effects = SideEffects(
-            self.model, a.callargs.tensors, self.on.host_rng, drawn_to, self._choices.drawn_to
-        )
+        effects = self._effects(a, a.callargs.tensors)
         a.choices = self._choices.watch() if self.on.host_rng else None
         # host draws seen before (beside a GPU model) and none known for this key: find them and
         # what is read of them (a dispatch mode: this eager run only)
@@ -277,14 +287,33 @@ class RecordingSteps:
         why = why or self._choices_why(a)
         if why is not None:
             return self._reference_stands(a, why, eager, scratch, run)
-        a.reference = end_state(*self._judged(), eager, clone=True, extra=state.outside)
+        written = _written(effects, a.callargs.tensors)
+        a.reference = end_state(
+            *self._judged(), eager, clone=True, extra=[*state.outside, *written]
+        )
         state.restore()
+        for i in effects.written_inputs():  # the batch as the call found it (a.static holds it)
+            copy_into(a.callargs.tensors[i], a.static[i])
         for p, g in zip(self._trainable, a.private, strict=True):
             p.grad = g  # what the capture reads (see _prepare)
         del eager
         self._left_in_pool(scratch)
         self.backend.trim()
         return None
+
+    def _effects(self, a: Attempt, tensors: list[torch.Tensor]) -> SideEffects:
+        """A watch over one run of the body on ``tensors`` (the batch or its static copies): what
+        it does that a replay would not; an input it writes in place is written back to the
+        caller's tensor (``memory/write_back.py``), so it is none where that is exact."""
+        drawn_to = self._input_reads.drawn_to
+        return SideEffects(
+            self.model,
+            tensors,
+            self.on.host_rng,
+            drawn_to,
+            self._choices.drawn_to,
+            callers=a.callargs.tensors,
+        )
 
     def _reference_why(
         self,
@@ -369,13 +398,7 @@ class RecordingSteps:
     def _capture(self, a: Attempt, state: CallState) -> Outcome | None:
         """The recording: the body captured over the static inputs (on CUDA it then replays once:
         the call's step). Effects a replay would not repeat let this run stand, unkept."""
-        a.effects = SideEffects(
-            self.model,
-            a.static,
-            self.on.host_rng,
-            self._input_reads.drawn_to,
-            self._choices.drawn_to,
-        )
+        a.effects = self._effects(a, a.static)
         a.choices = self._choices.watch(capture=True) if self.on.host_rng else None
         choices = a.choices if a.choices is not None else contextlib.nullcontext()
         watch = CompileWatch(self.backend.name == "emulated", self.on.compiled_code)
@@ -429,7 +452,8 @@ class RecordingSteps:
         grads_out = [p.grad for p in self._trainable]  # per parameter: its storage after, or None
         keep = [*(g for g in a.private if g is not None), *tensors_of(self.optimizer)]
         tail = self._tail.eager is not None and a.phase in ("step", "last")
-        rec = StepRecording(a.region, a.static, a.loss, grads_out, keep, a.foreign, tail)
+        back = WriteBack.of(a.static, a.effects.written_inputs()) if self.on.write_back else None
+        rec = StepRecording(a.region, a.static, a.loss, grads_out, keep, a.foreign, tail, back)
         if tail:
             self._eager_tail(rec)
         return rec
@@ -518,7 +542,8 @@ class RecordingSteps:
         holds included): a difference refuses the signature, and the twin's body runs once."""
         if a.reference is None:
             return None
-        now = end_state(*self._judged(), a.loss, clone=False, extra=state.outside)
+        written = _written(a.effects, a.static)
+        now = end_state(*self._judged(), a.loss, clone=False, extra=[*state.outside, *written])
         found = difference(now, a.reference)
         self.journal.add("check", self._calls, "recording", found)
         if found is None:
@@ -533,6 +558,8 @@ class RecordingSteps:
     def _keep(self, a: Attempt) -> Outcome:
         """The recording stands: kept under its key; its gradients are left as eager leaves them."""
         self._recordings[a.key] = a.rec
+        if a.rec.write_back is not None:  # the recording call's step wrote the static inputs
+            a.rec.write_back.copy_back(a.callargs.tensors)
         self.journal.add("record", self._calls, a.phase, f"recording {len(self._recordings)}")
         after = map(_use_count, self._storages)
         self._baseline = [
@@ -647,6 +674,11 @@ class RecordingSteps:
             f"{len(found.draws)} host draw(s), {len(found.reads)} read(s) of them: drawn before "
             "choosing a recording from now on"
         )
+
+
+def _written(effects: SideEffects, tensors: list[torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """The inputs a run wrote in place (``tensors``: the ones it ran on), named for the check."""
+    return [(f"input {i} (written in place)", tensors[i]) for i in effects.written_inputs()]
 
 
 class _Wrote(str):

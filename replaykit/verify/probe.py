@@ -196,6 +196,7 @@ def probe(
     multi_use: list[int] | None = None,
     outputs: list[OutputTree] | None = None,
     written: list[torch.Tensor] | None = None,
+    written_inputs: tuple[Sequence[torch.Tensor], list[int]] | None = None,
 ) -> Refusal | None:
     """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None.
     ``saved``, when given, receives the indices of the parameters the backward reads;
@@ -205,18 +206,19 @@ def probe(
     (:mod:`replaykit.memory.outputs`); ``written`` the module's parameters, trainable or frozen,
     whose storage the forward writes in place (a weight decayed under no_grad, a momentum encoder, a
     write through ``.data`` or a view): a verification's rerun must find them as the call found
-    them. The caller snapshots and restores module state and RNG around this call."""
+    them. ``written_inputs``: the caller's tensors and a list receiving the inputs written in place
+    that a replay writes back. The caller snapshots and restores module state and RNG around it."""
     if (refusal := _hook_order(params)) is not None:
         return refusal
     leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the storages
-    effects = SideEffects(module, static_inputs, host_rng)
+    callers = written_inputs[0] if written_inputs is not None else None
+    effects = SideEffects(module, static_inputs, host_rng, callers=callers)
     inspector = _Inspector(leaves)
     hooks = _SavedParameters([*leaves, *static_inputs])
     # the backends record with autocast's cast cache off: so does the probe, to count the casts a recording makes
     device = next((t.device.type for t in (*static_inputs, *params)), "cpu")
     autocast, dtype = autocast_key(device)
-    # eager casts a parameter once per region
-    shared_casts = autocast and torch.is_autocast_cache_enabled()
+    shared_casts = autocast and torch.is_autocast_cache_enabled()  # eager casts once per region
     with (
         effects,
         torch.autocast(device, dtype=dtype, enabled=autocast, cache_enabled=False),
@@ -228,6 +230,8 @@ def probe(
     rebuilt = _output_refusal(result, outputs)
     del result
     _found(module, inspector, hooks, len(leaves), written, saved, saved_inputs)
+    if written_inputs is not None and effects.inputs_written_back():  # else refused below
+        written_inputs[1][:] = effects.written_inputs()
     tensors = [o for o in outs if isinstance(o, torch.Tensor)]
     del outs
     refusal = (
@@ -239,9 +243,8 @@ def probe(
         return refusal
     diff = [o for o in tensors if o.requires_grad]
     del tensors
-    if not diff:
-        return None
-    return _backward_refusal(diff, [x for x in static_inputs if x.requires_grad], leaves, multi_use)
+    wanting = [x for x in static_inputs if x.requires_grad]
+    return _backward_refusal(diff, wanting, leaves, multi_use) if diff else None
 
 
 def _hook_order(params: Sequence[torch.Tensor]) -> Refusal | None:

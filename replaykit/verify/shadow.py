@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..guards.signature import autocast_key
-from ..memory.layout import same_layout
+from ..memory.layout import copy_into, same_layout
 from ..memory.outputs import OutputTree, split_outputs
 from . import weight_caches
 from .bitwise import diff
@@ -62,6 +62,7 @@ class Shadow:
         params: Sequence[torch.Tensor],
         written: Sequence[torch.Tensor] = (),
         held: Sequence[torch.Tensor] = (),
+        inputs_written: Sequence[int] = (),
     ) -> None:
         # the eager run differentiates stand-ins: only the parameters the forward writes in place
         # (``written``, found by the probe) change, and those are kept to be put back; ``held``:
@@ -76,6 +77,9 @@ class Shadow:
             stand_ins.setdefault(id(x), same_layout(x).requires_grad_(x.requires_grad))
             for x in inputs
         ]
+        # the inputs the forward writes in place: as they were (a rerun, the call run eagerly
+        # after a difference start from them), and as eager left them (compared with the replay's)
+        self._fresh = [(i, same_layout(self.inputs[i])) for i in inputs_written]
         self.leaves = [p.detach().requires_grad_(True) for p in params]
         self._params = list(params)
         self._versions: list[int] | None = None  # as the replayed forward leaves them
@@ -86,6 +90,7 @@ class Shadow:
                 outputs, self.tree = split_outputs(self._forward(), strict=False)
             self.outputs = [o.detach() for o in outputs]
             self.after = [(n, t.detach().clone()) for n, t in self._state(module)]
+            self._written_after = [(i, self.inputs[i].detach().clone()) for i, _ in self._fresh]
         finally:
             snapshot.restore()
         self.snapshot = snapshot
@@ -109,11 +114,22 @@ class Shadow:
                     stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled))
             return self._run(*self.inputs, params=self.leaves)
 
+    def put_back(self, tensors: Sequence[torch.Tensor]) -> None:
+        """The inputs the forward writes in place, as they were before it (``tensors``: the
+        caller's, written back by the replay; else the stand-ins, for a rerun)."""
+        for i, fresh in self._fresh:
+            copy_into(tensors[i], fresh)
+
     def check_forward(
-        self, module: nn.Module, outputs: Sequence[torch.Tensor], tree: OutputTree | None = None
+        self,
+        module: nn.Module,
+        outputs: Sequence[torch.Tensor],
+        tree: OutputTree | None = None,
+        inputs: Sequence[torch.Tensor] = (),
     ) -> str | None:
         """The first difference between the replayed forward and eager, or None; with ``tree``,
-        the recording's output structure and constants must be eager's too."""
+        the recording's output structure and constants must be eager's too; ``inputs``: the
+        caller's tensors, whose written ones must hold what eager wrote."""
         # a parameter changed after this (one the backward does not read): eager's rerun vouches for nothing
         self._versions = [p._version for p in self._params]
         if tree is not None:
@@ -126,6 +142,8 @@ class Shadow:
         ]
         now = dict(self._state(module))
         pairs += [(n, t, now.get(n)) for n, t in self.after]
+        if inputs:
+            pairs += [(f"input {i} (written)", t, inputs[i]) for i, t in self._written_after]
         return first_difference(pairs)
 
     def reference_grads(
@@ -148,6 +166,7 @@ class Shadow:
         # the state as the replay (and since) left it
         now = StateSnapshot(module, parameters=False, extra=self._kept)
         self.snapshot.restore()
+        self.put_back(self.inputs)
         try:
             # a rerun: what it prints or logs is the first run's again, not shown (verify/output.py)
             with torch.enable_grad(), HeldOutput().held():

@@ -16,6 +16,7 @@ from torch import nn
 
 from ..guards.distributed import repeated_by_replay
 from ..guards.module import held_values, listen_for_writes, value_key
+from ..memory.write_back import inexact
 from .snapshot import host_rng_state
 
 _MISSING = object()
@@ -45,8 +46,12 @@ class SideEffects:
         host_rng: bool = True,
         drawn_to: torch.Tensor | None = None,
         host_to: tuple | None = None,
+        callers: Sequence[torch.Tensor] | None = None,
     ) -> None:
         self._module = module
+        # ``callers``: the caller's tensors ``inputs`` copy, where the entry point writes an input
+        # written in place back after each replay (memory/write_back.py): no effect then, if exact
+        self._callers = callers
         # ``host_to``: where the Python and numpy draws the entry point makes before a replay
         # leave those generators (guards/host_choices.py)
         self._rng = (host_to if host_to is not None else host_rng_state()) if host_rng else None
@@ -104,7 +109,14 @@ class SideEffects:
         call (``self.head = nn.Linear(...).to(x.device)``) draws its weights from torch's CPU
         generator. The eager call makes both; a draw that recurs is found at the next call, alone.
         """
-        return not self.written_inputs() and bool(self._changing_writes() or self._changed_held())
+        return (not self.written_inputs() or self.inputs_written_back()) and bool(
+            self._changing_writes() or self._changed_held()
+        )
+
+    def inputs_written_back(self) -> bool:
+        """Whether a replay repeats the run's input writes: the entry point writes them back, each
+        exactly (:func:`~replaykit.memory.write_back.inexact`)."""
+        return self._callers is not None and inexact(self._callers, self.written_inputs()) is None
 
     def _changed_held(self) -> list[str]:
         return [name for name, value, key in self._held if value_key(value) != key]
@@ -148,8 +160,12 @@ class SideEffects:
         if written:
             return f"{who} assigns {', '.join(written)}; a replay would not repeat the assignment"
         mutated = self.written_inputs()
-        if mutated:
-            return f"{who} writes input {mutated[0]} in place; a replay would write its own copy"
+        if mutated and not self.inputs_written_back():
+            why = inexact(self._callers, mutated) if self._callers is not None else None
+            more = f" ({why})" if why is not None else ""
+            return (
+                f"{who} writes input {mutated[0]} in place; a replay would write its own copy{more}"
+            )
         changed = self._changed_held()
         if changed:
             return f"{who} changes {changed[0]} (a container or object the model holds); a replay would not"

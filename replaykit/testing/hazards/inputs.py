@@ -208,7 +208,7 @@ PATTERNS: list[Pattern] = [
         "forward centres its input in place (the caller sees it)",
         built(Centering),
         _inplace_input,
-        guard="record_probe",
+        guard="write_back",
     ),
     HC.pattern(
         "same_tensor_q_is_k",
@@ -293,7 +293,7 @@ PATTERNS: list[Pattern] = [
         "loss_fn scales its input in place (the caller's tensor)",
         mlp(),
         _step_writes_input,
-        guard="side_effects",
+        guard="write_back",
         api="step",
     ),
 ]

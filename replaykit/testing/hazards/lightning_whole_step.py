@@ -771,7 +771,7 @@ PATTERNS: list[Pattern] = [
         "loss_fn centres its batch in place; training_step logs the batch after the step",
         fitted(cls=LogsBatch),
         fitting(loss_fn=_centred_in_place),
-        guard="side_effects",
+        guard="write_back",
     ),
     whole_step(
         "whole_step_optimizer_state_reloaded",

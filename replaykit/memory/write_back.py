@@ -1,0 +1,89 @@
+"""Write-back: the caller's tensors a recording's code writes in place, given the replay's values.
+
+Eager code that writes its input in place (``x.sub_(x.mean(0))`` in a forward or ``loss_fn``)
+changes the caller's tensor; a replay writes the static copy of it. So after each replay the
+static inputs the recording call proved written (their version moved while it ran) are copied
+back into the caller's tensors: the values eager leaves, and a version bump as an in-place op
+makes (autograd's saved-tensor check sees the write). Only those: a recording that writes no
+input has no write-back and its replays pay nothing.
+
+It is exact when the caller's tensor is the only thing the write reaches: refused
+(:func:`inexact`) for an expanded input (one element stands for many), one requiring grad
+(eager records the write in its graph), or one sharing memory with another argument (eager's
+write shows through it, within the call, while the static copies are apart).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["ALIASED", "WriteBack", "inexact"]
+
+#: the eager route of a call whose written argument shares memory with another
+ALIASED = "written_input_aliased"
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _shared(tensors: Sequence[torch.Tensor], i: int) -> bool:
+    """Whether argument ``i`` shares memory with another argument that is not the same tensor."""
+    x = tensors[i]
+    ptr = _storage(x)
+    return any(t is not x and t.numel() and _storage(t) == ptr for t in tensors)
+
+
+def inexact(tensors: Sequence[torch.Tensor], written: Sequence[int]) -> str | None:
+    """Why copying the written arguments back cannot leave what eager leaves, or None."""
+    for i in written:
+        x = tensors[i]
+        if x.requires_grad:
+            return f"input {i} requires grad: eager's autograd records the write"
+        if 0 in x.stride() and x.numel() > 1:
+            return f"input {i} is expanded: one element stands for many"
+        if _shared(tensors, i):
+            return f"input {i} shares memory with another argument: eager's write shows through it"
+    return None
+
+
+class WriteBack:
+    """The written static inputs of one recording: one copy per distinct static (an argument passed
+    twice shares one), at its first position."""
+
+    __slots__ = ("_pairs", "positions")
+
+    def __init__(self, statics: Sequence[torch.Tensor], written: Sequence[int]) -> None:
+        pairs: list[tuple[int, torch.Tensor]] = []
+        for i in sorted(written):
+            if all(statics[i] is not s for _, s in pairs):
+                pairs.append((i, statics[i]))
+        self._pairs = pairs
+        self.positions = tuple(sorted(written))
+
+    @classmethod
+    def of(cls, statics: Sequence[torch.Tensor], written: Sequence[int]) -> WriteBack | None:
+        """The write-back of a recording, or None where it writes no input (nothing per replay)."""
+        return cls(statics, written) if written else None
+
+    def refusal(self, tensors: Sequence[torch.Tensor]) -> str | None:
+        """``written_input_aliased`` where this call's written arguments share memory with another
+        (the key sees identity only): a replay would compute on copies kept apart, so the call runs
+        eagerly; else None."""
+        if any(_shared(tensors, i) for i in self.positions):
+            return ALIASED
+        return None
+
+    def copy_back(self, tensors: Sequence[torch.Tensor]) -> None:
+        """The replay's written values into the caller's tensors, as an in-place write (a version bump)."""
+        with torch.no_grad():
+            for i, static in self._pairs:
+                tensors[i].copy_(static)
+
+    def pairs(
+        self, tensors: Sequence[torch.Tensor]
+    ) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+        """``(name, caller's tensor, static)`` per written input: what a check compares."""
+        return [(f"input {i} (written in place)", tensors[i], s) for i, s in self._pairs]
