@@ -7,6 +7,7 @@ import torch
 
 import replaykit as rk
 from replaykit import route as route_module
+from replaykit.protections import negative_control
 from replaykit.testing.nets import DetectionNet
 from replaykit.testing.parity.trial import Trial, compare
 from tests.nets import WithKwargs
@@ -177,17 +178,94 @@ class _WritesInput(torch.nn.Module):
 
 
 @pytest.mark.parametrize("foreach", [False, True], ids=["mul_", "foreach_mul_"])
-def test_a_forward_writing_its_input_retires_at_the_first_call(
+def test_a_forward_writing_its_input_replays_and_writes_the_callers_tensor(
     backend: str, device: str, foreach: bool
 ) -> None:
-    """The caller's tensor is written at every call, as eager writes it. A foreach op bumps no
-    version counter under a dispatch mode (the probe's, the tape's): the write would go to the
-    recording's own copy, the caller's tensor left unchanged at the first call."""
+    """The caller's tensor is written at every call, as eager writes it: the replay's static copy
+    is written back (``write_back``), with a version bump. A foreach op bumps no version counter
+    under a dispatch mode (the probe's, the tape's): the write is still found and written back."""
     torch.manual_seed(0)
     model = _WritesInput(foreach).to(device)
     rec = rk.capture(model, backend=backend)
-    for _ in range(3):
+    try:
+        for _ in range(3):
+            x = torch.ones(3, 4, device=device)
+            model(x).sum().backward()
+            assert torch.equal(x, torch.full_like(x, 0.5))
+            assert x._version > 0
+        assert rec.counts["replay"] == 2 and not rec.retired, rec.journal
+    finally:
+        rec.release()
+
+
+def test_without_write_back_a_replay_leaves_the_callers_tensor(backend: str, device: str) -> None:
+    """The negative control: the replays write their static copy, the caller's tensor stays."""
+    torch.manual_seed(0)
+    model = _WritesInput(False).to(device)
+    rec = rk.capture(model, backend=backend, unsafe_disable=negative_control("write_back"))
+    try:
         x = torch.ones(3, 4, device=device)
-        model(x).sum().backward()
-        assert torch.equal(x, torch.full_like(x, 0.5))
-    assert rec.retire_reason is not None and "writes input 0 in place" in rec.retire_reason
+        model(x).sum().backward()  # recorded, then replayed
+        assert rec.counts["record"] == 1 and not rec.retired
+        assert torch.equal(x, torch.ones_like(x))  # eager leaves 0.5
+    finally:
+        rec.release()
+
+
+class _WritesFirst(torch.nn.Module):
+    """Halves its first input in place, then reads both: eager's write shows through a second
+    input sharing the first one's memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x.mul_(0.5)
+        return self.lin(x) + self.lin(y)
+
+
+def _written_and_read(
+    aliased_at: tuple[int, ...], device: str, backend: str | None, check_every: int = 0
+) -> tuple[list[torch.Tensor], rk.Recorder | None]:
+    torch.manual_seed(0)
+    model = _WritesFirst().to(device)
+    rec = rk.capture(model, backend=backend, check_every=check_every) if backend else None
+    kept: list[torch.Tensor] = []
+    try:
+        for i in range(5):
+            x = torch.randn(3, 4, device=device)
+            y = x.view(3, 4) if i in aliased_at else x.clone()
+            model(x, y).pow(2).sum().backward()
+            kept += [x, y, model.lin.weight.grad.clone()]
+    finally:
+        if rec is not None:
+            rec.release()
+    return kept, rec
+
+
+@pytest.mark.parametrize("aliased_at", [(0,), (2, 4), ()], ids=["recording", "replay", "apart"])
+def test_a_written_input_sharing_memory_with_another_runs_eagerly(
+    backend: str, device: str, aliased_at: tuple[int, ...]
+) -> None:
+    """``model(x, x.view(...))`` with ``x`` written in place: a replay's static copies are apart,
+    so the recording call retires with the write's reason, a later call runs eagerly."""
+    eager, _ = _written_and_read(aliased_at, device, None)
+    replayed, rec = _written_and_read(aliased_at, device, backend)
+    assert all(torch.equal(a, b) for a, b in zip(eager, replayed, strict=True)), rec.journal
+    if aliased_at == (0,):
+        assert rec.retired and "writes input 0 in place" in rec.retire_reason
+        assert "shares memory" in rec.retire_reason
+    else:
+        assert rec.eager_reasons["written_input_aliased"] == len(aliased_at), rec.journal
+        assert rec.counts["replay"] == 4 - len(aliased_at)
+
+
+def test_a_checked_replay_compares_the_written_input(backend: str, device: str) -> None:
+    """Under ``check_every=1`` every replay is checked against eager, the written input included,
+    and eager's rerun at the backward starts from the input as the call found it."""
+    eager, _ = _written_and_read((), device, None)
+    replayed, rec = _written_and_read((), device, backend, check_every=1)
+    assert all(torch.equal(a, b) for a, b in zip(eager, replayed, strict=True)), rec.journal
+    assert rec.counts["replay"] == 4 and not rec.retired, rec.journal
+    assert "diverged" not in rec.eager_reasons

@@ -1,6 +1,8 @@
 """TrainStep's ``side_effects`` protection: a step whose Python writes what a replay would not
-(an input in place, a model attribute, a dict the model holds) retires, exactly; switched off,
-the replays skip those writes and the run differs from eager.
+(a model attribute, a dict the model holds) retires, exactly; switched off, the replays skip
+those writes and the run differs from eager. A batch written in place replays instead: the
+``write_back`` protection copies the replay's values into the caller's tensor; switched off, the
+caller's batch keeps its old values.
 
 The step trains on one batch repeatedly, so a write a replay skips changes every later step.
 """
@@ -37,26 +39,41 @@ def _changes_held_dict(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 WRITES: dict[str, Loss] = {
-    "input": _writes_input,
     "attribute": _assigns_attribute,
     "held_dict": _changes_held_dict,
 }
 
 
 def _train(
-    loss_fn: Loss, replay: bool, device: str, backend: str, unsafe: tuple[str, ...] = ()
+    loss_fn: Loss,
+    replay: bool,
+    device: str,
+    backend: str,
+    unsafe: tuple[str, ...] = (),
+    **kwargs: object,
 ) -> tuple[dict[str, torch.Tensor | None], rk.TrainStep]:
-    """Six steps on one batch; the end state: parameters, losses, the batch, the model's host values."""
+    """Six steps on one batch; the end state: parameters, losses, the batch (and its version after
+    each step), the model's host values."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)).to(device)
     model.scale, model.history = 1.0, {"task": 0}
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     step = rk.TrainStep(
-        model, loss_fn, opt, replay=replay, backend=backend, warmup=1, unsafe_disable=unsafe
+        model,
+        loss_fn,
+        opt,
+        replay=replay,
+        backend=backend,
+        warmup=1,
+        unsafe_disable=unsafe,
+        **kwargs,
     )
     x = torch.randn(4, 6, device=device)
+    state: dict[str, torch.Tensor | None] = {}
     try:
-        state: dict[str, torch.Tensor | None] = {f"loss{i}": step(x).detach() for i in range(6)}
+        for i in range(6):
+            state[f"loss{i}"] = step(x).detach()
+            state[f"batch_written{i}"] = torch.tensor(x._version > 0)
     finally:
         step.release()
     state |= {f"param/{n}": p.detach() for n, p in model.named_parameters()}
@@ -96,3 +113,65 @@ def test_without_side_effects_host_rng_still_retires(backend: str, device: str):
     replayed, step = _train(draws, True, device, backend, negative_control("side_effects"))
     assert diff_states(eager, replayed) == [], step.journal
     assert step.retired and "Python's random" in step.retire_reason, step.retire_reason
+
+
+# accumulate=2 with check_every=1 retires on main already (a checked "first" phase reports a
+# none_pattern difference for a plain loss too): not this protection's case
+@pytest.mark.parametrize(
+    ("accumulate", "check_every"), [(1, 0), (2, 0), (1, 1)], ids=["step", "accumulate", "checked"]
+)
+def test_a_step_that_writes_its_batch_replays_like_eager(
+    backend: str, device: str, accumulate: int, check_every: int
+):
+    """``loss_fn`` halves the caller's batch in place: replays (each micro-batch's, each checked
+    one's) leave it as eager does, its version moved."""
+    kw = {"accumulate": accumulate, "check_every": check_every}
+    eager, _ = _train(_writes_input, False, device, backend, **kw)
+    replayed, step = _train(_writes_input, True, device, backend, **kw)
+    assert diff_states(eager, replayed) == [], step.journal
+    assert step.counts["replay"] >= 2 and not step.retired, step.journal
+
+
+def test_without_write_back_a_step_that_writes_its_batch_differs(backend: str, device: str):
+    """The negative control: the replays write their static copy of the batch, not the caller's."""
+    eager, _ = _train(_writes_input, False, device, backend)
+    unsafe, step = _train(_writes_input, True, device, backend, negative_control("write_back"))
+    assert diff_states(eager, unsafe) != [], step.journal
+    assert step.counts["replay"] > 0 and not step.retired
+
+
+def _writes_first(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    x.mul_(0.5)  # eager's write shows through y where y shares x's memory
+    return (m(x) + m(y)).pow(2).mean()
+
+
+def _two_batches(aliased_at: tuple[int, ...], replay: bool, device: str, backend: str) -> tuple:
+    torch.manual_seed(0)
+    model = nn.Linear(6, 3).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = rk.TrainStep(model, _writes_first, opt, replay=replay, backend=backend, warmup=1)
+    kept = []
+    try:
+        for i in range(5):
+            x = torch.randn(4, 6, device=device)
+            y = x.view(4, 6) if i in aliased_at else x.clone()
+            kept += [step(x, y).detach(), x, y]
+    finally:
+        step.release()
+    return [*kept, *(p.detach() for p in model.parameters())], step
+
+
+@pytest.mark.parametrize("aliased_at", [(1,), (2, 4)], ids=["recording", "replay"])
+def test_a_written_batch_sharing_memory_with_another_runs_eagerly(
+    backend: str, device: str, aliased_at: tuple[int, ...]
+):
+    """``step(x, x.view(...))``: eager's write to x shows in y, a replay's copies are apart. At the
+    recording call the step retires with the write's reason; at a replay the call runs eagerly."""
+    eager, _ = _two_batches(aliased_at, False, device, backend)
+    replayed, step = _two_batches(aliased_at, True, device, backend)
+    assert all(torch.equal(a, b) for a, b in zip(eager, replayed, strict=True)), step.journal
+    if aliased_at == (1,):
+        assert step.retired and "writes input 0 in place" in step.retire_reason
+    else:
+        assert step.eager_reasons["written_input_aliased"] == 2, step.journal
+        assert step.counts["replay"] >= 1
