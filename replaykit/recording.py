@@ -50,9 +50,8 @@ class Made:
     saved_inputs: list[int] = field(default_factory=list)  # the inputs it reads
     multi_use: list[int] = field(default_factory=list)  # the parameters it reads more than once
     written: list[torch.Tensor] = field(default_factory=list)  # parameters written in place
-    written_inputs: list[int] = field(
-        default_factory=list
-    )  # inputs written in place (written back)
+    # inputs written in place (written back), with the version bumps of their writes
+    written_inputs: dict[int, int] = field(default_factory=dict)
     probed: list[OutputTree] = field(default_factory=list)  # the probe's output structure
     refusal: Refusal | None = None
     shadow: Shadow | None = None
@@ -236,7 +235,7 @@ class RecorderRecording:
             made.params,
             made.written,
             self._shadow_held(),
-            made.written_inputs,
+            list(made.written_inputs),
         )
 
     def _judge(self, made: Made, call: int) -> Made | None:

@@ -28,6 +28,7 @@ from .guards.optimizer import GRAD, host_state, tensors_of
 from .memory.foreign import ForeignBuffers
 from .memory.layout import aligned_copy, copy_into
 from .memory.write_back import WriteBack
+from .verify.bitwise import bitwise_equal
 from .verify.call_state import CallState
 from .verify.contexts import recording as recording_context
 from .verify.output import HeldOutput
@@ -111,6 +112,7 @@ class Attempt:
     private: list = field(default_factory=list)
     foreign: ForeignBuffers | None = None
     choices: Watch | None = None
+    moved: bool = False  # the reference moved the written inputs' versions (put back, not undone)
 
 
 class RecordingSteps:
@@ -283,6 +285,7 @@ class RecordingSteps:
             raise
         finally:
             self._walking = False
+        _rewritten(effects, a.callargs.tensors, a.static)
         why = self._reference_why(effects, found, held, versions, state, a.choices)
         why = why or self._choices_why(a)
         if why is not None:
@@ -294,6 +297,7 @@ class RecordingSteps:
         state.restore()
         for i in effects.written_inputs():  # the batch as the call found it (a.static holds it)
             copy_into(a.callargs.tensors[i], a.static[i])
+            a.moved = True
         for p, g in zip(self._trainable, a.private, strict=True):
             p.grad = g  # what the capture reads (see _prepare)
         del eager
@@ -422,6 +426,7 @@ class RecordingSteps:
             self._walking = False
         if a.foreign is not None:
             a.foreign.captured()
+        _rewritten(a.effects, a.static, a.callargs.tensors)
         a.key = self._input_reads.settle(a.key, () if a.reads is None else a.reads.reads)
         a.rec = self._recorded(a)
         why = self._capture_why(a, state)
@@ -452,7 +457,7 @@ class RecordingSteps:
         grads_out = [p.grad for p in self._trainable]  # per parameter: its storage after, or None
         keep = [*(g for g in a.private if g is not None), *tensors_of(self.optimizer)]
         tail = self._tail.eager is not None and a.phase in ("step", "last")
-        back = WriteBack.of(a.static, a.effects.written_inputs()) if self.on.write_back else None
+        back = WriteBack.of(a.static, a.effects.version_moves()) if self.on.write_back else None
         rec = StepRecording(a.region, a.static, a.loss, grads_out, keep, a.foreign, tail, back)
         if tail:
             self._eager_tail(rec)
@@ -559,7 +564,7 @@ class RecordingSteps:
         """The recording stands: kept under its key; its gradients are left as eager leaves them."""
         self._recordings[a.key] = a.rec
         if a.rec.write_back is not None:  # the recording call's step wrote the static inputs
-            a.rec.write_back.copy_back(a.callargs.tensors)
+            a.rec.write_back.copy_back(a.callargs.tensors, bump=not a.moved)
         self.journal.add("record", self._calls, a.phase, f"recording {len(self._recordings)}")
         after = map(_use_count, self._storages)
         self._baseline = [
@@ -674,6 +679,13 @@ class RecordingSteps:
             f"{len(found.draws)} host draw(s), {len(found.reads)} read(s) of them: drawn before "
             "choosing a recording from now on"
         )
+
+
+def _rewritten(effects: SideEffects, ran_on: list[torch.Tensor], other: list[torch.Tensor]) -> None:
+    """Inputs whose values the run changed (``ran_on`` against the copies in ``other``), its version
+    moved or not (a write through ``.data``): written too."""
+    pairs = enumerate(zip(ran_on, other, strict=True))
+    effects.also_written(i for i, (x, y) in pairs if x is not y and not bitwise_equal(x, y))
 
 
 def _written(effects: SideEffects, tensors: list[torch.Tensor]) -> list[tuple[str, torch.Tensor]]:

@@ -3,8 +3,8 @@
 Eager code that writes its input in place (``x.sub_(x.mean(0))`` in a forward or ``loss_fn``)
 changes the caller's tensor; a replay writes the static copy of it. So after each replay the
 static inputs the recording call proved written (their version moved while it ran) are copied
-back into the caller's tensors: the values eager leaves, and a version bump as an in-place op
-makes (autograd's saved-tensor check sees the write). Only those: a recording that writes no
+back into the caller's tensors: the values eager leaves, and the version bumps eager's writes
+make (autograd's saved-tensor check sees the write; a write through ``.data`` makes none). Only those: a recording that writes no
 input has no write-back and its replays pay nothing.
 
 It is exact when the caller's tensor is the only thing the write reaches: refused
@@ -15,9 +15,11 @@ write shows through it, within the call, while the static copies are apart).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
+
+from ..verify.dispatch import increment_versions
 
 __all__ = ["ALIASED", "WriteBack", "inexact"]
 
@@ -51,21 +53,22 @@ def inexact(tensors: Sequence[torch.Tensor], written: Sequence[int]) -> str | No
 
 class WriteBack:
     """The written static inputs of one recording: one copy per distinct static (an argument passed
-    twice shares one), at its first position."""
+    twice shares one), at its first position, with the version bumps eager's writes make there."""
 
     __slots__ = ("_pairs", "positions")
 
-    def __init__(self, statics: Sequence[torch.Tensor], written: Sequence[int]) -> None:
-        pairs: list[tuple[int, torch.Tensor]] = []
+    def __init__(self, statics: Sequence[torch.Tensor], written: Mapping[int, int]) -> None:
+        pairs: list[tuple[int, torch.Tensor, int]] = []
         for i in sorted(written):
-            if all(statics[i] is not s for _, s in pairs):
-                pairs.append((i, statics[i]))
+            if all(statics[i] is not s for _, s, _ in pairs):
+                pairs.append((i, statics[i], written[i]))
         self._pairs = pairs
         self.positions = tuple(sorted(written))
 
     @classmethod
-    def of(cls, statics: Sequence[torch.Tensor], written: Sequence[int]) -> WriteBack | None:
-        """The write-back of a recording, or None where it writes no input (nothing per replay)."""
+    def of(cls, statics: Sequence[torch.Tensor], written: Mapping[int, int]) -> WriteBack | None:
+        """The write-back of a recording (``written``: position -> the version bumps its writes
+        made), or None where it writes no input (nothing per replay)."""
         return cls(statics, written) if written else None
 
     def refusal(self, tensors: Sequence[torch.Tensor]) -> str | None:
@@ -76,14 +79,22 @@ class WriteBack:
             return ALIASED
         return None
 
-    def copy_back(self, tensors: Sequence[torch.Tensor]) -> None:
-        """The replay's written values into the caller's tensors, as an in-place write (a version bump)."""
+    def copy_back(self, tensors: Sequence[torch.Tensor], bump: bool = True) -> None:
+        """The replay's written values into the caller's tensors, their versions moved as eager's
+        writes move them (a write through ``.data`` moves none; ``bump=False``: moved already, by
+        an eager run of the same call)."""
         with torch.no_grad():
-            for i, static in self._pairs:
-                tensors[i].copy_(static)
+            for i, static, bumps in self._pairs:
+                x = tensors[i]
+                if not bumps or not bump:
+                    x.data.copy_(static)
+                    continue
+                x.copy_(static)  # one bump, as one in-place op
+                if bumps > 1:
+                    increment_versions([x] * (bumps - 1))
 
     def pairs(
         self, tensors: Sequence[torch.Tensor]
     ) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
         """``(name, caller's tensor, static)`` per written input: what a check compares."""
-        return [(f"input {i} (written in place)", tensors[i], s) for i, s in self._pairs]
+        return [(f"input {i} (written in place)", tensors[i], s) for i, s, _ in self._pairs]

@@ -14,7 +14,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["WatchingMode", "written", "written_positions"]
+__all__ = ["WatchingMode", "increment_versions", "written", "written_positions"]
 
 _POSITIONS: dict[Any, tuple[int, ...]] = {}
 _FOREACH_WRITES: dict[Any, bool] = {}  # per op: a foreach op that writes an argument
@@ -70,12 +70,13 @@ class WatchingMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         unbumped = [t for t, v in zip(targets, before, strict=True) if t._version == v]
         if unbumped:
-            _increment_versions(unbumped)
+            increment_versions(unbumped)
         return out
 
 
-def _increment_versions(tensors: list[torch.Tensor]) -> None:
-    """Bump each tensor's version: torch 2.5+ takes a list in one call, torch 2.4 one tensor."""
+def increment_versions(tensors: list[torch.Tensor]) -> None:
+    """Bump each tensor's version (a tensor listed twice, twice): torch 2.5+ takes a list in one
+    call, torch 2.4 one tensor (a tensor alone is iterated over its rows by 2.5+)."""
     if _BATCHED_INCREMENT:
         torch._C._increment_version(tensors)
     else:

@@ -196,7 +196,7 @@ def probe(
     multi_use: list[int] | None = None,
     outputs: list[OutputTree] | None = None,
     written: list[torch.Tensor] | None = None,
-    written_inputs: tuple[Sequence[torch.Tensor], list[int]] | None = None,
+    written_inputs: tuple[Sequence[torch.Tensor], dict[int, int]] | None = None,
 ) -> Refusal | None:
     """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None.
     ``saved``, when given, receives the indices of the parameters the backward reads;
@@ -206,8 +206,8 @@ def probe(
     (:mod:`replaykit.memory.outputs`); ``written`` the module's parameters, trainable or frozen,
     whose storage the forward writes in place (a weight decayed under no_grad, a momentum encoder, a
     write through ``.data`` or a view): a verification's rerun must find them as the call found
-    them. ``written_inputs``: the caller's tensors and a list receiving the inputs written in place
-    that a replay writes back. The caller snapshots and restores module state and RNG around it."""
+    them. ``written_inputs``: the caller's tensors and a dict receiving the inputs written in place
+    that a replay writes back (with their version moves). The caller snapshots and restores module state and RNG around it."""
     if (refusal := _hook_order(params)) is not None:
         return refusal
     leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the storages
@@ -230,8 +230,7 @@ def probe(
     rebuilt = _output_refusal(result, outputs)
     del result
     _found(module, inspector, hooks, len(leaves), written, saved, saved_inputs)
-    if written_inputs is not None and effects.inputs_written_back():  # else refused below
-        written_inputs[1][:] = effects.written_inputs()
+    _inputs_written(effects, inspector, static_inputs, written_inputs)
     tensors = [o for o in outs if isinstance(o, torch.Tensor)]
     del outs
     refusal = (
@@ -277,6 +276,26 @@ def _found(
         saved[:] = sorted(i for i in hooks.saved if i < n_leaves)
     if saved_inputs is not None:
         saved_inputs[:] = sorted(i - n_leaves for i in hooks.saved if i >= n_leaves)
+
+
+def _inputs_written(
+    effects: SideEffects,
+    inspector: _Inspector,
+    static_inputs: Sequence[torch.Tensor],
+    written_inputs: tuple[Sequence[torch.Tensor], dict[int, int]] | None,
+) -> None:
+    """The inputs the forward wrote, by version or by storage (a write through ``.data``): into
+    ``written_inputs``' dict where a replay writes them back exactly; else ``effects`` refuses."""
+    storages = inspector.storages
+    effects.also_written(
+        i for i, x in enumerate(static_inputs) if x.numel() and _storage(x) in storages
+    )
+    if written_inputs is not None and effects.inputs_written_back():
+        written_inputs[1].update(effects.version_moves())
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
 
 
 def _forward_refusal(

@@ -9,7 +9,7 @@ all of these, for both entry points.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import nn
@@ -66,6 +66,7 @@ class SideEffects:
         )
         self._inputs = list(inputs)
         self._versions = [x._version for x in self._inputs]
+        self._also: set[int] = set()  # inputs found written otherwise (also_written)
         self._held = held_values(module)
         self._listen = listen_for_writes()
         self.writes: list[tuple[nn.Module, str]] = []
@@ -81,11 +82,19 @@ class SideEffects:
 
     def written_inputs(self) -> list[int]:
         """Indices of the inputs written in place during the run."""
-        return [
-            i
-            for i, (x, v) in enumerate(zip(self._inputs, self._versions, strict=True))
-            if x._version != v
-        ]
+        versions = zip(self._inputs, self._versions, strict=True)
+        moved = [i for i, (x, v) in enumerate(versions) if x._version != v]
+        return sorted(self._also.union(moved)) if self._also else moved
+
+    def version_moves(self) -> dict[int, int]:
+        """Each input written in place, with how far its version moved (0 for a write through ``.data``)."""
+        return {i: self._inputs[i]._version - self._versions[i] for i in self.written_inputs()}
+
+    def also_written(self, found: Iterable[int]) -> None:
+        """Inputs the entry point found written otherwise (their storage written under a dispatch
+        mode, their values changed): a write through ``.data`` or a ``detach()`` alias moves no
+        version counter."""
+        self._also.update(found)
 
     def _changing_writes(self) -> list[tuple[nn.Module, str]]:
         """The writes whose value differs from the one before the run (by ``value_key``: floats by bits,

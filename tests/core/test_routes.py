@@ -165,34 +165,39 @@ def test_strict_raises_instead_of_eager(backend: str, device: str, route: str) -
 class _WritesInput(torch.nn.Module):
     """Normalises its input in place, the way a user's preprocessing might."""
 
-    def __init__(self, foreach: bool) -> None:
+    def __init__(self, how: str) -> None:
         super().__init__()
-        self.lin, self.foreach = torch.nn.Linear(4, 2), foreach
+        self.lin, self.how = torch.nn.Linear(4, 2), how
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.foreach:
+        if self.how == "foreach_mul_":
             torch._foreach_mul_([x], 0.5)
+        elif self.how == "data":
+            x.data.mul_(0.5)  # moves no version counter of x
         else:
             x.mul_(0.5)
         return self.lin(x)
 
 
-@pytest.mark.parametrize("foreach", [False, True], ids=["mul_", "foreach_mul_"])
+@pytest.mark.parametrize("how", ["mul_", "foreach_mul_", "data"])
 def test_a_forward_writing_its_input_replays_and_writes_the_callers_tensor(
-    backend: str, device: str, foreach: bool
+    backend: str, device: str, how: str
 ) -> None:
     """The caller's tensor is written at every call, as eager writes it: the replay's static copy
     is written back (``write_back``), with a version bump. A foreach op bumps no version counter
-    under a dispatch mode (the probe's, the tape's): the write is still found and written back."""
+    under a dispatch mode (the probe's, the tape's), a write through ``.data`` none at all: the
+    write is found by the storage it writes and written back too."""
     torch.manual_seed(0)
-    model = _WritesInput(foreach).to(device)
+    model = _WritesInput(how).to(device)
+    eager = torch.ones(3, 4, device=device)
+    model(eager)  # before the capture: how far eager moves the version
     rec = rk.capture(model, backend=backend)
     try:
         for _ in range(3):
             x = torch.ones(3, 4, device=device)
             model(x).sum().backward()
             assert torch.equal(x, torch.full_like(x, 0.5))
-            assert x._version > 0
+            assert x._version == eager._version
         assert rec.counts["replay"] == 2 and not rec.retired, rec.journal
     finally:
         rec.release()
@@ -201,7 +206,7 @@ def test_a_forward_writing_its_input_replays_and_writes_the_callers_tensor(
 def test_without_write_back_a_replay_leaves_the_callers_tensor(backend: str, device: str) -> None:
     """The negative control: the replays write their static copy, the caller's tensor stays."""
     torch.manual_seed(0)
-    model = _WritesInput(False).to(device)
+    model = _WritesInput("mul_").to(device)
     rec = rk.capture(model, backend=backend, unsafe_disable=negative_control("write_back"))
     try:
         x = torch.ones(3, 4, device=device)

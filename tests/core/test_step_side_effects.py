@@ -28,6 +28,11 @@ def _writes_input(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return m(x).pow(2).mean()
 
 
+def _writes_input_data(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    x.data.mul_(0.5)  # through .data: no version counter of x moves
+    return m(x).pow(2).mean()
+
+
 def _assigns_attribute(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     m.scale = 3.0 - m.scale  # a float on the model, alternating 2, 1, 2...: the step reads it
     return m(x).pow(2).mean() * m.scale
@@ -53,7 +58,7 @@ def _train(
     **kwargs: object,
 ) -> tuple[dict[str, torch.Tensor | None], rk.TrainStep]:
     """Six steps on one batch; the end state: parameters, losses, the batch (and its version after
-    each step), the model's host values."""
+    each step: a replay moves it as eager's write does), the model's host values."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)).to(device)
     model.scale, model.history = 1.0, {"task": 0}
@@ -73,7 +78,7 @@ def _train(
     try:
         for i in range(6):
             state[f"loss{i}"] = step(x).detach()
-            state[f"batch_written{i}"] = torch.tensor(x._version > 0)
+            state[f"batch_version{i}"] = torch.tensor(x._version)
     finally:
         step.release()
     state |= {f"param/{n}": p.detach() for n, p in model.named_parameters()}
@@ -118,16 +123,24 @@ def test_without_side_effects_host_rng_still_retires(backend: str, device: str):
 # accumulate=2 with check_every=1 retires on main already (a checked "first" phase reports a
 # none_pattern difference for a plain loss too): not this protection's case
 @pytest.mark.parametrize(
-    ("accumulate", "check_every"), [(1, 0), (2, 0), (1, 1)], ids=["step", "accumulate", "checked"]
+    ("accumulate", "check_every", "loss_fn"),
+    [
+        (1, 0, _writes_input),
+        (2, 0, _writes_input),
+        (1, 1, _writes_input),
+        (1, 0, _writes_input_data),
+    ],
+    ids=["step", "accumulate", "checked", "data"],
 )
 def test_a_step_that_writes_its_batch_replays_like_eager(
-    backend: str, device: str, accumulate: int, check_every: int
+    backend: str, device: str, accumulate: int, check_every: int, loss_fn: Loss
 ):
     """``loss_fn`` halves the caller's batch in place: replays (each micro-batch's, each checked
-    one's) leave it as eager does, its version moved."""
+    one's) leave it as eager does, its version moved (a write through ``.data`` moves none: it is
+    found by the values it changed)."""
     kw = {"accumulate": accumulate, "check_every": check_every}
-    eager, _ = _train(_writes_input, False, device, backend, **kw)
-    replayed, step = _train(_writes_input, True, device, backend, **kw)
+    eager, _ = _train(loss_fn, False, device, backend, **kw)
+    replayed, step = _train(loss_fn, True, device, backend, **kw)
     assert diff_states(eager, replayed) == [], step.journal
     assert step.counts["replay"] >= 2 and not step.retired, step.journal
 
