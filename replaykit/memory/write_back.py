@@ -2,15 +2,18 @@
 
 Eager code that writes its input in place (``x.sub_(x.mean(0))`` in a forward or ``loss_fn``)
 changes the caller's tensor; a replay writes the static copy of it. So after each replay the
-static inputs the recording call proved written (their version moved while it ran) are copied
-back into the caller's tensors: the values eager leaves, and the version bumps eager's writes
-make (autograd's saved-tensor check sees the write; a write through ``.data`` makes none). Only those: a recording that writes no
-input has no write-back and its replays pay nothing.
+static inputs the recording call proved written (their version moved while it ran, or, for a
+write through ``.data``, their storage was written or their values changed) are copied back into
+the caller's tensors: the values eager leaves, and the version bumps eager's writes make
+(autograd's saved-tensor check sees the write; a write through ``.data`` makes none). Only those:
+a recording that writes no input has no write-back, and its replays pay one ``is None``.
 
 It is exact when the caller's tensor is the only thing the write reaches: refused
 (:func:`inexact`) for an expanded input (one element stands for many), one requiring grad
-(eager records the write in its graph), or one sharing memory with another argument (eager's
-write shows through it, within the call, while the static copies are apart).
+(eager records the write in its graph), one sharing memory with another argument (eager's
+write shows through it, within the call, while the static copies are apart), or one on the
+host beside a GPU model (a CUDA graph does not repeat a host op; refused on both backends,
+as the emulated one mirrors a graph).
 """
 
 from __future__ import annotations
@@ -38,10 +41,15 @@ def _shared(tensors: Sequence[torch.Tensor], i: int) -> bool:
     return any(t is not x and t.numel() and _storage(t) == ptr for t in tensors)
 
 
-def inexact(tensors: Sequence[torch.Tensor], written: Sequence[int]) -> str | None:
-    """Why copying the written arguments back cannot leave what eager leaves, or None."""
+def inexact(
+    tensors: Sequence[torch.Tensor], written: Sequence[int], on_gpu: bool = False
+) -> str | None:
+    """Why copying the written arguments back cannot leave what eager leaves, or None. ``on_gpu``:
+    the model is on a GPU, where a CUDA graph does not repeat a write to a host tensor."""
     for i in written:
         x = tensors[i]
+        if on_gpu and x.device.type == "cpu":
+            return f"input {i} is on the CPU beside a GPU model: a CUDA graph does not repeat a host op"
         if x.requires_grad:
             return f"input {i} requires grad: eager's autograd records the write"
         if 0 in x.stride() and x.numel() > 1:

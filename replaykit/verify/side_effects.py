@@ -59,6 +59,7 @@ class SideEffects:
         # replays its draws); beside a GPU model it is host state a CUDA graph never advances.
         # ``drawn_to``: where the draws the entry point makes before a replay leave it (input_reads)
         on_gpu = any(t.device.type != "cpu" for t in (*module.parameters(), *module.buffers()))
+        self._on_gpu = on_gpu
         self._cpu_rng = (
             (drawn_to if drawn_to is not None else torch.default_generator.get_state())
             if host_rng and on_gpu
@@ -125,7 +126,8 @@ class SideEffects:
     def inputs_written_back(self) -> bool:
         """Whether a replay repeats the run's input writes: the entry point writes them back, each
         exactly (:func:`~replaykit.memory.write_back.inexact`)."""
-        return self._callers is not None and inexact(self._callers, self.written_inputs()) is None
+        callers = self._callers
+        return callers is not None and inexact(callers, self.written_inputs(), self._on_gpu) is None
 
     def _changed_held(self) -> list[str]:
         return [name for name, value, key in self._held if value_key(value) != key]
@@ -170,7 +172,8 @@ class SideEffects:
             return f"{who} assigns {', '.join(written)}; a replay would not repeat the assignment"
         mutated = self.written_inputs()
         if mutated and not self.inputs_written_back():
-            why = inexact(self._callers, mutated) if self._callers is not None else None
+            callers = self._callers
+            why = inexact(callers, mutated, self._on_gpu) if callers is not None else None
             more = f" ({why})" if why is not None else ""
             return (
                 f"{who} writes input {mutated[0]} in place; a replay would write its own copy{more}"

@@ -188,3 +188,27 @@ def test_a_written_batch_sharing_memory_with_another_runs_eagerly(
     else:
         assert step.eager_reasons["written_input_aliased"] == 2, step.journal
         assert step.counts["replay"] >= 1
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_host_batch_written_beside_a_gpu_model_retires():
+    """A CPU batch written in place by a step on a GPU model: a CUDA graph does not repeat the host
+    op, so no write-back can be exact; the step retires with the write's reason, like eager."""
+
+    def host_loss(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(0.5)  # on the host
+        return m(x.to("cuda")).pow(2).mean()
+
+    results = []
+    for replay in (False, True):
+        torch.manual_seed(0)
+        model = nn.Linear(6, 3).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        step = rk.TrainStep(model, host_loss, opt, replay=replay, backend="cuda", warmup=1)
+        x = torch.randn(4, 6)
+        losses = [step(x).detach().cpu() for _ in range(5)]
+        step.release()
+        results.append([*losses, x, *(p.detach().cpu() for p in model.parameters())])
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True)), step.journal
+    assert step.retired and "on the CPU beside a GPU model" in step.retire_reason, step.journal
