@@ -211,8 +211,8 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
                 why = exc.reason
             else:
                 plan, why = self.choose(self._plans, key, call)
-                if plan is not None and plan.write_back is not None:
-                    why = plan.write_back.refusal(callargs.tensors)
+                if plan is not None and plan.back is not None:
+                    why = plan.back.refusal(callargs.tensors)
         if why is not None:
             with self.held(why):
                 return self._eager(call, why, args, kwargs)
@@ -346,7 +346,7 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
         plan.written = list(made.written)
         plan.inputs_written = tuple(made.written_inputs)
         if self.on.write_back:
-            plan.write_back = WriteBack.of(recording.static_inputs, made.written_inputs)
+            plan.back = WriteBack.of(recording.static_inputs, made.written_inputs)
         twice = set(made.multi_use)
         plan.autocast = (
             torch.is_autocast_enabled(self._device_kind) and torch.is_autocast_cache_enabled()

@@ -77,6 +77,7 @@ class Plan:
         "aliases",
         "all_differentiable",
         "autocast",
+        "back",
         "cleared",
         "copies",
         "inputs_written",
@@ -87,7 +88,6 @@ class Plan:
         "saved_inputs",
         "shadow",
         "verified",
-        "write_back",
         "written",
     )
 
@@ -116,7 +116,7 @@ class Plan:
         self.inputs_written: tuple[
             int, ...
         ] = ()  # inputs it writes in place (the shadow compares them)
-        self.write_back: WriteBack | None = None  # their copy back to the caller after each replay
+        self.back: WriteBack | None = None  # their copy back to the caller after each replay
         self.saved = saved  # the parameters its backward reads: their versions are checked
         self.saved_inputs = saved_inputs  # the inputs (positions) it reads: likewise
         self.all_differentiable = recording.differentiable == tuple(
@@ -139,7 +139,7 @@ class Plan:
     def free(self) -> None:
         """Let static memory go with the recording: a replayed call's autograd node (its step) may outlive it."""
         self.copies = []
-        self.write_back = None
+        self.back = None
         self.aliases = StaticAliases((), ())
 
 
@@ -254,8 +254,8 @@ class RecorderReplay:
             else:
                 copy_into(static, tensors[i])
         recording.replay_forward()
-        if plan.write_back is not None:  # before the versions below: the write is the forward's
-            plan.write_back.copy_back(tensors)
+        if plan.back is not None:  # before the versions below: the write is the forward's
+            plan.back.copy_back(tensors)
         # what eager's saved-tensor check covers: the parameters the backward reads
         if self.on.inplace_weights:
             step.versions = list(map(_VERSION, plan.saved))

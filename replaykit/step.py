@@ -53,6 +53,7 @@ from .guards.storage import GLOBAL_HOOKS, module_hooks
 from .memory.foreign import ForeignLeaves
 from .memory.layout import aligned_key, copy_into
 from .memory.pool import MemoryPool, storage_bytes
+from .memory.write_back import aliased
 from .protections import Switches
 from .route import Entry, signature_of
 from .step_config import PRECISIONS, StepConfig, fixed
@@ -79,16 +80,11 @@ class TrainStep(RecordingSteps, Entry):
     """
 
     kind = "TrainStep"
-    model, loss_fn, optimizer = (
-        fixed("model", "config.model"),
-        fixed("loss_fn", "config.loss_fn"),
-        fixed("optimizer", "config.optimizer"),
-    )
+    model, loss_fn = fixed("model", "config.model"), fixed("loss_fn", "config.loss_fn")
+    optimizer = fixed("optimizer", "config.optimizer")
     scaler, ema = fixed("scaler", "config.scaler"), fixed("ema", "config.ema")
-    accumulate, precision = (
-        fixed("accumulate", "config.accumulate"),
-        fixed("precision", "config.precision"),
-    )
+    accumulate = fixed("accumulate", "config.accumulate")
+    precision = fixed("precision", "config.precision")
     replay, warmup = fixed("replay", "config.replay"), fixed("warmup", "config.warmup")
     max_recordings = fixed("max_recordings", "config.max_recordings")
     check_every = fixed("check_every", "config.check_every")
@@ -220,9 +216,8 @@ class TrainStep(RecordingSteps, Entry):
         # Python's and numpy's draws that only choose (LayerDrop): learnt at recording, drawn and keyed per call
         self._choices = HostChoices(keyed=self.on.host_choices)
         self._watch_reads = False  # set once a capture without the watch failed (see _record)
-        self._fills = (
-            Fills()
-        )  # writes into the model: a first write, a cache filled, or per-call Python
+        # writes into the model: a first write, a cache filled, or per-call Python
+        self._fills = Fills()
         self._learn_draws = False  # set at the first host draw seen: the next reference learns them
         # tensors loss_fn holds and writes in place (a running mean): snapshotted once seen written
         self._written: list[torch.Tensor] = []
@@ -364,8 +359,7 @@ class TrainStep(RecordingSteps, Entry):
                     why = "input_requires_grad"
                 else:
                     rec, why = self.choose(self._recordings, key, call)
-                    if rec is not None and rec.write_back is not None:
-                        why = rec.write_back.refusal(callargs.tensors)
+                    why = why or aliased(rec and rec.back, callargs.tensors)
         alias = False
         if why is None and rec is not None and phase == "first":
             self._copy_out(call)
@@ -391,8 +385,8 @@ class TrainStep(RecordingSteps, Entry):
         if check and (self._replayed - 1) % check == 0:
             return self._checked_replay(phase, rec, callargs, args, kwargs)
         self._replay(rec, callargs, f"its replayed {phase} (call {call})")
-        if rec.write_back is not None:  # what the step wrote of the batch, into the caller's
-            rec.write_back.copy_back(callargs.tensors)
+        if rec.back is not None:  # what the step wrote of the batch, into the caller's
+            rec.back.copy_back(callargs.tensors)
         self.journal.tick("replay", call, phase)
         return self._after(phase, rec)
 
@@ -420,9 +414,9 @@ class TrainStep(RecordingSteps, Entry):
         snapshot = self._call_state(tensors=True)
         self._replay(rec, callargs)
         self.journal.tick("replay", call, phase)
-        # eager writes the batch itself: compared with the replay's static copies, not written back
-        written = rec.write_back.pairs(callargs.tensors) if rec.write_back is not None else []
-        found, loss = self._against_eager(snapshot, rec.loss, phase, args, kwargs, written)
+        found, loss = self._against_eager(snapshot, rec.loss, phase, args, kwargs)
+        if found is None and rec.back is not None:  # eager wrote the batch: as the replay's copies?
+            found = rec.back.difference(callargs.tensors)
         self.journal.add("check", call, "step", found)
         if found is None:
             return self._after(phase, rec)
@@ -463,24 +457,15 @@ class TrainStep(RecordingSteps, Entry):
         )
 
     def _against_eager(
-        self,
-        snapshot: CallState,
-        loss: torch.Tensor,
-        phase: str,
-        args: tuple,
-        kwargs: dict,
-        written: list[tuple[str, torch.Tensor, torch.Tensor]],
+        self, snapshot: CallState, loss: torch.Tensor, phase: str, args: tuple, kwargs: dict
     ) -> tuple[str | None, torch.Tensor]:
         """The recorded work's end state against the twin's body run from ``snapshot``: the first
-        difference (or None) and eager's loss. The state left behind is eager's. ``written``: the
-        batch's tensors the step writes in place, with their static copies the replay wrote."""
+        difference (or None) and eager's loss. The state left behind is eager's."""
         state = self._judged()
-        replayed = [(n, s) for n, _, s in written]
-        replayed = end_state(*state, loss, clone=True, extra=[*snapshot.outside, *replayed])
+        replayed = end_state(*state, loss, clone=True, extra=snapshot.outside)
         snapshot.restore()
         eager = self._body(phase, args, kwargs)
-        now = [*snapshot.outside, *((n, x) for n, x, _ in written)]
-        now = end_state(*state, eager, clone=False, extra=now)
+        now = end_state(*state, eager, clone=False, extra=snapshot.outside)
         return difference(replayed, now), eager
 
     def _key(self, phase: str, state: Any, callargs: Any) -> tuple:

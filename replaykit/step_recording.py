@@ -26,9 +26,8 @@ from .guards.input_reads import NewInputRead, Provenance
 from .guards.module import host_dependence
 from .guards.optimizer import GRAD, host_state, tensors_of
 from .memory.foreign import ForeignBuffers
-from .memory.layout import aligned_copy, copy_into
+from .memory.layout import aligned_copy
 from .memory.write_back import WriteBack
-from .verify.bitwise import bitwise_equal
 from .verify.call_state import CallState
 from .verify.contexts import recording as recording_context
 from .verify.output import HeldOutput
@@ -43,16 +42,7 @@ __all__ = ["Outcome", "RecordingSteps", "StepRecording"]
 class StepRecording:
     """One phase of one signature: its region, static inputs and loss, and the gradients it leaves."""
 
-    __slots__ = (
-        "foreign",
-        "grads_out",
-        "keep",
-        "loss",
-        "region",
-        "static_inputs",
-        "tail",
-        "write_back",
-    )
+    __slots__ = ("back", "foreign", "grads_out", "keep", "loss", "region", "static_inputs", "tail")
 
     def __init__(
         self,
@@ -63,12 +53,12 @@ class StepRecording:
         keep: list,
         foreign: ForeignBuffers | None = None,
         tail: bool = False,
-        write_back: WriteBack | None = None,
+        back: WriteBack | None = None,
     ) -> None:
         self.region = region
         # the optimizer step left out (it cannot be captured): run eagerly after each replay
         self.tail = tail
-        self.write_back = write_back  # the inputs it writes in place, copied back after a replay
+        self.back = back  # the inputs it writes in place, written back after a replay
         self.foreign = foreign  # a second network's gradient buffers (memory/foreign.py), or None
         self.static_inputs = static_inputs
         self.loss = loss
@@ -285,19 +275,15 @@ class RecordingSteps:
             raise
         finally:
             self._walking = False
-        _rewritten(effects, a.callargs.tensors, a.static)
+        effects.also_changed(a.static)
         why = self._reference_why(effects, found, held, versions, state, a.choices)
         why = why or self._choices_why(a)
         if why is not None:
             return self._reference_stands(a, why, eager, scratch, run)
-        written = _written(effects, a.callargs.tensors)
-        a.reference = end_state(
-            *self._judged(), eager, clone=True, extra=[*state.outside, *written]
-        )
+        written = [*state.outside, *effects.named_written()]
+        a.reference = end_state(*self._judged(), eager, clone=True, extra=written)
         state.restore()
-        for i in effects.written_inputs():  # the batch as the call found it (a.static holds it)
-            copy_into(a.callargs.tensors[i], a.static[i])
-            a.moved = True
+        a.moved = effects.put_back(a.static)  # the batch as the call found it
         for p, g in zip(self._trainable, a.private, strict=True):
             p.grad = g  # what the capture reads (see _prepare)
         del eager
@@ -306,18 +292,10 @@ class RecordingSteps:
         return None
 
     def _effects(self, a: Attempt, tensors: list[torch.Tensor]) -> SideEffects:
-        """A watch over one run of the body on ``tensors`` (the batch or its static copies): what
-        it does that a replay would not; an input it writes in place is written back to the
-        caller's tensor (``memory/write_back.py``), so it is none where that is exact."""
-        drawn_to = self._input_reads.drawn_to
-        return SideEffects(
-            self.model,
-            tensors,
-            self.on.host_rng,
-            drawn_to,
-            self._choices.drawn_to,
-            callers=a.callargs.tensors,
-        )
+        """A watch over a run of the body on ``tensors`` (the batch or its static copies); an input
+        it writes in place is written back to the caller's (``memory/write_back.py``)."""
+        drawn = (self._input_reads.drawn_to, self._choices.drawn_to)
+        return SideEffects(self.model, tensors, self.on.host_rng, *drawn, a.callargs.tensors)
 
     def _reference_why(
         self,
@@ -426,7 +404,7 @@ class RecordingSteps:
             self._walking = False
         if a.foreign is not None:
             a.foreign.captured()
-        _rewritten(a.effects, a.static, a.callargs.tensors)
+        a.effects.also_changed(a.callargs.tensors)
         a.key = self._input_reads.settle(a.key, () if a.reads is None else a.reads.reads)
         a.rec = self._recorded(a)
         why = self._capture_why(a, state)
@@ -547,8 +525,8 @@ class RecordingSteps:
         holds included): a difference refuses the signature, and the twin's body runs once."""
         if a.reference is None:
             return None
-        written = _written(a.effects, a.static)
-        now = end_state(*self._judged(), a.loss, clone=False, extra=[*state.outside, *written])
+        written = [*state.outside, *a.effects.named_written()]
+        now = end_state(*self._judged(), a.loss, clone=False, extra=written)
         found = difference(now, a.reference)
         self.journal.add("check", self._calls, "recording", found)
         if found is None:
@@ -563,8 +541,8 @@ class RecordingSteps:
     def _keep(self, a: Attempt) -> Outcome:
         """The recording stands: kept under its key; its gradients are left as eager leaves them."""
         self._recordings[a.key] = a.rec
-        if a.rec.write_back is not None:  # the recording call's step wrote the static inputs
-            a.rec.write_back.copy_back(a.callargs.tensors, bump=not a.moved)
+        if a.rec.back is not None:  # the recording call's step wrote the static inputs
+            a.rec.back.copy_back(a.callargs.tensors, bump=not a.moved)
         self.journal.add("record", self._calls, a.phase, f"recording {len(self._recordings)}")
         after = map(_use_count, self._storages)
         self._baseline = [
@@ -679,18 +657,6 @@ class RecordingSteps:
             f"{len(found.draws)} host draw(s), {len(found.reads)} read(s) of them: drawn before "
             "choosing a recording from now on"
         )
-
-
-def _rewritten(effects: SideEffects, ran_on: list[torch.Tensor], other: list[torch.Tensor]) -> None:
-    """Inputs whose values the run changed (``ran_on`` against the copies in ``other``), its version
-    moved or not (a write through ``.data``): written too."""
-    pairs = enumerate(zip(ran_on, other, strict=True))
-    effects.also_written(i for i, (x, y) in pairs if x is not y and not bitwise_equal(x, y))
-
-
-def _written(effects: SideEffects, tensors: list[torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
-    """The inputs a run wrote in place (``tensors``: the ones it ran on), named for the check."""
-    return [(f"input {i} (written in place)", tensors[i]) for i in effects.written_inputs()]
 
 
 class _Wrote(str):

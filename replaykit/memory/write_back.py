@@ -22,9 +22,10 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from ..verify.bitwise import bitwise_equal
 from ..verify.dispatch import increment_versions
 
-__all__ = ["ALIASED", "WriteBack", "inexact"]
+__all__ = ["ALIASED", "WriteBack", "aliased", "inexact"]
 
 #: the eager route of a call whose written argument shares memory with another
 ALIASED = "written_input_aliased"
@@ -101,8 +102,16 @@ class WriteBack:
                 if bumps > 1:
                     increment_versions([x] * (bumps - 1))
 
-    def pairs(
-        self, tensors: Sequence[torch.Tensor]
-    ) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-        """``(name, caller's tensor, static)`` per written input: what a check compares."""
-        return [(f"input {i} (written in place)", tensors[i], s) for i, s, _ in self._pairs]
+    def difference(self, tensors: Sequence[torch.Tensor]) -> str | None:
+        """Where an eager run of the call wrote ``tensors`` otherwise than the replay wrote the
+        static copies (a checked replay), or None."""
+        for i, static, _ in self._pairs:
+            if not bitwise_equal(tensors[i], static):
+                return f"input {i} (written in place): eager's values differ from the replay's"
+        return None
+
+
+def aliased(back: WriteBack | None, tensors: Sequence[torch.Tensor]) -> str | None:
+    """The eager route of a call whose recording writes an argument that shares memory with another
+    (``written_input_aliased``), else None (a recording writing none: nothing to look at)."""
+    return None if back is None else back.refusal(tensors)

@@ -16,7 +16,9 @@ from torch import nn
 
 from ..guards.distributed import repeated_by_replay
 from ..guards.module import held_values, listen_for_writes, value_key
+from ..memory.layout import copy_into
 from ..memory.write_back import inexact
+from .bitwise import bitwise_equal
 from .snapshot import host_rng_state
 
 _MISSING = object()
@@ -96,6 +98,22 @@ class SideEffects:
         mode, their values changed): a write through ``.data`` or a ``detach()`` alias moves no
         version counter."""
         self._also.update(found)
+
+    def also_changed(self, copies: Sequence[torch.Tensor]) -> None:
+        """The inputs whose values now differ from ``copies`` (of them before the run) are written."""
+        pairs = enumerate(zip(self._inputs, copies, strict=True))
+        self.also_written(i for i, (x, c) in pairs if x is not c and not bitwise_equal(x, c))
+
+    def named_written(self) -> list[tuple[str, torch.Tensor]]:
+        """The inputs written in place, named for a check that compares two runs."""
+        return [(f"input {i} (written in place)", self._inputs[i]) for i in self.written_inputs()]
+
+    def put_back(self, copies: Sequence[torch.Tensor]) -> bool:
+        """The written inputs' values from ``copies`` (their versions stay moved); whether any was."""
+        written = self.written_inputs()
+        for i in written:
+            copy_into(self._inputs[i], copies[i])
+        return bool(written)
 
     def _changing_writes(self) -> list[tuple[nn.Module, str]]:
         """The writes whose value differs from the one before the run (by ``value_key``: floats by bits,
