@@ -211,7 +211,7 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
                 why = exc.reason
             else:
                 plan, why = self.choose(self._plans, key, call)
-                if plan is not None and plan.back is not None:
+                if plan is not None and plan.back is not None:  # it writes an input
                     why = plan.back.refusal(callargs.tensors)
         if why is not None:
             with self.held(why):

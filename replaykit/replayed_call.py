@@ -113,9 +113,8 @@ class Plan:
             None  # the recording call's eager forward, made before the capture
         )
         self.written: list[torch.Tensor] = []  # parameters the forward writes in place
-        self.inputs_written: tuple[
-            int, ...
-        ] = ()  # inputs it writes in place (the shadow compares them)
+        # the inputs it writes in place (the shadow compares them)
+        self.inputs_written: tuple[int, ...] = ()
         self.back: WriteBack | None = None  # their copy back to the caller after each replay
         self.saved = saved  # the parameters its backward reads: their versions are checked
         self.saved_inputs = saved_inputs  # the inputs (positions) it reads: likewise

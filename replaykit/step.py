@@ -53,7 +53,6 @@ from .guards.storage import GLOBAL_HOOKS, module_hooks
 from .memory.foreign import ForeignLeaves
 from .memory.layout import aligned_key, copy_into
 from .memory.pool import MemoryPool, storage_bytes
-from .memory.write_back import aliased
 from .protections import Switches
 from .route import Entry, signature_of
 from .step_config import PRECISIONS, StepConfig, fixed
@@ -185,9 +184,8 @@ class TrainStep(RecordingSteps, Entry):
         self._recordings: dict[tuple, StepRecording] = {}
         self._refused: dict[tuple, str] = {}  # signatures whose recording differed from eager
         self._replayed = 0  # calls that replayed (the shadow check samples them)
-        self._handed: list[
-            torch.Tensor
-        ] = []  # gradient aliases handed out since the last first phase
+        # gradient aliases handed out since the last first phase
+        self._handed: list[torch.Tensor] = []
         # static gradient storages handed out: their use count with no holder but the recordings
         self._storages: list[int] = []
         self._baseline: list[int] = []
@@ -359,7 +357,8 @@ class TrainStep(RecordingSteps, Entry):
                     why = "input_requires_grad"
                 else:
                     rec, why = self.choose(self._recordings, key, call)
-                    why = why or aliased(rec and rec.back, callargs.tensors)
+                    if rec is not None and rec.back is not None:  # it writes the batch
+                        why = rec.back.refusal(callargs.tensors)
         alias = False
         if why is None and rec is not None and phase == "first":
             self._copy_out(call)

@@ -25,7 +25,7 @@ import torch
 from ..verify.bitwise import bitwise_equal
 from ..verify.dispatch import increment_versions
 
-__all__ = ["ALIASED", "WriteBack", "aliased", "inexact"]
+__all__ = ["ALIASED", "WriteBack", "inexact"]
 
 #: the eager route of a call whose written argument shares memory with another
 ALIASED = "written_input_aliased"
@@ -109,9 +109,3 @@ class WriteBack:
             if not bitwise_equal(tensors[i], static):
                 return f"input {i} (written in place): eager's values differ from the replay's"
         return None
-
-
-def aliased(back: WriteBack | None, tensors: Sequence[torch.Tensor]) -> str | None:
-    """The eager route of a call whose recording writes an argument that shares memory with another
-    (``written_input_aliased``), else None (a recording writing none: nothing to look at)."""
-    return None if back is None else back.refusal(tensors)

@@ -207,7 +207,8 @@ def probe(
     whose storage the forward writes in place (a weight decayed under no_grad, a momentum encoder, a
     write through ``.data`` or a view): a verification's rerun must find them as the call found
     them. ``written_inputs``: the caller's tensors and a dict receiving the inputs written in place
-    that a replay writes back (with their version moves). The caller snapshots and restores module state and RNG around it."""
+    that a replay writes back, with their version moves. The caller snapshots and restores module
+    state and RNG around this call."""
     if (refusal := _hook_order(params)) is not None:
         return refusal
     leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the storages
