@@ -200,6 +200,7 @@ class RecorderReplay:
         if shadow is not None:  # the recording call's, made before the recording
             step.shadow = shadow
         elif verifying or (self.check_every and (self._replayed_calls - 1) % self.check_every == 0):
+            self._choices.rewind()  # eager's forward, the replay is checked against, draws itself
             step.shadow = Shadow(
                 self.module,
                 partial(self._run_forward, callargs, recording.params),
@@ -209,6 +210,7 @@ class RecorderReplay:
                 self._shadow_held(),
             )
         outputs = _apply(step, callargs.tensors, recording.params)
+        self._choices.advance()  # Python's and numpy's generators where eager's draws leave them
         shadow = step.shadow
         if shadow is not None:
             difference = shadow.check_forward(self.module, outputs, recording.out_spec)

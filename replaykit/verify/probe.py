@@ -31,15 +31,19 @@ from .side_effects import SideEffects
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why a call cannot be recorded; ``scope`` is ``"module"`` (retire), ``"signature"`` (eager) or
-    ``"call"`` (a write into the model an eager call makes once: this call eager, a later one records).
+    """Why a call cannot be recorded; ``scope`` is ``"module"`` (retire), ``"signature"`` (eager),
+    ``"call"`` (a write into the model an eager call makes once: this call eager, a later one records)
+    or ``"learn"`` (something learnt that later keys include: this call eager).
 
     For a signature, ``reason`` is the eager route's one word and ``detail`` says why.
+    ``draws_only``: the forward's one effect was drawing from Python's or numpy's RNG (draws that
+    only choose are keyed: ``guards/host_choices.py``).
     """
 
     scope: str
     reason: str
     detail: str = ""
+    draws_only: bool = False
 
 
 _DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
@@ -196,6 +200,7 @@ def probe(
     multi_use: list[int] | None = None,
     outputs: list[OutputTree] | None = None,
     written: list[torch.Tensor] | None = None,
+    host_to: tuple | None = None,
 ) -> Refusal | None:
     """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None.
     ``saved``, when given, receives the indices of the parameters the backward reads;
@@ -205,11 +210,13 @@ def probe(
     (:mod:`replaykit.memory.outputs`); ``written`` the module's parameters, trainable or frozen,
     whose storage the forward writes in place (a weight decayed under no_grad, a momentum encoder, a
     write through ``.data`` or a view): a verification's rerun must find them as the call found
-    them. The caller snapshots and restores module state and RNG around this call."""
+    them. ``host_to``: where the draws the recorder makes before choosing a recording leave
+    Python's and numpy's generators. The caller snapshots and restores module state and RNG
+    around this call."""
     if (refusal := _hook_order(params)) is not None:
         return refusal
     leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the storages
-    effects = SideEffects(module, static_inputs, host_rng)
+    effects = SideEffects(module, static_inputs, host_rng, host_to=host_to)
     inspector = _Inspector(leaves)
     hooks = _SavedParameters([*leaves, *static_inputs])
     # the backends record with autocast's cast cache off: so does the probe, to count the casts a recording makes
@@ -283,7 +290,8 @@ def _forward_refusal(
     read, outputs a replay cannot rebuild."""
     effect = effects.reason("forward")
     if effect is not None:
-        return Refusal("call" if effects.writes_only() else "module", effect)
+        only = effects.reason("forward", python_draws=False) is None
+        return Refusal("call" if effects.writes_only() else "module", effect, draws_only=only)
     if inspector.generators:
         return Refusal(
             "module",

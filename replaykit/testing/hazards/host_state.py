@@ -196,13 +196,15 @@ ARRAY_COPY_LIVE = (
 HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
+    # drawn before choosing a recording and keyed by the comparisons' results (host_choices.py)
     *HC.twins(
         "layerdrop_python_random",
         "LayerDrop decided by random.random() in forward",
         built(LayerDrop),
-        seeded(looped(steps=6)),
+        seeded(looped(steps=8)),
         seeded(stepped(steps=6)),
-        guard="host_rng",
+        guard="host_choices",
+        step={"guard": "host_rng"},
     ),
     HC.pattern(
         "step_layerdrop_torch_rand",
