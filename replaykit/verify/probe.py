@@ -210,9 +210,8 @@ def probe(
     (:mod:`replaykit.memory.outputs`); ``written`` the module's parameters, trainable or frozen,
     whose storage the forward writes in place (a weight decayed under no_grad, a momentum encoder, a
     write through ``.data`` or a view): a verification's rerun must find them as the call found
-    them. ``host_to``: where the draws the recorder makes before choosing a recording leave
-    Python's and numpy's generators. The caller snapshots and restores module state and RNG
-    around this call."""
+    them; ``host_to``: where the recorder's own draws (host_choices.py) leave Python's and numpy's
+    generators. The caller snapshots and restores module state and RNG around this call."""
     if (refusal := _hook_order(params)) is not None:
         return refusal
     leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the storages
