@@ -378,14 +378,11 @@ class StochasticDepth(LayerDrop):
         return self.head(x)
 
 
-PATTERNS.append(
-    Pattern(
-        "step_stochastic_depth_numpy_coin",
-        HAZARD,
-        "stochastic depth decided by np.random.rand() < p per block, whole step",
-        lambda d: StochasticDepth().to(d),
-        seeded(lambda m, a: step_loop(m, a, steps=10)),
-        guard="host_choices",
-        api="step",
-    )
+PATTERNS += HC.twins(
+    "stochastic_depth_numpy_coin",
+    "stochastic depth decided by np.random.rand() < p per block",
+    lambda d: StochasticDepth().to(d),
+    seeded(looped(steps=10)),
+    seeded(lambda m, a: step_loop(m, a, steps=10)),
+    guard="host_choices",
 )

@@ -25,6 +25,7 @@ REPLAYING = [
     "layerdrop_python_random",
     "step_layerdrop_python_random",
     "step_random_task_in_loss",
+    "stochastic_depth_numpy_coin",
     "step_stochastic_depth_numpy_coin",
 ]
 
