@@ -346,7 +346,7 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
             ],  # memory the recording does not own
         )
         plan.shadow = made.shadow
-        plan.written = list(made.written)
+        plan.written, plan.generators = list(made.written), list(made.generators)
         twice = set(made.multi_use)
         plan.autocast = (
             torch.is_autocast_enabled(self._device_kind) and torch.is_autocast_cache_enabled()

@@ -51,6 +51,8 @@ class Made:
     saved_inputs: list[int] = field(default_factory=list)  # the inputs it reads
     multi_use: list[int] = field(default_factory=list)  # the parameters it reads more than once
     written: list[torch.Tensor] = field(default_factory=list)  # parameters written in place
+    # the module's own generators the forward draws from: registered with the recording
+    generators: list[torch.Generator] = field(default_factory=list)
     probed: list[OutputTree] = field(default_factory=list)  # the probe's output structure
     refusal: Refusal | None = None
     shadow: Shadow | None = None
@@ -186,7 +188,7 @@ class RecorderRecording:
                 fn = self._choices.watched(fn, runs)
             with branches, watch, cached, state.output().held():
                 made.recording = self.backend.record(
-                    Subject(fn, made.static_inputs, made.params, self.warmup)
+                    Subject(fn, made.static_inputs, made.params, self.warmup, (*made.generators,))
                 )
             watch.check()
             self._recorded_draws(made, runs)
@@ -233,6 +235,7 @@ class RecorderRecording:
             made.probed,
             made.written,
             self._choices.drawn_to,
+            made.generators,
         )
 
     def _class_writes(self, before: tuple) -> Refusal | None:

@@ -78,6 +78,7 @@ class Plan:
         "autocast",
         "cleared",
         "copies",
+        "generators",
         "key",
         "multi_use",
         "recording",
@@ -110,6 +111,9 @@ class Plan:
             None  # the recording call's eager forward, made before the capture
         )
         self.written: list[torch.Tensor] = []  # parameters the forward writes in place
+        # the module's generators it registered, kept alive: while it is, no generator assigned
+        # anew takes one's id, so the module guard's key tells them apart (records anew)
+        self.generators: list[torch.Generator] = []
         self.saved = saved  # the parameters its backward reads: their versions are checked
         self.saved_inputs = saved_inputs  # the inputs (positions) it reads: likewise
         self.all_differentiable = recording.differentiable == tuple(

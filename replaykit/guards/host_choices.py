@@ -221,8 +221,11 @@ class HostChoices:
         """``base``, and for a key whose draws were learnt, the choices this call's draws make.
         The generators are left where the draws leave them (a replay's call is done with them);
         a call that does not replay :meth:`rewind` s them first."""
+        if not self._programs:  # nothing learnt: nothing drawn (the replay path of most models)
+            self._base = base
+            return base
         self._base, self.drawn_to, self._values, self._start = base, None, [], None
-        program = self._programs.get(base) if self._programs else None
+        program = self._programs.get(base)
         if program is None:
             return base
         self._start = [(s, _get_state(s)) for s in sorted({s for s, _ in program})]

@@ -2,7 +2,7 @@
 
 Run once before recording, on the backends' stand-ins, it looks for what a signature cannot see
 and a graph would freeze: Python effects (:mod:`replaykit.verify.side_effects`), private
-generators (a graph registers only the default one), host reads and data-dependent shapes
+generators other than the module's own (those a recording registers), host reads and data-dependent shapes
 (an input-derived read is noted instead when a
 :class:`~replaykit.guards.input_reads.Provenance` wraps ``fn``), sparse gradients, gradient hooks
 on several parameters (a replay runs them in another order), foreign leaves requiring grad, an
@@ -21,12 +21,14 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from ..backends.tape import shares_state
 from ..guards.module import gradient_hooks
 from ..guards.signature import autocast_key
 from ..memory.outputs import OutputTree, objects, split_outputs
 from .dispatch import WatchingMode, written_positions
 from .dispatch import written as written_by
 from .side_effects import SideEffects
+from .snapshot import held_generators
 
 
 @dataclass(frozen=True)
@@ -63,12 +65,17 @@ def _boolean_mask(func: Any, args: tuple) -> bool:
 
 
 class _Inspector(WatchingMode):
-    """Notes aten ops a graph cannot repeat: private generators, host reads, data-dependent shapes.
-    Puts each private generator's state back afterwards (the probe must leave no trace)."""
+    """Notes aten ops a graph cannot repeat: private generators other than ``own`` (the module's,
+    on its device: a recording registers them), host reads, data-dependent shapes. Puts each
+    private generator's state back afterwards (the probe must leave no trace)."""
 
-    def __init__(self, leaves: Sequence[torch.Tensor] = ()) -> None:
+    def __init__(
+        self, leaves: Sequence[torch.Tensor] = (), own: Sequence[torch.Generator] = ()
+    ) -> None:
         super().__init__()
         self.generators: list[str] = []
+        self._own = list(own)
+        self.own: list[torch.Generator] = []  # those the forward draws from
         self.data_dependent: list[str] = []
         self._states: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
         self._leaves = {id(t): i for i, t in enumerate(leaves)}
@@ -85,8 +92,8 @@ class _Inspector(WatchingMode):
         kwargs = kwargs or {}
         gen = kwargs.get("generator")
         if gen is not None:
-            self.generators.append(str(func))
             self._states.setdefault(id(gen), (gen, gen.get_state()))
+            self._note(gen, func)
         # aten.index is tagged dynamic_output_shape for its boolean masks; integer indices (a
         # gather, e.g. Swin's relative position bias) have a shape known on the host
         if _boolean_mask(func, args) or (
@@ -108,6 +115,15 @@ class _Inspector(WatchingMode):
                 if t.layout == torch.strided and t.device.type != "meta"  # a sparse one has none
             )
         return self.run(func, args, kwargs)
+
+    def _note(self, gen: torch.Generator, func: Any) -> None:
+        """A draw from ``gen``: one of the module's own generators (by state: the dispatcher hands
+        a new Python wrapper), or a refusal."""
+        own = next((g for g in self._own if shares_state(gen, g)), None)
+        if own is None:
+            self.generators.append(str(func))
+        elif all(g is not own for g in self.own):
+            self.own.append(own)
 
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
@@ -201,6 +217,7 @@ def probe(
     outputs: list[OutputTree] | None = None,
     written: list[torch.Tensor] | None = None,
     host_to: tuple | None = None,
+    generators: list[torch.Generator] | None = None,
 ) -> Refusal | None:
     """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None.
     ``saved``, when given, receives the indices of the parameters the backward reads;
@@ -211,17 +228,19 @@ def probe(
     whose storage the forward writes in place (a weight decayed under no_grad, a momentum encoder, a
     write through ``.data`` or a view): a verification's rerun must find them as the call found
     them; ``host_to``: where the recorder's own draws (host_choices.py) leave Python's and numpy's
-    generators. The caller snapshots and restores module state and RNG around this call."""
+    generators; ``generators`` the module's own generators on its device the forward draws from (a
+    recording registers them). The caller snapshots and restores module state and RNG around it."""
     if (refusal := _hook_order(params)) is not None:
         return refusal
     leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the storages
     effects = SideEffects(module, static_inputs, host_rng, host_to=host_to)
-    inspector = _Inspector(leaves)
-    hooks = _SavedParameters([*leaves, *static_inputs])
-    # the backends record with autocast's cast cache off: so does the probe, to count the casts a recording makes
     device = next((t.device.type for t in (*static_inputs, *params)), "cpu")
+    own = [g for g in held_generators(module) if g.device.type == device]
+    inspector = _Inspector(leaves, own if generators is not None else ())
+    hooks = _SavedParameters([*leaves, *static_inputs])
+    # the backends record with autocast's cast cache off (so does the probe, to count the casts a
+    # recording makes); eager casts a parameter once per region
     autocast, dtype = autocast_key(device)
-    # eager casts a parameter once per region
     shared_casts = autocast and torch.is_autocast_cache_enabled()
     with (
         effects,
@@ -234,6 +253,8 @@ def probe(
     rebuilt = _output_refusal(result, outputs)
     del result
     _found(module, inspector, hooks, len(leaves), written, saved, saved_inputs)
+    if generators is not None:
+        generators[:] = inspector.own
     tensors = [o for o in outs if isinstance(o, torch.Tensor)]
     del outs
     refusal = (
@@ -294,7 +315,8 @@ def _forward_refusal(
     if inspector.generators:
         return Refusal(
             "module",
-            f"{inspector.generators[0]} draws from a private torch.Generator, which a graph would freeze",
+            f"{inspector.generators[0]} draws from a private torch.Generator the module does not hold (or on "
+            "another device), which a graph would freeze",
         )
     if inspector.data_dependent:
         return Refusal(
