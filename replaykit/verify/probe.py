@@ -219,24 +219,21 @@ def probe(
     host_to: tuple | None = None,
     generators: list[torch.Generator] | None = None,
 ) -> Refusal | None:
-    """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None.
-    ``saved``, when given, receives the indices of the parameters the backward reads;
-    ``saved_inputs`` those of the inputs it reads (eager raises if one changes in place before it);
-    ``multi_use`` those of the parameters read more than once (their gradient is a sum inside the
-    call); ``outputs`` the structure and constant leaves of what the forward returned
-    (:mod:`replaykit.memory.outputs`); ``written`` the module's parameters, trainable or frozen,
-    whose storage the forward writes in place (a weight decayed under no_grad, a momentum encoder, a
-    write through ``.data`` or a view): a verification's rerun must find them as the call found
-    them; ``host_to``: where the recorder's own draws (host_choices.py) leave Python's and numpy's
-    generators; ``generators`` the module's own generators on its device the forward draws from (a
-    recording registers them). The caller snapshots and restores module state and RNG around it."""
+    """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None. Lists
+    given receive: ``saved`` the parameters the backward reads, ``saved_inputs`` the inputs (eager
+    raises if one changes in place before it), ``multi_use`` the parameters read more than once
+    (their gradient is a sum inside the call), ``outputs`` the output's structure and constants
+    (:mod:`replaykit.memory.outputs`), ``written`` the parameters, frozen ones too, whose storage
+    the forward writes in place (through ``.data`` or a view too: a verification's rerun must find
+    them as the call found them), ``generators`` the module's own generators the forward draws from
+    (a recording registers them). ``host_to``: where the recorder's own draws (host_choices.py)
+    leave Python's and numpy's generators. The caller snapshots and restores state and RNG."""
     if (refusal := _hook_order(params)) is not None:
         return refusal
     leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the storages
     effects = SideEffects(module, static_inputs, host_rng, host_to=host_to)
     device = next((t.device.type for t in (*static_inputs, *params)), "cpu")
-    own = [g for g in held_generators(module) if g.device.type == device]
-    inspector = _Inspector(leaves, own if generators is not None else ())
+    inspector = _Inspector(leaves, _own_generators(module, device, generators is not None))
     hooks = _SavedParameters([*leaves, *static_inputs])
     # the backends record with autocast's cast cache off (so does the probe, to count the casts a
     # recording makes); eager casts a parameter once per region
@@ -252,9 +249,7 @@ def probe(
     outs, _ = tree_flatten(result)
     rebuilt = _output_refusal(result, outputs)
     del result
-    _found(module, inspector, hooks, len(leaves), written, saved, saved_inputs)
-    if generators is not None:
-        generators[:] = inspector.own
+    _found(module, inspector, hooks, len(leaves), written, saved, saved_inputs, generators)
     tensors = [o for o in outs if isinstance(o, torch.Tensor)]
     del outs
     refusal = (
@@ -269,6 +264,11 @@ def probe(
     if not diff:
         return None
     return _backward_refusal(diff, [x for x in static_inputs if x.requires_grad], leaves, multi_use)
+
+
+def _own_generators(module: nn.Module, device: str, wanted: bool) -> list[torch.Generator]:
+    """The generators the module holds on its device (``wanted``: the caller registers them)."""
+    return [g for g in held_generators(module) if g.device.type == device] if wanted else []
 
 
 def _hook_order(params: Sequence[torch.Tensor]) -> Refusal | None:
@@ -289,8 +289,12 @@ def _found(
     written: list[torch.Tensor] | None,
     saved: list[int] | None,
     saved_inputs: list[int] | None,
+    generators: list[torch.Generator] | None = None,
 ) -> None:
-    """Fill the caller's lists: the parameters written in place, what the backward reads."""
+    """Fill the caller's lists: the parameters written in place, what the backward reads, the
+    module's own generators the forward draws from."""
+    if generators is not None:
+        generators[:] = inspector.own
     if written is not None:  # by storage: ``.data`` has a version counter of its own
         written[:] = [
             p
