@@ -30,6 +30,8 @@ NAMES = (
     "step_random_task_in_loss",
     "stochastic_depth_numpy_coin",
     "step_stochastic_depth_numpy_coin",
+    "private_generator",  # the module's own torch.Generator, registered with the graph
+    "private_generator_replaced",
     "whole_step_trainable_critic",  # Lightning's whole step: needs lightning installed
 )
 
