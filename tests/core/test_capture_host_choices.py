@@ -39,7 +39,9 @@ class LayerDrop(nn.Module):
         return self.head(x)
 
 
-def _train(device: str, backend: str | None, unsafe: tuple[str, ...] = (), **kw) -> tuple:
+def _train(
+    device: str, backend: str | None, unsafe: tuple[str, ...] = (), check_every: int = 0, **kw
+) -> tuple:
     """Eight steps as a user writes them, captured unless ``backend`` is None; the end state,
     the host generators' states and the recorder."""
     torch.manual_seed(0)
@@ -48,7 +50,9 @@ def _train(device: str, backend: str | None, unsafe: tuple[str, ...] = (), **kw)
     model = LayerDrop(**kw).to(device)
     recorder = None
     if backend is not None:
-        recorder = rk.capture(model, backend=backend, unsafe_disable=unsafe)
+        recorder = rk.capture(
+            model, backend=backend, unsafe_disable=unsafe, check_every=check_every
+        )
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     losses = []
     for _ in range(8):
@@ -95,3 +99,16 @@ def test_a_drawn_value_reaching_the_computation_runs_eagerly(backend: str, devic
     assert _same(eager, replayed)
     assert rng == eager_rng
     assert recorder.eager_reasons["diverged"] > 0
+
+
+def test_a_checked_replay_compares_with_eager_drawing_the_same_numbers(
+    backend: str, device: str
+) -> None:
+    """``check_every``: eager's forward, run beside the replay, draws from where the call found
+    the generators (not where the recorder's own draws left them), and the call ends where eager's
+    draws leave them."""
+    eager, eager_rng, _ = _train(device, None)
+    replayed, rng, recorder = _train(device, backend, check_every=1)
+    assert _same(eager, replayed) and rng == eager_rng
+    assert not recorder.retired, recorder.retire_reason
+    assert recorder.counts["replay"] > 0
