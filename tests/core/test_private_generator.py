@@ -70,10 +70,10 @@ def test_without_the_module_guard_a_replaced_generator_replays_the_old_one(
 
 
 def test_a_generator_the_module_does_not_hold_retires() -> None:
-    global _GLOBAL
-    _GLOBAL = torch.Generator().manual_seed(5)
+    """A module-level generator: the recording call's extra runs could not put it back."""
+    _GLOBAL.manual_seed(5)
     eager, _ = _train("cpu", None, held=False)
-    _GLOBAL = torch.Generator().manual_seed(5)
+    _GLOBAL.manual_seed(5)
     replayed, rec = _train("cpu", "emulated", held=False)
     assert _same(eager, replayed)
     assert rec.retired and "private torch.Generator" in rec.retire_reason
