@@ -201,7 +201,7 @@ REGISTRY: dict[str, Protection] = {
         ),
         Protection(
             "host_choices",
-            "step",
+            "both",
             "draws from Python's random or numpy that only choose a branch (LayerDrop) are drawn before each call but "
             "not keyed: a replay repeats the recording call's branch",
         ),

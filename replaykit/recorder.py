@@ -21,6 +21,7 @@ from .backends import Backend, Recording, module_device
 from .errors import ReplayError, ReplayWarning
 from .guards.code import ForwardInputs
 from .guards.fills import Fills
+from .guards.host_choices import HostChoices
 from .guards.input_reads import InputReads
 from .guards.recurrent import flat_weights_follow
 from .guards.signature import CallArgs, UnhashableArgument, signature, split_call
@@ -117,6 +118,8 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
         self._forward_inputs = inputs if inputs is not None and inputs.key() else None
         # host reads of input-derived values: found at the probe, keyed per call (a padded batch, an unpadded one)
         self._input_reads = InputReads(keyed=on.input_reads)
+        # Python's and numpy's draws that only choose (LayerDrop): learnt at the probe, drawn and keyed per call
+        self._choices = HostChoices(keyed=on.host_choices)
         self._not_recorded = "retired"  # why the last call that could not record ran eagerly
         self._fills = (
             Fills()
@@ -206,13 +209,15 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
                 )
                 if self._forward_inputs is not None:
                     key = (*key, self._forward_inputs.key())
-                key = self._input_reads.key(key, callargs.tensors)
+                key = self._choices.key(self._input_reads.key(key, callargs.tensors))
             except UnhashableArgument as exc:
                 why = exc.reason
             else:
                 plan, why = self.choose(self._plans, key, call)
                 if plan is not None and plan.back is not None:  # it writes an input
                     why = plan.back.refusal(callargs.tensors)
+                if why is not None or plan is None or not plan.cleared:
+                    self._choices.rewind()  # the call's own runs draw (eager, or recording)
         if why is not None:
             with self.held(why):
                 return self._eager(call, why, args, kwargs)
@@ -230,6 +235,7 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
         if not plan.cleared:
             return self._first_use_call(call, plan, args, kwargs)
         if not self._copy_out(call):
+            self._choices.rewind()
             return self._eager(call, "live_alias", args, kwargs)
         self.journal.tick("replay", call)
         return self._replay(call, plan, callargs, args, kwargs)
@@ -343,7 +349,7 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
             ],  # memory the recording does not own
         )
         plan.shadow = made.shadow
-        plan.written = list(made.written)
+        plan.written, plan.generators = list(made.written), list(made.generators)
         plan.inputs_written = tuple(made.written_inputs)
         if self.on.write_back:
             plan.back = WriteBack.of(recording.static_inputs, made.written_inputs)

@@ -24,6 +24,7 @@ from .guards.compiled import (
     compiled_regions,
     unwatched_compiled_code,
 )
+from .guards.host_choices import Watch
 from .guards.input_reads import Provenance
 from .guards.module import host_dependence
 from .guards.recurrent import records_cudnn_dropout
@@ -52,6 +53,8 @@ class Made:
     written: list[torch.Tensor] = field(default_factory=list)  # parameters written in place
     # inputs written in place (written back), with the version bumps of their writes
     written_inputs: dict[int, int] = field(default_factory=dict)
+    # the module's own generators the forward draws from: registered with the recording
+    generators: list[torch.Generator] = field(default_factory=list)
     probed: list[OutputTree] = field(default_factory=list)  # the probe's output structure
     refusal: Refusal | None = None
     shadow: Shadow | None = None
@@ -164,12 +167,15 @@ class RecorderRecording:
         fn = partial(self._run_forward, callargs, made.params)
         reads = Provenance(made.static_inputs, discover=True)
         watch = CompileWatch(self.backend.name == "emulated", self.on.compiled_code)
+        draws = self._choices.watch() if self.on.host_rng and self.on.record_probe else None
         try:
             before = self._forward_inputs.key() if self._forward_inputs is not None else ()
-            with state.output().held():
+            with state.output().held(), draws or contextlib.nullcontext():
                 made.refusal = self._probe(made, reads.wrap(fn), callargs.tensors)
                 made.refusal = made.refusal or self._class_writes(before)
-            made.key = self._input_reads.settle(made.key, reads.reads)
+            made.refusal = self._draws_refusal(made.refusal, draws)
+            settled = self._input_reads.settle(made.key, reads.reads)
+            made.key = settled if settled is made.key else self._choices.rekey(settled)
             self._dropout_buffers = state.dropout_buffers() or self._dropout_buffers
             if made.refusal is not None:
                 return True
@@ -180,11 +186,15 @@ class RecorderRecording:
                 fn = Provenance(made.static_inputs, dict(reads.reads)).wrap(fn)
             branches = recording_context(self.on.capture_branches)
             cached = weight_caches.uncached() if self.on.call_state else contextlib.nullcontext()
+            runs: list[Watch] = []  # warm-up's and the capture's draws: the keyed choices, moved
+            if self.on.host_rng:
+                fn = self._choices.watched(fn, runs)
             with branches, watch, cached, state.output().held():
                 made.recording = self.backend.record(
-                    Subject(fn, made.static_inputs, made.params, self.warmup)
+                    Subject(fn, made.static_inputs, made.params, self.warmup, (*made.generators,))
                 )
             watch.check()
+            self._recorded_draws(made, runs)
         except Exception as exc:
             if watch.recompiled():  # this call runs eagerly (compiling it); the next records
                 self._not_recorded = "compiling"
@@ -192,6 +202,25 @@ class RecorderRecording:
             self._retire(capture_failure(exc), self._calls, cause=exc)
             return False
         return True
+
+    def _draws_refusal(self, refusal: Refusal | None, draws: Watch | None) -> Refusal | None:
+        """The probe's draws from Python's or numpy's RNG (``guards/host_choices.py``): draws that
+        only chose are learnt (this call runs eagerly, later ones are keyed by them); draws that are
+        not those this key learnt retire, as any other host draw does."""
+        if draws is None:
+            return refusal
+        if refusal is not None and refusal.draws_only:
+            learnt = self._choices.learnt(draws)
+            return refusal if learnt is None else Refusal("learn", "host_choices", learnt)
+        changed = self._choices.changed("forward", draws) if refusal is None else None
+        return refusal if changed is None else Refusal("module", changed)
+
+    def _recorded_draws(self, made: Made, runs: list[Watch]) -> None:
+        """A warm-up or capture run that drew otherwise than its key learnt: not kept, retired."""
+        changed = self._choices.changed("forward", *runs)
+        if changed is not None:
+            made.recording.free()
+            made.recording, made.refusal = None, Refusal("module", changed)
 
     def _probe(self, made: Made, fn: Any, callers: list[torch.Tensor]) -> Refusal | None:
         """One eager forward and backward that finds what no replay can repeat (verify/probe.py)."""
@@ -209,6 +238,8 @@ class RecorderRecording:
             made.probed,
             made.written,
             (callers, made.written_inputs),
+            self._choices.drawn_to,
+            made.generators,
         )
 
     def _class_writes(self, before: tuple) -> Refusal | None:
@@ -248,6 +279,9 @@ class RecorderRecording:
                 self.journal.add("refuse", call, refusal.reason, refusal.detail)
             elif refusal.scope == "call":
                 self._wrote(refusal.reason, call)
+            elif refusal.scope == "learn":  # this call runs eagerly; a later one records
+                self._not_recorded = refusal.reason
+                self.journal.add("refuse", call, refusal.reason, refusal.detail)
             else:
                 self._retire(refusal.reason, call)
             return None

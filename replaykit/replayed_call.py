@@ -80,6 +80,7 @@ class Plan:
         "back",
         "cleared",
         "copies",
+        "generators",
         "inputs_written",
         "key",
         "multi_use",
@@ -116,6 +117,9 @@ class Plan:
         # the inputs it writes in place (the shadow compares them)
         self.inputs_written: tuple[int, ...] = ()
         self.back: WriteBack | None = None  # their copy back to the caller after each replay
+        # the module's generators it registered, kept alive: while it is, no generator assigned
+        # anew takes one's id, so the module guard's key tells them apart (records anew)
+        self.generators: list[torch.Generator] = []
         self.saved = saved  # the parameters its backward reads: their versions are checked
         self.saved_inputs = saved_inputs  # the inputs (positions) it reads: likewise
         self.all_differentiable = recording.differentiable == tuple(
@@ -207,6 +211,7 @@ class RecorderReplay:
         if shadow is not None:  # the recording call's, made before the recording
             step.shadow = shadow
         elif verifying or (self.check_every and (self._replayed_calls - 1) % self.check_every == 0):
+            self._choices.rewind()  # eager's forward, the replay is checked against, draws itself
             step.shadow = Shadow(
                 self.module,
                 partial(self._run_forward, callargs, recording.params),
@@ -217,6 +222,7 @@ class RecorderReplay:
                 plan.inputs_written,
             )
         outputs = _apply(step, callargs.tensors, recording.params)
+        self._choices.advance()  # Python's and numpy's generators where eager's draws leave them
         shadow = step.shadow
         if shadow is not None:
             written = callargs.tensors if plan.inputs_written else ()

@@ -340,19 +340,13 @@ class RecordingSteps:
     def _learn_choices(self, why: str, choices: Watch | None) -> str:
         """The run's only effect was drawing from Python's or numpy's RNG: draws that only chose
         are keyed from the next call (``guards/host_choices.py``); others keep ``why``."""
-        if choices is None or not self._choices.learn(choices):
-            return why
-        return _Learning(
-            f"{len(choices.uses)} host draw(s) that only choose: drawn and keyed from the next call",
-            "host_choices",
-        )
+        learnt = self._choices.learnt(choices)
+        return why if learnt is None else _Learning(learnt, "host_choices")
 
     def _choices_why(self, a: Attempt) -> str | None:
         """A run whose draws are not those its key learnt (another count, another comparison, a
         value used): a replay of this key would not make them."""
-        if a.choices is None or self._choices.matches(a.choices):
-            return None
-        return _CHOICES_CHANGED
+        return self._choices.changed("the step", a.choices)
 
     def _reference_stands(
         self, a: Attempt, why: str, eager: torch.Tensor, scratch: Scratch, run: HeldOutput
@@ -674,11 +668,6 @@ class _Learning(str):
         self.reason = reason
         return self
 
-
-_CHOICES_CHANGED = (
-    "the step's draws from Python's random or numpy differ from those its recording key learnt "
-    "(their number or comparisons), or a drawn value is used otherwise than compared"
-)
 
 _HOST_DRAWS_CHANGED = (
     "the step's draws from torch's CPU generator changed, or a drawn value reached its computation; "

@@ -22,12 +22,15 @@ ForwardFn = Callable[..., Any]
 @dataclass(frozen=True)
 class Subject:
     """What one recording captures: ``fn`` over ``static_inputs`` with ``params``, after ``warmup``
-    eager runs; one value every backend's ``record`` and recording takes."""
+    eager runs; one value every backend's ``record`` and recording takes. ``generators``: the
+    module's own torch.Generators the forward draws from, registered with the recording so that
+    each replay draws from them where eager would (any other private generator is refused)."""
 
     fn: ForwardFn
     static_inputs: list[torch.Tensor]
     params: list[torch.Tensor]
     warmup: int
+    generators: tuple[torch.Generator, ...] = ()
 
 
 def flatten_outputs(outputs: Any) -> tuple[list[torch.Tensor], OutputTree]:

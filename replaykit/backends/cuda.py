@@ -107,6 +107,7 @@ class CudaRecording(Recording):
         spent: Callable[[tuple[int, int]], None] = lambda pool: None,
     ) -> None:
         self._spent = spent  # told when a failed capture leaves the pool's id unusable
+        self._generators = subject.generators
         leaves = self._stand_ins(subject)
         enabled, dtype = autocast_key("cuda")
 
@@ -177,7 +178,7 @@ class CudaRecording(Recording):
         spent: Callable[[tuple[int, int]], None],
     ) -> list[torch.Tensor]:
         """The forward graph's capture, its saved tensors under our hooks; a failed capture ends cleanly."""
-        self._fwd = torch.cuda.CUDAGraph()
+        self._fwd = register(torch.cuda.CUDAGraph(), self._generators)
         self._hooks = _SavedHooks()
         try:
             with (
@@ -187,7 +188,7 @@ class CudaRecording(Recording):
             ):
                 return forward()
         except BaseException:
-            if end_failed_capture(device, pool):
+            if end_failed_capture(device, pool, self._generators):
                 spent(pool)
             raise
 
@@ -232,7 +233,7 @@ class CudaRecording(Recording):
             # the incoming layout, broadcasts included
             views.append(base.as_strided(g.size(), g.stride()))
         read = [i for i, g in zip(self.differentiable, grads, strict=True) if g is not None]
-        graph = torch.cuda.CUDAGraph()
+        graph = register(torch.cuda.CUDAGraph(), self._generators)
         self._hooks.release = True
         try:
             with (
@@ -250,7 +251,7 @@ class CudaRecording(Recording):
                 )
         except Exception as exc:  # the eager path stays exact; the journal says why
             self.capture_error = f"{type(exc).__name__}: {exc}"
-            if end_failed_capture(self._device, self._pool):
+            if end_failed_capture(self._device, self._pool, self._generators):
                 self._spent(self._pool)
             return False
         finally:
@@ -290,9 +291,28 @@ class CudaRecording(Recording):
         self._hooks = _SavedHooks()
 
 
-def end_failed_capture(device: torch.device, pool: tuple[int, int]) -> bool:
+def register(
+    graph: torch.cuda.CUDAGraph, generators: Sequence[torch.Generator]
+) -> torch.cuda.CUDAGraph:
+    """``graph`` with the module's own generators registered (torch registers the default one): a
+    replay reads each one's seed and offset then and advances it by what the capture drew, as
+    eager's call does, so a private generator replays exactly."""
+    if generators and not hasattr(graph, "register_generator_state"):
+        raise ReplayError(
+            "this torch's CUDAGraph cannot register a private torch.Generator "
+            "(register_generator_state); draw from the default generator, or upgrade torch"
+        )
+    for g in generators:
+        graph.register_generator_state(g)
+    return graph
+
+
+def end_failed_capture(
+    device: torch.device, pool: tuple[int, int], generators: Sequence[torch.Generator] = ()
+) -> bool:
     """Put the CUDA generators back after a capture that raised; True when ``pool`` is spent. A
-    raising capture can leave the default generator marked capturing (every later random op then
+    raising capture can leave the default generator (and ``generators``, registered with it) marked
+    capturing (every later random op then
     fails: "Offset increment outside graph capture"); an empty capture clears it. A capture CUDA
     invalidated raises before the allocators stop routing into ``pool`` ("already recording to
     mempool_id" next time): the device allocator's routing is ended here; the pinned-host one has no
@@ -308,7 +328,7 @@ def end_failed_capture(device: torch.device, pool: tuple[int, int]) -> bool:
         # an error of the failed capture: the reset below still runs
         with contextlib.suppress(RuntimeError):
             torch.cuda.synchronize(device)
-        graph = torch.cuda.CUDAGraph()
+        graph = register(torch.cuda.CUDAGraph(), generators)
         with torch.cuda.device(device), torch.cuda.graph(graph):
             pass
         graph.reset()

@@ -74,7 +74,7 @@ class EmulatedRecording(Recording):
                 )
             del outs
 
-        tape, outs = record(forward, [*static_inputs, *leaves])
+        tape, outs = record(forward, [*static_inputs, *leaves], subject.generators)
         self.differentiable = differentiable_indices(outs)
         self.static_outputs = outs
         grads: Sequence[torch.Tensor | None] = [None] * len(self._targets)

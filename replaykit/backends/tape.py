@@ -11,7 +11,9 @@ has; no version check, as under ``cuda.py``'s hooks). A result whose storage is 
 after recording (an output, a stash on the module, a ``ctx`` attribute) is *static*: each replay
 writes into that tensor; the rest are fresh each replay. Refused as a capture would fail or
 freeze them: host reads of device data and data-dependent shapes (``.item()``, ``nonzero``,
-masks; ``tolist()`` through a ``TorchFunctionMode``), random ops on a private generator.
+masks; ``tolist()`` through a ``TorchFunctionMode``), random ops on a private generator not
+registered with the recording (a registered one is drawn from anew at each replay, as a CUDA
+graph's ``register_generator_state`` does).
 """
 
 from __future__ import annotations
@@ -114,8 +116,11 @@ class _Op:
 _COLLECTIVES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_dtensor"})
 
 
-def untapeable(func: Any, args: tuple, kwargs: dict) -> str | None:
-    """Why a CUDA graph capture could not replay this aten call faithfully, or None."""
+def untapeable(
+    func: Any, args: tuple, kwargs: dict, generators: Sequence[torch.Generator] = ()
+) -> str | None:
+    """Why a CUDA graph capture could not replay this aten call faithfully, or None.
+    ``generators``: private generators registered with the recording (a replay draws from them)."""
     name = str(func)
     if func in _MASKED_INDEX:
         indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
@@ -138,18 +143,17 @@ def untapeable(func: Any, args: tuple, kwargs: dict) -> str | None:
         return f"{name} has a data-dependent output (the host must read device data)"
     if torch.Tag.nondeterministic_seeded in tags:
         for v in (*args, *kwargs.values()):
-            if isinstance(v, torch.Generator) and not _is_default(v):
+            if isinstance(v, torch.Generator) and not _is_default(v, generators):
                 return (
                     f"{name} draws from a private torch.Generator; a graph would replay its first numbers "
-                    "for ever (only the default generator is advanced by a replay)"
+                    "for ever (a replay advances the default generator and those registered with it)"
                 )
     return None
 
 
-def _is_default(g: torch.Generator) -> bool:
-    """Whether ``g`` is its device's default generator. The dispatcher hands a mode a new Python
-    wrapper, so identity cannot tell: reseed the default for a moment and see whether ``g``'s state
-    moved with it."""
+def _is_default(g: torch.Generator, registered: Sequence[torch.Generator] = ()) -> bool:
+    """Whether ``g`` is its device's default generator, or one of ``registered`` (a graph advances
+    those too)."""
     if g.device.type == "cpu":
         default = torch.default_generator
     elif g.device.type == "cuda":
@@ -158,13 +162,21 @@ def _is_default(g: torch.Generator) -> bool:
         ]
     else:
         return False
-    saved, seed = default.get_state(), default.initial_seed()
+    return any(shares_state(g, other) for other in (default, *registered))
+
+
+def shares_state(g: torch.Generator, other: torch.Generator) -> bool:
+    """Whether ``g`` draws from ``other``'s state. The dispatcher hands a mode a new Python wrapper,
+    so identity cannot tell: reseed ``other`` for a moment and see whether ``g``'s state moves."""
+    if g.device != other.device:
+        return False
+    saved, seed = other.get_state(), other.initial_seed()
     try:
         before = g.get_state()
-        default.manual_seed(seed ^ 0x5DEECE66D)
+        other.manual_seed(seed ^ 0x5DEECE66D)
         return not torch.equal(before, g.get_state())
     finally:
-        default.set_state(saved)
+        other.set_state(saved)
 
 
 _HOST_READS = {torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__array__}
@@ -186,15 +198,16 @@ class _HostReads(TorchFunctionMode):
 class _TapeMode(WatchingMode):
     """Appends each aten call to the tape; refuses what a capture could not replay."""
 
-    def __init__(self, tape: Tape) -> None:
+    def __init__(self, tape: Tape, generators: Sequence[torch.Generator] = ()) -> None:
         super().__init__()
         self.tape = tape
+        self.generators = generators
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
         kwargs = kwargs or {}
-        why = untapeable(func, args, kwargs)
+        why = untapeable(func, args, kwargs, self.generators)
         if why is not None:
             raise ReplayError(why)
         out = self.run(func, args, kwargs)
@@ -223,10 +236,11 @@ class Tape:
         self.switches: tuple = switches_key()
 
     # ----------------------------------------------------------------- recording
-    def recording(self) -> _Taping:
-        """The context that records: dispatch mode plus saved-tensor hooks."""
+    def recording(self, generators: Sequence[torch.Generator] = ()) -> _Taping:
+        """The context that records: dispatch mode plus saved-tensor hooks. ``generators``: private
+        generators registered with the recording: its ops draw from them anew at each replay."""
         self.switches = switches_key()
-        return _Taping(self)
+        return _Taping(self, generators)
 
     def _encode(self, a: Any) -> Any:
         if isinstance(a, torch.Tensor):
@@ -503,10 +517,10 @@ class _Taping:
     """``with tape.recording():`` the dispatch mode, the saved-tensor hooks, the capture report and the
     generator's state events together."""
 
-    def __init__(self, tape: Tape) -> None:
+    def __init__(self, tape: Tape, generators: Sequence[torch.Generator] = ()) -> None:
         self.tape = tape
         self.hooks = torch.autograd.graph.saved_tensors_hooks(tape.pack, tape.unpack)
-        self.mode = _TapeMode(tape)
+        self.mode = _TapeMode(tape, generators)
         self.host = _HostReads()
         self.report = _ReportCapturing()
         self.generator = _GeneratorEvents(tape)
@@ -532,10 +546,12 @@ class _Taping:
 
 
 def record(
-    forward: Callable[[], list[torch.Tensor]], fixed: Sequence[torch.Tensor]
+    forward: Callable[[], list[torch.Tensor]],
+    fixed: Sequence[torch.Tensor],
+    generators: Sequence[torch.Generator] = (),
 ) -> tuple[Tape, list[torch.Tensor]]:
     """Record ``forward`` (unsealed: the caller seals it once it needs no scratch value)."""
     tape = Tape(fixed)
-    with tape.recording():
+    with tape.recording(generators):
         outs = forward()
     return tape, outs

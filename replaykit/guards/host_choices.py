@@ -221,8 +221,11 @@ class HostChoices:
         """``base``, and for a key whose draws were learnt, the choices this call's draws make.
         The generators are left where the draws leave them (a replay's call is done with them);
         a call that does not replay :meth:`rewind` s them first."""
+        if not self._programs:  # nothing learnt: nothing drawn (the replay path of most models)
+            self._base = base
+            return base
         self._base, self.drawn_to, self._values, self._start = base, None, [], None
-        program = self._programs.get(base) if self._programs else None
+        program = self._programs.get(base)
         if program is None:
             return base
         self._start = [(s, _get_state(s)) for s in sorted({s for s, _ in program})]
@@ -247,12 +250,32 @@ class HostChoices:
         elif self.drawn_to is not None:
             set_host_rng_state(self.drawn_to)
 
+    def rekey(self, key: tuple) -> tuple:
+        """``key`` (a base another guard settled anew after :meth:`key`) with this call's choices,
+        as :meth:`key` appended them to the old base."""
+        program = self._programs.get(self._base)
+        if program is None or not self._values:
+            return key
+        return (*key, _results(program, self._values) if self._keyed else "drawn")
+
     def watch(self, capture: bool = False) -> Watch:
         """A watch for a run of this call's body (``capture``: its draws moved)."""
         program = self._programs.get(self._base)
         if capture and program is not None and self._values:
             return Watch(_moved(program, self._values))
         return Watch()
+
+    def watched(self, fn: Callable[..., Any], runs: list[Watch]) -> Callable[..., Any]:
+        """``fn`` with each run under a capture's watch of its own (a recording's warm-up runs and
+        its capture each draw afresh), appended to ``runs``."""
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            watch = self.watch(capture=True)
+            runs.append(watch)
+            with watch:
+                return fn(*args, **kwargs)
+
+        return run
 
     def learn(self, watch: Watch) -> bool:
         """A run's draws that only chose (none learnt for this key yet): keyed from the next call."""
@@ -262,9 +285,28 @@ class HostChoices:
         self._programs[self._base] = program
         return True
 
+    def learnt(self, watch: Watch | None) -> str | None:
+        """A run whose only effect was drawing from Python's or numpy's RNG: what is learnt when its
+        draws only chose (keyed from the next call), or None (the draw stays a reason)."""
+        if watch is None or not self.learn(watch):
+            return None
+        return (
+            f"{len(watch.uses)} host draw(s) that only choose: drawn and keyed from the next call"
+        )
+
     def matches(self, watch: Watch) -> bool:
         """Whether a run made exactly the draws and comparisons this key learnt (none if none)."""
         program = self._programs.get(self._base)
         if program is None:
             return not watch.uses
         return watch.program() == program
+
+    def changed(self, who: str, *runs: Watch | None) -> str | None:
+        """Why no replay of this key would make the runs' draws (another count, another comparison,
+        a value used otherwise), or None: each run made exactly those its key learnt."""
+        if all(w is None or self.matches(w) for w in runs):
+            return None
+        return (
+            f"{who}'s draws from Python's random or numpy differ from those its recording key learnt "
+            "(their number or comparisons), or a drawn value is used otherwise than compared"
+        )

@@ -2,7 +2,7 @@
 
 Run once before recording, on the backends' stand-ins, it looks for what a signature cannot see
 and a graph would freeze: Python effects (:mod:`replaykit.verify.side_effects`), private
-generators (a graph registers only the default one), host reads and data-dependent shapes
+generators other than the module's own (those a recording registers), host reads and data-dependent shapes
 (an input-derived read is noted instead when a
 :class:`~replaykit.guards.input_reads.Provenance` wraps ``fn``), sparse gradients, gradient hooks
 on several parameters (a replay runs them in another order), foreign leaves requiring grad, an
@@ -21,25 +21,31 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from ..backends.tape import shares_state
 from ..guards.module import gradient_hooks
 from ..guards.signature import autocast_key
 from ..memory.outputs import OutputTree, objects, split_outputs
 from .dispatch import WatchingMode, written_positions
 from .dispatch import written as written_by
 from .side_effects import SideEffects
+from .snapshot import held_generators
 
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why a call cannot be recorded; ``scope`` is ``"module"`` (retire), ``"signature"`` (eager) or
-    ``"call"`` (a write into the model an eager call makes once: this call eager, a later one records).
+    """Why a call cannot be recorded; ``scope`` is ``"module"`` (retire), ``"signature"`` (eager),
+    ``"call"`` (a write into the model an eager call makes once: this call eager, a later one records)
+    or ``"learn"`` (something learnt that later keys include: this call eager).
 
     For a signature, ``reason`` is the eager route's one word and ``detail`` says why.
+    ``draws_only``: the forward's one effect was drawing from Python's or numpy's RNG (draws that
+    only choose are keyed: ``guards/host_choices.py``).
     """
 
     scope: str
     reason: str
     detail: str = ""
+    draws_only: bool = False
 
 
 _DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
@@ -59,12 +65,17 @@ def _boolean_mask(func: Any, args: tuple) -> bool:
 
 
 class _Inspector(WatchingMode):
-    """Notes aten ops a graph cannot repeat: private generators, host reads, data-dependent shapes.
-    Puts each private generator's state back afterwards (the probe must leave no trace)."""
+    """Notes aten ops a graph cannot repeat: private generators other than ``own`` (the module's,
+    on its device: a recording registers them), host reads, data-dependent shapes. Puts each
+    private generator's state back afterwards (the probe must leave no trace)."""
 
-    def __init__(self, leaves: Sequence[torch.Tensor] = ()) -> None:
+    def __init__(
+        self, leaves: Sequence[torch.Tensor] = (), own: Sequence[torch.Generator] = ()
+    ) -> None:
         super().__init__()
         self.generators: list[str] = []
+        self._own = list(own)
+        self.own: list[torch.Generator] = []  # those the forward draws from
         self.data_dependent: list[str] = []
         self._states: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
         self._leaves = {id(t): i for i, t in enumerate(leaves)}
@@ -81,8 +92,8 @@ class _Inspector(WatchingMode):
         kwargs = kwargs or {}
         gen = kwargs.get("generator")
         if gen is not None:
-            self.generators.append(str(func))
             self._states.setdefault(id(gen), (gen, gen.get_state()))
+            self._note(gen, func)
         # aten.index is tagged dynamic_output_shape for its boolean masks; integer indices (a
         # gather, e.g. Swin's relative position bias) have a shape known on the host
         if _boolean_mask(func, args) or (
@@ -104,6 +115,15 @@ class _Inspector(WatchingMode):
                 if t.layout == torch.strided and t.device.type != "meta"  # a sparse one has none
             )
         return self.run(func, args, kwargs)
+
+    def _note(self, gen: torch.Generator, func: Any) -> None:
+        """A draw from ``gen``: one of the module's own generators (by state: the dispatcher hands
+        a new Python wrapper), or a refusal."""
+        own = next((g for g in self._own if shares_state(gen, g)), None)
+        if own is None:
+            self.generators.append(str(func))
+        elif all(g is not own for g in self.own):
+            self.own.append(own)
 
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
@@ -197,29 +217,29 @@ def probe(
     outputs: list[OutputTree] | None = None,
     written: list[torch.Tensor] | None = None,
     written_inputs: tuple[Sequence[torch.Tensor], dict[int, int]] | None = None,
+    host_to: tuple | None = None,
+    generators: list[torch.Generator] | None = None,
 ) -> Refusal | None:
-    """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None.
-    ``saved``, when given, receives the indices of the parameters the backward reads;
-    ``saved_inputs`` those of the inputs it reads (eager raises if one changes in place before it);
-    ``multi_use`` those of the parameters read more than once (their gradient is a sum inside the
-    call); ``outputs`` the structure and constant leaves of what the forward returned
-    (:mod:`replaykit.memory.outputs`); ``written`` the module's parameters, trainable or frozen,
-    whose storage the forward writes in place (a weight decayed under no_grad, a momentum encoder, a
-    write through ``.data`` or a view): a verification's rerun must find them as the call found
-    them. ``written_inputs``: the caller's tensors and a dict receiving the inputs written in place
-    that a replay writes back, with their version moves. The caller snapshots and restores module
-    state and RNG around this call."""
+    """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None. Lists
+    given receive: ``saved`` / ``saved_inputs`` the parameters / inputs the backward reads,
+    ``multi_use`` the parameters read twice (a summed gradient), ``outputs`` the output's structure
+    (:mod:`replaykit.memory.outputs`), ``written`` the parameters whose storage the forward writes
+    (a rerun must find them as the call did), ``generators`` the module's own generators it draws
+    from (registered). ``written_inputs``: the caller's tensors and a dict receiving the inputs
+    written in place (written back), with their version moves; ``host_to``: where the recorder's
+    own draws leave Python's and numpy's generators. The caller restores state and RNG."""
     if (refusal := _hook_order(params)) is not None:
         return refusal
     leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the storages
     callers = written_inputs[0] if written_inputs is not None else None
-    effects = SideEffects(module, static_inputs, host_rng, callers=callers)
-    inspector = _Inspector(leaves)
-    hooks = _SavedParameters([*leaves, *static_inputs])
-    # the backends record with autocast's cast cache off: so does the probe, to count the casts a recording makes
+    effects = SideEffects(module, static_inputs, host_rng, callers=callers, host_to=host_to)
     device = next((t.device.type for t in (*static_inputs, *params)), "cpu")
+    inspector = _Inspector(leaves, _own_generators(module, device, generators is not None))
+    hooks = _SavedParameters([*leaves, *static_inputs])
+    # the backends record with autocast's cast cache off (so does the probe, to count the casts a
+    # recording makes); eager casts a parameter once per region
     autocast, dtype = autocast_key(device)
-    shared_casts = autocast and torch.is_autocast_cache_enabled()  # eager casts once per region
+    shared_casts = autocast and torch.is_autocast_cache_enabled()
     with (
         effects,
         torch.autocast(device, dtype=dtype, enabled=autocast, cache_enabled=False),
@@ -230,7 +250,7 @@ def probe(
     outs, _ = tree_flatten(result)
     rebuilt = _output_refusal(result, outputs)
     del result
-    _found(module, inspector, hooks, len(leaves), written, saved, saved_inputs)
+    _found(module, inspector, hooks, len(leaves), written, saved, saved_inputs, generators)
     _inputs_written(effects, inspector, static_inputs, written_inputs)
     tensors = [o for o in outs if isinstance(o, torch.Tensor)]
     del outs
@@ -245,6 +265,11 @@ def probe(
     del tensors
     wanting = [x for x in static_inputs if x.requires_grad]
     return _backward_refusal(diff, wanting, leaves, multi_use) if diff else None
+
+
+def _own_generators(module: nn.Module, device: str, wanted: bool) -> list[torch.Generator]:
+    """The generators the module holds on its device (``wanted``: the caller registers them)."""
+    return [g for g in held_generators(module) if g.device.type == device] if wanted else []
 
 
 def _hook_order(params: Sequence[torch.Tensor]) -> Refusal | None:
@@ -265,8 +290,12 @@ def _found(
     written: list[torch.Tensor] | None,
     saved: list[int] | None,
     saved_inputs: list[int] | None,
+    generators: list[torch.Generator] | None = None,
 ) -> None:
-    """Fill the caller's lists: the parameters written in place, what the backward reads."""
+    """Fill the caller's lists: the parameters written in place, what the backward reads, the
+    module's own generators the forward draws from."""
+    if generators is not None:
+        generators[:] = inspector.own
     if written is not None:  # by storage: ``.data`` has a version counter of its own
         written[:] = [
             p
@@ -306,11 +335,13 @@ def _forward_refusal(
     read, outputs a replay cannot rebuild."""
     effect = effects.reason("forward")
     if effect is not None:
-        return Refusal("call" if effects.writes_only() else "module", effect)
+        only = effects.reason("forward", python_draws=False) is None
+        return Refusal("call" if effects.writes_only() else "module", effect, draws_only=only)
     if inspector.generators:
         return Refusal(
             "module",
-            f"{inspector.generators[0]} draws from a private torch.Generator, which a graph would freeze",
+            f"{inspector.generators[0]} draws from a private torch.Generator the module does not hold (or on "
+            "another device), which a graph would freeze",
         )
     if inspector.data_dependent:
         return Refusal(

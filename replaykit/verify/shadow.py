@@ -21,7 +21,7 @@ from ..memory.outputs import OutputTree, split_outputs
 from . import weight_caches
 from .bitwise import diff
 from .output import HeldOutput
-from .snapshot import StateSnapshot, rng_states, tensor_attributes
+from .snapshot import StateSnapshot, held_generators, rng_states, tensor_attributes
 
 
 def first_difference(
@@ -42,7 +42,9 @@ def _state(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     tensors = [(f"buffer {n}", b) for n, b in module.named_buffers()]
     tensors += [(f"attribute {i}", t) for i, t in enumerate(tensor_attributes(module))]
     cpu, cuda = rng_states([t for _, t in tensors] + list(module.parameters()))
-    return [*tensors, ("cpu rng", cpu), *((f"{d} rng", s) for d, s in cuda.items())]
+    # the module's own generators: a recording registers those its forward draws from
+    own = [(f"generator {i}", g.get_state()) for i, g in enumerate(held_generators(module))]
+    return [*tensors, ("cpu rng", cpu), *((f"{d} rng", s) for d, s in cuda.items()), *own]
 
 
 class Shadow:

@@ -109,6 +109,13 @@ _MISSING = object()
 _INTERNAL = ("_parameters", "_buffers", "_modules", "forward", "_replaykit_recorder")
 
 
+def held_generators(module: nn.Module) -> list[torch.Generator]:
+    """The torch.Generators the module's tree holds (attributes, plain objects it holds): the ones
+    a snapshot puts back, so the ones a recording may register (``backends.base.Subject``)."""
+    modules = [*module.modules(), *(m for _, m in hidden_modules(module))]
+    return held_state(_plain_attributes(m) for m in modules)[1]
+
+
 def _plain_attributes(module: nn.Module) -> dict:
     """The module's own attribute bindings, containers and hooks aside."""
     return {k: v for k, v in module.__dict__.items() if k not in _INTERNAL and "hooks" not in k}

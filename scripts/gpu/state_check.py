@@ -25,9 +25,13 @@ NAMES = (
     "step_gan_generator_trainable_disc_loss_detached",
     "step_mutual_learning_trained_peer",
     "step_gan_disc_layer_replaced",
+    "layerdrop_python_random",
     "step_layerdrop_python_random",
     "step_random_task_in_loss",
+    "stochastic_depth_numpy_coin",
     "step_stochastic_depth_numpy_coin",
+    "private_generator",  # the module's own torch.Generator, registered with the graph
+    "private_generator_replaced",
     "whole_step_trainable_critic",  # Lightning's whole step: needs lightning installed
 )
 

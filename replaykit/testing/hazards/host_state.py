@@ -196,13 +196,15 @@ ARRAY_COPY_LIVE = (
 HC = HazardClass(HAZARD)
 
 PATTERNS: list[Pattern] = [
+    # drawn before choosing a recording and keyed by the comparisons' results (host_choices.py)
     *HC.twins(
         "layerdrop_python_random",
         "LayerDrop decided by random.random() in forward",
         built(LayerDrop),
-        seeded(looped(steps=6)),
+        seeded(looped(steps=8)),
         seeded(stepped(steps=6)),
-        guard="host_rng",
+        guard="host_choices",
+        step={"guard": "host_rng"},
     ),
     HC.pattern(
         "step_layerdrop_torch_rand",
@@ -376,14 +378,11 @@ class StochasticDepth(LayerDrop):
         return self.head(x)
 
 
-PATTERNS.append(
-    Pattern(
-        "step_stochastic_depth_numpy_coin",
-        HAZARD,
-        "stochastic depth decided by np.random.rand() < p per block, whole step",
-        lambda d: StochasticDepth().to(d),
-        seeded(lambda m, a: step_loop(m, a, steps=10)),
-        guard="host_choices",
-        api="step",
-    )
+PATTERNS += HC.twins(
+    "stochastic_depth_numpy_coin",
+    "stochastic depth decided by np.random.rand() < p per block",
+    lambda d: StochasticDepth().to(d),
+    seeded(looped(steps=10)),
+    seeded(lambda m, a: step_loop(m, a, steps=10)),
+    guard="host_choices",
 )

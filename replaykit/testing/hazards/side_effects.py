@@ -67,6 +67,18 @@ def _noisy(model: nn.Module, arm: Arm) -> Extras:
     return kept
 
 
+def _new_generator_per_epoch(model: nn.Module, step: int) -> None:
+    """Reproducible noise per epoch: a generator made anew (not reseeded in place) every 2 steps."""
+    if step % 2 == 0:
+        model.gen = torch.Generator(device=model.gen.device).manual_seed(100 + step)
+
+
+def _noisy_epochs(model: nn.Module, arm: Arm) -> Extras:
+    kept = loop(model, arm, steps=6, before=_new_generator_per_epoch)
+    kept["generator_state"] = model.gen.get_state()
+    return kept
+
+
 class RunningCentre(nn.Module):
     """A plain tensor attribute (not a buffer) updated in forward."""
 
@@ -305,16 +317,25 @@ def _alternating_loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 PATTERNS: list[Pattern] = [
+    # the probe finds the module's own generator; the recording registers it (a CUDA graph's
+    # register_generator_state, the tape's live draw): each replay draws from it as eager does
     HC.pattern(
         "private_generator",
         "noise from the module's own torch.Generator",
         lambda d: Noisy(d).to(d),
         _noisy,
         guard="record_probe",
-        unsafe_never="both backends refuse a private generator by themselves (the tape; on the H200, "
-        "torch's 'increase offset for a CUDA generator not in capture mode'): without the probe the "
-        "capture fails, the generator is put back with the rest of the state, and the call retires "
-        "exactly. The probe retires it before a capture is tried; tensor_attribute_with_grad is its control",
+        unsafe_never="without the probe nothing registers the generator, and both backends refuse "
+        "it by themselves (the tape; on the H200, torch's 'increase offset for a CUDA generator not "
+        "in capture mode'): the capture fails, the generator is put back with the rest of the state, "
+        "and the call retires exactly; tensor_attribute_with_grad is the probe's control",
+    ),
+    HC.pattern(
+        "private_generator_replaced",
+        "noise from the module's own torch.Generator, made anew every epoch",
+        lambda d: Noisy(d).to(d),
+        _noisy_epochs,
+        guard="module_state",  # a recording registered the old generator: the new one records anew
     ),
     Pattern(
         "tensor_attribute_updated",

@@ -22,8 +22,10 @@ def test_without_the_guard_host_state_patterns_diverge(backend: str, name: str) 
 REPLAYING = [
     "rope_table_grown",
     "step_rope_table_grown",
+    "layerdrop_python_random",
     "step_layerdrop_python_random",
     "step_random_task_in_loss",
+    "stochastic_depth_numpy_coin",
     "step_stochastic_depth_numpy_coin",
 ]
 
