@@ -239,7 +239,11 @@ class LossInputs:
 
     def _function(self, fn: FunctionType, name: str, depth: int) -> None:
         code = fn.__code__
+        names = _names(code)
         for var, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
+            if cell_filled(cell) and isinstance(cell.cell_contents, ModuleType):
+                # ``import helpers`` inside the function that defines the loss: as a global's
+                self._module_attributes(cell.cell_contents, names, depth)
             if self._values_only and not (cell_filled(cell) and self._keyed(cell.cell_contents)):
                 continue
             self.cells.append(cell)
@@ -252,7 +256,6 @@ class LossInputs:
         if (fn.__defaults__ or fn.__kwdefaults__) and not self._values_only:
             self._add(f"{name}'s defaults", lambda: (fn.__defaults__, fn.__kwdefaults__))
         globals_ = fn.__globals__
-        names = _names(code)
         for global_name in sorted(names):
             if global_name in globals_:
                 value = globals_[global_name]
@@ -297,6 +300,7 @@ class LossInputs:
                 self._walk(value, name, depth + 1)
         elif isinstance(value, nn.Module) and id(value) not in self._model_ids:
             self._walk(type(value).forward, f"{type(value).__name__}.forward", depth + 1)
+            self.held_class(type(value))  # a criterion's ``gamma = 2.0`` on its class
         elif isinstance(value, type) and issubclass(value, torch.autograd.Function):
             self._autograd_function(value, depth)
         elif (
@@ -306,6 +310,19 @@ class LossInputs:
         ):
             self._seen.add(id(value))  # a user's class the code names (``Counters.seen += 1``)
             self._class_values(value)
+        elif hasattr(value, "__dict__") and not isinstance(value, (ModuleType, type)):
+            self.held_class(type(value))  # ``cfg.temperature`` read from ``Config`` itself
+
+    def held_class(self, cls: type) -> None:
+        """Key the plain class attributes of a user's class that the code reaches through an object
+        or a class it holds: ``cfg.temperature`` falls back to ``Config.temperature`` while the
+        instance has no value of its own, and ``self.cfg = Config`` holds the class itself. A script
+        that sets ``Config.temperature = 4.0`` writes neither the instance nor the module, so only
+        this key sees it (a recording would replay the old value)."""
+        if id(cls) in self._seen or _library(cls.__module__):
+            return
+        self._seen.add(id(cls))
+        self._class_values(cls)
 
     def _class_values(self, cls: type) -> None:
         """A user class's plain class attributes (along its MRO, up to torch's classes), keyed."""
@@ -408,6 +425,10 @@ class ForwardInputs(LossInputs):
             for k, v in m.__dict__.items():
                 if isinstance(v, (FunctionType, MethodType, functools.partial)):
                     self._follow(v, f"{name or type(m).__name__}.{k}", 0)
+                elif isinstance(v, type) and not issubclass(v, nn.Module):
+                    self.held_class(v)  # config-as-class: ``self.cfg = Config``
+                elif hasattr(v, "__dict__") and not isinstance(v, (nn.Module, ModuleType)):
+                    self.held_class(type(v))  # a held config object's class defaults
             cls = type(m)
             if cls in seen or cls.__module__.startswith("torch."):
                 continue

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 ROOT = HERE.parents[2]
+sys.path[:0] = [str(HERE), str(ROOT)]  # this tree's replaykit, not an installed one
 
 
 def one(name: str) -> dict:

@@ -44,7 +44,9 @@ class Block(nn.Module):
 class TinyResNet(nn.Module):
     def __init__(self, c=8, classes=5):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU())
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU()
+        )
         self.layer1 = Block(c)
         self.layer2 = Block(c)
         self.fc = nn.Linear(c, classes)
@@ -171,7 +173,12 @@ def cap_resnet_cutmix_torch(ctx):
             H = x.size(2)
             r = int(H * math.sqrt(1 - lam))
             cx, cy = random.randint(0, H - 1), random.randint(0, H - 1)
-            x1, x2, y1, y2 = max(cx - r // 2, 0), min(cx + r // 2, H), max(cy - r // 2, 0), min(cy + r // 2, H)
+            x1, x2, y1, y2 = (
+                max(cx - r // 2, 0),
+                min(cx + r // 2, H),
+                max(cy - r // 2, 0),
+                min(cy + r // 2, H),
+            )
             x[:, :, x1:x2, y1:y2] = x[perm, :, x1:x2, y1:y2]
             lam = 1 - (x2 - x1) * (y2 - y1) / (H * H)
             out = m(x)
@@ -345,7 +352,10 @@ def cap_gru_teacher_forcing_random(ctx):
     g = torch.Generator().manual_seed(4)
     with ctx.capture(m):
         for _ in range(10):
-            src, tgt = torch.randint(0, 12, (4, 5), generator=g), torch.randint(0, 12, (4, 6), generator=g)
+            src, tgt = (
+                torch.randint(0, 12, (4, 5), generator=g),
+                torch.randint(0, 12, (4, 6), generator=g),
+            )
             tf = random.random() < 0.5
             out = m(src, tgt, tf)
             loss = F.cross_entropy(out.reshape(-1, 12), tgt[:, 1:].reshape(-1))
@@ -365,7 +375,9 @@ def cap_packed_sequences(ctx):
             self.fc = nn.Linear(8, 3)
 
         def forward(self, x, lengths):
-            packed = nn.utils.rnn.pack_padded_sequence(self.emb(x), lengths, batch_first=True, enforce_sorted=False)
+            packed = nn.utils.rnn.pack_padded_sequence(
+                self.emb(x), lengths, batch_first=True, enforce_sorted=False
+            )
             _, (h, _) = self.rnn(packed)
             return self.fc(h[-1])
 
@@ -413,7 +425,7 @@ def cap_accum_variable_micro_last_partial(ctx):
     xs = torch.randn(37, 8, generator=g)
     ys = torch.randint(0, 4, (37,), generator=g)
     with ctx.capture(m):
-        for epoch in range(2):
+        for _epoch in range(2):
             for s in range(0, 37, 12):  # batches of 12,12,12,1; micro 4,4,4
                 xb, yb = xs[s : s + 12], ys[s : s + 12]
                 n = len(xb)
@@ -476,7 +488,9 @@ def cap_forward_hook_logging(ctx):
     with ctx.capture(m):
         for i, (x, y) in enumerate(data):
             if i == 3:
-                m.layer1.register_forward_hook(lambda mod, inp, out: stats.append(out.detach().mean()))
+                m.layer1.register_forward_hook(
+                    lambda mod, inp, out: stats.append(out.detach().mean())
+                )
             loss = ce(m, x, y)
             loss.backward()
             opt.step()
@@ -498,8 +512,16 @@ def cap_metrics_keep_outputs(ctx):
             opt.zero_grad()
             kept_logits.append(logits.detach())  # accuracy at epoch end
             kept_losses.append(loss)  # a loss tensor kept with its graph
-    acc = torch.stack([(lg.argmax(1) == y).float().mean() for lg, (_, y) in zip(kept_logits, data)])
-    return {"m": m, "opt": opt, "logits": kept_logits, "losses": [lt.detach() for lt in kept_losses], "acc": acc}
+    acc = torch.stack(
+        [(lg.argmax(1) == y).float().mean() for lg, (_, y) in zip(kept_logits, data, strict=False)]
+    )
+    return {
+        "m": m,
+        "opt": opt,
+        "logits": kept_logits,
+        "losses": [lt.detach() for lt in kept_losses],
+        "acc": acc,
+    }
 
 
 @scenario("capture")
@@ -567,7 +589,7 @@ def cap_early_stopping_val_nograd(ctx):
 
 @scenario("capture")
 def cap_dqn_target_polyak(ctx):
-    q, data = mlp(6, 16, 3), None
+    q, _data = mlp(6, 16, 3), None
     target = copy.deepcopy(q)
     for p in target.parameters():
         p.requires_grad_(False)
@@ -593,7 +615,7 @@ def cap_dqn_target_polyak(ctx):
             nn.utils.clip_grad_value_(q.parameters(), 1.0)
             opt.step()
             with torch.no_grad():
-                for tp, p in zip(target.parameters(), q.parameters()):
+                for tp, p in zip(target.parameters(), q.parameters(), strict=False):
                     tp.mul_(0.95).add_(p, alpha=0.05)
     return {"q": q, "target": target, "opt": opt}
 
@@ -624,7 +646,7 @@ def cap_ppo_shared_actor_critic(ctx):
     adv = ret - old_v
     kls = []
     with ctx.capture(ac):
-        for epoch in range(3):
+        for _epoch in range(3):
             perm = np.random.permutation(32)
             for mb in range(0, 32, 8):
                 i = torch.from_numpy(perm[mb : mb + 8])
@@ -656,7 +678,11 @@ def cap_sac_twin_critics_alpha(ctx):
     q_opt = torch.optim.Adam([*q1.parameters(), *q2.parameters()], lr=3e-4)
     al_opt = torch.optim.Adam([log_alpha], lr=3e-4)
     g = torch.Generator().manual_seed(9)
-    S, S2, R = torch.randn(64, 5, generator=g), torch.randn(64, 5, generator=g), torch.randn(64, generator=g)
+    S, S2, R = (
+        torch.randn(64, 5, generator=g),
+        torch.randn(64, 5, generator=g),
+        torch.randn(64, generator=g),
+    )
     A = torch.randn(64, 2, generator=g).tanh()
 
     def policy(s):
@@ -664,7 +690,9 @@ def cap_sac_twin_critics_alpha(ctx):
         std = log_std.clamp(-5, 2).exp()
         u = mu + std * torch.randn_like(mu)
         a = u.tanh()
-        logp = (torch.distributions.Normal(mu, std).log_prob(u) - torch.log(1 - a.pow(2) + 1e-6)).sum(-1)
+        logp = (
+            torch.distributions.Normal(mu, std).log_prob(u) - torch.log(1 - a.pow(2) + 1e-6)
+        ).sum(-1)
         return a, logp
 
     with ctx.capture(actor), ctx.capture(q1), ctx.capture(q2):
@@ -693,7 +721,11 @@ def cap_sac_twin_critics_alpha(ctx):
             al_loss.backward()
             al_opt.step()
             with torch.no_grad():
-                for t, s_ in zip([*q1_t.parameters(), *q2_t.parameters()], [*q1.parameters(), *q2.parameters()]):
+                for t, s_ in zip(
+                    [*q1_t.parameters(), *q2_t.parameters()],
+                    [*q1.parameters(), *q2.parameters()],
+                    strict=False,
+                ):
                     t.lerp_(s_, 0.005)
     return {"actor": actor, "q1": q1, "q2": q2, "q1t": q1_t, "q2t": q2_t, "alpha": log_alpha,
             "opts": [a_opt, q_opt, al_opt]}  # fmt: skip
@@ -764,7 +796,9 @@ def step_resnet_tensor_lr_cosine_warmup_ema(ctx):
                           weight_decay=5e-4, fused=True)  # fmt: skip
     warm = 3
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / 9)))
+        opt,
+        lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / 9)),
+    )
     ema = ctx.ema(m, 0.99)
     step = ctx.step(m, lambda mm, x, y: F.cross_entropy(mm(x), y, label_smoothing=0.1), opt,
                     max_norm=1.0, ema=ema)  # fmt: skip
@@ -862,7 +896,9 @@ def step_ppo_epochs_minibatches(ctx):
             self.v = nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 1))
 
     ac = AC()
-    opt = torch.optim.Adam(ac.parameters(), lr=torch.tensor(3e-4), eps=1e-5, fused=True, capturable=True)
+    opt = torch.optim.Adam(
+        ac.parameters(), lr=torch.tensor(3e-4), eps=1e-5, fused=True, capturable=True
+    )
     g = torch.Generator().manual_seed(8)
     obs = torch.randn(32, 6, generator=g)
     with torch.no_grad():
@@ -887,7 +923,7 @@ def step_ppo_epochs_minibatches(ctx):
 
     step = ctx.step(ac, loss_fn, opt, max_norm=0.5)
     losses = []
-    for epoch in range(3):
+    for _epoch in range(3):
         perm = torch.from_numpy(np.random.permutation(32))
         for mb in range(0, 32, 8):
             i = perm[mb : mb + 8]
@@ -938,7 +974,12 @@ def step_dqn_target_deepcopy_rebound(ctx):
     state = {"target": copy.deepcopy(q)}
     opt = torch.optim.SGD(q.parameters(), lr=0.01, momentum=0.9, fused=True)
     g = torch.Generator().manual_seed(1)
-    S, A, R, S2 = torch.randn(64, 6, generator=g), torch.randint(0, 3, (64,), generator=g), torch.randn(64, generator=g), torch.randn(64, 6, generator=g)
+    S, A, R, S2 = (
+        torch.randn(64, 6, generator=g),
+        torch.randint(0, 3, (64,), generator=g),
+        torch.randn(64, generator=g),
+        torch.randn(64, 6, generator=g),
+    )
 
     def loss_fn(m, s, a, r, s2):
         with torch.no_grad():
@@ -967,7 +1008,11 @@ def step_sac_critic_actor_alpha_steps(ctx):
     q_opt = adamw(critic.parameters(), lr=3e-4, weight_decay=0.0)
     al_opt = torch.optim.Adam([log_alpha], lr=3e-4)
     g = torch.Generator().manual_seed(9)
-    S, S2, R = torch.randn(64, 5, generator=g), torch.randn(64, 5, generator=g), torch.randn(64, generator=g)
+    S, S2, R = (
+        torch.randn(64, 5, generator=g),
+        torch.randn(64, 5, generator=g),
+        torch.randn(64, generator=g),
+    )
     Aa = torch.randn(64, 2, generator=g).tanh()
 
     def policy(s):
@@ -975,7 +1020,9 @@ def step_sac_critic_actor_alpha_steps(ctx):
         std = log_std.clamp(-5, 2).exp()
         u = mu + std * torch.randn_like(mu)
         a = u.tanh()
-        return a, (torch.distributions.Normal(mu, std).log_prob(u) - torch.log(1 - a.pow(2) + 1e-6)).sum(-1)
+        return a, (
+            torch.distributions.Normal(mu, std).log_prob(u) - torch.log(1 - a.pow(2) + 1e-6)
+        ).sum(-1)
 
     def q_loss(c, s, a, r, s2):
         alpha = log_alpha.exp().detach()
@@ -1011,9 +1058,16 @@ def step_sac_critic_actor_alpha_steps(ctx):
         al.backward()
         al_opt.step()
         with torch.no_grad():
-            for t, s_ in zip(critic_t.parameters(), critic.parameters()):
+            for t, s_ in zip(critic_t.parameters(), critic.parameters(), strict=False):
                 t.lerp_(s_, 0.005)
-    return {"actor": actor, "critic": critic, "ct": critic_t, "alpha": log_alpha, "opts": [a_opt, q_opt, al_opt], "losses": losses}
+    return {
+        "actor": actor,
+        "critic": critic,
+        "ct": critic_t,
+        "alpha": log_alpha,
+        "opts": [a_opt, q_opt, al_opt],
+        "losses": losses,
+    }
 
 
 @scenario("step")
@@ -1297,8 +1351,12 @@ def step_variable_microbatch_accum(ctx):
     opt = sgd(m, fused=True)
     g = torch.Generator().manual_seed(14)
     sizes = [8, 8, 8, 5, 8, 8, 8, 3, 8, 8, 8, 8]
-    step = ctx.step(m, lambda mm, x, y: F.cross_entropy(mm(x), y, reduction="sum") / 32, opt, accumulate=4)
-    losses = [step(torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g)) for n in sizes]
+    step = ctx.step(
+        m, lambda mm, x, y: F.cross_entropy(mm(x), y, reduction="sum") / 32, opt, accumulate=4
+    )
+    losses = [
+        step(torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g)) for n in sizes
+    ]
     return {"m": m, "opt": opt, "losses": losses}
 
 
@@ -1327,7 +1385,9 @@ def step_teacher_forcing_flag_arg(ctx):
 
     step = ctx.step(m, loss_fn, opt)
     g = torch.Generator().manual_seed(15)
-    losses = [step(torch.randint(0, 12, (4, 6), generator=g), random.random() < 0.5) for _ in range(10)]
+    losses = [
+        step(torch.randint(0, 12, (4, 6), generator=g), random.random() < 0.5) for _ in range(10)
+    ]
     return {"m": m, "opt": opt, "losses": losses}
 
 
@@ -1402,7 +1462,9 @@ def _lightning_fit(ctx, module_cls, n=10, **trainer_kw):
     import lightning as L
 
     data = vecs(n)
-    loader = torch.utils.data.DataLoader(list(zip(*[torch.cat(t) for t in zip(*data)])), batch_size=8)
+    loader = torch.utils.data.DataLoader(
+        list(zip(*[torch.cat(t) for t in zip(*data, strict=False)], strict=False)), batch_size=8
+    )
     mod = module_cls(ctx)
     tr = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
                    enable_progress_bar=False, enable_model_summary=False, **trainer_kw)  # fmt: skip
@@ -1421,7 +1483,9 @@ def _lmodule(**step_kw):
             super().__init__()
             self.ctx = ctx
             self.automatic_optimization = False
-            self.net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+            self.net = nn.Sequential(
+                nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4)
+            )
             self.losses = []
 
         def configure_optimizers(self):
@@ -1446,7 +1510,9 @@ def _lmodule(**step_kw):
                 self.manual_backward(loss / acc if acc > 1 else loss)
                 if (idx + 1) % acc == 0:
                     if "max_norm" in step_kw:
-                        nn.utils.clip_grad_norm_(list(self.net.parameters()), step_kw["max_norm"], foreach=True)
+                        nn.utils.clip_grad_norm_(
+                            list(self.net.parameters()), step_kw["max_norm"], foreach=True
+                        )
                     opt.step()
                     opt.zero_grad(set_to_none=True)
                 loss = loss.detach()
@@ -1476,7 +1542,9 @@ def ls_with_validation_and_scheduler(ctx):
             self.log("val", ce(self.net, x, y))
 
         def configure_optimizers(self):
-            opt = torch.optim.SGD(self.net.parameters(), lr=torch.tensor(0.05), momentum=0.9, fused=True)
+            opt = torch.optim.SGD(
+                self.net.parameters(), lr=torch.tensor(0.05), momentum=0.9, fused=True
+            )
             return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 1, 0.7)}
 
         def on_train_epoch_end(self):
@@ -1499,3 +1567,450 @@ def ls_unfreeze_in_hook(ctx):
                 self.net[0].requires_grad_(True)
 
     return _lightning_fit(ctx, LM, n=10)
+
+
+# ============================================================ batch 2: host state the code reads
+
+TEMPERATURE = 1.0
+
+
+class CfgObj:
+    temperature = 1.0
+
+
+CFG_OBJ = CfgObj()
+CFG_DICT = {"temperature": 1.0}
+
+
+class GlobalTempNet(nn.Module):
+    """Distillation-style logits / T, T read from module-level config objects."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.body = mlp()
+        self.cfg = {"temperature": 1.0}
+        self.cfg_obj = CfgObj()
+        self.cfg_cls = CfgObj  # config-as-class, held by the module
+
+    def forward(self, x):
+        t = {
+            "global": lambda: TEMPERATURE,
+            "global_obj": lambda: CFG_OBJ.temperature,
+            "global_dict": lambda: CFG_DICT["temperature"],
+            "self_dict": lambda: self.cfg["temperature"],
+            "self_obj": lambda: self.cfg_obj.temperature,
+            "class_attr": lambda: type(self.cfg_obj).temperature,
+            "class_via_instance": lambda: CFG_OBJ.temperature,
+            "self_class_cfg": lambda: self.cfg_cls.temperature,
+        }[self.how]()
+        return self.body(x) / t
+
+
+def _temp_loop(ctx, how, entry):
+    global TEMPERATURE
+    TEMPERATURE, CfgObj.temperature, CFG_DICT["temperature"] = 1.0, 1.0, 1.0
+    vars(CFG_OBJ).pop("temperature", None)  # the eager run's instance attribute
+    m, data = GlobalTempNet(how), vecs(10)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, fused=True)
+
+    def set_t(v):
+        global TEMPERATURE
+        if how == "global":
+            TEMPERATURE = v
+        elif how == "global_obj":
+            CFG_OBJ.temperature = v
+        elif how == "global_dict":
+            CFG_DICT["temperature"] = v
+        elif how == "self_dict":
+            m.cfg["temperature"] = v
+        elif how == "self_obj":
+            m.cfg_obj.temperature = v
+        elif how in ("class_attr", "class_via_instance", "self_class_cfg"):
+            CfgObj.temperature = v
+
+    losses = []
+    if entry == "capture":
+        with ctx.capture(m):
+            for i, (x, y) in enumerate(data):
+                if i == 5:
+                    set_t(4.0)
+                loss = ce(m, x, y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.detach())
+    else:
+        step = ctx.step(m, ce, opt)
+        for i, (x, y) in enumerate(data):
+            if i == 5:
+                set_t(4.0)
+            losses.append(step(x, y))
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+for _how in ("global", "global_obj", "global_dict", "self_dict", "self_obj", "class_attr",
+             "class_via_instance", "self_class_cfg"):  # fmt: skip
+    for _entry in ("capture", "step"):
+
+        def _fn(ctx, _h=_how, _e=_entry):
+            return _temp_loop(ctx, _h, _e)
+
+        _fn.__name__ = (
+            f"{'cap' if _entry == 'capture' else 'step'}_forward_reads_{_how}_temperature"
+        )
+        scenario(_entry)(_fn)
+
+
+@scenario("step")
+def step_param_not_in_optimizer(ctx):
+    """The user forgot to give the head to the optimizer: its .grad accumulates forever in eager."""
+    m = nn.ModuleDict({"body": mlp(8, 16, 8), "head": nn.Linear(8, 4)})
+    opt = torch.optim.SGD(m["body"].parameters(), lr=0.05, momentum=0.9, fused=True)
+    step = ctx.step(
+        m, lambda mm, x, y: F.cross_entropy(mm["head"](mm["body"](x)), y), opt, max_norm=1.0
+    )
+    losses = [step(x, y) for x, y in vecs(10)]
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_param_not_in_optimizer(ctx):
+    m = nn.ModuleDict({"body": mlp(8, 16, 8), "head": nn.Linear(8, 4)})
+    opt = torch.optim.SGD(m["body"].parameters(), lr=0.05, momentum=0.9)
+    with ctx.capture(m):
+        for x, y in vecs(10):
+            loss = F.cross_entropy(m["head"](m["body"](x)), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return {"m": m, "opt": opt}
+
+
+@scenario("capture")
+def cap_fgsm_adversarial_training(ctx):
+    m, data = TinyResNet(), images(8)
+    opt = sgd(m)
+    with ctx.capture(m):
+        for x, y in data:
+            x = x.clone().requires_grad_(True)
+            loss = ce(m, x, y)
+            (gx,) = torch.autograd.grad(loss, x)
+            x_adv = (x + 0.03 * gx.sign()).detach()
+            opt.zero_grad()
+            loss2 = 0.5 * ce(m, x.detach(), y) + 0.5 * ce(m, x_adv, y)
+            loss2.backward()
+            opt.step()
+    return {"m": m, "opt": opt}
+
+
+@scenario("step")
+def step_fgsm_inside_loss(ctx):
+    m, data = mlp(), vecs(8)
+    opt = sgd(m, fused=True)
+
+    def loss_fn(mm, x, y):
+        x = x.clone().requires_grad_(True)
+        (gx,) = torch.autograd.grad(F.cross_entropy(mm(x), y), x)
+        x_adv = (x + 0.05 * gx.sign()).detach()
+        return F.cross_entropy(mm(x_adv), y)
+
+    step = ctx.step(m, loss_fn, opt)
+    losses = [step(x, y) for x, y in data]
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_backward_inputs_subset(ctx):
+    """loss.backward(inputs=...) to update only the head (a linear probe over a frozen-ish body)."""
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(10)):
+            loss = ce(m, x, y)
+            loss.backward(inputs=list(m[2].parameters()) if i % 2 else None)
+            opt.step()
+            opt.zero_grad()
+    return {"m": m, "opt": opt}
+
+
+@scenario("capture")
+def cap_rl_action_mask_inplace_on_logits(ctx):
+    m = mlp(6, 16, 4)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(21)
+    with ctx.capture(m):
+        for _ in range(10):
+            s = torch.randn(8, 6, generator=g)
+            mask = torch.rand(8, 4, generator=g) > 0.3
+            mask[:, 0] = True
+            logits = m(s)
+            logits[~mask] = -1e9  # in place on the module's output
+            a = torch.randint(0, 4, (8,), generator=g) * mask[:, 0]
+            loss = F.cross_entropy(logits, a)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return {"m": m, "opt": opt}
+
+
+@scenario("capture")
+def cap_spectral_norm_discriminator(ctx):
+    D = nn.Sequential(nn.utils.parametrizations.spectral_norm(nn.Linear(8, 16)), nn.LeakyReLU(0.2),
+                      nn.utils.parametrizations.spectral_norm(nn.Linear(16, 1)))  # fmt: skip
+    opt = torch.optim.Adam(D.parameters(), lr=2e-4, betas=(0.0, 0.9))
+    g = torch.Generator().manual_seed(22)
+    with ctx.capture(D):
+        for _ in range(8):
+            real, fake = torch.randn(8, 8, generator=g), torch.randn(8, 8, generator=g)
+            loss = F.relu(1 - D(real)).mean() + F.relu(1 + D(fake)).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return {"D": D, "opt": opt}
+
+
+@scenario("step")
+def step_weight_norm_parametrization(ctx):
+    m = nn.Sequential(
+        nn.utils.parametrizations.weight_norm(nn.Linear(8, 16)), nn.ReLU(), nn.Linear(16, 4)
+    )
+    opt = sgd(m, fused=True)
+    step = ctx.step(m, ce, opt)
+    losses = [step(x, y) for x, y in vecs(10)]
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_bn_cumulative_momentum_none(ctx):
+    m = nn.Sequential(
+        nn.Linear(8, 16), nn.BatchNorm1d(16, momentum=None), nn.ReLU(), nn.Linear(16, 4)
+    )
+    opt = sgd(m)
+    with ctx.capture(m):
+        for x, y in vecs(10):
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return {"m": m, "opt": opt}
+
+
+@scenario("capture")
+def cap_reseed_each_epoch_dropout(ctx):
+    m = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 4))
+    opt = sgd(m)
+    data = vecs(4)
+    with ctx.capture(m):
+        for epoch in range(3):
+            torch.manual_seed(1234 + epoch)  # reproducible epochs
+            for x, y in data:
+                loss = ce(m, x, y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+    return {"m": m, "opt": opt, "rng": torch.get_rng_state()}
+
+
+@scenario("step")
+def step_reseed_and_fork_rng_dropout(ctx):
+    m = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 4))
+    opt = sgd(m, fused=True)
+    step = ctx.step(m, ce, opt)
+    losses = []
+    for epoch in range(3):
+        torch.manual_seed(1234 + epoch)
+        for x, y in vecs(4):
+            with torch.random.fork_rng():
+                torch.manual_seed(7)
+                noise = torch.randn(x.shape)
+            losses.append(step(x + 0.01 * noise, y))
+    return {"m": m, "opt": opt, "losses": losses, "rng": torch.get_rng_state()}
+
+
+class ObsNorm(nn.Module):
+    """RL observation normaliser updated in forward (running mean/var as buffers)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(d))
+        self.register_buffer("var", torch.ones(d))
+        self.register_buffer("count", torch.tensor(1e-4))
+
+    def forward(self, x):
+        if self.training:
+            with torch.no_grad():
+                bm, bv, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+                tot = self.count + n
+                delta = bm - self.mean
+                self.mean += delta * n / tot
+                self.var.copy_(
+                    (self.var * self.count + bv * n + delta**2 * self.count * n / tot) / tot
+                )
+                self.count.copy_(tot)
+        return ((x - self.mean) / (self.var + 1e-8).sqrt()).clamp(-5, 5)
+
+
+@scenario("capture")
+def cap_obs_normaliser_buffers(ctx):
+    m = nn.Sequential(ObsNorm(6), mlp(6, 16, 3))
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(23)
+    with ctx.capture(m):
+        for _ in range(10):
+            s = torch.randn(8, 6, generator=g) * 3 + 1
+            loss = m(s).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return {"m": m, "opt": opt}
+
+
+@scenario("step")
+def step_obs_normaliser_buffers(ctx):
+    m = nn.Sequential(ObsNorm(6), mlp(6, 16, 3))
+    opt = adamw(m.parameters())
+    g = torch.Generator().manual_seed(23)
+    step = ctx.step(m, lambda mm, s: mm(s).pow(2).mean(), opt)
+    losses = [step(torch.randn(8, 6, generator=g) * 3 + 1) for _ in range(10)]
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_zero_grad_keep_and_accumulate(ctx):
+    """Old-style zero_grad(set_to_none=False), a grad-norm logger holding p.grad between steps."""
+    m = TinyResNet()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    held = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(images(12)):
+            loss = ce(m, x, y) / 3
+            loss.backward()
+            if i % 3 == 2:
+                held.append(m.fc.weight.grad)  # kept by reference for a norm plot
+                opt.step()
+                opt.zero_grad(set_to_none=False)
+    return {"m": m, "opt": opt, "held": [h.clone() for h in held]}
+
+
+@scenario("capture")
+def cap_wgan_weight_clipping_data(ctx):
+    D = mlp(8, 16, 1)
+    opt = torch.optim.RMSprop(D.parameters(), lr=5e-5)
+    g = torch.Generator().manual_seed(24)
+    with ctx.capture(D):
+        for _ in range(10):
+            real, fake = torch.randn(8, 8, generator=g), torch.randn(8, 8, generator=g)
+            loss = D(fake).mean() - D(real).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            for p in D.parameters():
+                p.data.clamp_(-0.01, 0.01)
+    return {"D": D, "opt": opt}
+
+
+@scenario("capture")
+def cap_model_to_double_midrun(ctx):
+    m = mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(10)):
+            if i == 5:
+                m.double()
+            loss = ce(m, x.to(next(m.parameters()).dtype), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return {"m": m, "opt": opt}
+
+
+@scenario("step")
+def step_closure_hparam_object_bound_method(ctx):
+    class Learner:
+        def __init__(self):
+            self.ent_coef = 0.05
+            self.aux = {"w": 0.5}
+
+        def loss(self, m, x, y):
+            out = m(x)
+            p = out.softmax(-1)
+            ent = -(p * p.clamp_min(1e-8).log()).sum(-1).mean()
+            return F.cross_entropy(out, y) - self.ent_coef * ent + self.aux["w"] * out.pow(2).mean()
+
+    m = mlp()
+    opt = sgd(m, fused=True)
+    L_ = Learner()
+    step = ctx.step(m, L_.loss, opt)
+    losses = []
+    for i, (x, y) in enumerate(vecs(10)):
+        if i == 4:
+            L_.ent_coef = 0.01
+        if i == 7:
+            L_.aux["w"] = 0.0
+        losses.append(step(x, y))
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("step")
+def step_loss_helper_in_other_module_global(ctx):
+    import types
+
+    helpers = types.ModuleType("user_losses")
+    exec(
+        "import torch.nn.functional as F\nGAMMA = 2.0\n"
+        "def focal(logits, y):\n"
+        "    logp = F.log_softmax(logits, -1).gather(1, y[:, None]).squeeze(1)\n"
+        "    return (-(1 - logp.exp()) ** GAMMA * logp).mean()\n",
+        helpers.__dict__,
+    )
+    m = mlp()
+    opt = sgd(m, fused=True)
+    step = ctx.step(m, lambda mm, x, y: helpers.focal(mm(x), y), opt)
+    losses = []
+    for i, (x, y) in enumerate(vecs(10)):
+        if i == 5:
+            helpers.GAMMA = 0.0
+        losses.append(step(x, y))
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_forward_step_counter_attr_from_loop(ctx):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = mlp()
+            self.warm = 4
+            self.it = 0  # the loop sets it; forward reads it (a curriculum)
+
+        def forward(self, x):
+            out = self.body(x)
+            return out * 0.5 if self.it < self.warm else out
+
+    m = Net()
+    opt = sgd(m)
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(10)):
+            m.it = i
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return {"m": m, "opt": opt}
+
+
+@scenario("capture")
+def cap_sliced_dataset_batches(ctx):
+    """batch = X[i:i+bs] from a preloaded dataset tensor (the storage offset moves every step)."""
+    m = mlp()
+    opt = sgd(m)
+    g = torch.Generator().manual_seed(25)
+    X, Y = torch.randn(96, 8, generator=g), torch.randint(0, 4, (96,), generator=g)
+    with ctx.capture(m):
+        for i in range(0, 96, 8):
+            loss = ce(m, X[i : i + 8], Y[i : i + 8])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return {"m": m, "opt": opt}
