@@ -27,7 +27,7 @@ from .guards.recurrent import flat_weights_follow
 from .guards.signature import CallArgs, UnhashableArgument, signature, split_call
 from .memory.copy_out import StaticAliases
 from .memory.hold import Hold
-from .memory.layout import same_layout
+from .memory.layout import aligned_copy, aligned_key
 from .memory.pool import MemoryPool, storage_bytes
 from .memory.reentry import FirstUse
 from .memory.write_back import WriteBack
@@ -203,9 +203,13 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
         if why is None:
             try:  # the key: the module's state, the signature, what the forward reads beside it
                 callargs = split_call(args, kwargs)
+                # by alignment, not storage offset (as the whole step): batches sliced from one
+                # preloaded tensor (``X[i:i+b]``, truncated BPTT's ``source[i:i+bptt]``) share a
+                # recording instead of recording one per offset and then running eagerly (budget)
+                layout = aligned_key if self.on.input_layout else None
                 key = (
                     state,
-                    *signature(callargs, self._device_kind, self.on.argument_values),
+                    *signature(callargs, self._device_kind, self.on.argument_values, layout),
                 )
                 if self._forward_inputs is not None:
                     key = (*key, self._forward_inputs.key())
@@ -366,9 +370,10 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
         return plan
 
     def _static_inputs(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Private copies of the inputs, in the caller's exact layout and with the caller's
-        aliasing. A kernel's reduction order can depend on strides and offset, so an expanded or
-        sliced input copied into a contiguous buffer could sum differently from eager."""
+        """Private copies of the inputs, in the caller's layout (sizes, strides, address alignment)
+        and with the caller's aliasing. A kernel's reduction order can depend on strides and
+        alignment, so an expanded or sliced input copied into a contiguous buffer could sum
+        differently from eager."""
         exact = self.on.input_layout
         same = self.on.input_aliasing
         made: dict[int, torch.Tensor] = {}
@@ -377,7 +382,7 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
             if same and id(t) in made:
                 out.append(made[id(t)])
                 continue
-            static = same_layout(t) if exact else t.detach().clone()
+            static = aligned_copy(t) if exact else t.detach().clone()
             static.requires_grad_(t.requires_grad)
             made[id(t)] = static
             out.append(static)

@@ -1,10 +1,9 @@
 """Static buffers' memory layout: how a private copy of an input keeps what a kernel can see.
 
-A kernel's reduction order can depend on an input's strides, storage offset and alignment, so
-a static copy keeps the caller's sizes and strides and, for network replay, the offset
-(:func:`same_layout`, part of its signature); the whole step keeps the alignment instead
-(:func:`aligned_copy`, :func:`aligned_key`), so batches sliced from one preloaded tensor share a
-recording. A broadcast (stride-0) dimension holds one element: sizes here are *compact*
+A kernel's reduction order can depend on an input's strides and address alignment, so a static
+copy keeps the caller's sizes, strides and alignment (:func:`aligned_copy`, :func:`aligned_key`,
+part of the signature), not its storage offset, so batches sliced from one preloaded tensor share
+a recording; :func:`same_layout` (the offset too) makes eager stand-ins. A broadcast (stride-0) dimension holds one element: sizes here are *compact*
 (:func:`compact_size`).
 """
 

@@ -1466,8 +1466,9 @@ def _lightning_fit(ctx, module_cls, n=10, **trainer_kw):
         list(zip(*[torch.cat(t) for t in zip(*data, strict=False)], strict=False)), batch_size=8
     )
     mod = module_cls(ctx)
-    tr = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False, **trainer_kw)  # fmt: skip
+    kw = {"accelerator": "cpu", "max_epochs": 1, "logger": False, "enable_checkpointing": False,
+          "enable_progress_bar": False, "enable_model_summary": False, **trainer_kw}  # fmt: skip
+    tr = L.Trainer(**kw)
     tr.fit(mod, loader, **({"val_dataloaders": loader} if hasattr(mod, "validation_step") else {}))
     if ctx.replay:
         ctx.entries.append(mod.step)
@@ -1558,6 +1559,9 @@ def ls_unfreeze_in_hook(ctx):
     base = _lmodule()
 
     class LM(base):
+        def configure_optimizers(self):  # fused SGD refuses a frozen parameter's None grad
+            return torch.optim.SGD(self.net.parameters(), lr=0.05, momentum=0.9)
+
         def on_train_start(self):
             self.net[0].requires_grad_(False)
             super().on_train_start()
@@ -2010,6 +2014,191 @@ def cap_sliced_dataset_batches(ctx):
     with ctx.capture(m):
         for i in range(0, 96, 8):
             loss = ce(m, X[i : i + 8], Y[i : i + 8])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return {"m": m, "opt": opt}
+
+
+# ==================================================== batch 3: AMP overflow, EMA warmup, checkpointing
+
+
+@scenario("capture")
+def cap_fp16_scaler_overflow_skips(ctx):
+    m = mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40, growth_interval=2)
+    losses = []
+    with ctx.capture(m):
+        for x, y in vecs(10):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = ce(m, x * 100, y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            losses.append(scaler.get_scale())
+    return {"m": m, "opt": opt, "scaler": scaler, "scales": losses}
+
+
+@scenario("step")
+def step_fp16_scaler_overflow_skips(ctx):
+    m = mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40, growth_interval=2)
+    step = ctx.step(m, lambda mm, x, y: ce(mm, x * 100, y), opt, scaler=scaler, precision="16-mixed", max_norm=1.0)
+    losses = [step(x, y) for x, y in vecs(10)]
+    return {"m": m, "opt": opt, "scaler": scaler, "losses": losses}
+
+
+@scenario("step")
+def step_ema_decay_warmup_schedule(ctx):
+    m, data = TinyResNet(), images(10)
+    opt = sgd(m, fused=True)
+    ema = ctx.ema(m, 0.0)
+    step = ctx.step(m, ce, opt, ema=ema)
+    losses = []
+    for i, (x, y) in enumerate(data):
+        ema.set_decay(min(0.999, (1 + i) / (10 + i)))  # timm-style EMA warmup
+        losses.append(step(x, y))
+    return {"m": m, "opt": opt, "ema": ema, "losses": losses}
+
+
+@scenario("step")
+def step_max_norm_changed_midrun(ctx):
+    m, data = mlp(), vecs(10)
+    opt = sgd(m, fused=True)
+    step = ctx.step(m, ce, opt, max_norm=1.0)
+    losses = []
+    for i, (x, y) in enumerate(data):
+        if i == 5:
+            step.max_norm = 0.1
+        losses.append(step(x, y))
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class CkptNet(nn.Module):
+    def __init__(self, reentrant):
+        super().__init__()
+        self.reentrant = reentrant
+        self.a = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Dropout(0.2), nn.Linear(32, 32))
+        self.b = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Dropout(0.2))
+        self.out = nn.Linear(32, 4)
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        h = checkpoint(self.a, x, use_reentrant=self.reentrant)
+        h = h + checkpoint(self.b, h, use_reentrant=self.reentrant)
+        return self.out(h)
+
+
+@scenario("capture")
+def cap_activation_checkpoint_dropout(ctx):
+    m = CkptNet(False)
+    opt = sgd(m)
+    with ctx.capture(m):
+        for x, y in vecs(8):
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return {"m": m, "opt": opt, "rng": torch.get_rng_state()}
+
+
+@scenario("step")
+def step_activation_checkpoint_dropout(ctx):
+    m = CkptNet(False)
+    opt = sgd(m, fused=True)
+    step = ctx.step(m, ce, opt)
+    losses = [step(x, y) for x, y in vecs(8)]
+    return {"m": m, "opt": opt, "losses": losses, "rng": torch.get_rng_state()}
+
+
+class LazyRope(nn.Module):
+    """An LLM-style rotary cache built lazily at the first forward (and grown for a longer one)."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.d = d
+        self.cached = 0
+        self.register_buffer("cos", torch.empty(0), persistent=False)
+        self.q = nn.Linear(d, d)
+        self.out = nn.Linear(d, 4)
+
+    def forward(self, x):
+        T = x.shape[1]
+        if T > self.cached:
+            inv = 1.0 / (10000 ** (torch.arange(0, self.d, 2).float() / self.d))
+            ang = torch.outer(torch.arange(T).float(), inv)
+            self.cos = torch.cat([ang.cos(), ang.cos()], -1)
+            self.cached = T
+        h = self.q(x) * self.cos[:T]
+        return self.out(h.mean(1))
+
+
+@scenario("capture")
+def cap_lazy_rotary_cache(ctx):
+    m = LazyRope()
+    opt = sgd(m)
+    g = torch.Generator().manual_seed(31)
+    with ctx.capture(m):
+        for i in range(10):
+            T = 6 if i < 6 else 8
+            x, y = torch.randn(4, T, 16, generator=g), torch.randint(0, 4, (4,), generator=g)
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return {"m": m, "opt": opt}
+
+
+@scenario("step")
+def step_lazy_rotary_cache(ctx):
+    m = LazyRope()
+    opt = sgd(m, fused=True)
+    g = torch.Generator().manual_seed(31)
+    step = ctx.step(m, ce, opt)
+    losses = []
+    for i in range(10):
+        T = 6 if i < 6 else 8
+        losses.append(step(torch.randn(4, T, 16, generator=g), torch.randint(0, 4, (4,), generator=g)))
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_inference_mode_validation(ctx):
+    m = TinyResNet()
+    opt = sgd(m)
+    vals = []
+    data = images(8)
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(data):
+            m.train()
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if i % 2:
+                m.eval()
+                with torch.inference_mode():
+                    vals.append(m(data[0][0]).clone())
+    return {"m": m, "opt": opt, "vals": vals}
+
+
+@scenario("capture")
+def cap_input_augmented_inplace_before_backward(ctx):
+    """The batch is reused: noise added in place after the forward, for a second (consistency) pass."""
+    m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    opt = sgd(m)
+    with ctx.capture(m):
+        for x, y in vecs(8):
+            x = x.clone()
+            a = m(x)
+            with torch.no_grad():
+                x.add_(0.1 * torch.randn_like(x))  # eager: Linear saved x, so backward raises
+            b = m(x)
+            loss = F.cross_entropy(a, y) + F.mse_loss(b, a.detach())
             loss.backward()
             opt.step()
             opt.zero_grad()
