@@ -15,7 +15,7 @@ from torch import nn
 
 from . import user_settings
 from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, set_at, setter, step_loop
-from .writing import HazardClass, Train, built, looped, stepped
+from .writing import HazardClass, Train, built, each_step, looped, stepped
 
 HAZARD = "host_values"
 HC = HazardClass(HAZARD)
@@ -529,6 +529,55 @@ PATTERNS += HC.twins(
     *_class_rebound(Helped, "act", lambda self, x: torch.tanh(x)),
     guard="forward_inputs",
 )
+
+
+class HeldConfig:
+    """A config whose defaults live on the class: an instance without a value of its own reads them."""
+
+    temperature = 1.0
+
+
+class ConfigTempered(nn.Module):
+    """Holds a config object (``as_class=False``) or the config class itself (config-as-class)."""
+
+    def __init__(self, as_class: bool) -> None:
+        super().__init__()
+        self.net = MLP()
+        self.cfg = HeldConfig if as_class else HeldConfig()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) / self.cfg.temperature
+
+
+def _held_config_trains() -> tuple[Train, Train]:
+    """``HeldConfig.temperature`` set by the loop at step 2 (the instance keeps no value of its own)."""
+
+    def anneal(m: nn.Module, step: int) -> None:
+        HeldConfig.temperature = 2.0 if step >= 2 else 1.0
+
+    def put_back(train: Train) -> Train:
+        def run(m: nn.Module, a: Arm) -> Extras:
+            try:
+                return train(m, a)
+            finally:
+                HeldConfig.temperature = 1.0
+
+        return run
+
+    return put_back(looped(steps=4, before=anneal)), put_back(stepped(before=each_step(anneal)))
+
+
+for _as_class, _name, _what in (
+    (False, "held_config_class_default", "a held config object's class default (Config.temperature) set by the loop"),
+    (True, "held_config_class", "config-as-class held by the module (self.cfg = Config), its attribute set by the loop"),
+):  # fmt: skip
+    PATTERNS += HC.twins(
+        _name,
+        _what,
+        built(ConfigTempered, _as_class),
+        *_held_config_trains(),
+        guard="forward_inputs",
+    )
 
 KNOWN_LIMITS: list[Pattern] = []
 """Still silent differences (README, Known limits): kept out of ``PATTERNS``."""
