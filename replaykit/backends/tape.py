@@ -30,7 +30,7 @@ from torch.utils._pytree import tree_leaves
 from ..errors import ReplayError
 from ..guards.switches import Frozen
 from ..guards.switches import key as switches_key
-from ..verify.dispatch import WatchingMode
+from ..verify.dispatch import WatchingMode, caller
 
 _aten = torch.ops.aten
 _MASKED_INDEX = {
@@ -137,10 +137,13 @@ def untapeable(
             "outside the step (DDP's own gradient all-reduce runs between the step's graphs)"
         )
     if func is _aten._local_scalar_dense.default:
-        return f"{name} reads a tensor's value on the host (.item(), float(t), a tensor in an if); a graph would freeze the value read at capture"
+        return (
+            f"{name} reads a tensor's value on the host (.item(), float(t), a tensor in an if)"
+            f"{caller()}; a graph would freeze the value read at capture"
+        )
     tags = func.tags
     if any(t in tags for t in _DATA_DEPENDENT):
-        return f"{name} has a data-dependent output (the host must read device data)"
+        return f"{name} has a data-dependent output (the host must read device data){caller()}"
     if torch.Tag.nondeterministic_seeded in tags:
         for v in (*args, *kwargs.values()):
             if isinstance(v, torch.Generator) and not _is_default(v, generators):

@@ -8,15 +8,52 @@ run under a mode without ``ignore_compile_internals`` skipped for good.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["WatchingMode", "increment_versions", "written", "written_positions"]
+__all__ = ["WatchingMode", "caller", "increment_versions", "written", "written_positions"]
 
 _POSITIONS: dict[Any, tuple[int, ...]] = {}
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the replaykit package
+_PLUMBING = (  # what lies between the code that made a call and the mode that sees it
+    "torch/utils/_python_dispatch.py",
+    "torch/_ops.py",
+    "torch/overrides.py",
+    "torch/_tensor.py",
+    "torch/_compile.py",
+    "torch/_dynamo/",  # torch._disable_dynamo's wrapper
+)
+_VALIDATION = (
+    " (torch.distributions' argument validation, on by default: pass validate_args=False or call "
+    "torch.distributions.Distribution.set_default_validate_args(False))"
+)
+
+
+def caller() -> str:
+    """Where the Python that reached the op being dispatched is: the innermost frame outside
+    replaykit and torch's dispatch plumbing (`` at torch/distributions/distribution.py:315 in
+    _validate_sample``), with the fix when it is torch.distributions' argument validation. A host
+    read named only by its aten op leaves a user who wrote no ``.item()`` guessing."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename.replace(os.sep, "/")
+        if not path.startswith(_HERE.replace(os.sep, "/")) and not any(
+            p in path for p in _PLUMBING
+        ):
+            break
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    short = path[path.rfind("/torch/") + 1 :] if "/torch/" in path else os.path.basename(path)
+    where = f" at {short}:{frame.f_lineno} in {frame.f_code.co_name}"
+    return where + _VALIDATION if "torch/distributions/" in path else where
+
+
 _FOREACH_WRITES: dict[Any, bool] = {}  # per op: a foreach op that writes an argument
 
 

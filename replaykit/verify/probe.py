@@ -25,7 +25,7 @@ from ..backends.tape import shares_state
 from ..guards.module import gradient_hooks
 from ..guards.signature import autocast_key
 from ..memory.outputs import OutputTree, objects, split_outputs
-from .dispatch import WatchingMode, written_positions
+from .dispatch import WatchingMode, caller, written_positions
 from .dispatch import written as written_by
 from .side_effects import SideEffects
 from .snapshot import held_generators
@@ -99,7 +99,7 @@ class _Inspector(WatchingMode):
         if _boolean_mask(func, args) or (
             func not in _INDEX and any(tag in func.tags for tag in _DATA_DEPENDENT)
         ):
-            self.data_dependent.append(str(func))
+            self.data_dependent.append(f"{func}{caller()}")
         if (
             func is _TO_COPY
             and args
