@@ -2214,3 +2214,130 @@ def cap_input_augmented_inplace_before_backward(ctx):
             opt.step()
             opt.zero_grad()
     return {"m": m, "opt": opt}
+
+
+# ============================= batch 4: TrainStep with an optimizer step that runs eagerly (default Adam)
+
+
+def _eager_opt_loop(
+    ctx, opt_fn, *, steps=10, accumulate=1, scaler=False, ema=False, before=None, **kw
+):
+    m = TinyResNet()
+    opt = opt_fn(m)
+    sc = torch.amp.GradScaler("cpu", init_scale=2.0**8) if scaler else None
+    e = ctx.ema(m, 0.9) if ema else None
+    prec = "16-mixed" if scaler else kw.pop("precision", "32")
+    step = ctx.step(m, ce, opt, accumulate=accumulate, scaler=sc, ema=e, precision=prec, **kw)
+    losses = []
+    for i, (x, y) in enumerate(images(steps * accumulate)):
+        if before is not None:
+            before(i, m, opt)
+        losses.append(step(x, y))
+    return {"m": m, "opt": opt, "losses": losses, "scaler": sc, "ema": e}
+
+
+@scenario("step")
+def step_default_adam_accum_clip(ctx):
+    return _eager_opt_loop(
+        ctx, lambda m: torch.optim.Adam(m.parameters(), lr=1e-3), accumulate=2, max_norm=1.0
+    )
+
+
+@scenario("step")
+def step_default_adamw_nonfused_scaler_ema(ctx):
+    return _eager_opt_loop(
+        ctx,
+        lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3),
+        scaler=True,
+        ema=True,
+        max_norm=1.0,
+    )
+
+
+@scenario("step")
+def step_rmsprop_cosine_float_lr(ctx):
+    state = {}
+
+    def opt_fn(m):
+        o = torch.optim.RMSprop(m.parameters(), lr=1e-3, momentum=0.9)
+        state["s"] = torch.optim.lr_scheduler.CosineAnnealingLR(o, 10)
+        return o
+
+    def before(i, m, opt):
+        if i:
+            state["s"].step()
+
+    return _eager_opt_loop(ctx, opt_fn, before=before)
+
+
+@scenario("step")
+def step_default_adam_state_reset_and_group_added(ctx):
+    extra = nn.Parameter(torch.zeros(5))
+
+    def before(i, m, opt):
+        if i == 4:
+            opt.state.clear()
+        if i == 6:
+            m.fc.bias.requires_grad_(True)
+            opt.param_groups[0]["lr"] = 5e-4
+
+    return _eager_opt_loop(
+        ctx, lambda m: torch.optim.Adam(m.parameters(), lr=1e-3, weight_decay=1e-4), before=before
+    ) | {"extra": extra}
+
+
+@scenario("step")
+def step_default_adam_freeze_midrun(ctx):
+    def before(i, m, opt):
+        if i == 3:
+            m.stem.requires_grad_(False)
+        if i == 7:
+            m.stem.requires_grad_(True)
+
+    return _eager_opt_loop(ctx, lambda m: torch.optim.Adam(m.parameters(), lr=1e-3), before=before)
+
+
+@scenario("step")
+def step_default_adam_checkpoint_reload(ctx):
+    def before(i, m, opt):
+        if i == 5:
+            buf = io.BytesIO()
+            torch.save({"m": m.state_dict(), "o": opt.state_dict()}, buf)
+            buf.seek(0)
+            ck = torch.load(buf)
+            m.load_state_dict(ck["m"])
+            opt.load_state_dict(ck["o"])
+
+    return _eager_opt_loop(
+        ctx, lambda m: torch.optim.Adam(m.parameters(), lr=1e-3), before=before, max_norm=0.5
+    )
+
+
+@scenario("step")
+def step_adagrad_bf16_accum4(ctx):
+    return _eager_opt_loop(
+        ctx,
+        lambda m: torch.optim.Adagrad(m.parameters(), lr=1e-2),
+        accumulate=4,
+        steps=4,
+        precision="bf16-mixed",
+    )
+
+
+@scenario("step")
+def step_default_adam_keeps_grads_between(ctx):
+    """A grad-norm logger reads p.grad between accumulation micro-batches."""
+    norms = []
+
+    def before(i, m, opt):
+        g = m.fc.weight.grad
+        norms.append(None if g is None else g.norm())
+
+    out = _eager_opt_loop(
+        ctx,
+        lambda m: torch.optim.Adam(m.parameters(), lr=1e-3),
+        accumulate=3,
+        steps=4,
+        before=before,
+    )
+    return out | {"norms": norms}
