@@ -2341,3 +2341,67 @@ def step_default_adam_keeps_grads_between(ctx):
         before=before,
     )
     return out | {"norms": norms}
+
+
+# ======================================= batch 5: parameters read outside the captured forward too
+
+
+@scenario("capture")
+def cap_tied_lm_plus_l2_outside(ctx):
+    """Weight-tied LM (embedding read twice inside) plus an L2 term on the same weight outside."""
+    m = LSTMLM(tie=True)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(41)
+    losses = []
+    with ctx.capture(m):
+        for _ in range(8):
+            x, y = (
+                torch.randint(0, 20, (4, 6), generator=g),
+                torch.randint(0, 20, (4, 6), generator=g),
+            )
+            out, _ = m(x)
+            loss = F.cross_entropy(out.reshape(-1, 20), y.reshape(-1))
+            loss = loss + 1e-3 * sum(p.pow(2).sum() for p in m.parameters())
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_param_used_outside_twice(ctx):
+    """A projection head's weight used in forward, and twice outside (orthogonality + L1)."""
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    with ctx.capture(m):
+        for x, y in vecs(8):
+            W = m[2].weight
+            loss = (
+                ce(m, x, y) + 1e-2 * (W @ W.t() - torch.eye(4)).pow(2).sum() + 1e-3 * W.abs().sum()
+            )
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return {"m": m, "opt": opt}
+
+
+@scenario("capture")
+def cap_two_submodules_captured_separately_shared_param(ctx):
+    """Encoder captured alone; the decoder (not captured) shares the encoder's embedding."""
+    emb = nn.Embedding(20, 12)
+    enc = nn.Sequential(emb, nn.Flatten(), nn.Linear(12 * 5, 16))
+    dec = nn.Linear(16, 12)
+    params = list(enc.parameters()) + list(dec.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
+    g = torch.Generator().manual_seed(42)
+    with ctx.capture(enc):
+        for _ in range(8):
+            x = torch.randint(0, 20, (4, 5), generator=g)
+            h = enc(x)
+            logits = dec(h) @ emb.weight.t()  # the decoder reads the encoder's embedding too
+            loss = F.cross_entropy(logits, x[:, 0])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return {"enc": enc, "dec": dec, "opt": opt}
