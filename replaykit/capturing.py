@@ -81,6 +81,15 @@ def _refuse(
         raise ReplayError(
             f"{type(module).__name__} is already captured; call release() on its recorder first"
         )
+    if getattr(module.forward, "__func__", None) is nn.Module.forward:
+        # a container (ModuleDict, ModuleList, an actor-critic holding ``pi`` and ``v``): the loop
+        # calls its children, so nothing would ever be recorded, and nothing said
+        children = ", ".join(name for name, _ in list(module.named_children())[:3]) or "none"
+        raise ReplayError(
+            f"{type(module).__name__} has no forward of its own, so a loop never calls it: capture "
+            f"the modules it calls (its children: {children}), or use rk.TrainStep, whose loss_fn "
+            "may call any of them"
+        )
     _refuse_nesting(module)
     refuse_cudagraphs(module, "capture")
     lazy = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if is_lazy(t)]

@@ -96,3 +96,17 @@ def test_unsafe_disable_warns_and_is_journaled() -> None:
         rec = rk.capture(DetectionNet(), unsafe_disable=("hold",))
     assert [(e.kind, e.reason) for e in rec.journal] == [("unsafe", "hold")]
     rec.release()
+
+
+def test_capturing_a_container_without_a_forward_is_refused_with_the_fix() -> None:
+    """A ModuleDict (or an actor-critic holding ``pi`` and ``v``) has no forward: the loop calls its
+    children, so a capture of it recorded nothing and said nothing (hostile review)."""
+    nn = torch.nn
+    for container in (
+        nn.ModuleDict({"body": nn.Linear(4, 4), "head": nn.Linear(4, 2)}),
+        nn.ModuleList([nn.Linear(4, 4)]),
+    ):
+        with pytest.raises(rk.ReplayError, match="no forward of its own"):
+            rk.capture(container, backend="emulated")
+    body = nn.ModuleDict({"body": nn.Linear(4, 4)})["body"]
+    rk.capture(body, backend="emulated").release()  # its children can be captured
