@@ -33,7 +33,7 @@ from .distributed.ranks import RankAgreement
 from .distributed.reduction import DDPReduction, arm_reducer
 from .distributed.watchdog import Watchdog
 from .ema import EMA
-from .errors import ReplayError, ReplayWarning
+from .errors import ReplayWarning, check_loss
 from .guards.code import ForwardInputs, LossInputs
 from .guards.distributed import ddp_refusal, is_ddp
 from .guards.fills import Fills
@@ -527,7 +527,7 @@ class TrainStep(RecordingSteps, Entry):
         quiet = c.model.no_sync() if not sync and not split and is_ddp(c.model) else _NULL
         with quiet:
             with ctx:
-                loss = _loss_tensor(c.loss_fn(model, *args, **kwargs))
+                loss = check_loss(c.loss_fn(model, *args, **kwargs))
             if (
                 self._walking
             ):  # the recording call: does the loss reach parameters we do not hand gradients to?
@@ -686,19 +686,6 @@ class TrainStep(RecordingSteps, Entry):
 
 _NULL = contextlib.nullcontext()
 _streams: dict[torch.device, Any] = {}
-
-
-def _loss_tensor(loss: Any) -> torch.Tensor:
-    """``loss_fn``'s result, which the step differentiates: a tuple or a dict (``loss, logits``,
-    a ModelOutput-like ``{"loss": ...}``) is said plainly, not as ``'tuple' object has no
-    attribute 'backward'`` from inside the step."""
-    if isinstance(loss, torch.Tensor):
-        return loss
-    raise ReplayError(
-        f"loss_fn must return the loss as a tensor; it returned a {type(loss).__name__}. Return the "
-        "loss alone (e.g. `return out.loss` or `return losses['loss']`); compute what else you log "
-        "outside the step"
-    )
 
 
 def _side_stream(device: torch.device) -> Any:
