@@ -121,9 +121,10 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
         # Python's and numpy's draws that only choose (LayerDrop): learnt at the probe, drawn and keyed per call
         self._choices = HostChoices(keyed=on.host_choices)
         self._not_recorded = "retired"  # why the last call that could not record ran eagerly
-        self._fills = (
-            Fills()
-        )  # writes into the model: a first write, a cache filled, or per-call Python
+        self._feed_host = (
+            False  # set once a capture failed on a host-to-device copy (host_feeds.py)
+        )
+        self._fills = Fills()  # writes into the model: a first write, a cache, per-call Python
         self._free_after_backward = False
         self._dropout_buffers: list[torch.Tensor] = []  # cuDNN's, seen by a recording call
         self._pending_plan: Plan | None = (

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .backends import Recording, Subject, capture_failure
+from .backends import Recording, Subject, capture_failure, refused_host_copy
 from .guards.code import cpu_versions, iterator_reason
 from .guards.compiled import (
     CompileWatch,
@@ -191,13 +191,24 @@ class RecorderRecording:
                 fn = self._choices.watched(fn, runs)
             with branches, watch, cached, state.output().held():
                 made.recording = self.backend.record(
-                    Subject(fn, made.static_inputs, made.params, self.warmup, (*made.generators,))
+                    Subject(
+                        fn,
+                        made.static_inputs,
+                        made.params,
+                        self.warmup,
+                        (*made.generators,),
+                        self._feed_host,
+                    )
                 )
             watch.check()
             self._recorded_draws(made, runs)
         except Exception as exc:
             if watch.recompiled():  # this call runs eagerly (compiling it); the next records
                 self._not_recorded = "compiling"
+                return False
+            if refused_host_copy(exc) and not self._feed_host:
+                self._feed_host = True  # host data moved to the GPU: the next call records, fed
+                self._not_recorded = "host_feeds"
                 return False
             self._retire(capture_failure(exc), self._calls, cause=exc)
             return False

@@ -209,11 +209,12 @@ class TrainStep(RecordingSteps, Entry):
         )
         self._forward_key: tuple = ()
         self._host_held: list[tuple[torch.Tensor, int]] = []  # see _hold_host_tensors
-        # host reads of input-derived values (a padding mask's .all()): learnt at recording, keyed per call
+        # input-derived host reads (a padding mask's .all()): learnt at recording, keyed per call
         self._input_reads = InputReads(keyed=self.on.input_reads)
         # Python's and numpy's draws that only choose (LayerDrop): learnt at recording, drawn and keyed per call
         self._choices = HostChoices(keyed=self.on.host_choices)
-        self._watch_reads = False  # set once a capture without the watch failed (see _record)
+        # the reads' watch, the host feeds: each set once a capture without it failed (_capture_failed)
+        self._watch_reads = self._feed_host = False
         # writes into the model: a first write, a cache filled, or per-call Python
         self._fills = Fills()
         self._learn_draws = False  # set at the first host draw seen: the next reference learns them

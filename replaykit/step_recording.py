@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from .backends import Region, Scratch, capture_failure, known_cause
+from .backends import Region, Scratch, capture_failure, known_cause, refused_host_copy
+from .backends.host_feeds import FeedSpecs
 from .guards.code import ForwardInputs, LossInputs, cpu_versions, iterator_reason
 from .guards.compiled import CompileWatch, compiled_regions, unwatched_compiled_code
 from .guards.host_choices import Watch
@@ -103,6 +104,7 @@ class Attempt:
     foreign: ForeignBuffers | None = None
     choices: Watch | None = None
     moved: bool = False  # the reference moved the written inputs' versions (put back, not undone)
+    feeds: FeedSpecs | None = None  # the host copies the reference made, fed by the capture
 
 
 class RecordingSteps:
@@ -267,7 +269,9 @@ class RecordingSteps:
         try:
             found_or_not = found if found is not None else contextlib.nullcontext()
             choices = a.choices if a.choices is not None else contextlib.nullcontext()
-            with effects, found_or_not, choices, scratch, run.held():
+            a.feeds = FeedSpecs() if self._feed_host else None
+            feeds = a.feeds if a.feeds is not None else contextlib.nullcontext()
+            with effects, found_or_not, choices, scratch, run.held(), feeds:
                 eager = self._body(a.phase, a.args, a.kwargs)
         except BaseException:  # eager's exception: a cache it filled first stays in the pool
             self._unchecked = scratch
@@ -384,7 +388,9 @@ class RecordingSteps:
         try:
             branches = recording_context(self.on.capture_branches)
             with a.effects, branches, watch, choices, a.run.held():
-                (a.loss,) = a.region.capture(lambda: self._captured_body(a))
+                (a.loss,) = a.region.capture(
+                    lambda: self._captured_body(a), None if a.feeds is None else a.feeds.specs
+                )
             watch.check()
         except Exception as exc:
             a.region.abort()
@@ -490,6 +496,12 @@ class RecordingSteps:
             why = self._tail.failed(exc)
             self.lifecycle.rerecord(f"optimizer_eager: {why}", call)
             return Outcome("eager", reason=self.lifecycle.stopped() or "optimizer_eager")
+        if refused_host_copy(exc) and not self._feed_host:
+            self._feed_host = True  # host data moved to the GPU: fed before each replay
+            self.journal.add(
+                "refuse", call, "host_feeds", "a host-to-device copy: captured again, fed"
+            )
+            return Outcome("retry")
         if isinstance(exc, NewInputRead) and self._input_reads.learn(exc.program):
             # a function of the batch alone: evaluated before choosing a recording from now on
             self.journal.add(

@@ -11,6 +11,7 @@ from ..errors import ReplayError, ReplayWarning
 from ..memory.pool import MemoryPool
 from .base import Backend, Recording, Region, Subject, capture_failure, known_cause
 from .emulated import EmulatedBackend
+from .host_feeds import refused_host_copy
 from .scratch import Scratch
 
 BACKENDS: tuple[str, ...] = ("auto", "cuda", "emulated")
@@ -85,5 +86,6 @@ __all__ = [
     "capture_failure",
     "known_cause",
     "module_device",
+    "refused_host_copy",
     "resolve_backend",
 ]

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..memory.outputs import OutputTree, split_outputs
+from .host_feeds import Spec
 from .scratch import Scratch
 
 #: Runs the module's own forward on the static inputs and returns its output tree;
@@ -24,13 +25,16 @@ class Subject:
     """What one recording captures: ``fn`` over ``static_inputs`` with ``params``, after ``warmup``
     eager runs; one value every backend's ``record`` and recording takes. ``generators``: the
     module's own torch.Generators the forward draws from, registered with the recording so that
-    each replay draws from them where eager would (any other private generator is refused)."""
+    each replay draws from them where eager would (any other private generator is refused).
+    ``host_feeds``: host data the forward copies to the GPU is copied again at each replay
+    (:mod:`.host_feeds`: learnt in the warm-up; set after a capture failed on such a copy)."""
 
     fn: ForwardFn
     static_inputs: list[torch.Tensor]
     params: list[torch.Tensor]
     warmup: int
     generators: tuple[torch.Generator, ...] = ()
+    host_feeds: bool = False
 
 
 def flatten_outputs(outputs: Any) -> tuple[list[torch.Tensor], OutputTree]:
@@ -115,8 +119,12 @@ class Region(ABC):
     replay."""
 
     @abstractmethod
-    def capture(self, body: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
-        """Record ``body`` and leave its work done; returns its (static) output tensors."""
+    def capture(
+        self, body: Callable[[], list[torch.Tensor]], host_feeds: Sequence[Spec] | None = None
+    ) -> list[torch.Tensor]:
+        """Record ``body`` and leave its work done; returns its (static) output tensors.
+        ``host_feeds``: the host copies an eager run of the body made (:class:`.host_feeds.FeedSpecs`),
+        copied again at each replay (the CPU backends copy host data at replay anyway)."""
 
     @abstractmethod
     def replay(self) -> None:

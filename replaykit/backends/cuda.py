@@ -35,6 +35,7 @@ from .base import (
     differentiable_indices,
 )
 from .gaps import open_gaps
+from .host_feeds import FeedSpecs, HostFeeds, Spec
 from .scratch import PoolScratch, Scratch, pool_routing
 
 
@@ -127,7 +128,17 @@ class CudaRecording(Recording):
                     allow_unused=True,
                 )
 
-        self._warm_up(forward, backward, subject.warmup, device)
+        specs: list[Spec] = []
+
+        def learning() -> list[torch.Tensor]:  # the host copies a capture would feed
+            found = FeedSpecs()
+            with found:
+                outs = forward()
+            specs[:] = found.specs
+            return outs
+
+        self._warm_up(learning if subject.host_feeds else forward, backward, subject.warmup, device)
+        self._feeds = HostFeeds(device, specs) if subject.host_feeds else None
         outs = self._capture_forward(forward, pool, device, spent)
         self.differentiable = differentiable_indices(outs)
         self.static_outputs = outs
@@ -185,6 +196,7 @@ class CudaRecording(Recording):
                 torch.autograd.graph.saved_tensors_hooks(self._hooks.pack, self._hooks.unpack),
                 workspaces.own_workspaces(),
                 torch.cuda.graph(self._fwd, pool=pool),
+                self._feeds if self._feeds is not None else contextlib.nullcontext(),
             ):
                 return forward()
         except BaseException:
@@ -193,6 +205,8 @@ class CudaRecording(Recording):
             raise
 
     def replay_forward(self) -> None:
+        if self._feeds is not None:
+            self._feeds.feed()
         self._fwd.replay()
         self.generation += 1
 
@@ -289,6 +303,7 @@ class CudaRecording(Recording):
         self.static_inputs = []
         self._targets = []  # stand-ins alias the parameters' memory: a module moved off the GPU must not stay pinned
         self._hooks = _SavedHooks()
+        self._feeds = None
 
 
 def register(
@@ -420,16 +435,21 @@ class CudaRegion(Region):
         # with gaps (two-graph form): each graph's replay and the host work between, in order
         self._parts: list[Callable[[], None]] = []
         self._capture: Any = None
+        self._feeds: HostFeeds | None = None
 
-    def capture(self, body: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
+    def capture(
+        self, body: Callable[[], list[torch.Tensor]], host_feeds: Sequence[Spec] | None = None
+    ) -> list[torch.Tensor]:
         graph = torch.cuda.CUDAGraph()
         self._parts = []
         self._capture = torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local")
+        self._feeds = None if host_feeds is None else HostFeeds(self.device, host_feeds)
         with (
             torch.cuda.device(self.device),
             workspaces.own_workspaces(),
             self._capture,
             open_gaps(self),
+            self._feeds if self._feeds is not None else contextlib.nullcontext(),
         ):
             outs = body()
         self.graph = self._capture.cuda_graph  # the last segment's (a gap began a new one)
@@ -453,6 +473,8 @@ class CudaRegion(Region):
 
     def replay(self) -> None:
         assert self.graph is not None
+        if self._feeds is not None:
+            self._feeds.feed()
         if self._parts:
             for part in self._parts:
                 part()
@@ -473,3 +495,4 @@ class CudaRegion(Region):
     def free(self) -> None:
         self.graph = None
         self._parts = []
+        self._feeds = None

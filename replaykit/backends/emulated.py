@@ -28,6 +28,7 @@ from .base import (
     differentiable_indices,
 )
 from .gaps import open_gaps
+from .host_feeds import Spec
 from .scratch import Exposure, Scratch, TrackedScratch
 from .tape import Tape, record
 
@@ -190,7 +191,9 @@ class TapeRegion(Region):
         self._exposure = exposure
         self._born = exposure.epoch  # survivors of later scratch runs are in its way
 
-    def capture(self, body: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
+    def capture(
+        self, body: Callable[[], list[torch.Tensor]], host_feeds: Sequence[Spec] | None = None
+    ) -> list[torch.Tensor]:
         self._born = self._exposure.epoch  # a capture sees what is live: it is not in its way
         with self.tape.recording(), open_gaps(self):
             outs = body()
