@@ -18,9 +18,10 @@ bg parity "$T" python3 scripts/run_notebook.py notebooks/parity.ipynb -p tree "$
 bg state "$T" env PYTHONPATH=. python3 scripts/gpu/state_check.py --backend cuda
 bg outputs "$T" env PYTHONPATH=. python3 scripts/gpu/outputs_check.py
 bg rnn_dropout 200 env PYTHONPATH=. python3 scripts/gpu/rnn_dropout_try.py
+bg host_feeds 300 env PYTHONPATH=. python3 scripts/gpu/host_feeds_check.py
 wait
 for f in "$O"/*.log; do echo "== $(basename "$f"): $(tail -1 "$f")"; done
 for f in colab_hazards colab_parity_bench colab_verify; do echo "== $f"; tail -6 "$O/$f.log"; done
 tail -2 "$O/parity.log"
-for f in state outputs rnn_dropout; do echo "== $f"; grep -E "FAIL|PASS in|/[0-9]+ PASS|passed|failed" "$O/$f.log" | tail -4; done
+for f in state outputs rnn_dropout host_feeds; do echo "== $f"; grep -E "FAIL|PASS in|/[0-9]+ PASS|passed|failed" "$O/$f.log" | tail -4; done
 tar czf "${OUT:-/tmp/out}/check.tgz" -C /tmp check n --exclude='*.tar.gz' 2>/dev/null

@@ -189,8 +189,8 @@ HAZARD = "host_state"
 
 ARRAY_COPY_LIVE = (
     "the CPU backends' replay of torch.tensor(array) reads the array's memory again (exact without "
-    "the guard), and a CUDA capture refuses the host-to-device copy of an unpinned array (the capture "
-    "fails and retires, exact; measured on the H200): no backend shows the unguarded case"
+    "the guard); a CUDA capture feeds the copy it made of the array (backends/host_feeds.py), which "
+    "the guard's key keeps current (measured on the H200)"
 )
 
 HC = HazardClass(HAZARD)
@@ -260,7 +260,7 @@ PATTERNS: list[Pattern] = [
                 "forward reads a numpy array changed in place, whole step",
                 ArrayScaled,
                 _halve_scale,
-                {"unsafe_never": ARRAY_COPY_LIVE},
+                {"cuda_only": ARRAY_COPY_LIVE},
             ),
             (
                 "hparams_dict_in_forward",

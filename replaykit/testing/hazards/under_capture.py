@@ -100,7 +100,8 @@ def _mask_steps(model: torch.nn.Module, arm: Arm, steps: int = 6) -> Extras:
 
 def _cpu_mask_steps(model: torch.nn.Module, arm: Arm, steps: int = 6) -> Extras:
     """The mask stays on the CPU (a collate function's): its read is a host read that a CUDA capture
-    does not refuse, so only the input-read watch keys it there."""
+    does not refuse, so only the input-read watch keys it there; its copy to the GPU is fed at each
+    replay (backends/host_feeds.py)."""
     step = arm.train_step(
         model, lambda m, x, mask: m(x, mask.to(x.device)).pow(2).mean(), sgd(model)
     )
@@ -173,8 +174,6 @@ PATTERNS: list[Pattern] = [
         _cpu_mask_steps,
         guard="input_reads",
         api="step",
-        cpu_only="a CUDA capture refuses the unpinned mask's copy to the GPU by itself (seen on the "
-        "H200): the step retires exactly with or without the watch",
     ),
     *HC.twins(
         "library_capture_branch",
