@@ -14,7 +14,8 @@ The buffers are made before the capture, from what an eager run of the same code
 comes from its pool, where a block may have held a temporary the graph writes before it reads the
 buffer (seen on the H200: a second fed table read the first one's values), and a block from
 anywhere else would need a ``cudaMalloc`` the capture forbids. A copy that matches no buffer is
-left as it is (the capture fails, as before).
+left as it is (the capture fails, as before): so is every copy of a step recorded without the
+verification (``unsafe_disable=("verify_recording",)``), which runs no reference to learn from.
 
 A source computed on the host during the run (``mask.float()``, a sort of lengths) ran once and
 would be frozen: its copy is never fed. Pinned sources are left to the graph, which copies them

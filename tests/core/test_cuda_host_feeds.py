@@ -61,6 +61,7 @@ def test_a_cpu_batch_moved_in_the_loss_replays(cuda_device: str) -> None:
     step, _, _ = _compare(cuda_device, loss_fn)
     assert step.retire_reason is None, step.summary()
     assert step.counts["replay"] >= 5, step.summary()
+    step.release()  # its static memory goes now, not at a later test's garbage collection
 
 
 def test_a_mask_computed_on_the_host_is_not_frozen(cuda_device: str) -> None:
@@ -71,7 +72,8 @@ def test_a_mask_computed_on_the_host_is_not_frozen(cuda_device: str) -> None:
         weights = mask.float().to(cuda_device)  # computed on the host, then moved
         return (m(x.to(cuda_device)).square().mean(-1) * weights).sum()
 
-    _compare(cuda_device, loss_fn)
+    step, _, _ = _compare(cuda_device, loss_fn)
+    step.release()
 
 
 class _Held(nn.Module):

@@ -558,7 +558,7 @@ PATTERNS: list[Pattern] = [
         _loss_numpy_weights,
         guard="loss_inputs",
         api="step",
-        cuda_only=ARRAY_COPY_LIVE,
+        unsafe_never=ARRAY_COPY_LIVE,
     ),
     HC.pattern(
         "step_loss_numpy_gain_float",

@@ -174,6 +174,9 @@ PATTERNS: list[Pattern] = [
         _cpu_mask_steps,
         guard="input_reads",
         api="step",
+        cpu_only="on CUDA the unsafe arm runs without the verification, whose reference run is where "
+        "the step learns the host copies it feeds (backends/host_feeds.py): its capture fails and the "
+        "step retires, exact (measured on the H200)",
     ),
     *HC.twins(
         "library_capture_branch",
