@@ -52,8 +52,10 @@ HARNESS = {
     "call_walk.py",
     "core_shape.py",
     "demo.py",
+    "overhead_vs.py",
     "parity_matrix.py",
-}  # entry points over replaykit.testing and runs (core_shape, call_walk: the core's size and tangle)
+}  # entry points over replaykit.testing and runs (core_shape, call_walk: the core's size and tangle;
+# overhead_vs: the replay path's host time against an older commit)
 
 
 def test_scripts_holds_the_shims_and_the_harness_entry_points_only() -> None:
