@@ -119,7 +119,8 @@ def _negative_control() -> bool:
     return differs
 
 
-ok = all([_run(n, a) for n in ("gpt2", "llama") for a in ("capture", "step")])
-ok &= _negative_control()
-print("PASS" if ok else "FAIL")
-sys.exit(0 if ok else 1)
+if __name__ == "__main__":
+    ok = all([_run(n, a) for n in ("gpt2", "llama") for a in ("capture", "step")])
+    ok &= _negative_control()
+    print("PASS" if ok else "FAIL")
+    sys.exit(0 if ok else 1)
