@@ -17,6 +17,10 @@ anywhere else would need a ``cudaMalloc`` the capture forbids. A copy that match
 left as it is (the capture fails, as before): so is every copy of a step recorded without the
 verification (``unsafe_disable=("verify_recording",)``), which runs no reference to learn from.
 
+``torch.tensor(0.0, device="cuda")`` copies Python data inside C++, out of a dispatch mode's sight: while
+either mode is on, such a call makes its tensor on the host and moves it (:class:`_FromHost`), a
+copy the mode sees (transformers' eager attention mask makes one at every call).
+
 A source computed on the host during the run (``mask.float()``, a sort of lengths) ran once and
 would be frozen: its copy is never fed. Pinned sources are left to the graph, which copies them
 at each replay by itself.
@@ -28,6 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from ..verify.dispatch import WatchingMode, written
@@ -56,12 +61,51 @@ def _spec(t: torch.Tensor) -> Spec:
     return (tuple(t.shape), t.stride(), t.dtype)
 
 
+_FACTORIES = frozenset({torch.tensor, torch.as_tensor})
+
+
+def _python_data(args: tuple) -> bool:
+    """Python numbers or lists (a tensor's or a numpy array's copy is seen already: it is
+    dispatched from the array's own memory, which a rewrite would copy first and freeze)."""
+    return bool(args) and isinstance(args[0], (int, float, bool, complex, list, tuple))
+
+
+class _FromHost(TorchFunctionMode):
+    """``torch.tensor(0.0, device=cuda)`` as ``torch.tensor(0.0).to(device)``: the same values, and
+    a copy the dispatch mode sees (the factory's own copy of Python data runs where no mode does)."""
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if (
+            func in _FACTORIES
+            and _python_data(args)
+            and _to_device(kwargs.get("device"))
+            and not kwargs.get("requires_grad")
+        ):
+            here = {k: v for k, v in kwargs.items() if k != "device"}
+            return func(*args, **here).to(kwargs["device"])
+        return func(*args, **kwargs)
+
+
 class _HostCopies(WatchingMode):
     """Finds each host-to-device copy whose source outlives the call, and hands it to :meth:`_copy`."""
 
     def __init__(self) -> None:
         super().__init__()
         self._computed: set[int] = set()  # storages of CPU tensors computed during the run
+        self._from_host = _FromHost()
+
+    def __enter__(self) -> _HostCopies:
+        self._from_host.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._from_host.__exit__(*exc)
 
     def _copy(self, func: Any, args: tuple, kwargs: dict, source: torch.Tensor) -> Any:
         """The copy's result, or None to run it as it is."""
