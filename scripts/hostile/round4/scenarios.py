@@ -2454,3 +2454,111 @@ def step_loss_calls_decorated_helper_reading_global(ctx):
         _EPOCH = i // 3
         losses.append(step(x, y))
     return {"m": m, "opt": opt, "losses": losses}
+
+
+# ===================================================================== private RNGs and host arrays
+
+
+class MaskedAE(nn.Module):
+    """MAE-style random masking drawn from the module's own numpy Generator."""
+
+    def __init__(self, kind="default_rng"):
+        super().__init__()
+        self.enc, self.dec = nn.Linear(8, 16), nn.Linear(16, 8)
+        self.rng = np.random.default_rng(7) if kind == "default_rng" else random.Random(7)
+
+    def forward(self, x):
+        if isinstance(self.rng, random.Random):
+            keep = [i for i in range(8) if self.rng.random() > 0.3]
+        else:
+            keep = np.flatnonzero(self.rng.random(8) > 0.3).tolist()
+        mask = torch.zeros(8)
+        mask[keep] = 1.0
+        return self.dec(F.relu(self.enc(x * mask)))
+
+
+def _ae_loop(ctx, entry, kind):
+    m = MaskedAE(kind)
+    opt = fused_sgd(m.parameters())
+    loss_fn = lambda mm, x: F.mse_loss(mm(x), x)  # noqa: E731
+    step = ctx.step(m, loss_fn, opt) if entry == "step" else None
+    losses = []
+    with ctx.capture(m) if entry == "capture" else _null():
+        for x, _ in vec_batches(8):
+            if step is not None:
+                losses.append(step(x))
+                continue
+            loss = loss_fn(m, x)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_module_numpy_generator_masking(ctx):
+    return _ae_loop(ctx, "capture", "default_rng")
+
+
+@scenario("step")
+def step_module_numpy_generator_masking(ctx):
+    return _ae_loop(ctx, "step", "default_rng")
+
+
+@scenario("capture")
+def cap_module_python_random_instance(ctx):
+    return _ae_loop(ctx, "capture", "Random")
+
+
+@scenario("step")
+def step_module_python_random_instance(ctx):
+    return _ae_loop(ctx, "step", "Random")
+
+
+_NP_SCALES = np.ones(4, np.float32)
+_CFG_NESTED = {"model": {"drop": [0.0, 0.1]}}
+
+
+class HostArrayNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = F.dropout(F.relu(self.fc1(x)), _CFG_NESTED["model"]["drop"][1], self.training)
+        return self.fc2(h) * float(_NP_SCALES[1])
+
+
+def _host_array_loop(ctx, entry):
+    _NP_SCALES[:] = 1.0
+    _CFG_NESTED["model"]["drop"][1] = 0.1
+    m = HostArrayNet()
+    opt = fused_sgd(m.parameters())
+    step = ctx.step(m, ce_loss, opt) if entry == "step" else None
+    losses = []
+    with ctx.capture(m) if entry == "capture" else _null():
+        for i, (x, y) in enumerate(vec_batches(8)):
+            if i == 3:
+                _NP_SCALES[1] = 2.0  # a numpy array edited in place
+            if i == 5:
+                _CFG_NESTED["model"]["drop"][1] = 0.4  # a nested config edited in place
+            if step is not None:
+                losses.append(step(x, y))
+                continue
+            loss = ce_loss(m, x, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_global_numpy_array_and_nested_cfg_inplace(ctx):
+    return _host_array_loop(ctx, "capture")
+
+
+@scenario("step")
+def step_global_numpy_array_and_nested_cfg_inplace(ctx):
+    return _host_array_loop(ctx, "step")
