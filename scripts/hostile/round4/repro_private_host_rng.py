@@ -57,3 +57,23 @@ for kind in ("random.Random", "np.default_rng"):
         bad = [i for i, (a, b) in enumerate(zip(ref, got, strict=True)) if not torch.equal(a, b)]
         print(f"{kind:15s} {mode:8s}: " + (f"SILENT loss differs from call {bad[0]}: "
               f"{ref[bad[0]].item():.6f} vs {got[bad[0]].item():.6f}" if bad else "equal") + f"  [{summary[:90]}]")  # fmt: skip
+
+
+def loss_side(replay: bool) -> list[torch.Tensor]:
+    """The same through TrainStep's loss_fn: a task choice from a closure's random.Random."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(8, 4)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, fused=True)
+    rng = random.Random(0)
+
+    def loss_fn(mm, x):
+        out = mm(x)
+        return out.pow(2).mean() if rng.random() < 0.5 else out.abs().mean()
+
+    step = rk.TrainStep(m, loss_fn, opt, backend="emulated", replay=replay)
+    return [step(torch.randn(4, 8)) for _ in range(5)]
+
+
+a, b = loss_side(False), loss_side(True)
+bad = [i for i, (u, v) in enumerate(zip(a, b, strict=True)) if not torch.equal(u, v)]
+print("loss closure Random step: " + (f"SILENT from call {bad[0]}" if bad else "equal"))

@@ -2562,3 +2562,151 @@ def cap_global_numpy_array_and_nested_cfg_inplace(ctx):
 @scenario("step")
 def step_global_numpy_array_and_nested_cfg_inplace(ctx):
     return _host_array_loop(ctx, "step")
+
+
+# ===================================================================== host side effects and loss-side RNGs
+
+
+@scenario("step")
+def step_mixup_lambda_from_closure_default_rng(ctx):
+    """Modern numpy: mixup's lambda from a Generator the script made (not the global RNG)."""
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = fused_sgd(m.parameters())
+    rng = np.random.default_rng(0)
+
+    def loss_fn(model, x, y):
+        lam = float(rng.beta(0.4, 0.4))
+        idx = torch.arange(x.size(0)).flip(0)
+        out = model(lam * x + (1 - lam) * x[idx])
+        return lam * F.cross_entropy(out, y) + (1 - lam) * F.cross_entropy(out, y[idx])
+
+    step = ctx.step(m, loss_fn, opt)
+    losses = [step(x, y) for x, y in vec_batches(8)]
+    return {"m": m, "opt": opt, "losses": losses, "rng": float(rng.random())}
+
+
+@scenario("step")
+def step_task_choice_from_closure_random_instance(ctx):
+    m = DictOut()
+    opt = fused_adamw(m.parameters())  # a branch leaves grads None: fused SGD+momentum raises
+    rng = random.Random(0)
+
+    def loss_fn(model, x, y):
+        out = model(x)
+        if rng.random() < 0.5:
+            return F.cross_entropy(out["logits"], y)
+        return out["reg"].pow(2).mean()
+
+    step = ctx.step(m, loss_fn, opt)
+    losses = [step(x, y) for x, y in vec_batches(8)]
+    return {"m": m, "opt": opt, "losses": losses, "rng": rng.random()}
+
+
+class Annealer:
+    def coef(self):
+        return 0.01 * (1 + _EPOCH)
+
+
+@scenario("step")
+def step_loss_calls_held_object_method_reading_global(ctx):
+    global _EPOCH
+    _EPOCH = 0
+    m = ActorCritic()
+    opt = fused_adamw(m.parameters())
+    ann = Annealer()
+    obs, act, _logp, _v0, ret, _adv = rollout(m)
+
+    def loss_fn(model, o, a, r):
+        logits, v = model(o)
+        d = torch.distributions.Categorical(logits=logits, validate_args=False)
+        return -(d.log_prob(a) * r).mean() - ann.coef() * d.entropy().mean() + F.mse_loss(v, r)
+
+    step = ctx.step(m, loss_fn, opt)
+    losses = []
+    for i in range(8):
+        _EPOCH = i // 3
+        j = slice(4 * i, 4 * i + 4)
+        losses.append(step(obs[j], act[j], ret[j]))
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+_AUX_LOG: list = []
+
+
+class LoggingNet(nn.Module):
+    """Forward keeps auxiliary values for logging: a list attribute, a dict attribute, a global."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.norms: list = []
+        self.stats: dict = {}
+
+    def forward(self, x):
+        h = F.relu(self.fc1(x))
+        self.norms.append(h.detach().norm())
+        self.stats["sparsity"] = (h == 0).float().mean().detach()
+        _AUX_LOG.append(h.detach().mean())
+        return self.fc2(h)
+
+
+def _logging_loop(ctx, entry):
+    _AUX_LOG.clear()
+    m = LoggingNet()
+    opt = fused_sgd(m.parameters())
+    step = ctx.step(m, ce_loss, opt) if entry == "step" else None
+    losses, sparsity = [], []
+    with ctx.capture(m) if entry == "capture" else _null():
+        for x, y in vec_batches(7):
+            if step is not None:
+                losses.append(step(x, y))
+            else:
+                loss = ce_loss(m, x, y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.detach())
+            sparsity.append(m.stats["sparsity"])
+    return {"m": m, "opt": opt, "losses": losses, "norms": list(m.norms), "sparsity": sparsity,
+            "aux": list(_AUX_LOG), "n": [len(m.norms), len(_AUX_LOG)]}  # fmt: skip
+
+
+@scenario("capture")
+def cap_forward_logs_into_list_dict_global(ctx):
+    return _logging_loop(ctx, "capture")
+
+
+@scenario("step")
+def step_forward_logs_into_list_dict_global(ctx):
+    return _logging_loop(ctx, "step")
+
+
+_CALLS = 0
+
+
+class CountingNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        global _CALLS
+        _CALLS += 1
+        return self.fc(x)
+
+
+@scenario("capture")
+def cap_forward_counts_calls_in_global(ctx):
+    global _CALLS
+    _CALLS = 0
+    m = CountingNet()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses = []
+    with ctx.capture(m):
+        for x, y in vec_batches(7):
+            loss = ce_loss(m, x, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses, "calls": _CALLS}
