@@ -2710,3 +2710,146 @@ def cap_forward_counts_calls_in_global(ctx):
             opt.step()
             losses.append(loss.detach())
     return {"m": m, "opt": opt, "losses": losses, "calls": _CALLS}
+
+
+# ===================================================================== contiguous gradient buffers
+
+
+def _contiguous_grads(m):
+    """Megatron/Apex style: every ``p.grad`` a view into one flat buffer (zeroed, not freed)."""
+    flat = torch.zeros(sum(p.numel() for p in m.parameters()))
+    i = 0
+    for p in m.parameters():
+        p.grad = flat[i : i + p.numel()].view_as(p)
+        i += p.numel()
+    return flat
+
+
+@scenario("capture")
+def cap_contiguous_grad_buffer_flat_clip(ctx):
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    flat = _contiguous_grads(m)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    losses, norms = [], []
+    with ctx.capture(m):
+        for x, y in vec_batches(7):
+            flat.zero_()
+            loss = ce_loss(m, x, y)
+            loss.backward()
+            n = flat.norm()
+            flat.mul_(torch.clamp(1.0 / (n + 1e-6), max=1.0))  # clip on the flat buffer
+            norms.append(n)
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses, "norms": norms, "flat": flat}
+
+
+@scenario("capture")
+def cap_flat_param_and_grad_buffers(ctx):
+    """Parameters and gradients both views of flat buffers; the optimizer steps the flat one."""
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    with torch.no_grad():
+        flat_p = nn.Parameter(torch.cat([p.detach().reshape(-1) for p in m.parameters()]))
+    flat_g = torch.zeros_like(flat_p)
+    i = 0
+    for p in m.parameters():
+        p.data = flat_p.data[i : i + p.numel()].view_as(p)
+        p.grad = flat_g[i : i + p.numel()].view_as(p)
+        i += p.numel()
+    flat_p.grad = flat_g
+    opt = torch.optim.SGD([flat_p], lr=0.05, momentum=0.9)
+    losses = []
+    with ctx.capture(m):
+        for x, y in vec_batches(7):
+            flat_g.zero_()
+            loss = ce_loss(m, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "flat_p": flat_p.detach(), "flat_g": flat_g, "opt": opt, "losses": losses}
+
+
+class LinearSchedule:
+    """A schedule object the loop steps; ``value()`` reads only its own attributes."""
+
+    def __init__(self, start, end, n):
+        self.start, self.end, self.n, self.t = start, end, n, 0
+
+    def step(self):
+        self.t += 1
+
+    def value(self):
+        return self.start + (self.end - self.start) * min(1.0, self.t / self.n)
+
+
+_DROP_SCHED = LinearSchedule(0.0, 0.5, 6)
+
+
+class GlobalSchedDrop(ScheduledDrop):
+    def forward(self, x):
+        return self.fc2(F.dropout(F.relu(self.fc1(x)), _DROP_SCHED.value(), self.training))
+
+
+@scenario("capture")
+def cap_global_schedule_object_method(ctx):
+    _DROP_SCHED.t = 0
+    m = GlobalSchedDrop()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses = []
+    with ctx.capture(m):
+        for x, y in vec_batches(8):
+            loss = ce_loss(m, x, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            _DROP_SCHED.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("step")
+def step_closure_schedule_object_method_ppo_entropy(ctx):
+    m = ActorCritic()
+    opt = fused_adamw(m.parameters())
+    ent = LinearSchedule(0.05, 0.0, 6)
+    obs, act, _logp, _v0, ret, _adv = rollout(m)
+
+    def loss_fn(model, o, a, r):
+        logits, v = model(o)
+        d = torch.distributions.Categorical(logits=logits, validate_args=False)
+        return -(d.log_prob(a) * r).mean() - ent.value() * d.entropy().mean() + F.mse_loss(v, r)
+
+    step = ctx.step(m, loss_fn, opt)
+    losses = []
+    for i in range(8):
+        j = slice(4 * i, 4 * i + 4)
+        losses.append(step(obs[j], act[j], ret[j]))
+        ent.step()
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class SelfSchedNet(ScheduledDrop):
+    """The schedule object held by the model, stepped by the loop."""
+
+    def __init__(self):
+        super().__init__()
+        self.sched = LinearSchedule(0.0, 0.5, 6)
+
+    def forward(self, x):
+        return self.fc2(F.dropout(F.relu(self.fc1(x)), self.sched.value(), self.training))
+
+
+@scenario("capture")
+def cap_held_schedule_object_stepped(ctx):
+    m = SelfSchedNet()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses = []
+    with ctx.capture(m):
+        for x, y in vec_batches(8):
+            loss = ce_loss(m, x, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            m.sched.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
