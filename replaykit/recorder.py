@@ -24,7 +24,13 @@ from .guards.fills import Fills
 from .guards.host_choices import HostChoices
 from .guards.input_reads import InputReads
 from .guards.recurrent import flat_weights_follow
-from .guards.signature import CallArgs, UnhashableArgument, signature, split_call
+from .guards.signature import (
+    SIGNATURE_PARTS,
+    CallArgs,
+    UnhashableArgument,
+    signature,
+    split_call,
+)
 from .memory.copy_out import StaticAliases
 from .memory.hold import Hold
 from .memory.layout import aligned_copy, aligned_key
@@ -77,6 +83,7 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
     ``retire(reason)``, ``paused()`` or ``release()``."""
 
     kind = "Recorder"
+    key_parts = ("state", "forward_reads", *SIGNATURE_PARTS)  # _route's key
 
     def __init__(
         self,
@@ -210,10 +217,9 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
                 layout = aligned_key if self.on.input_layout else None
                 key = (
                     state,
+                    self._forward_inputs.key() if self._forward_inputs is not None else (),
                     *signature(callargs, self._device_kind, self.on.argument_values, layout),
                 )
-                if self._forward_inputs is not None:
-                    key = (*key, self._forward_inputs.key())
                 key = self._choices.key(self._input_reads.key(key, callargs.tensors))
             except UnhashableArgument as exc:
                 why = exc.reason
@@ -341,6 +347,7 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
     def _keep(self, made: Made, call: int, callargs: CallArgs) -> Plan:
         """A recording that stands: kept under its key with the plan its replays read."""
         key, recording = made.key, made.recording
+        new = self.new_part(key, self._recordings)
         self._recordings[key] = recording
         plan = self._plans[key] = Plan(
             key,
@@ -367,7 +374,8 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
         self._aliases[key] = plan.aliases
         self._guard_new_grads(plan)
         shapes = ", ".join("x".join(map(str, t.shape)) for t in callargs.tensors)
-        self.journal.add("record", call, None, f"[{shapes}] recording {len(self._recordings)}")
+        new = f" (new {new})" if new else ""
+        self.journal.add("record", call, None, f"[{shapes}] recording {len(self._recordings)}{new}")
         return plan
 
     def _static_inputs(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -71,6 +71,24 @@ HINTS = {
         "under way): finish one's step before the other's, or give each its own pool"
     ),
 }
+#: What a new recording's key differs in from every one held (its first part that differs), as
+#: ``summary()`` tallies it: a host value that changes every call records every call, then "budget".
+NEW_PARTS = {
+    "phase": "the step's phase (an accumulation micro-batch or the last)",
+    "state": "the module tree's state (train/eval, hooks, a host attribute of a module)",
+    "requires_grad": "which parameters require grad",
+    "incoming_grads": "the gradients the call starts from (None or which tensors)",
+    "host_values": "the optimizer's, scaler's or clipping's host values",
+    "loss_reads": "a value loss_fn reads beside its arguments (a global, closure or held object)",
+    "forward_reads": "a value the forward reads beside its arguments (a global, closure or held object)",
+    "foreign_leaves": "the leaves outside the model that get gradients",
+    "arguments": "the arguments' structure",
+    "shapes": "an input's shape, dtype, device or layout",
+    "aliasing": "which inputs share memory",
+    "argument_values": "a non-tensor argument's value",
+    "autocast": "autocast's state",
+    "host_reads": "a value read on the host from the inputs, or a host draw that chooses",
+}
 #: Calls before the share of eager calls is judged, and the share that warns.
 _WARN_AFTER, _WARN_SHARE = 20, 0.5
 
@@ -111,6 +129,8 @@ class Lifecycle:
         self._watches: list[Watch] = []
         self.owner: int | None = None  # the owning thread's ident, once one called
         self._warned_share = False
+        #: new recordings by the part of their key no earlier one shared (:data:`NEW_PARTS`)
+        self.recorded_for: Counter[str] = Counter()
         #: held while recording and by other threads' eager calls: they wait for a recording under way
         self.lock = threading.RLock()
         for protection in sorted(on.off):
@@ -131,6 +151,7 @@ class Lifecycle:
         """One line: the counts that happened and the eager reasons, most frequent first."""
         counts = ", ".join(f"{k} {v}" for k, v in self.counts.items() if v and k != "unsafe")
         reasons = "; ".join(f"{r} x{n}" for r, n in self.eager_reasons.most_common())
+        new = "; ".join(f"{r} x{n}" for r, n in self.recorded_for.most_common())
         state = (
             f"retired: {self.retire_reason}"
             if self.retired
@@ -141,6 +162,7 @@ class Lifecycle:
         return (
             f"{self.name}: {counts or 'no calls'}"
             + (f" | eager: {reasons}" if reasons else "")
+            + (f" | recorded anew for: {new}" if new else "")
             + f" | {state}"
         )
 
@@ -201,6 +223,9 @@ class Lifecycle:
         self._warned_share = True
         top = next(r for r, _ in reasons.most_common() if r != "warmup")
         hint = HINTS.get(top, "see the journal (summary()) for each call's route")
+        if top == "budget" and self.recorded_for:
+            part = self.recorded_for.most_common(1)[0][0]
+            hint += f"; here the recordings differed in {NEW_PARTS[part]}"
         warnings.warn(
             f"replaykit: {self.name}: {eager} of {call} calls ran eagerly, most for {top!r}: {hint}",
             ReplayWarning,
@@ -293,6 +318,13 @@ class Lifecycle:
         self._watches = []
 
 
+def _same(a: object, b: object) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # a key part with no plain equality: counted as differing
+        return False
+
+
 #: eager route of another thread's call: it waits for a recording under way (``Lifecycle.lock``)
 THREAD = "thread"
 _NO_LOCK = contextlib.nullcontext()
@@ -307,6 +339,8 @@ class Entry:
 
     #: the entry point's kind, as ``__repr__`` names it
     kind: ClassVar[str] = "Entry"
+    #: its recording key's parts in order, by their :data:`NEW_PARTS` names
+    key_parts: ClassVar[tuple[str, ...]] = ()
     lifecycle: Lifecycle
     journal: Journal  # the lifecycle's
     on: Switches
@@ -337,6 +371,23 @@ class Entry:
     def disabled(self) -> frozenset[str]:
         """The protections ``unsafe_disable`` switched off (``on`` is the same as booleans)."""
         return self.on.off
+
+    def new_part(self, key: tuple, held: dict[tuple, Any]) -> str:
+        """What sets ``key`` apart from the keys ``held``: the label (:attr:`key_parts`; parts after
+        those are host reads) of its first part that differs from the held key it shares the
+        longest beginning with, tallied for ``summary()``. Asked by a recording call only."""
+        parts = self.key_parts
+        shared = -1
+        for other in held:
+            same = next(
+                (i for i, (a, b) in enumerate(zip(key, other, strict=False)) if not _same(a, b)),
+                min(len(key), len(other)),
+            )
+            shared = max(shared, same)
+        part = "" if shared < 0 else parts[shared] if shared < len(parts) else "host_reads"
+        if part:
+            self.lifecycle.recorded_for[part] += 1
+        return part
 
     # ----------------------------------------------------------------- the route
     def early_checks(self) -> str | None:

@@ -48,7 +48,7 @@ from .guards.optimizer import (
     optimizer_hooks,
     scaler_key,
 )
-from .guards.signature import UnhashableArgument, signature, split_call
+from .guards.signature import SIGNATURE_PARTS, UnhashableArgument, signature, split_call
 from .guards.storage import GLOBAL_HOOKS, module_hooks
 from .memory.foreign import ForeignLeaves
 from .memory.layout import aligned_key, copy_into
@@ -79,6 +79,8 @@ class TrainStep(RecordingSteps, Entry):
     """
 
     kind = "TrainStep"
+    key_parts = ("phase", "state", "requires_grad", "incoming_grads", "host_values", "loss_reads")
+    key_parts += ("forward_reads", "foreign_leaves", *SIGNATURE_PARTS)
     model, loss_fn = fixed("model", "config.model"), fixed("loss_fn", "config.loss_fn")
     optimizer = fixed("optimizer", "config.optimizer")
     scaler, ema = fixed("scaler", "config.scaler"), fixed("ema", "config.ema")
@@ -195,15 +197,13 @@ class TrainStep(RecordingSteps, Entry):
         """What the recording call learns and keeps between calls (``_record``, ``_reference``)."""
         # a reference step runs in the pool's free memory (backends/scratch.py) until one leaves something there
         self._in_pool = True
-        # a reference step that raised: what it left in the pool is looked at by the next call,
-        # once the exception (whose frames hold its temporaries) is gone
+        # a reference step that raised: its pool leftovers are looked at by the next call (frames gone)
         self._unchecked: Scratch | None = None
         self._loss_inputs = (
             LossInputs(c.loss_fn, c.model) if c.replay and self.on.loss_inputs else None
         )
         self._loss_key: tuple = ()
-        # what the model's forward reads outside the model (globals, cells, class values), keyed
-        # as capture keys it, and checked after the reference run (a dict it counts in)
+        # what forward reads outside the model (globals, cells, class values), keyed as capture's
         self._forward_inputs = (
             ForwardInputs(c.model) if c.replay and self.on.forward_inputs else None
         )

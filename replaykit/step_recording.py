@@ -546,10 +546,12 @@ class RecordingSteps:
 
     def _keep(self, a: Attempt) -> Outcome:
         """The recording stands: kept under its key; its gradients are left as eager leaves them."""
+        new = self.new_part(a.key, self._recordings)
         self._recordings[a.key] = a.rec
         if a.rec.back is not None:  # the recording call's step wrote the static inputs
             a.rec.back.copy_back(a.callargs.tensors, bump=not a.moved)
-        self.journal.add("record", self._calls, a.phase, f"recording {len(self._recordings)}")
+        new = f" (new {new})" if new else ""
+        self.journal.add("record", self._calls, a.phase, f"recording {len(self._recordings)}{new}")
         after = map(_use_count, self._storages)
         self._baseline = [
             b + n - c for b, n, c in zip(self._baseline, after, a.before, strict=True)

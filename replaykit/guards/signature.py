@@ -133,6 +133,10 @@ def split_call(args: tuple, kwargs: dict) -> CallArgs:
     return CallArgs([leaves[i] for i in slots], leaves, spec, slots)
 
 
+#: What each part of :func:`signature` keys, as a new recording's reason names it (route.py).
+SIGNATURE_PARTS = ("arguments", "shapes", "aliasing", "argument_values", "autocast")
+
+
 def signature(
     call: CallArgs, device_type: str, exact_arguments: bool = True, tensor_key: Any = None
 ) -> tuple:
@@ -146,8 +150,8 @@ def signature(
         _dense_only(call.tensors)
         raise
     aliases = aliasing(call.tensors) if exact_arguments else ()
-    if call.spec is None:
-        return (len(tensors), tensors, aliases, autocast_key(device_type))
+    if call.spec is None:  # the same five parts (SIGNATURE_PARTS)
+        return (len(tensors), tensors, aliases, (), autocast_key(device_type))
     slots = set(call.tensor_slots)
     leaf = _leaf_key if exact_arguments else _loose_key
     constants = tuple(leaf(x) for i, x in enumerate(call.leaves) if i not in slots)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -62,3 +63,44 @@ def test_tick_keeps_what_add_keeps() -> None:
     assert list(ticked) == list(added)
     assert ticked.counts == added.counts and ticked.total == added.total == len(events)
     assert ticked.summary() == added.summary()
+
+
+_SCALE = 1.0
+
+
+class _Scaled(nn.Module):
+    """Divides by a module global the loop changes: each new value needs a recording of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) / _SCALE
+
+
+def test_each_new_recording_says_what_no_earlier_one_shared(backend: str, device: str) -> None:
+    """A host value that changes every call records every call and replays nothing; ``summary()``
+    and the budget warning name what the recordings differed in, for both entry points."""
+    global _SCALE
+    model = _Scaled().to(device)
+    with rk.capture(model, backend=backend) as rec:
+        for i in range(4):
+            _SCALE = 1.0 + i
+            model(torch.randn(2, 4, device=device)).sum().backward()
+        model(torch.randn(3, 4, device=device)).sum().backward()
+    assert "recorded anew for: forward_reads x3; shapes x1" in rec.summary(), rec.summary()
+    details = [e.detail for e in rec.journal if e.kind == "record"]
+    assert details[0] == "[2x4] recording 1" and details[-1].endswith("(new shapes)"), details
+
+    scale = [0.5]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = rk.TrainStep(
+        model, lambda m, x: m(x).pow(2).mean() * scale[0], opt, backend=backend, max_recordings=2
+    )
+    with pytest.warns(rk.ReplayWarning, match="recordings differed in a value loss_fn reads"):
+        for i in range(24):
+            scale[0] = 1.0 + i
+            step(torch.randn(2, 4, device=device))
+    assert "recorded anew for: loss_reads x1" in step.summary(), step.summary()
+    assert step.eager_reasons["budget"] > 12
