@@ -128,9 +128,9 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
         # Python's and numpy's draws that only choose (LayerDrop): learnt at the probe, drawn and keyed per call
         self._choices = HostChoices(keyed=on.host_choices)
         self._not_recorded = "retired"  # why the last call that could not record ran eagerly
-        self._feed_host = (
-            False  # set once a capture failed on a host-to-device copy (host_feeds.py)
-        )
+        # set once a capture failed on a host-to-device copy (host_feeds.py); once torch's CPU
+        # generator was drawn from beside a GPU model (the next probe learns the draws)
+        self._feed_host = self._learn_draws = False
         self._fills = Fills()  # writes into the model: a first write, a cache, per-call Python
         self._free_after_backward = False
         self._dropout_buffers: list[torch.Tensor] = []  # cuDNN's, seen by a recording call

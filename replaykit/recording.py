@@ -165,7 +165,8 @@ class RecorderRecording:
         """Probe, reference, capture (each run's output held); False: the recording call failed
         (retired, or the call compiles: ``_not_recorded`` says which)."""
         fn = partial(self._run_forward, callargs, made.params)
-        reads = Provenance(made.static_inputs, discover=True)
+        # draws from torch's CPU generator seen before (beside a GPU model): the probe finds them
+        reads = Provenance(made.static_inputs, discover=True, draws=self._learn_draws)
         watch = CompileWatch(self.backend.name == "emulated", self.on.compiled_code)
         draws = self._choices.watch() if self.on.host_rng and self.on.record_probe else None
         try:
@@ -174,6 +175,7 @@ class RecorderRecording:
                 made.refusal = self._probe(made, reads.wrap(fn), callargs.tensors)
                 made.refusal = made.refusal or self._class_writes(before)
             made.refusal = self._draws_refusal(made.refusal, draws)
+            made.refusal = self._cpu_draws_refusal(made.refusal, reads)
             settled = self._input_reads.settle(made.key, reads.reads)
             made.key = settled if settled is made.key else self._choices.rekey(settled)
             self._dropout_buffers = state.dropout_buffers() or self._dropout_buffers
@@ -182,8 +184,9 @@ class RecorderRecording:
             with state.output().held():
                 made.shadow = self._reference(made, callargs, state)
             # the recording is answered the values the probe read: no sync inside it
-            if reads.reads:
-                fn = Provenance(made.static_inputs, dict(reads.reads)).wrap(fn)
+            if reads.reads:  # and the key's host draws' reads (made before this call)
+                drawn = self._input_reads.drawn_to is not None
+                fn = Provenance(made.static_inputs, dict(reads.reads), draws=drawn).wrap(fn)
             branches = recording_context(self.on.capture_branches)
             cached = weight_caches.uncached() if self.on.call_state else contextlib.nullcontext()
             runs: list[Watch] = []  # warm-up's and the capture's draws: the keyed choices, moved
@@ -226,6 +229,32 @@ class RecorderRecording:
         changed = self._choices.changed("forward", draws) if refusal is None else None
         return refusal if changed is None else Refusal("module", changed)
 
+    def _cpu_draws_refusal(self, refusal: Refusal | None, reads: Provenance) -> Refusal | None:
+        """Draws from torch's CPU generator beside a GPU model that are only read on the host
+        (transformers' LayerDrop): at first sight this call runs eagerly and the next recording
+        call's probe finds them (``reads``, a dispatch mode); found, they are learnt: drawn and
+        read before choosing a recording from then on, keyed by what was read. A drawn value
+        reaching the computation, or draws other than the key's, retire as before."""
+        if refusal is None or not refusal.cpu_draws_only:
+            return refusal
+        if not (self.on.input_reads and self.on.host_rng) or self._input_reads.drawn_to is not None:
+            return refusal
+        if not self._learn_draws:
+            self._learn_draws = True
+            return Refusal("learn", "host_draws", "host draws: the next recording call learns them")
+        if (
+            reads.escaped
+            or not reads.draws
+            or not self._input_reads.learn_draws(reads.reads, reads.draws)
+        ):
+            return refusal
+        return Refusal(
+            "learn",
+            "host_draws",
+            f"{len(reads.draws)} host draw(s), {len(reads.reads)} read(s) of them: drawn before "
+            "choosing a recording from now on",
+        )
+
     def _recorded_draws(self, made: Made, runs: list[Watch]) -> None:
         """A warm-up or capture run that drew otherwise than its key learnt: not kept, retired."""
         changed = self._choices.changed("forward", *runs)
@@ -251,6 +280,7 @@ class RecorderRecording:
             (callers, made.written_inputs),
             self._choices.drawn_to,
             made.generators,
+            self._input_reads.drawn_to,
         )
 
     def _class_writes(self, before: tuple) -> Refusal | None:

@@ -223,6 +223,7 @@ class RecorderReplay:
             )
         outputs = _apply(step, callargs.tensors, recording.params)
         self._choices.advance()  # Python's and numpy's generators where eager's draws leave them
+        self._input_reads.advance()  # torch's CPU generator (the key's host draws) too
         shadow = step.shadow
         if shadow is not None:
             written = callargs.tensors if plan.inputs_written else ()

@@ -39,13 +39,15 @@ class Refusal:
 
     For a signature, ``reason`` is the eager route's one word and ``detail`` says why.
     ``draws_only``: the forward's one effect was drawing from Python's or numpy's RNG (draws that
-    only choose are keyed: ``guards/host_choices.py``).
+    only choose are keyed: ``guards/host_choices.py``); ``cpu_draws_only``: from torch's CPU
+    generator beside a GPU model (LayerDrop's ``torch.rand([])``: learnt by ``guards/input_reads.py``).
     """
 
     scope: str
     reason: str
     detail: str = ""
     draws_only: bool = False
+    cpu_draws_only: bool = False
 
 
 _DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
@@ -219,6 +221,7 @@ def probe(
     written_inputs: tuple[Sequence[torch.Tensor], dict[int, int]] | None = None,
     host_to: tuple | None = None,
     generators: list[torch.Generator] | None = None,
+    drawn_to: torch.Tensor | None = None,
 ) -> Refusal | None:
     """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None. Lists
     given receive: ``saved`` / ``saved_inputs`` the parameters / inputs the backward reads,
@@ -227,12 +230,15 @@ def probe(
     (a rerun must find them as the call did), ``generators`` the module's own generators it draws
     from (registered). ``written_inputs``: the caller's tensors and a dict receiving the inputs
     written in place (written back), with their version moves; ``host_to``: where the recorder's
-    own draws leave Python's and numpy's generators. The caller restores state and RNG."""
+    own draws leave Python's and numpy's generators, ``drawn_to`` torch's CPU generator (the key's
+    host draws, ``guards/input_reads.py``). The caller restores state and RNG."""
     if (refusal := _hook_order(params)) is not None:
         return refusal
     leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the storages
     callers = written_inputs[0] if written_inputs is not None else None
-    effects = SideEffects(module, static_inputs, host_rng, callers=callers, host_to=host_to)
+    effects = SideEffects(
+        module, static_inputs, host_rng, drawn_to=drawn_to, callers=callers, host_to=host_to
+    )
     device = next((t.device.type for t in (*static_inputs, *params)), "cpu")
     inspector = _Inspector(leaves, _own_generators(module, device, generators is not None))
     hooks = _SavedParameters([*leaves, *static_inputs])
@@ -336,7 +342,9 @@ def _forward_refusal(
     effect = effects.reason("forward")
     if effect is not None:
         only = effects.reason("forward", python_draws=False) is None
-        return Refusal("call" if effects.writes_only() else "module", effect, draws_only=only)
+        cpu_only = effects.reason("forward", host_draws=False) is None
+        scope = "call" if effects.writes_only() else "module"
+        return Refusal(scope, effect, draws_only=only, cpu_draws_only=cpu_only)
     if inspector.generators:
         return Refusal(
             "module",

@@ -174,9 +174,10 @@ class SideEffects:
             return (
                 f"{who} draws from torch's CPU generator beside a GPU model (torch.rand([]) on the "
                 "host, as LayerDrop does); a replay would repeat the first draw. What you can "
-                "change: draw with the model's device, in tensor ops; a draw read on the host "
-                "only (transformers' LayerDrop: Whisper, BART, ...) replays under rk.TrainStep, "
-                "which draws it before each replay"
+                "change: draw with the model's device, in tensor ops. A draw only compared on the "
+                "host (transformers' LayerDrop: Whisper, BART, ...) is learnt and drawn before "
+                "each replay; this one was not (its value reached the computation, or the "
+                "input_reads or host_rng protection is off)"
             )
         return None
 

@@ -112,3 +112,55 @@ def test_a_checked_replay_compares_with_eager_drawing_the_same_numbers(
     assert _same(eager, replayed) and rng == eager_rng
     assert not recorder.retired, recorder.retire_reason
     assert recorder.counts["replay"] > 0
+
+
+class TorchLayerDrop(LayerDrop):
+    """transformers' LayerDrop (Whisper, BART, ...): ``torch.rand([])`` from torch's CPU
+    generator, compared on the host; ``scaled``: the drawn value reaches the computation."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            r = torch.rand([])
+            if r < 0.5:
+                continue
+            y = torch.relu(block(x))
+            x = x + (y * r.to(x.device) if self.scaled else y)
+        return self.head(x)
+
+
+def _train_torch_draws(device: str, backend: str | None, **kw) -> tuple:
+    """Eight steps; the end state, where torch's CPU generator stands, and the recorder."""
+    torch.manual_seed(0)
+    model = TorchLayerDrop(scaled=kw.pop("scaled", False)).to(device)
+    recorder = rk.capture(model, backend=backend, **kw) if backend is not None else None
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(8):
+        opt.zero_grad(set_to_none=True)
+        loss = model(torch.randn(3, 4, generator=g).to(device)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return [*model.parameters(), *losses], torch.default_generator.get_state(), recorder
+
+
+@pytest.mark.parametrize("arm", ["plain", "checked", "scaled"])
+def test_a_cpu_generator_draw_beside_a_gpu_model_is_drawn_before_the_replay(
+    backend: str, device: str, arm: str
+) -> None:
+    """Beside a GPU model torch's CPU generator is host state a CUDA graph never advances. A draw
+    read on the host only is learnt over two eager calls (seen, then found by the probe), then
+    drawn before each call chooses a recording, keyed by the branch, and the generator ends where
+    eager's draws leave it (``check_every=1``: eager's check draws the same numbers). A draw
+    reaching the computation retires. On the CPU backend the draw is the device's and its host
+    read retires, as before."""
+    kw = {"check_every": 1} if arm == "checked" else {"scaled": True} if arm == "scaled" else {}
+    eager, eager_rng, _ = _train_torch_draws(device, None, scaled=arm == "scaled")
+    replayed, rng, recorder = _train_torch_draws(device, backend, **kw)
+    assert _same(eager, replayed) and torch.equal(rng, eager_rng), recorder.summary()
+    if backend != "cuda" or arm == "scaled":
+        assert recorder.retired and recorder.counts["replay"] == 0, recorder.summary()
+        return
+    assert not recorder.retired and recorder.counts["replay"] >= 4, recorder.summary()
+    assert recorder.eager_reasons["host_draws"] == 2, recorder.summary()
