@@ -129,14 +129,14 @@ class TorchLayerDrop(LayerDrop):
 
 
 def _train_torch_draws(device: str, backend: str | None, **kw) -> tuple:
-    """Eight steps; the end state, where torch's CPU generator stands, and the recorder."""
+    """Sixteen steps; the end state, where torch's CPU generator stands, and the recorder."""
     torch.manual_seed(0)
     model = TorchLayerDrop(scaled=kw.pop("scaled", False)).to(device)
     recorder = rk.capture(model, backend=backend, **kw) if backend is not None else None
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     g = torch.Generator().manual_seed(1)
     losses = []
-    for _ in range(8):
+    for _ in range(16):
         opt.zero_grad(set_to_none=True)
         loss = model(torch.randn(3, 4, generator=g).to(device)).pow(2).mean()
         loss.backward()
@@ -162,5 +162,6 @@ def test_a_cpu_generator_draw_beside_a_gpu_model_is_drawn_before_the_replay(
     if backend != "cuda" or arm == "scaled":
         assert recorder.retired and recorder.counts["replay"] == 0, recorder.summary()
         return
-    assert not recorder.retired and recorder.counts["replay"] >= 4, recorder.summary()
-    assert recorder.eager_reasons["host_draws"] == 2, recorder.summary()
+    # two eager calls learn; then one recording per branch pattern (two coins: at most four)
+    assert not recorder.retired and recorder.counts["record"] <= 4, recorder.summary()
+    assert recorder.counts["replay"] >= 10 and recorder.eager_reasons["host_draws"] == 2
