@@ -174,7 +174,7 @@ class RecorderRecording:
             with state.output().held(), draws or contextlib.nullcontext():
                 made.refusal = self._probe(made, reads.wrap(fn), callargs.tensors)
                 made.refusal = made.refusal or self._class_writes(before)
-            made.refusal = self._draws_refusal(made.refusal, draws)
+            made.refusal = self._private_draws(state) or self._draws_refusal(made.refusal, draws)
             made.refusal = self._cpu_draws_refusal(made.refusal, reads)
             settled = self._input_reads.settle(made.key, reads.reads)
             made.key = settled if settled is made.key else self._choices.rekey(settled)
@@ -204,7 +204,7 @@ class RecorderRecording:
                     )
                 )
             watch.check()
-            self._recorded_draws(made, runs)
+            self._recorded_draws(made, runs, state)
         except Exception as exc:
             if watch.recompiled():  # this call runs eagerly (compiling it); the next records
                 self._not_recorded = "compiling"
@@ -255,12 +255,24 @@ class RecorderRecording:
             "choosing a recording from now on",
         )
 
-    def _recorded_draws(self, made: Made, runs: list[Watch]) -> None:
-        """A warm-up or capture run that drew otherwise than its key learnt: not kept, retired."""
+    def _recorded_draws(self, made: Made, runs: list[Watch], state: CallState) -> None:
+        """A warm-up or capture run that drew otherwise than its key learnt, or from a private
+        host generator: not kept, retired."""
         changed = self._choices.changed("forward", *runs)
-        if changed is not None:
+        refusal = self._private_draws(state) or (
+            Refusal("module", changed) if changed is not None else None
+        )
+        if refusal is not None:
             made.recording.free()
-            made.recording, made.refusal = None, Refusal("module", changed)
+            made.recording, made.refusal = None, refusal
+
+    def _private_draws(self, state: CallState) -> Refusal | None:
+        """A run that drew from a private host generator the call reaches (``random.Random``,
+        numpy's: ``verify/host_generators.py``): a replay would repeat the draw; retired."""
+        if not self.on.host_rng:
+            return None
+        why = state.host_generators.drawn("forward")
+        return None if why is None else Refusal("module", why)
 
     def _probe(self, made: Made, fn: Any, callers: list[torch.Tensor]) -> Refusal | None:
         """One eager forward and backward that finds what no replay can repeat (verify/probe.py)."""

@@ -311,6 +311,9 @@ class RecordingSteps:
         choices: Watch | None,
     ) -> str | None:
         """Why the reference run must stand as the call (a replay would not repeat what it did), or None."""
+        private = self._private_draws(state)
+        if private is not None:
+            return private
         why = effects.reason("the step", writes=self.on.side_effects)
         if why is not None and effects.reason("the step", python_draws=False) is None:
             why = self._learn_choices(why, choices)
@@ -340,6 +343,11 @@ class RecordingSteps:
             "step's snapshots from the next recording call",
             "held_writes",
         )
+
+    def _private_draws(self, state: CallState) -> str | None:
+        """A run that drew from a private host generator the call reaches (``random.Random``,
+        numpy's: ``verify/host_generators.py``): a replay would repeat the draw; it stands, retired."""
+        return state.host_generators.drawn("the step") if self.on.host_rng else None
 
     def _learn_choices(self, why: str, choices: Watch | None) -> str:
         """The run's only effect was drawing from Python's or numpy's RNG: draws that only chose
@@ -473,6 +481,9 @@ class RecordingSteps:
 
     def _capture_why(self, a: Attempt, state: CallState) -> str | None:
         """Why replays of the captured run would differ from eager outside the tensors it computes."""
+        private = self._private_draws(state)
+        if private is not None:
+            return private
         why = a.effects.reason("the step", writes=self.on.side_effects)
         if why is not None and a.effects.reason("the step", python_draws=False) is None:
             return self._learn_choices(why, a.choices)

@@ -30,8 +30,9 @@ from torch import nn
 from ..guards.module import cell_filled, hidden_modules
 from ..guards.recurrent import DropoutStates, dropout_states, watching
 from . import weight_caches
+from .host_generators import HostGenerators, direct_names, forward_named
 from .output import HeldOutput, WarningRegistries
-from .snapshot import StateSnapshot, contents, host_copy, mutable, put_back
+from .snapshot import StateSnapshot, contents, held_host_generators, host_copy, mutable, put_back
 
 __all__ = ["CallState"]
 
@@ -69,19 +70,21 @@ class CallState:
     ) -> None:
         self._tensors = tensors
         self._whole = whole
-        if not whole:  # unsafe (``call_state`` off): the tensor snapshot alone
-            model, optimizer, code, objects = nn.Module(), None, (), ()
         code = [c for c in code if c is not None]
+        # what the code reads (loss_fn's: every cell and global it names; a forward's: plain values
+        # only, not a cache it fills, whose tensors a recording made after the call may read)
+        values = [v for s in code for v in s.values()]
+        modules, held = _reached(values, {id(m) for m in model.modules()})
+        # found whether or not they are put back: a run that moves one is a draw no replay repeats
+        self.host_generators = _host_generators(model, modules, values)
+        if not whole:  # unsafe (``call_state`` off): the tensor snapshot alone
+            model, optimizer, code, objects = nn.Module(), None, [], ()
+            modules, held = [], []
         self._cells = [
             (c, c.cell_contents if cell_filled(c) else _EMPTY) for s in code for c in s.cells
         ]
         self._globals = [(g, n, g.get(n, _EMPTY)) for s in code for g, n in s.global_names]
         self._classes = _class_attributes(code)
-        # what the code reads (loss_fn's: every cell and global it names; a forward's: plain values
-        # only, not a cache it fills, whose tensors a recording made after the call may read)
-        values = [v for s in code for v in s.values()]
-        inside = {id(m) for m in model.modules()}
-        modules, held = _reached(values, inside)
         self.modules = modules  # outside the model: a second network's owners (memory/foreign.py)
         self._modules = [(m, StateSnapshot(m)) for m in modules]
         # which tensor or module each name is bound to: a forward that re-binds a buffer
@@ -177,6 +180,8 @@ class CallState:
                 cell.cell_contents = value
         if self._dropout is not None:
             self._dropout.restore()
+        if self._whole:
+            self.host_generators.restore()
         for g, name, value in self._globals:
             if isinstance(g.get(name), torch.Tensor):
                 continue  # a tensor a recording made after the call may read: left bound
@@ -204,6 +209,18 @@ class CallState:
                 t.data.copy_(v, non_blocking=True)
             for t, v in self._forward_tensors:
                 t.data.copy_(v, non_blocking=True)
+
+
+def _host_generators(
+    model: nn.Module, outside: list[nn.Module], values: list[Any]
+) -> HostGenerators:
+    """The private host generators the call reaches: held in the model's tree, in what the code
+    holds (``values``: loss_fn's cells, defaults, globals, bound object; ``outside``: the modules
+    outside the model those hold, a criterion), or named by a ``forward`` (a global, a cell)."""
+    named = [*model.named_modules(), *hidden_modules(model)]
+    modules = [m for _, m in named] + [s for o in outside for s in o.modules()]
+    values = [*values, *forward_named(modules)]
+    return HostGenerators(held_host_generators(modules, values), direct_names(named))
 
 
 def _forward_copies(code: list[Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:

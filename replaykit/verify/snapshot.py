@@ -13,12 +13,14 @@ import weakref
 from collections import deque
 from collections.abc import Iterable, Sequence
 from types import FunctionType, MethodType, ModuleType
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from ..guards.module import hidden_modules, is_ndarray
 from ..guards.recurrent import restore_cuda_rng
+from .host_generators import is_host_generator
 
 
 def host_copy(t: torch.Tensor) -> torch.Tensor:
@@ -54,7 +56,7 @@ class StateSnapshot:
         self._attributes = [(m, _plain_attributes(m)) for m in modules]
         params = _members(module, modules, "parameters") if tensors else []
         if tensors:
-            attr_tensors, generators = held_state(a for _, a in self._attributes)
+            attr_tensors, generators, _ = held_state(a for _, a in self._attributes)
             buffers = _members(module, modules, "buffers")
             held = [*(params if parameters else extra), *buffers, *attr_tensors]
         else:
@@ -151,15 +153,23 @@ _PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
 _ATOMS = (str, bytes, int, float, complex, bool, type(None), type, ModuleType, FunctionType)
 
 
-def held_state(
-    roots: Iterable[dict],
-) -> tuple[list[torch.Tensor], list[torch.Generator]]:
-    """The tensors (parameters aside) and generators reachable from the values of ``roots`` (a
-    module's plain attributes, a function's closure) through lists, tuples, deques, sets, dicts and
-    plain objects (``self.bank = Bank()``, ``self.aug = Augment()`` holding a generator): a
-    rerun must find each as the first run found it. Modules are not entered (walked as modules)."""
+class Held(NamedTuple):
+    """What :func:`held_state` finds: tensors, torch generators, private host generators."""
+
+    tensors: list[torch.Tensor]
+    generators: list[torch.Generator]
+    host: list[Any]  # random.Random, numpy Generator / RandomState (verify/host_generators.py)
+
+
+def held_state(roots: Iterable[dict]) -> Held:
+    """The tensors (parameters aside), generators and private host generators reachable from the
+    values of ``roots`` (a module's plain attributes, a function's closure) through lists, tuples,
+    deques, sets, dicts and plain objects (``self.bank = Bank()``, ``self.aug = Augment()`` holding
+    a generator): a rerun must find each as the first run found it. Modules are not entered
+    (walked as modules)."""
     tensors: dict[int, torch.Tensor] = {}
     generators: dict[int, torch.Generator] = {}
+    host: dict[int, Any] = {}
     seen: set[int] = set()
     todo: list[tuple[object, int]] = [(v, _DEPTH) for root in roots for v in root.values()]
     while todo:
@@ -172,6 +182,9 @@ def held_state(
             continue
         if isinstance(value, torch.Generator):
             generators.setdefault(id(value), value)
+            continue
+        if is_host_generator(value):
+            host.setdefault(id(value), value)
             continue
         if depth == 0 or id(value) in seen or isinstance(value, (nn.Module, MethodType, *_ATOMS)):
             continue
@@ -188,7 +201,14 @@ def held_state(
         else:
             continue
         todo += [(v, depth - 1) for v in items]
-    return list(tensors.values()), list(generators.values())
+    return Held(list(tensors.values()), list(generators.values()), list(host.values()))
+
+
+def held_host_generators(modules: Iterable[nn.Module], values: Sequence[Any] = ()) -> list[Any]:
+    """The private host generators the modules' plain attributes and ``values`` (what code holds)
+    reach, by :func:`held_state`'s walk: the ones a recording call's state puts back."""
+    roots = [*(_plain_attributes(m) for m in modules), dict(enumerate(values))]
+    return held_state(roots).host
 
 
 def _writable_array(value: object) -> bool:
