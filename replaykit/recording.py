@@ -142,8 +142,8 @@ class RecorderRecording:
         """Everything the call's runs may change, taken before the first (without ``call_state``,
         unsafe: the module's values alone)."""
         snapshot = StateSnapshot(self.module)
-        if not self.on.call_state:
-            return CallState(snapshot, self.module, whole=False)
+        if not self.on.call_state:  # the code still says where private host generators live
+            return CallState(snapshot, self.module, code=[self._forward_inputs], whole=False)
         return CallState(snapshot, self.module, code=[self._forward_inputs])
 
     def _forward_held(self) -> list[torch.Tensor]:

@@ -186,8 +186,8 @@ class RecordingSteps:
             # a CUDA capture executes no kernels: without the reference only Python runs twice
             tensors = self.backend.name != "cuda" or self.on.verify_recording
         snapshot = self._snapshot(tensors=tensors)
-        if not self.on.call_state:
-            return CallState(snapshot, self.model, whole=False)
+        if not self.on.call_state:  # the code still says where private host generators live
+            return CallState(snapshot, self.model, code=self._code(), whole=False)
         return CallState(snapshot, self.model, self.optimizer, self._code(), [self.ema])
 
     def _code(self) -> list:

@@ -57,7 +57,8 @@ class CallState:
     """Taken once at the start of a recording call; :meth:`restore` puts everything back.
     ``tensors``: the entry point's snapshot; ``model``: what it covers; ``code``: the sources of the
     code the call runs; ``objects``: plain objects a call may re-bind (an EMA); ``whole=False``
-    (``call_state`` off): the tensor snapshot alone."""
+    (``call_state`` off): the tensor snapshot alone, the private host generators found (their
+    draws are still seen: ``host_generators``) but not put back."""
 
     def __init__(
         self,
@@ -218,9 +219,13 @@ def _host_generators(
     holds (``values``: loss_fn's cells, defaults, globals, bound object; ``outside``: the modules
     outside the model those hold, a criterion), or named by a ``forward`` (a global, a cell)."""
     named = [*model.named_modules(), *hidden_modules(model)]
-    modules = [m for _, m in named] + [s for o in outside for s in o.modules()]
-    values = [*values, *forward_named(modules)]
-    return HostGenerators(held_host_generators(modules, values), direct_names(named))
+    tree = [m for _, m in named]
+    code = [s for o in outside for s in o.modules()]
+    in_code = held_host_generators(code, [*values, *forward_named(tree)])
+    in_model = held_host_generators(tree)
+    where = {id(g): "loss_fn's or a forward's code" for g in in_code}
+    where |= {id(g): "the model" for g in in_model} | direct_names(named)
+    return HostGenerators([*in_model, *in_code], where)
 
 
 def _forward_copies(code: list[Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:

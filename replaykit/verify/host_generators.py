@@ -105,8 +105,8 @@ def _global_names(code: Any) -> set[str]:
 
 class HostGenerators:
     """The private host generators a recording call reaches, with their states when it began:
-    :meth:`restore` puts them back, :meth:`drawn` names one a run moved. ``named``: where the
-    model holds some directly (``MaskedAE.rng``), for the reason."""
+    :meth:`restore` puts them back, :meth:`drawn` names one a run moved. ``named``: who holds
+    each (``MaskedAE.rng`` where the model holds it as an attribute), for the reason."""
 
     def __init__(self, generators: Iterable[Any], named: dict[int, str] | None = None) -> None:
         unique: dict[int, Any] = {}
@@ -128,8 +128,8 @@ class HostGenerators:
         for g, state in self._states:
             if _comparable(state_of(g)) != _comparable(state):
                 kind = _kind(g)
-                where = self._named.get(id(g))
-                held = f"{where} ({kind})" if where else f"a {kind} the model or its code holds"
+                where = self._named.get(id(g), "the model or its code")
+                held = f"{where} ({kind})" if "." in where else f"a {kind} {where} holds"
                 return (
                     f"{who} draws from {held}, a private host generator; a replay would repeat "
                     "the first draw. What you can change: draw on the device from a "
