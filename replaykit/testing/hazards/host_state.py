@@ -105,6 +105,47 @@ def _random_task_loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model.heads[task](model.trunk(x)).pow(2).mean()
 
 
+# --------------------------------------------------------------------------- private host generators
+class PrivateMasked(nn.Module):
+    """MAE-style masking from a generator the module holds (``random.Random`` or numpy's
+    ``default_rng``), not the global one: the recording call's extra runs would advance it."""
+
+    def __init__(self, kind: str = "random") -> None:
+        super().__init__()
+        import numpy as np
+
+        self.net = MLP()
+        self.rng = random.Random(7) if kind == "random" else np.random.default_rng(7)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        draws = [float(self.rng.random()) for _ in range(6)]
+        return self.net(x * torch.tensor([float(d > 0.3) for d in draws], device=x.device))
+
+
+def _next_draw(train: Callable[[nn.Module, Arm], Extras]) -> Callable[[nn.Module, Arm], Extras]:
+    """The loop, then one more draw from the model's generator: where the run left it."""
+
+    def run(model: nn.Module, arm: Arm) -> Extras:
+        kept = train(model, arm)
+        kept["next_draw"] = torch.tensor(float(model.rng.random()))
+        return kept
+
+    return run
+
+
+def _closure_task_step(model: nn.Module, arm: Arm) -> Extras:
+    """loss_fn chooses the head with a ``random.Random`` it closes over."""
+    rng = random.Random(0)
+
+    def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        task = 0 if rng.random() < 0.5 else 1
+        return m.heads[task](m.trunk(x)).pow(2).mean()
+
+    kept = step_loop(model, arm, loss_fn=loss_fn, steps=6)
+    kept["next_draw"] = torch.tensor(rng.random())
+    return kept
+
+
 # --------------------------------------------------------------------------- held containers
 class RecentScaled(nn.Module):
     """Scales its output by the mean of the recent losses the loop appends to a deque it holds."""
@@ -239,6 +280,35 @@ PATTERNS: list[Pattern] = [
         "loss_fn samples the task (head) with random.random()",
         built(TwoHeads),
         seeded(stepped(loss_fn=_random_task_loss, steps=8)),
+        guard="host_rng",
+        api="step",
+    ),
+    # put back by the recording call's state (call_state), and a draw retires, named (host_rng):
+    # under TrainStep the reference run draws first and stands, so the watch is what keeps it exact
+    *HC.twins(
+        "private_random_masking",
+        "MAE masking drawn from a random.Random the module holds",
+        built(PrivateMasked),
+        _next_draw(looped(steps=5)),
+        _next_draw(stepped(steps=5)),
+        guard="call_state",
+        step={"guard": "host_rng"},
+    ),
+    *HC.twins(
+        "private_numpy_generator_masking",
+        "MAE masking drawn from np.random.default_rng the module holds",
+        built(PrivateMasked, "numpy"),
+        _next_draw(looped(steps=5)),
+        _next_draw(stepped(steps=5)),
+        guard="call_state",
+        # the module's key and the held-object watch see a numpy Generator move too
+        step={"guard": "host_rng+side_effects+module_state"},
+    ),
+    HC.pattern(
+        "step_private_random_task_in_loss",
+        "loss_fn samples the task with a random.Random it closes over",
+        built(TwoHeads),
+        _closure_task_step,
         guard="host_rng",
         api="step",
     ),
