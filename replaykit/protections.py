@@ -108,7 +108,8 @@ REGISTRY: dict[str, Protection] = {
             "both",
             "a recording call's extra runs (probe, eager reference, capture, a retry) are put back only as far as the "
             "model's tensors: a buffer re-bound in forward, modules and values loss_fn holds, the optimizer's "
-            "param-group values move two or three times in one call, and each run prints",
+            "param-group values, a private random.Random or numpy Generator move two or three times in one call, "
+            "and each run prints",
         ),
         Protection(
             "autograd_modes",
@@ -118,7 +119,8 @@ REGISTRY: dict[str, Protection] = {
         Protection(
             "host_rng",
             "both",
-            "a recorded call that drew from Python's or numpy's RNG, or from torch's CPU generator beside a GPU model, replays the first draw for ever",
+            "a recorded call that drew from Python's or numpy's RNG, a private random.Random or numpy Generator the model "
+            "or loss_fn holds, or torch's CPU generator beside a GPU model, replays the first draw for ever",
         ),
         Protection(
             "forward_inputs",
