@@ -1,9 +1,10 @@
-"""SILENT: a module's own host RNG (``random.Random`` / ``np.random.default_rng``) drawn in forward.
+"""Was SILENT: a module's own host RNG (``random.Random`` / ``np.random.default_rng``) drawn in forward.
 
-Every call ends eager (retired / ``diverged``), yet the results differ from eager's: the recording
-call runs the forward more than once (probe, record, check) and each run draws from the private
-generator, which nothing puts back (the global ``random``/numpy RNGs are guarded, a private one
-is not seen). Later calls then draw a shifted stream.
+Every call ended eager (retired / ``diverged``), yet the results differed from eager's: the
+recording call runs the forward more than once (probe, record, check) and each run drew from the
+private generator, which nothing put back. Fixed: the call state finds such generators, puts them
+back, and a draw from one retires the entry point naming it (``verify/host_generators.py``);
+every line prints "equal".
 
     PYTHONPATH=$PWD python scripts/hostile/round4/repro_private_host_rng.py
 """
