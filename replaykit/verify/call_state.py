@@ -30,7 +30,7 @@ from torch import nn
 from ..guards.module import cell_filled, hidden_modules
 from ..guards.recurrent import DropoutStates, dropout_states, watching
 from . import weight_caches
-from .host_generators import HostGenerators, direct_names, forward_named
+from .host_generators import HostGenerators, forward_named
 from .output import HeldOutput, WarningRegistries
 from .snapshot import StateSnapshot, contents, held_host_generators, host_copy, mutable, put_back
 
@@ -76,11 +76,13 @@ class CallState:
         # only, not a cache it fills, whose tensors a recording made after the call may read)
         values = [v for s in code for v in s.values()]
         modules, held = _reached(values, {id(m) for m in model.modules()})
+        hidden = hidden_modules(model)
         # found whether or not they are put back: a run that moves one is a draw no replay repeats
-        self.host_generators = _host_generators(model, modules, values)
+        walked = getattr(tensors, "host_generators", None)  # the snapshot's walk of the model
+        self.host_generators = _host_generators(model, hidden, modules, values, walked)
         if not whole:  # unsafe (``call_state`` off): the tensor snapshot alone
             model, optimizer, code, objects = nn.Module(), None, [], ()
-            modules, held = [], []
+            modules, held, hidden = [], [], []
         self._cells = [
             (c, c.cell_contents if cell_filled(c) else _EMPTY) for s in code for c in s.cells
         ]
@@ -91,7 +93,7 @@ class CallState:
         # which tensor or module each name is bound to: a forward that re-binds a buffer
         # (``self.center = m * self.center + ...``, DINO's centre) or adds a submodule at its
         # first call changes these dicts, not the old tensor's values
-        trees = [*model.modules(), *(m for _, m in hidden_modules(model))]
+        trees = [*model.modules(), *(m for _, m in hidden)]
         trees += [s for m in modules for s in m.modules()]
         self._slots = [
             (d, dict(d))
@@ -213,19 +215,25 @@ class CallState:
 
 
 def _host_generators(
-    model: nn.Module, outside: list[nn.Module], values: list[Any]
+    model: nn.Module,
+    hidden: list[tuple[str, nn.Module]],
+    outside: list[nn.Module],
+    values: list[Any],
+    walked: list[Any] | None = None,
 ) -> HostGenerators:
-    """The private host generators the call reaches: held in the model's tree, in what the code
-    holds (``values``: loss_fn's cells, defaults, globals, bound object; ``outside``: the modules
-    outside the model those hold, a criterion), or named by a ``forward`` (a global, a cell)."""
-    named = [*model.named_modules(), *hidden_modules(model)]
+    """The private host generators the call reaches: held in the model's tree (``hidden``: the
+    modules it keeps in plain containers), in what the code holds (``values``: loss_fn's cells,
+    defaults, globals, bound object; ``outside``: the modules outside the model those hold, a
+    criterion), or named by a ``forward`` (a global, a closure cell). ``walked``: those of the
+    model's tree, found by its snapshot's walk (None: walked here)."""
+    named = [*model.named_modules(), *hidden]
     tree = [m for _, m in named]
     code = [s for o in outside for s in o.modules()]
     in_code = held_host_generators(code, [*values, *forward_named(tree)])
-    in_model = held_host_generators(tree)
-    where = {id(g): "loss_fn's or a forward's code" for g in in_code}
-    where |= {id(g): "the model" for g in in_model} | direct_names(named)
-    return HostGenerators([*in_model, *in_code], where)
+    in_model = held_host_generators(tree) if walked is None else walked
+    owners = {id(g): "loss_fn's or a forward's code" for g in in_code}
+    owners |= {id(g): "the model" for g in in_model}
+    return HostGenerators([*in_model, *in_code], owners, named)
 
 
 def _forward_copies(code: list[Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import random
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from types import FunctionType
 from typing import Any
 
@@ -30,7 +30,7 @@ from torch import nn
 
 from ..guards.module import cell_filled, is_ndarray
 
-__all__ = ["HostGenerators", "direct_names", "forward_named", "is_host_generator"]
+__all__ = ["HostGenerators", "forward_named", "is_host_generator"]
 
 
 def is_host_generator(value: Any) -> bool:
@@ -105,15 +105,22 @@ def _global_names(code: Any) -> set[str]:
 
 class HostGenerators:
     """The private host generators a recording call reaches, with their states when it began:
-    :meth:`restore` puts them back, :meth:`drawn` names one a run moved. ``named``: who holds
-    each (``MaskedAE.rng`` where the model holds it as an attribute), for the reason."""
+    :meth:`restore` puts them back, :meth:`drawn` names one a run moved. ``owners``: who holds
+    each ("the model"), for the reason; ``modules``: the model's named modules, where one held as
+    an attribute is named (``MaskedAE.rng``) when a reason is given."""
 
-    def __init__(self, generators: Iterable[Any], named: dict[int, str] | None = None) -> None:
+    def __init__(
+        self,
+        generators: Iterable[Any],
+        owners: dict[int, str] | None = None,
+        modules: Sequence[tuple[str, nn.Module]] = (),
+    ) -> None:
         unique: dict[int, Any] = {}
         for g in generators:
             unique.setdefault(id(g), g)
         self._states = [(g, state_of(g)) for g in unique.values()]
-        self._named = named or {}
+        self._owners = owners or {}
+        self._modules = modules if self._states else ()
 
     def __bool__(self) -> bool:
         return bool(self._states)
@@ -125,36 +132,30 @@ class HostGenerators:
     def drawn(self, who: str) -> str | None:
         """Why no replay would repeat the runs since the call began (or since :meth:`restore`):
         one of the generators moved, or None."""
-        for g, state in self._states:
-            if _comparable(state_of(g)) != _comparable(state):
-                kind = _kind(g)
-                where = self._named.get(id(g), "the model or its code")
-                held = f"{where} ({kind})" if "." in where else f"a {kind} {where} holds"
-                return (
-                    f"{who} draws from {held}, a private host generator; a replay would repeat "
-                    "the first draw. What you can change: draw on the device from a "
-                    "torch.Generator the module holds (rk.capture replays those), or draw "
-                    "outside the step and pass the result in"
-                )
-        return None
+        moved = next(
+            (g for g, state in self._states if _comparable(state_of(g)) != _comparable(state)),
+            None,
+        )
+        if moved is None:
+            return None
+        return (
+            f"{who} draws from {self._held(moved)}, a private host generator; a replay would "
+            "repeat the first draw. What you can change: draw on the device from a "
+            "torch.Generator the module holds (rk.capture replays those), or draw outside the "
+            "step and pass the result in"
+        )
 
-
-def _kind(g: Any) -> str:
-    """``random.Random``, ``numpy.random.Generator`` (its public name), a subclass's own name."""
-    cls = type(g)
-    root = cls.__module__.partition(".")[0]
-    return (
-        f"numpy.random.{cls.__name__}"
-        if root == "numpy"
-        else f"{cls.__module__}.{cls.__qualname__}"
-    )
-
-
-def direct_names(modules: Iterable[tuple[str, nn.Module]]) -> dict[int, str]:
-    """``id -> "Owner.attr"`` for the private generators the modules hold as attributes."""
-    return {
-        id(v): f"{name or type(m).__name__}.{k}"
-        for name, m in modules
-        for k, v in m.__dict__.items()
-        if is_host_generator(v)
-    }
+    def _held(self, g: Any) -> str:
+        """``MaskedAE.rng (random.Random)``, or ``a random.Random the model holds``."""
+        cls = type(g)
+        root = cls.__module__.partition(".")[0]
+        kind = (
+            f"numpy.random.{cls.__name__}"
+            if root == "numpy"
+            else f"{cls.__module__}.{cls.__qualname__}"
+        )
+        for name, m in self._modules:
+            attr = next((k for k, v in m.__dict__.items() if v is g), None)
+            if attr is not None:
+                return f"{name or type(m).__name__}.{attr} ({kind})"
+        return f"a {kind} {self._owners.get(id(g), 'the model or its code')} holds"

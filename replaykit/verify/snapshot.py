@@ -55,8 +55,12 @@ class StateSnapshot:
         modules = [*module.modules(), *(m for _, m in hidden_modules(module))]
         self._attributes = [(m, _plain_attributes(m)) for m in modules]
         params = _members(module, modules, "parameters") if tensors else []
+        # the private host generators the walk met (None: not walked), for a call state to take
+        self.host_generators: list[Any] | None = None
         if tensors:
-            attr_tensors, generators, _ = held_state(a for _, a in self._attributes)
+            attr_tensors, generators, self.host_generators = held_state(
+                a for _, a in self._attributes
+            )
             buffers = _members(module, modules, "buffers")
             held = [*(params if parameters else extra), *buffers, *attr_tensors]
         else:

@@ -42,6 +42,7 @@ class StepSnapshot:
         outside: Sequence[torch.Tensor] = (),
     ) -> None:
         self._model = StateSnapshot(model, tensors=tensors)
+        self.host_generators = self._model.host_generators  # the model's walk: a call state's
         # private generators outside the model (one loss_fn closes over): drawn again by a rerun
         self._generators = [(g, g.get_state()) for g in generators] if tensors else []
         extra = ema.tensors() if ema is not None and tensors else ()
