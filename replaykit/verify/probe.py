@@ -226,24 +226,20 @@ def probe(
     """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None. Lists
     given receive: ``saved`` / ``saved_inputs`` the parameters / inputs the backward reads,
     ``multi_use`` the parameters read twice (a summed gradient), ``outputs`` the output's structure
-    (:mod:`replaykit.memory.outputs`), ``written`` the parameters whose storage the forward writes
-    (a rerun must find them as the call did), ``generators`` the module's own generators it draws
-    from (registered). ``written_inputs``: the caller's tensors and a dict receiving the inputs
-    written in place (written back), with their version moves; ``host_to``: where the recorder's
-    own draws leave Python's and numpy's generators, ``drawn_to`` torch's CPU generator (the key's
-    host draws, ``guards/input_reads.py``). The caller restores state and RNG."""
+    (:mod:`replaykit.memory.outputs`), ``written`` the parameters whose storage the forward writes,
+    ``generators`` the module's own generators it draws from (registered). ``written_inputs``: the
+    caller's tensors and a dict receiving the inputs written in place, with their version moves;
+    ``host_to`` / ``drawn_to``: where the recorder's own draws leave Python's and numpy's / torch's
+    CPU generators. The caller restores state and RNG."""
     if (refusal := _hook_order(params)) is not None:
         return refusal
     leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the storages
     callers = written_inputs[0] if written_inputs is not None else None
-    effects = SideEffects(
-        module, static_inputs, host_rng, drawn_to=drawn_to, callers=callers, host_to=host_to
-    )
+    effects = SideEffects(module, static_inputs, host_rng, drawn_to, host_to, callers)
     device = next((t.device.type for t in (*static_inputs, *params)), "cpu")
     inspector = _Inspector(leaves, _own_generators(module, device, generators is not None))
     hooks = _SavedParameters([*leaves, *static_inputs])
-    # the backends record with autocast's cast cache off (so does the probe, to count the casts a
-    # recording makes); eager casts a parameter once per region
+    # autocast's cast cache off, as the backends record (the probe counts a recording's casts)
     autocast, dtype = autocast_key(device)
     shared_casts = autocast and torch.is_autocast_cache_enabled()
     with (
