@@ -141,8 +141,9 @@ class LossInputs:
 
     # ----------------------------------------------------------------- finding the sources
     def _add(self, name: str, get: Callable[[], Any]) -> None:
-        if _registry(_get(get)):
-            self._sources.append((name, lambda: _registry_key(get(), self._value)))
+        found = _get(get)
+        if _registry_key(found) is not _MISSING and _plain_defaults(found):  # code: by identity
+            self._sources.append((name, lambda: self._code_value(get())))
         else:
             self._sources.append((name, lambda: self._value(get())))
         self._raw.append(get)
@@ -172,6 +173,11 @@ class LossInputs:
             except Exception:  # named in ``unwatched`` already
                 continue
         return values
+
+    def _code_value(self, value: Any) -> Any:
+        """A registry's key while it holds code only, else its value's."""
+        found = _registry_key(value)
+        return self._value(value) if found is _MISSING else found
 
     def _value(self, value: Any) -> Any:
         if isinstance(value, nn.Module):
@@ -530,6 +536,7 @@ def _class_attribute(cls: type, name: str) -> Any:
     return None
 
 
+_CAPTURED = frozenset({str, int, bool, type(None)})  # immutable, equal only when the same
 _CODE = (type, FunctionType, BuiltinFunctionType)
 
 
@@ -538,24 +545,48 @@ def _class_value(name: str, value: Any) -> bool:
     return not name.startswith("__") and name != "_abc_impl" and _plain(value)
 
 
-def _registry(value: Any) -> bool:
-    """A dict, list or tuple of functions and classes only (transformers' ``LOSS_MAPPING``, an
-    attention registry's mapping, a user's ``ACTIVATIONS = {"relu": F.relu}``): code, which the
-    walk keys by identity as it keys a method (what a function captures is its code's state)."""
+def _code_entry(value: Any) -> Any:
+    """A registry entry's key: a class or builtin itself; a function itself with its defaults and
+    what it captures when that is a string, an int, None or code (a decorator's wrapper captures
+    the function and its settings); ``_MISSING`` for anything else (data, keyed by value: a float
+    too, which ``value_key`` tells from ``-0.0``). Defaults are checked once (``_plain_defaults``)."""
+    if type(value) is FunctionType and value.__kwdefaults__ is None:
+        if value.__closure__ is None:
+            return (value, value.__defaults__)
+        cells = tuple(c.cell_contents if cell_filled(c) else None for c in value.__closure__)
+        if all(type(c) in _CAPTURED or isinstance(c, _CODE) for c in cells):
+            return (value, value.__defaults__, cells)
+        return _MISSING
+    return value if isinstance(value, (type, BuiltinFunctionType)) else _MISSING
+
+
+def _plain_defaults(value: Any) -> bool:
+    """A registry whose functions' defaults are numbers, strings, None, dtypes, devices or code:
+    a tuple of those cannot change in place, so the tuple itself is keyed."""
+    found = value.values() if type(value) is dict else value
+    return all(
+        type(d) in _CAPTURED or isinstance(d, (float, torch.dtype, torch.device, *_CODE))
+        for f in found
+        if type(f) is FunctionType
+        for d in f.__defaults__ or ()
+    )
+
+
+def _registry_key(value: Any) -> Any:
+    """A dict, list or tuple of code only (transformers' ``LOSS_MAPPING``, an attention registry, a
+    user's ``ACTIVATIONS = {"relu": F.relu}``), keyed entry by entry (the key holds them: no id
+    reuse); ``_MISSING`` for anything else. ``value_key`` keys each function by nested keys of its
+    code, defaults and captured values: a few microseconds each, every call, for tables of dozens."""
     if type(value) is dict:
-        value = value.values()
-    elif type(value) not in (list, tuple):
-        return False
-    return bool(value) and all(isinstance(v, _CODE) for v in value)
-
-
-def _registry_key(value: Any, key: Callable[[Any], Any]) -> Any:
-    """A registry's entries by identity (the key holds them: no id reuse), as long as it holds code
-    only, else ``key(value)``. ``value_key`` keys each function by its code, defaults and captured
-    values: a few microseconds each, every call, for tables of dozens that no schedule changes."""
-    if not _registry(value):
-        return key(value)
-    return ("code", type(value), tuple(value.items()) if type(value) is dict else tuple(value))
+        entries = tuple(map(_code_entry, value.values()))
+        keys: tuple = tuple(value)
+    elif type(value) in (list, tuple):
+        entries, keys = tuple(map(_code_entry, value)), ()
+    else:
+        return _MISSING
+    if not entries or _MISSING in entries:
+        return _MISSING
+    return ("code", type(value), keys, entries)
 
 
 def _home(fn: FunctionType) -> str:
