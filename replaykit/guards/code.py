@@ -84,6 +84,8 @@ class LossInputs:
         # (a global several functions name, a base class's attribute two subclasses inherit)
         self._resolved: dict[type, set[str]] = {}
         self._keyed_at: set[tuple[int, str]] = set()
+        # every name the walked code reads (a whole step's loss_fn: ``model.aux_weight()``)
+        self.names: set[str] = set()
         self.unwatched: list[str] = []
         if loss_fn is not None:
             self._walk(loss_fn, "loss_fn", 0)
@@ -263,6 +265,7 @@ class LossInputs:
     def _function(self, fn: FunctionType, name: str, depth: int) -> None:
         code = fn.__code__
         names = _names(code)
+        self.names |= names
         for var, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
             filled = cell_filled(cell)
             if filled and isinstance(cell.cell_contents, ModuleType):
@@ -473,14 +476,16 @@ class ForwardInputs(LossInputs):
     replay. torch's own classes keep none; other functions, classes and modules are not keyed
     (rebinding one is not a schedule), so a tree of torch's classes costs one empty check per call."""
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, calls: Iterable[str] = ()) -> None:
+        """``calls``: the names a whole step's ``loss_fn`` reads; what they reach on the tree's
+        classes (``model.aux_weight()``) is the model's code, keyed as what its forward reaches."""
         self._values_only = True
         super().__init__(None, module)
         reads: dict[type, set[str]] = {}  # the attribute names each class's code reads
         for name, m in module.named_modules():
             cls = type(m)
             if cls not in reads:
-                reads[cls] = self._own_class(cls)
+                reads[cls] = self._own_class(cls, calls)
             # functions the tree holds as attributes (a schedule handed in: ``self.scale = fn``)
             for k, v in m.__dict__.items():
                 if isinstance(v, (FunctionType, MethodType, functools.partial)):
@@ -496,17 +501,18 @@ class ForwardInputs(LossInputs):
                     self._class_code(type(child), reads[cls], 2)
         self._check_sources()
 
-    def _own_class(self, cls: type) -> set[str]:
-        """Key a tree's class: its plain class attributes, the code its ``forward`` runs on it
-        (methods, properties, static and class methods it calls through ``self``, and what they
-        read), and which code each of those names is. Returns the names that code reads."""
+    def _own_class(self, cls: type, calls: Iterable[str]) -> set[str]:
+        """Key a tree's class: its plain class attributes, the code its ``forward`` (and a step's
+        ``calls``) runs on it (methods, properties, static and class methods called through
+        ``self``, and what they read), and which code each of those names is. Returns the names
+        that code reads."""
         if cls.__module__.startswith("torch."):
             return set()
         self._class_values(cls)
-        reads = self._class_code(cls, ("forward",), 1)
+        reads = self._class_code(cls, ("forward", *calls), 1)
         # by identity, held (no id reuse): a script that rebinds one (``Model.act = f``) runs
         # other code; a dict lookup per method and call
-        for attr in ("forward", *sorted(reads)):
+        for attr in ("forward", *sorted(reads.union(calls))):
             found = _class_attribute(cls, attr)
             if attr == "forward" or _code_of(found):
                 get = _class_attribute if isinstance(found, classmethod) else getattr

@@ -47,6 +47,13 @@ class Plain(Base):
         return self.fc(x)
 
 
+class WithAux(Plain):
+    """A model whose method ``loss_fn`` calls through its argument (``model.aux()``)."""
+
+    def aux(self) -> float:
+        return 1.0 + 0.5 * _EPOCH
+
+
 class OwnMethod(Base):
     def factor(self) -> float:
         return 1.0 + 0.5 * _EPOCH
@@ -145,10 +152,12 @@ def _loss(how: str):
         return lambda m, x, y: _ce(m, x, y) * sched.factor()
     if how == "loss_held_property":
         return lambda m, x, y: _ce(m, x, y) * sched.value
+    if how == "loss_model_method":
+        return lambda m, x, y: _ce(m, x, y) * m.aux()
     return lambda m, x, y: _ce(m, x, y) * decorated_factor()
 
 
-LOSSES = ("loss_held_method", "loss_held_property", "loss_decorated_helper")
+LOSSES = ("loss_held_method", "loss_held_property", "loss_decorated_helper", "loss_model_method")
 
 
 def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -164,7 +173,9 @@ def _run(how: str, entry: str, replay: bool = True, disable: tuple[str, ...] = (
     its own eager run does). Returns the losses, the parameters, their gradients, the counts."""
     global _EPOCH
     torch.manual_seed(0)
-    net = Plain() if how in LOSSES else FORWARDS[how]()
+    net = (
+        (WithAux() if how == "loss_model_method" else Plain()) if how in LOSSES else FORWARDS[how]()
+    )
     loss_fn = _loss(how) if how in LOSSES else _ce
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     step = rec = None
@@ -224,7 +235,8 @@ def test_a_global_read_through_reached_code_keys_the_recording(how: str, entry: 
 @pytest.mark.filterwarnings("ignore::replaykit.ReplayWarning")
 @pytest.mark.parametrize(("how", "entry"), CASES)
 def test_without_the_code_guard_the_first_epoch_replays(how: str, entry: str) -> None:
-    guard = "loss_inputs" if how in LOSSES else "forward_inputs"
+    # the model's code (its forward's, or a method loss_fn calls on it) is forward_inputs' to key
+    guard = "loss_inputs" if how in LOSSES and how != "loss_model_method" else "forward_inputs"
     eager = _run(how, entry, replay=False)
     unsafe = _run(how, entry, disable=negative_control(guard))
     assert not _equal(unsafe, eager)
