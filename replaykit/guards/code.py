@@ -4,8 +4,10 @@ captured module's ``forward``.
 A recording runs ``loss_fn`` once, so every Python value it read is frozen into the graph (a
 focal loss's annealed ``gamma``, a loss weight in a closure or global). :class:`LossInputs` finds
 once where such values live: closure cells, defaults and named globals (of the code it leads
-to too, a few levels deep), a bound method's object, a ``partial``'s arguments, an ``nn.Module``
-criterion's plain attributes; :meth:`LossInputs.key` reads them each call
+to too, a few levels deep: functions, what decorators wrap, and the methods, properties, static
+and class methods the code reaches by attribute name on the classes of what it holds), a bound
+method's object, a ``partial``'s arguments, an ``nn.Module`` criterion's plain attributes;
+:meth:`LossInputs.key` reads them each call
 (:func:`~replaykit.guards.module.value_key`), so a changed value records anew and a value set
 back replays. What is guarded elsewhere is skipped; what cannot be inspected (a C function) is
 listed in ``unwatched`` and named in a warning at construction.
@@ -471,9 +473,10 @@ def _names(code: Any) -> set[str]:
 class ForwardInputs(LossInputs):
     """What a captured tree's own classes read outside the tree: their plain class attributes
     (``type(self).SCALE``) and the plain-value globals and closure cells their ``forward`` code
-    names (a module-level ``TEMPERATURE``), and which ``forward`` each class has: a script that
-    rebinds it (``Model.forward = f``) runs other code, which a recording of the old would
-    replay. torch's own classes keep none; other functions, classes and modules are not keyed
+    names (a module-level ``TEMPERATURE``), or code it reaches names (``self.sched.p()``, a
+    property, a submodule's method, a decorated helper), and which code each class's names are:
+    a script that rebinds one (``Model.forward = f``) runs other code, which a recording of the
+    old would replay. torch's own classes keep none; other functions, classes and modules are not keyed
     (rebinding one is not a schedule), so a tree of torch's classes costs one empty check per call."""
 
     def __init__(self, module: nn.Module, calls: Iterable[str] = ()) -> None:
