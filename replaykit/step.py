@@ -204,8 +204,9 @@ class TrainStep(RecordingSteps, Entry):
         )
         self._loss_key: tuple = ()
         # what forward reads outside the model (globals, cells, class values), keyed as capture's
+        calls = self._loss_inputs.names if self._loss_inputs is not None else ()
         self._forward_inputs = (
-            ForwardInputs(c.model) if c.replay and self.on.forward_inputs else None
+            ForwardInputs(c.model, calls) if c.replay and self.on.forward_inputs else None
         )
         self._forward_key: tuple = ()
         self._host_held: list[tuple[torch.Tensor, int]] = []  # see _hold_host_tensors

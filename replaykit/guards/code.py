@@ -4,8 +4,10 @@ captured module's ``forward``.
 A recording runs ``loss_fn`` once, so every Python value it read is frozen into the graph (a
 focal loss's annealed ``gamma``, a loss weight in a closure or global). :class:`LossInputs` finds
 once where such values live: closure cells, defaults and named globals (of the code it leads
-to too, a few levels deep), a bound method's object, a ``partial``'s arguments, an ``nn.Module``
-criterion's plain attributes; :meth:`LossInputs.key` reads them each call
+to too, a few levels deep: functions, what decorators wrap, and the methods, properties, static
+and class methods the code reaches by attribute name on the classes of what it holds), a bound
+method's object, a ``partial``'s arguments, an ``nn.Module`` criterion's plain attributes;
+:meth:`LossInputs.key` reads them each call
 (:func:`~replaykit.guards.module.value_key`), so a changed value records anew and a value set
 back replays. What is guarded elsewhere is skipped; what cannot be inspected (a C function) is
 listed in ``unwatched`` and named in a warning at construction.
@@ -13,10 +15,11 @@ listed in ``unwatched`` and named in a warning at construction.
 
 from __future__ import annotations
 
+import enum
 import functools
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any
 
@@ -79,6 +82,12 @@ class LossInputs:
         # their sources' names (what ``changed(classes=True)`` limits itself to)
         self._class_sources: set[str] = set()
         self._iterators: list[tuple[str, Callable[[], Any]]] = []  # sources holding an iterator
+        # the attribute names tried on each class (``_class_code``), and what is keyed already
+        # (a global several functions name, a base class's attribute two subclasses inherit)
+        self._resolved: dict[type, set[str]] = {}
+        self._keyed_at: set[tuple[int, str]] = set()
+        # every name the walked code reads (a whole step's loss_fn: ``model.aux_weight()``)
+        self.names: set[str] = set()
         self.unwatched: list[str] = []
         if loss_fn is not None:
             self._walk(loss_fn, "loss_fn", 0)
@@ -136,7 +145,11 @@ class LossInputs:
 
     # ----------------------------------------------------------------- finding the sources
     def _add(self, name: str, get: Callable[[], Any]) -> None:
-        self._sources.append((name, lambda: self._value(get())))
+        found = _get(get)
+        if _registry_key(found) is not _MISSING and _plain_defaults(found):  # code: by identity
+            self._sources.append((name, lambda: self._code_value(get())))
+        else:
+            self._sources.append((name, lambda: self._value(get())))
         self._raw.append(get)
         if isinstance(_get(get), Iterator):
             self._iterators.append((name, get))
@@ -165,6 +178,11 @@ class LossInputs:
                 continue
         return values
 
+    def _code_value(self, value: Any) -> Any:
+        """A registry's key while it holds code only, else its value's."""
+        found = _registry_key(value)
+        return self._value(value) if found is _MISSING else found
+
     def _value(self, value: Any) -> Any:
         if isinstance(value, nn.Module):
             return (
@@ -183,6 +201,11 @@ class LossInputs:
             return
         self._seen.add(id(fn))
         if isinstance(fn, FunctionType):
+            wrapped = fn.__dict__.get("__wrapped__")
+            if wrapped is not None:  # a decorated function: the code it wraps is the user's
+                self._walk(wrapped, name, depth)
+                if _library(_home(fn)):
+                    return  # ``@torch.no_grad()``'s wrapper: torch's code, torch's globals
             self._function(fn, name, depth)
         elif isinstance(fn, MethodType):
             if self._holds_model(fn.__self__):
@@ -190,6 +213,8 @@ class LossInputs:
             else:
                 self._add(f"{name}.__self__", lambda: fn.__self__)
             self._walk(fn.__func__, name, depth)
+            if isinstance(fn.__func__, FunctionType):  # ``self.coef()`` inside the method
+                self._class_code(type(fn.__self__), _names(fn.__func__.__code__), depth + 1)
         elif isinstance(fn, functools.partial):
             self._add(f"{name} (partial arguments)", lambda: (fn.args, fn.keywords))
             self._walk(fn.func, name, depth)
@@ -197,6 +222,7 @@ class LossInputs:
             if id(fn) not in self._model_ids:
                 self._add(name, lambda: fn)
                 self._walk(type(fn).forward, f"{type(fn).__name__}.forward", depth + 1)
+                self._class_code(type(fn), ("forward",), depth + 1)
         elif isinstance(fn, BuiltinFunctionType) or not hasattr(fn, "__dict__"):
             if depth == 0:
                 self.unwatched.append(
@@ -205,6 +231,7 @@ class LossInputs:
         elif callable(fn) and not isinstance(fn, type):
             self._add(name, lambda: fn)
             self._walk(type(fn).__call__, f"{type(fn).__name__}.__call__", depth + 1)
+            self._class_code(type(fn), ("__call__",), depth + 1)
 
     def _holds_model(self, obj: Any) -> bool:
         """``obj`` is a module above the model (a LightningModule holding ``self.net``)."""
@@ -240,19 +267,20 @@ class LossInputs:
     def _function(self, fn: FunctionType, name: str, depth: int) -> None:
         code = fn.__code__
         names = _names(code)
+        self.names |= names
         for var, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
-            if cell_filled(cell) and isinstance(cell.cell_contents, ModuleType):
+            filled = cell_filled(cell)
+            if filled and isinstance(cell.cell_contents, ModuleType):
                 # ``import helpers`` inside the function that defines the loss: as a global's
                 self._module_attributes(cell.cell_contents, names, depth)
-            if self._values_only and not (cell_filled(cell) and self._keyed(cell.cell_contents)):
-                continue
-            self.cells.append(cell)
-            self._add(
-                f"{name}'s closure variable {var!r}",
-                lambda cell=cell: cell.cell_contents if cell_filled(cell) else None,
-            )
-            if cell_filled(cell):
-                self._follow(cell.cell_contents, f"{var}", depth)
+            if not self._values_only or (filled and self._keyed(cell.cell_contents)):
+                self.cells.append(cell)
+                self._add(
+                    f"{name}'s closure variable {var!r}",
+                    lambda cell=cell: cell.cell_contents if cell_filled(cell) else None,
+                )
+            if filled:
+                self._follow(cell.cell_contents, f"{var}", depth, names)
         if (fn.__defaults__ or fn.__kwdefaults__) and not self._values_only:
             self._add(f"{name}'s defaults", lambda: (fn.__defaults__, fn.__kwdefaults__))
         globals_ = fn.__globals__
@@ -261,12 +289,20 @@ class LossInputs:
                 value = globals_[global_name]
                 if isinstance(value, ModuleType):
                     self._module_attributes(value, names, depth)
-                if self._values_only and not self._keyed(value):
-                    self._follow(value, global_name, depth)
-                    continue
-                self.global_names.append((globals_, global_name))
-                self._add(f"global {global_name!r}", lambda g=globals_, n=global_name: g.get(n))
-                self._follow(value, global_name, depth)
+                if self._once((id(globals_), global_name)) and (
+                    not self._values_only or self._keyed(value)
+                ):
+                    self.global_names.append((globals_, global_name))
+                    self._add(f"global {global_name!r}", lambda g=globals_, n=global_name: g.get(n))
+                self._follow(value, global_name, depth, names)
+
+    def _once(self, where: tuple[int, str]) -> bool:
+        """Whether ``where`` (a namespace's id and a name) is keyed for the first time: a global
+        that several functions name, a base class's attribute, is read once per call."""
+        if where in self._keyed_at:
+            return False
+        self._keyed_at.add(where)
+        return True
 
     def _keyed(self, value: Any) -> bool:
         """A value a forward names that is keyed (``ForwardInputs``: plain values and tensors)."""
@@ -289,11 +325,13 @@ class LossInputs:
                     lambda module=module, attr=attr: getattr(module, attr, None),
                 )
             else:
-                self._follow(value, f"{module.__name__}.{attr}", depth)
+                self._follow(value, f"{module.__name__}.{attr}", depth, names)
 
-    def _follow(self, value: Any, name: str, depth: int) -> None:
+    def _follow(self, value: Any, name: str, depth: int, names: Iterable[str] = ()) -> None:
         """Functions and criteria reached from a closure cell, a global or a module's attribute are
-        walked too (a library's functions are not: see ``_module_attributes``)."""
+        walked too (a library's functions are not: see ``_module_attributes``), and the code
+        ``names`` (what the reaching code reads as attributes) resolve to on an object's or a
+        class's class: ``sched.p()``, ``sched.p`` (a property), ``Sched.p()`` (a static method)."""
         if isinstance(value, (FunctionType, MethodType, functools.partial)):
             func = getattr(value, "__func__", getattr(value, "func", value))
             if not _library(getattr(func, "__module__", None) or ""):
@@ -301,17 +339,40 @@ class LossInputs:
         elif isinstance(value, nn.Module) and id(value) not in self._model_ids:
             self._walk(type(value).forward, f"{type(value).__name__}.forward", depth + 1)
             self.held_class(type(value))  # a criterion's ``gamma = 2.0`` on its class
+            self._class_code(type(value), names, depth + 1)
         elif isinstance(value, type) and issubclass(value, torch.autograd.Function):
             self._autograd_function(value, depth)
-        elif (
-            isinstance(value, type)
-            and id(value) not in self._seen
-            and not _library(value.__module__)
-        ):
-            self._seen.add(id(value))  # a user's class the code names (``Counters.seen += 1``)
-            self._class_values(value)
+        elif isinstance(value, type) and not _library(value.__module__):
+            if id(value) not in self._seen:
+                self._seen.add(id(value))  # a user's class the code names (``Counters.seen += 1``)
+                self._class_values(value)
+            self._class_code(value, names, depth + 1)
         elif hasattr(value, "__dict__") and not isinstance(value, (ModuleType, type)):
             self.held_class(type(value))  # ``cfg.temperature`` read from ``Config`` itself
+            self._class_code(type(value), names, depth + 1)
+
+    def _class_code(self, cls: type, names: Iterable[str], depth: int) -> set[str]:
+        """Walk the code that ``names`` resolve to on a user's class (its methods, static and class
+        methods, properties' getters and setters, what their decorators wrap), then the names that
+        code reads on it in turn (``self.helper()`` inside a method): a global ``_EPOCH`` read by
+        ``self.sched.p()`` is keyed as one the caller names. Each (class, name) is tried once per
+        walk, and ``_DEPTH`` bounds the functions reached from there. Returns the names read."""
+        reads: set[str] = set()
+        if depth > _DEPTH or _library(getattr(cls, "__module__", None) or ""):
+            return reads
+        tried = self._resolved.setdefault(cls, set())
+        todo = [n for n in names if n not in tried]
+        while todo:
+            attr = todo.pop()
+            if attr in tried:
+                continue
+            tried.add(attr)
+            for fn in _code_of(_class_attribute(cls, attr)):
+                self._walk(fn, f"{cls.__name__}.{attr}", depth)
+                found = _names(fn.__code__)
+                reads |= found
+                todo += found - tried
+        return reads
 
     def held_class(self, cls: type) -> None:
         """Key the plain class attributes of a user's class that the code reaches through an object
@@ -325,26 +386,27 @@ class LossInputs:
         self._class_values(cls)
 
     def _class_values(self, cls: type) -> None:
-        """A user class's plain class attributes (along its MRO, up to torch's classes), keyed."""
+        """A user class's plain class attributes (along its MRO, up to torch's classes), keyed. An
+        enum's are its members, which cannot be re-bound, and a library's base (``abc``'s,
+        ``collections.abc``'s) holds no schedule."""
+        if issubclass(cls, enum.Enum):
+            return
         chain = []
         for klass in cls.__mro__:
             if klass.__module__.startswith("torch.") or klass is object:
                 break
+            if _library(klass.__module__):
+                continue
             chain.append(klass)
             for k, v in vars(klass).items():
-                if not k.startswith("__") and _plain(v):
+                if _class_value(k, v) and self._once((id(klass), k)):
                     self._add(f"{klass.__name__}.{k}", lambda klass=klass, k=k: vars(klass).get(k))
                     self._class_sources.add(f"{klass.__name__}.{k}")
         self._class_attributes(chain)
 
     def _class_attributes(self, chain: list[type]) -> None:
         """Every (class, name) of ``chain`` for the plain names found along it."""
-        names = {
-            k
-            for klass in chain
-            for k, v in vars(klass).items()
-            if not k.startswith("__") and _plain(v)
-        }
+        names = {k for klass in chain for k, v in vars(klass).items() if _class_value(k, v)}
         known = set(self.class_attributes)
         self.class_attributes += [
             (klass, k) for klass in chain for k in sorted(names) if (klass, k) not in known
@@ -411,37 +473,54 @@ def _names(code: Any) -> set[str]:
 class ForwardInputs(LossInputs):
     """What a captured tree's own classes read outside the tree: their plain class attributes
     (``type(self).SCALE``) and the plain-value globals and closure cells their ``forward`` code
-    names (a module-level ``TEMPERATURE``), and which ``forward`` each class has: a script that
-    rebinds it (``Model.forward = f``) runs other code, which a recording of the old would
-    replay. torch's own classes keep none; other functions, classes and modules are not keyed
+    names (a module-level ``TEMPERATURE``), or code it reaches names (``self.sched.p()``, a
+    property, a submodule's method, a decorated helper), and which code each class's names are:
+    a script that rebinds one (``Model.forward = f``) runs other code, which a recording of the
+    old would replay. torch's own classes keep none; other functions, classes and modules are not keyed
     (rebinding one is not a schedule), so a tree of torch's classes costs one empty check per call."""
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, calls: Iterable[str] = ()) -> None:
+        """``calls``: the names a whole step's ``loss_fn`` reads; what they reach on the tree's
+        classes (``model.aux_weight()``) is the model's code, keyed as what its forward reaches."""
         self._values_only = True
         super().__init__(None, module)
-        seen: set[type] = set()
+        reads: dict[type, set[str]] = {}  # the attribute names each class's code reads
         for name, m in module.named_modules():
+            cls = type(m)
+            if cls not in reads:
+                reads[cls] = self._own_class(cls, calls)
             # functions the tree holds as attributes (a schedule handed in: ``self.scale = fn``)
             for k, v in m.__dict__.items():
                 if isinstance(v, (FunctionType, MethodType, functools.partial)):
-                    self._follow(v, f"{name or type(m).__name__}.{k}", 0)
+                    self._follow(v, f"{name or cls.__name__}.{k}", 0)
                 elif isinstance(v, type) and not issubclass(v, nn.Module):
                     self.held_class(v)  # config-as-class: ``self.cfg = Config``
+                    self._class_code(v, reads[cls], 2)  # ``self.cfg.scale()``, static
                 elif hasattr(v, "__dict__") and not isinstance(v, (nn.Module, ModuleType)):
                     self.held_class(type(v))  # a held config object's class defaults
-            cls = type(m)
-            if cls in seen or cls.__module__.startswith("torch."):
-                continue
-            seen.add(cls)
-            self._class_values(cls)
-            # by identity, held (no id reuse): a dict lookup per method and call
-            for method in _methods_called(cls):
-                read = functools.partial(getattr, cls, method)
-                self._sources.append((f"{cls.__name__}.{method}", read))
-            forward = vars(cls).get("forward")
-            if isinstance(forward, FunctionType):
-                self._function(forward, f"{cls.__name__}.forward", 1)
+                    self._class_code(type(v), reads[cls], 2)  # ``self.sched.p()``, ``.p``
+            for child in m._modules.values():  # ``self.gate.rate()``: a submodule's method
+                if child is not None:
+                    self._class_code(type(child), reads[cls], 2)
         self._check_sources()
+
+    def _own_class(self, cls: type, calls: Iterable[str]) -> set[str]:
+        """Key a tree's class: its plain class attributes, the code its ``forward`` (and a step's
+        ``calls``) runs on it (methods, properties, static and class methods called through
+        ``self``, and what they read), and which code each of those names is. Returns the names
+        that code reads."""
+        if cls.__module__.startswith("torch."):
+            return set()
+        self._class_values(cls)
+        reads = self._class_code(cls, ("forward", *calls), 1)
+        # by identity, held (no id reuse): a script that rebinds one (``Model.act = f``) runs
+        # other code; a dict lookup per method and call
+        for attr in ("forward", *sorted(reads.union(calls))):
+            found = _class_attribute(cls, attr)
+            if attr == "forward" or _code_of(found):
+                get = _class_attribute if isinstance(found, classmethod) else getattr
+                self._sources.append((f"{cls.__name__}.{attr}", functools.partial(get, cls, attr)))
+        return reads
 
     def _keyed(self, value: Any) -> bool:
         """Plain values, and tensors by identity: a module-level tensor the script re-binds
@@ -466,24 +545,86 @@ def _class_attribute(cls: type, name: str) -> Any:
     return None
 
 
-def _methods_called(cls: type) -> list[str]:
-    """``forward`` and the methods of ``cls`` it calls by name (``self.act(x)``), a few levels deep:
-    a script that rebinds one on the class (``Model.act = f``) changes the code a call runs."""
-    names, todo = ["forward"], ["forward"]
-    while todo and len(names) < 32:
-        fn = _class_attribute(cls, todo.pop())
-        if not isinstance(fn, FunctionType) or fn.__module__.startswith("torch."):
-            continue
-        for name in fn.__code__.co_names:
-            found = _class_attribute(cls, name)
-            if (
-                name not in names
-                and isinstance(found, FunctionType)
-                and not found.__module__.startswith("torch.")
-            ):
-                names.append(name)
-                todo.append(name)
-    return names
+_CAPTURED = frozenset({str, int, bool, type(None)})  # immutable, equal only when the same
+_CODE = (type, FunctionType, BuiltinFunctionType)
+
+
+def _class_value(name: str, value: Any) -> bool:
+    """A class attribute that is data, not a dunder or ``abc``'s cache (``_abc_impl``)."""
+    return not name.startswith("__") and name != "_abc_impl" and _plain(value)
+
+
+def _code_entry(value: Any) -> Any:
+    """A registry entry's key: a class or builtin itself; a function itself with its defaults and
+    what it captures when that is a string, an int, None or code (a decorator's wrapper captures
+    the function and its settings); ``_MISSING`` for anything else (data, keyed by value: a float
+    too, which ``value_key`` tells from ``-0.0``). Defaults are checked once (``_plain_defaults``)."""
+    if type(value) is FunctionType and value.__kwdefaults__ is None:
+        if value.__closure__ is None:
+            return (value, value.__defaults__)
+        cells = tuple(c.cell_contents if cell_filled(c) else None for c in value.__closure__)
+        if all(type(c) in _CAPTURED or isinstance(c, _CODE) for c in cells):
+            return (value, value.__defaults__, cells)
+        return _MISSING
+    return value if isinstance(value, (type, BuiltinFunctionType)) else _MISSING
+
+
+def _plain_defaults(value: Any) -> bool:
+    """A registry whose functions' defaults are numbers, strings, None, dtypes, devices or code:
+    a tuple of those cannot change in place, so the tuple itself is keyed."""
+    found = value.values() if type(value) is dict else value
+    return all(
+        type(d) in _CAPTURED or isinstance(d, (float, torch.dtype, torch.device, *_CODE))
+        for f in found
+        if type(f) is FunctionType
+        for d in f.__defaults__ or ()
+    )
+
+
+def _registry_key(value: Any) -> Any:
+    """A dict, list or tuple of code only (transformers' ``LOSS_MAPPING``, an attention registry, a
+    user's ``ACTIVATIONS = {"relu": F.relu}``), keyed entry by entry (the key holds them: no id
+    reuse); ``_MISSING`` for anything else. ``value_key`` keys each function by nested keys of its
+    code, defaults and captured values: a few microseconds each, every call, for tables of dozens."""
+    if type(value) is dict:
+        entries = tuple(map(_code_entry, value.values()))
+        keys: tuple = tuple(value)
+    elif type(value) in (list, tuple):
+        entries, keys = tuple(map(_code_entry, value)), ()
+    else:
+        return _MISSING
+    if not entries or _MISSING in entries:
+        return _MISSING
+    return ("code", type(value), keys, entries)
+
+
+def _home(fn: FunctionType) -> str:
+    """The module whose code ``fn`` runs: a ``functools.wraps`` wrapper takes the ``__module__``
+    of what it wraps, but its globals are its own."""
+    return fn.__globals__.get("__name__") or ""
+
+
+def _code_of(attr: Any) -> list[FunctionType]:
+    """The user's functions a class attribute runs when code calls or reads it: a method, a static
+    or class method's function, a property's getter, setter and deleter, a ``cached_property``'s
+    function, each with what its decorators wrap (``__wrapped__``); a library's are left out."""
+    if isinstance(attr, (staticmethod, classmethod)):
+        attr = attr.__func__
+    if isinstance(attr, property):
+        parts: tuple[Any, ...] = (attr.fget, attr.fset, attr.fdel)
+    elif isinstance(attr, functools.cached_property):
+        parts = (attr.func,)
+    else:
+        parts = (attr,)
+    found = []
+    for fn in parts:
+        for _ in range(_DEPTH + 1):  # a decorator's chain, bounded
+            if not isinstance(fn, FunctionType):
+                break
+            if not _library(_home(fn)):
+                found.append(fn)
+            fn = fn.__dict__.get("__wrapped__")
+    return found
 
 
 def cpu_versions(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, int]]:

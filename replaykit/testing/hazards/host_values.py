@@ -442,6 +442,94 @@ PATTERNS += [
 ]
 
 
+EPOCH = 0  # a module global the loop advances, which the forwards below read only through code they call
+
+
+class EpochSchedule:
+    """A schedule object whose value is a property computed from the global ``EPOCH``."""
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / (1 + EPOCH)
+
+
+class PropertyScaled(nn.Module):
+    """Reads ``self.sched.scale``: a held schedule's property, which reads the global epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+        self.sched = EpochSchedule()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * self.sched.scale
+
+
+class DecoratedMethodScaled(nn.Module):
+    """Calls its own ``@torch.no_grad()`` method, which reads the global epoch: the decorator's
+    wrapper is torch's code, the method it wraps (``__wrapped__``) the user's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = MLP()
+
+    @torch.no_grad()
+    def scale(self) -> float:
+        return 1.0 / (1 + EPOCH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * self.scale()
+
+
+def _epoch_from(at: int) -> Callable[[nn.Module, int], None]:
+    """``before(model, step)``: the epoch is 1 from step ``at`` (recorded anew, then replayed)."""
+
+    def before(model: nn.Module, step: int) -> None:
+        global EPOCH
+        EPOCH = 1 if step >= at else 0
+
+    return before
+
+
+def _epoch_put_back(train: Train) -> Train:
+    def run(model: nn.Module, arm: Arm) -> Extras:
+        global EPOCH
+        try:
+            return train(model, arm)
+        finally:
+            EPOCH = 0
+
+    return run
+
+
+PATTERNS += [
+    # a global read through code the forward reaches by attribute: keyed as one it names
+    *(
+        pattern
+        for name, what, net in (
+            (
+                "global_through_property",
+                "a held schedule's @property reads a module global the loop advances",
+                PropertyScaled,
+            ),
+            (
+                "global_through_decorated_method",
+                "the model's own @torch.no_grad() method reads a module global the loop advances",
+                DecoratedMethodScaled,
+            ),
+        )
+        for pattern in HC.twins(
+            name,
+            what,
+            built(net),
+            _epoch_put_back(looped(steps=4, before=_epoch_from(2))),
+            _epoch_put_back(stepped(before=each_step(_epoch_from(2)))),
+            guard="forward_inputs",
+        )
+    ),
+]
+
+
 def _halved_linear(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, self.weight, self.bias) * 0.5
 

@@ -1,12 +1,14 @@
-"""SILENT: forward reads a module global through a method or property, not by name.
+"""Was SILENT (round 4, cause 1; keyed now, every line prints ``equal``): forward reads a module
+global through a method or property, not by name.
 
 ``self.own_scale()`` (a method of the model's own class), ``self.cfg.scale()`` (a method of a
 held object), ``self.cfg.value`` (a ``@property``) and a module-level helper decorated with
 ``@torch.no_grad()`` all compute from the global ``EPOCH``, which the
-loop advances. Each recording keys the globals forward's own code names, functions it reaches
+loop advances. Each recording keyed the globals forward's own code names, functions it reaches
 through globals/closures, and held objects' plain attributes, but not the code of methods or
 properties it calls through ``self``/a held object, nor the function a decorator wraps (its
-wrapper's globals are torch's): the replay keeps the first value. Both entry points.
+wrapper's globals are torch's): the replay kept the first value. Both entry points. The code guard
+now follows those (``replaykit/guards/code.py``: ``_class_code``, ``__wrapped__``).
 
     PYTHONPATH=$PWD python scripts/hostile/round4/repro_method_reads_global.py
 """
