@@ -96,6 +96,18 @@ REGISTRY: dict[str, Protection] = {
             "side effects, in-place input writes, private generators and sparse gradients are not looked for",
         ),
         Protection(
+            "data_rebind",
+            "capture",
+            "a forward rebinding a parameter's or buffer's .data (MoCo's `pk.data = pk.data * m + ...`) is not "
+            "looked for: the recording call's extra runs apply it again and a replay never does",
+        ),
+        Protection(
+            "output_state",
+            "capture",
+            "an output that is (a view of) a parameter or buffer replays as memory of its own: a reference "
+            "the caller keeps stops following the module's tensor",
+        ),
+        Protection(
             "repeat_backward",
             "capture",
             "a second backward through one replayed call rewrites the first one's gradient buffers; create_graph gets no graph",

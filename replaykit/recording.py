@@ -321,6 +321,7 @@ class RecorderRecording:
             made.generators,
             self._input_reads.drawn_to,
             (self._attributes, made.attribute_writes),
+            (self.on.data_rebind, self.on.output_state),
         )
 
     def _class_writes(self, before: tuple) -> Refusal | None:
