@@ -277,8 +277,10 @@ def in_scope(scope: str) -> tuple[str, ...]:
     return tuple(n for n, p in REGISTRY.items() if p.scope in (scope, "both") or n in shared)
 
 
-#: protections of the recording call's verification itself (without it there is nothing to protect)
-OF_VERIFICATION = frozenset({"verify_recording", "pool_survivors", "call_state"})
+#: protections of the recording call's verification itself (without it there is nothing to protect),
+#: and those whose hazard the verification's own runs make (``data_rebind``: its eager rerun rebinds
+#: the weight once more): a negative control keeps the verification on for these
+OF_VERIFICATION = frozenset({"verify_recording", "pool_survivors", "call_state", "data_rebind"})
 
 
 def negative_control(*names: str) -> tuple[str, ...]:
