@@ -145,7 +145,7 @@ class RecorderRecording:
     def _call_state(self) -> CallState:
         """Everything the call's runs may change, taken before the first (without ``call_state``,
         unsafe: the module's values alone)."""
-        snapshot = StateSnapshot(self.module)
+        snapshot = StateSnapshot(self.module, rebinds=self.on.data_rebind)
         if not self.on.call_state:  # the code still says where private host generators live
             return CallState(snapshot, self.module, code=[self._forward_inputs], whole=False)
         return CallState(snapshot, self.module, code=[self._forward_inputs])
@@ -350,6 +350,7 @@ class RecorderRecording:
             made.written,
             self._shadow_held(),
             list(made.written_inputs),
+            self.on.data_rebind,
         )
 
     def _judge(self, made: Made, call: int) -> Made | None:
