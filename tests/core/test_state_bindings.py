@@ -10,55 +10,14 @@ eager loop: losses, parameters, every ``.grad``, buffers and what the loop kept.
 
 from __future__ import annotations
 
-import copy
 import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import replaykit as rk
-
-
-class Momentum(nn.Module):
-    """A query encoder and its momentum copy, updated inside forward (MoCo's reference code)."""
-
-    def __init__(self, inplace: bool) -> None:
-        super().__init__()
-        self.inplace = inplace
-        self.q = nn.Linear(4, 4)
-        self.k = copy.deepcopy(self.q).requires_grad_(False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q = F.normalize(self.q(x), dim=1)
-        with torch.no_grad():
-            for pq, pk in zip(self.q.parameters(), self.k.parameters(), strict=True):
-                if self.inplace:
-                    pk.mul_(0.9).add_(pq, alpha=0.1)
-                else:
-                    pk.data = pk.data * 0.9 + pq.data * 0.1
-            k = F.normalize(self.k(x), dim=1)
-        return (q * k).sum(1)
-
-
-class Returns(nn.Module):
-    """Returns an EMA buffer it updates (``"buffer"``) or a parameter (``"parameter"``) beside ``y``."""
-
-    def __init__(self, what: str) -> None:
-        super().__init__()
-        self.what = what
-        self.fc = nn.Linear(4, 4)
-        self.scale = nn.Parameter(torch.tensor(1.0))
-        self.register_buffer("book", torch.zeros(4))
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y = self.fc(x)
-        if self.what == "buffer":
-            with torch.no_grad():
-                self.book.mul_(0.9).add_(y.mean(0), alpha=0.1)
-            return y, self.book
-        return y, self.scale
+from replaykit.testing.hazards.side_effects import MomentumEncoder, ReturnsState
 
 
 def _state(model: nn.Module) -> list[torch.Tensor]:
@@ -69,7 +28,7 @@ def _state(model: nn.Module) -> list[torch.Tensor]:
 
 def _momentum(device: str, backend: str | None, inplace: bool = False, unsafe=()) -> tuple:
     torch.manual_seed(0)
-    model = Momentum(inplace).to(device)
+    model = MomentumEncoder(inplace).to(device)
     rec = rk.capture(model, backend=backend, unsafe_disable=unsafe) if backend else None
     opt = torch.optim.SGD(model.q.parameters(), lr=0.1)
     losses = []
@@ -77,7 +36,7 @@ def _momentum(device: str, backend: str | None, inplace: bool = False, unsafe=()
         warnings.simplefilter("ignore", rk.ReplayWarning)
         for _ in range(5):
             opt.zero_grad(set_to_none=True)
-            loss = model(torch.randn(8, 4, device=device)).pow(2).mean()
+            loss = model(torch.randn(8, 6, device=device)).pow(2).mean()
             loss.backward()
             opt.step()
             losses.append(loss.detach())
@@ -86,14 +45,14 @@ def _momentum(device: str, backend: str | None, inplace: bool = False, unsafe=()
 
 def _returns(device: str, backend: str | None, what: str, unsafe=()) -> tuple:
     torch.manual_seed(0)
-    model = Returns(what).to(device)
+    model = ReturnsState(what).to(device)
     rec = rk.capture(model, backend=backend, unsafe_disable=unsafe) if backend else None
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     kept, own = [], []
     for _ in range(5):
         opt.zero_grad(set_to_none=True)
-        y, extra = model(torch.randn(8, 4, device=device))
-        own.append(extra is (model.book if what == "buffer" else model.scale))
+        y, extra = model(torch.randn(8, 6, device=device))
+        own.append(extra is (model.codebook if what == "buffer" else model.logit_scale))
         loss = (y * extra).pow(2).mean()
         loss.backward()
         opt.step()
@@ -139,7 +98,7 @@ def test_a_returned_buffer_or_parameter_is_the_modules_own_tensor(
     assert all(own), own  # the recording call's too
     assert rec.eager_reasons["output_aliases_state"] >= 1, rec.summary()
     refusal = next(e for e in rec.journal if e.reason == "output_aliases_state" and e.detail)
-    assert f"Returns.{'book' if what == 'buffer' else 'scale'}" in refusal.detail
+    assert f"ReturnsState.{'codebook' if what == 'buffer' else 'logit_scale'}" in refusal.detail
 
 
 @pytest.mark.parametrize("what", ["buffer", "parameter"])

@@ -432,10 +432,12 @@ class Checkpointed(nn.Module):
 
 class MomentumEncoder(nn.Module):
     """MoCo's key encoder, moved toward the query encoder inside forward as its reference code does:
-    ``pk.data = pk.data * m + pq.data * (1 - m)`` (a rebind: no version moves, the Parameter stays)."""
+    ``pk.data = pk.data * m + pq.data * (1 - m)`` (a rebind: no version moves, the Parameter stays);
+    ``inplace``: the same update written in place, which replays."""
 
-    def __init__(self) -> None:
+    def __init__(self, inplace: bool = False) -> None:
         super().__init__()
+        self.inplace = inplace
         self.q = nn.Linear(6, 6)
         self.k = nn.Linear(6, 6).requires_grad_(False)
         self.k.load_state_dict(self.q.state_dict())
@@ -444,7 +446,10 @@ class MomentumEncoder(nn.Module):
         q = nn.functional.normalize(self.q(x), dim=1)
         with torch.no_grad():
             for pq, pk in zip(self.q.parameters(), self.k.parameters(), strict=True):
-                pk.data = pk.data * 0.99 + pq.data * 0.01
+                if self.inplace:
+                    pk.mul_(0.99).add_(pq, alpha=0.01)
+                else:
+                    pk.data = pk.data * 0.99 + pq.data * 0.01
             k = nn.functional.normalize(self.k(x), dim=1)
         return (q * k).sum(1)
 
