@@ -245,13 +245,11 @@ def probe(
     attributes: tuple[AttributeOutputs, list[Target]] | None = None,
     state_checks: tuple[bool, bool] = (True, True),
 ) -> Refusal | None:
-    """Run ``fn`` once eagerly on stand-ins: why it cannot be recorded, or None. The lists given
-    receive what the run found: the parameters / inputs the backward reads (``saved`` /
-    ``saved_inputs``), parameters read twice (``multi_use``), the output tree, parameters written
-    (``written``), the module's generators drawn from, inputs written (``written_inputs``: the
-    caller's tensors, a dict), attribute outputs (``attributes``: the recorder's, a list).
-    ``host_to`` / ``drawn_to``: where its own draws leave the host generators; ``state_checks``:
-    :class:`Bindings`' two. The caller restores."""
+    """Run ``fn`` once eagerly on stand-ins (the caller restores): why it cannot be recorded, or
+    None. The lists given receive what the run found: what the backward reads (``saved``,
+    ``saved_inputs``), parameters read twice (``multi_use``), the output tree, parameters written,
+    generators drawn from, inputs written (a dict), attribute outputs; ``host_to`` / ``drawn_to``:
+    where its draws leave the host generators; ``state_checks``: :class:`Bindings`' two."""
     if (refusal := _hook_order(params)) is not None:
         return refusal
     leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the storages
