@@ -89,6 +89,18 @@ REGISTRY: dict[str, Protection] = {
             "side effects, in-place input writes, private generators and sparse gradients are not looked for",
         ),
         Protection(
+            "data_rebind",
+            "capture",
+            "a forward rebinding a parameter's or buffer's .data (MoCo's `pk.data = pk.data * m + ...`) is not "
+            "looked for: the recording call's extra runs apply it again and a replay never does",
+        ),
+        Protection(
+            "output_state",
+            "capture",
+            "an output that is (a view of) a parameter or buffer replays as memory of its own: a reference "
+            "the caller keeps stops following the module's tensor",
+        ),
+        Protection(
             "repeat_backward",
             "capture",
             "a second backward through one replayed call rewrites the first one's gradient buffers; create_graph gets no graph",
@@ -258,8 +270,10 @@ def in_scope(scope: str) -> tuple[str, ...]:
     return tuple(n for n, p in REGISTRY.items() if p.scope in (scope, "both") or n in shared)
 
 
-#: protections of the recording call's verification itself (without it there is nothing to protect)
-OF_VERIFICATION = frozenset({"verify_recording", "pool_survivors", "call_state"})
+#: protections of the recording call's verification itself (without it there is nothing to protect),
+#: and those whose hazard the verification's own runs make (``data_rebind``: its eager rerun rebinds
+#: the weight once more): a negative control keeps the verification on for these
+OF_VERIFICATION = frozenset({"verify_recording", "pool_survivors", "call_state", "data_rebind"})
 
 
 def negative_control(*names: str) -> tuple[str, ...]:

@@ -141,7 +141,7 @@ class RecorderRecording:
     def _call_state(self) -> CallState:
         """Everything the call's runs may change, taken before the first (without ``call_state``,
         unsafe: the module's values alone)."""
-        snapshot = StateSnapshot(self.module)
+        snapshot = StateSnapshot(self.module, rebinds=self.on.data_rebind)
         if not self.on.call_state:  # the code still says where private host generators live
             return CallState(snapshot, self.module, code=[self._forward_inputs], whole=False)
         return CallState(snapshot, self.module, code=[self._forward_inputs])
@@ -293,6 +293,7 @@ class RecorderRecording:
             self._choices.drawn_to,
             made.generators,
             self._input_reads.drawn_to,
+            state_checks=(self.on.data_rebind, self.on.output_state),
         )
 
     def _class_writes(self, before: tuple) -> Refusal | None:
@@ -320,6 +321,7 @@ class RecorderRecording:
             made.written,
             self._shadow_held(),
             list(made.written_inputs),
+            self.on.data_rebind,
         )
 
     def _judge(self, made: Made, call: int) -> Made | None:

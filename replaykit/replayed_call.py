@@ -220,6 +220,7 @@ class RecorderReplay:
                 plan.written,
                 self._shadow_held(),
                 plan.inputs_written,
+                self.on.data_rebind,
             )
         outputs = _apply(step, callargs.tensors, recording.params)
         self._choices.advance()  # Python's and numpy's generators where eager's draws leave them

@@ -208,8 +208,7 @@ class TrainStep(RecordingSteps, Entry):
         self._forward_inputs = (
             ForwardInputs(c.model, calls) if c.replay and self.on.forward_inputs else None
         )
-        self._forward_key: tuple = ()
-        self._host_held: list[tuple[torch.Tensor, int]] = []  # see _hold_host_tensors
+        self._forward_key, self._host_held = (), []  # see _hold_host_tensors
         # input-derived host reads (a padding mask's .all()): learnt at recording, keyed per call
         self._input_reads = InputReads(keyed=self.on.input_reads)
         # Python's and numpy's draws that only choose (LayerDrop): learnt at recording, drawn and keyed per call

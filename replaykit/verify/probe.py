@@ -25,6 +25,7 @@ from ..backends.tape import shares_state
 from ..guards.module import gradient_hooks
 from ..guards.signature import autocast_key
 from ..memory.outputs import OutputTree, objects, split_outputs
+from .bindings import Bindings
 from .dispatch import WatchingMode, caller, written_positions
 from .dispatch import written as written_by
 from .side_effects import SideEffects
@@ -222,15 +223,13 @@ def probe(
     host_to: tuple | None = None,
     generators: list[torch.Generator] | None = None,
     drawn_to: torch.Tensor | None = None,
+    state_checks: tuple[bool, bool] = (True, True),
 ) -> Refusal | None:
-    """Run ``fn`` once eagerly on stand-ins and return why it cannot be recorded, or None. Lists
-    given receive: ``saved`` / ``saved_inputs`` the parameters / inputs the backward reads,
-    ``multi_use`` the parameters read twice (a summed gradient), ``outputs`` the output's structure
-    (:mod:`replaykit.memory.outputs`), ``written`` the parameters whose storage the forward writes,
-    ``generators`` the module's own generators it draws from (registered). ``written_inputs``: the
-    caller's tensors and a dict receiving the inputs written in place, with their version moves;
-    ``host_to`` / ``drawn_to``: where the recorder's own draws leave Python's and numpy's / torch's
-    CPU generators. The caller restores state and RNG."""
+    """Run ``fn`` once eagerly on stand-ins (the caller restores): why it cannot be recorded, or
+    None. The lists given receive what the run found: what the backward reads (``saved``,
+    ``saved_inputs``), parameters read twice (``multi_use``), the output tree, parameters written,
+    generators drawn from, inputs written (a dict); ``host_to`` / ``drawn_to``:
+    where its draws leave the host generators; ``state_checks``: :class:`Bindings`' two."""
     if (refusal := _hook_order(params)) is not None:
         return refusal
     leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the storages
@@ -243,21 +242,21 @@ def probe(
     autocast, dtype = autocast_key(device)
     shared_casts = autocast and torch.is_autocast_cache_enabled()
     with (
+        Bindings(module, params, leaves, state_checks) as bindings,
         effects,
         torch.autocast(device, dtype=dtype, enabled=autocast, cache_enabled=False),
         inspector,
         torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack),
     ):
         result = fn(*static_inputs, params=leaves)
-    outs, _ = tree_flatten(result)
+    tensors = [o for o in tree_flatten(result)[0] if isinstance(o, torch.Tensor)]
     rebuilt = _output_refusal(result, outputs)
     del result
     _found(module, inspector, hooks, len(leaves), written, saved, saved_inputs, generators)
     _inputs_written(effects, inspector, static_inputs, written_inputs)
-    tensors = [o for o in outs if isinstance(o, torch.Tensor)]
-    del outs
     refusal = (
         _forward_refusal(effects, inspector, rebuilt)
+        or _state_refusal(bindings, tensors)
         or _aliased_output(tensors, static_inputs)
         or (_shared_cast(module, params, inspector, dtype) if shared_casts else None)
     )
@@ -367,6 +366,30 @@ def _aliased_output(
             "signature", "output_aliases_input", f"output {aliased[0]} is (a view of) an input"
         )
     return None
+
+
+def _state_refusal(bindings: Bindings, tensors: list[torch.Tensor]) -> Refusal | None:
+    """A parameter or buffer the forward rebound (a write into the model at that call: once is a
+    new state, at every call it retires), or an output sharing one's memory (that signature eager)."""
+    rebound = bindings.rebound
+    if rebound is not None:
+        return Refusal(
+            "call",
+            f"forward rebinds {bindings.qualified(rebound)} (`{rebound}.data = ...`), which a replay "
+            "would not: update it in place under torch.no_grad() (`p.mul_(m).add_(q, alpha=1 - m)`), "
+            "which replays",
+        )
+    found = bindings.returned(tensors)
+    if found is None:
+        return None
+    i, name = found
+    return Refusal(
+        "signature",
+        "output_aliases_state",
+        f"output {i} is (a view of) {name}: eager hands back the module's own tensor, which a kept "
+        "reference follows, a replay memory of its own; return a copy (`.detach().clone()`) or a "
+        "value computed from it (`.exp()`)",
+    )
 
 
 def _shared_cast(

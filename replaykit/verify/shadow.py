@@ -65,13 +65,15 @@ class Shadow:
         written: Sequence[torch.Tensor] = (),
         held: Sequence[torch.Tensor] = (),
         inputs_written: Sequence[int] = (),
+        rebinds: bool = True,
     ) -> None:
         # the eager run differentiates stand-ins: only the parameters the forward writes in place
         # (``written``, found by the probe) change, and those are kept to be put back; ``held``:
         # tensors outside the module the forward names (a global total it adds to), put back too
         self._written = list(written)
         self._kept = [*self._written, *held]
-        snapshot = StateSnapshot(module, parameters=False, extra=self._kept)
+        self._rebinds = rebinds  # a parameter's ``.data`` a run rebinds is bound back (data_rebind)
+        snapshot = StateSnapshot(module, parameters=False, extra=self._kept, rebinds=rebinds)
         # one per distinct tensor: `q is k` stays true, as in eager
         stand_ins: dict[int, torch.Tensor] = {}
         # private copies (same layout): an input written in place after the forward must not change the rerun
@@ -166,7 +168,7 @@ class Shadow:
         if self._versions is None or [p._version for p in self._params] != self._versions:
             return None, None
         # the state as the replay (and since) left it
-        now = StateSnapshot(module, parameters=False, extra=self._kept)
+        now = StateSnapshot(module, parameters=False, extra=self._kept, rebinds=self._rebinds)
         self.snapshot.restore()
         self.put_back(self.inputs)
         try:

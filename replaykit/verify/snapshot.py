@@ -38,7 +38,8 @@ class StateSnapshot:
 
     ``tensors=False``: attributes and containers only (a raising CUDA capture ran only Python).
     ``parameters=False``: no parameters or ``.grad`` (a run on stand-ins changes neither); ``extra``:
-    the parameters it does change.
+    the parameters it does change. ``rebinds``: a parameter or buffer whose ``.data`` a run rebound
+    is bound back to its storage (the ``data_rebind`` protection).
     """
 
     def __init__(
@@ -47,6 +48,7 @@ class StateSnapshot:
         tensors: bool = True,
         parameters: bool = True,
         extra: Sequence[torch.Tensor] = (),
+        rebinds: bool = True,
     ) -> None:
         # one walk of the tree: a recording call snapshots the whole model, and each extra walk
         # (parameters, buffers, attributes, held state) cost it about a millisecond on a 4-layer LM
@@ -64,8 +66,13 @@ class StateSnapshot:
             buffers = _members(module, modules, "buffers")
             held = [*(params if parameters else extra), *buffers, *attr_tensors]
         else:
-            held, generators = [], []
+            held, generators, buffers = [], [], []
         self._values = [(t, host_copy(t)) for t in held]
+        # the storage each parameter and buffer is bound to: a run that rebinds ``.data`` (MoCo's
+        # ``pk.data = pk.data * m + ...``) moves no version and keeps the object, and copying the
+        # values back into the new storage would leave a view of the old one behind
+        bound = (*params, *buffers) if rebinds else ()
+        self._bindings = [(t, t.data) for t in bound if t.layout == torch.strided]
         self._grads = (
             [(p, p.grad, None if p.grad is None else host_copy(p.grad)) for p in params]
             if parameters
@@ -92,6 +99,9 @@ class StateSnapshot:
         for value, saved in self._contents:
             put_back(value, saved)
         with torch.no_grad():
+            for t, bound in self._bindings:
+                if t.data_ptr() != bound.data_ptr() or t.shape != bound.shape:
+                    t.data = bound
             for t, value in self._values:
                 t.data.copy_(value, non_blocking=True)  # from pinned host memory: in stream order
             for p, grad, value in self._grads:

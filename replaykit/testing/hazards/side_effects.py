@@ -309,6 +309,64 @@ class Checkpointed(nn.Module):
         return self.head(checkpoint(self.block, x, use_reentrant=False))
 
 
+class MomentumEncoder(nn.Module):
+    """MoCo's key encoder, moved toward the query encoder inside forward as its reference code does:
+    ``pk.data = pk.data * m + pq.data * (1 - m)`` (a rebind: no version moves, the Parameter stays);
+    ``inplace``: the same update written in place, which replays."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = inplace
+        self.q = nn.Linear(6, 6)
+        self.k = nn.Linear(6, 6).requires_grad_(False)
+        self.k.load_state_dict(self.q.state_dict())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = nn.functional.normalize(self.q(x), dim=1)
+        with torch.no_grad():
+            for pq, pk in zip(self.q.parameters(), self.k.parameters(), strict=True):
+                if self.inplace:
+                    pk.mul_(0.99).add_(pq, alpha=0.01)
+                else:
+                    pk.data = pk.data * 0.99 + pq.data * 0.01
+            k = nn.functional.normalize(self.k(x), dim=1)
+        return (q * k).sum(1)
+
+
+class ReturnsState(nn.Module):
+    """Returns one of its own tensors beside its output: an EMA codebook buffer it updates (a
+    VQ-VAE's, for a usage plot) or a parameter the loss uses outside (CLIP's ``logit_scale``)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what = what
+        self.fc = nn.Linear(6, 6)
+        self.logit_scale = nn.Parameter(torch.tensor(1.0))
+        self.register_buffer("codebook", torch.zeros(6))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.fc(x)
+        if self.what == "buffer":
+            with torch.no_grad():
+                self.codebook.mul_(0.9).add_(y.mean(0), alpha=0.1)
+            return y, self.codebook
+        return y, self.logit_scale
+
+
+def _kept_state(model: nn.Module, arm: Arm) -> Extras:
+    """The loop keeps what the model returned beside ``y`` (a log of it): eager's entries are all
+    the module's own tensor, so each follows every later update."""
+    log: list[torch.Tensor] = []
+
+    def step(m: nn.Module, a: Arm) -> torch.Tensor:
+        y, own = m(a.randn(4, 6))
+        log.append(own)
+        return (y * own).pow(2).mean()
+
+    kept = loss_steps(model, arm, step)
+    return kept | {f"logged{i}": t.detach() for i, t in enumerate(log)}
+
+
 def _alternating_loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Flips a task flag in a dict the model holds and weights the loss by it (Python a replay would not run)."""
     history = model.__dict__.setdefault("history", {})
@@ -429,6 +487,31 @@ PATTERNS: list[Pattern] = [
         _two_lengths,
         guard="pool_survivors",
         api="step",
+    ),
+    # each of the recording call's runs would apply the rebind again: the call runs eagerly with
+    # the weight bound back to its storage, and the rebind recurring retires naming it
+    HC.pattern(
+        "momentum_encoder_data_rebind",
+        "MoCo's key encoder moved in forward by `pk.data = pk.data * m + pq.data * (1 - m)`",
+        built(MomentumEncoder),
+        looped(steps=4),
+        guard="data_rebind",
+    ),
+    # eager hands back the module's own tensor: the loop's log of it follows every update
+    *(
+        HC.pattern(name, what, built(ReturnsState, kind), _kept_state, guard="output_state")
+        for name, what, kind in (
+            (
+                "returns_its_ema_buffer_kept",
+                "returns its EMA codebook buffer; the loop logs it",
+                "buffer",
+            ),
+            (
+                "returns_its_parameter_kept",
+                "returns its logit_scale parameter; the loop logs it",
+                "parameter",
+            ),
+        )
     ),
     # silent once; the recording's verification (its first replay against eager) routes it eager
     Pattern(
