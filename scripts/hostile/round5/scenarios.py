@@ -726,3 +726,762 @@ def step_ema_swapped_in_via_data_for_validation(ctx):
             for p, s in zip(m.parameters(), shadow, strict=True):
                 p.data, s.data = s.data, p.data  # swap back
     return {"m": m, "opt": opt, "losses": losses, "vals": vals, "shadow": shadow}
+
+
+# ===================================================================== F. parametrizations
+
+
+class ParamNet(nn.Module):
+    def __init__(self, wrap):
+        super().__init__()
+        self.a = wrap(nn.Linear(8, 8))
+        self.b = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+@scenario("capture")
+def cap_orthogonal_parametrization(ctx):
+    from torch.nn.utils.parametrizations import orthogonal
+
+    m = ParamNet(orthogonal)
+    return plain_loop(ctx, m, torch.optim.Adam(m.parameters(), lr=1e-2), vecs(8))
+
+
+@scenario("step")
+def step_orthogonal_parametrization(ctx):
+    from torch.nn.utils.parametrizations import orthogonal
+
+    m = ParamNet(orthogonal)
+    return step_loop(ctx, m, fused_adamw(m.parameters(), lr=1e-2), vecs(7))
+
+
+class Disc(nn.Module):
+    def __init__(self, sn):
+        super().__init__()
+        self.c1 = sn(nn.Linear(8, 16))
+        self.c2 = sn(nn.Linear(16, 1))
+
+    def forward(self, x):
+        return self.c2(F.leaky_relu(self.c1(x), 0.2)).squeeze(-1)
+
+
+def hinge_d(d, real, fake):
+    return F.relu(1 - d(real)).mean() + F.relu(1 + d(fake)).mean()
+
+
+def hinge_d_cat(d, real, fake):
+    s = d(torch.cat([real, fake]))
+    return F.relu(1 - s[: len(real)]).mean() + F.relu(1 + s[len(real) :]).mean()
+
+
+def gan_data(n=8, b=8, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(b, 8, generator=g) + 1, torch.randn(b, 8, generator=g)) for _ in range(n)]
+
+
+@scenario("step")
+def step_spectral_norm_parametrization_disc(ctx):
+    from torch.nn.utils.parametrizations import spectral_norm
+
+    d = Disc(spectral_norm)
+    opt = fused_adamw(d.parameters(), lr=2e-4, betas=(0.0, 0.9))
+    step = ctx.step(d, hinge_d_cat, opt)
+    return {"d": d, "opt": opt, "losses": [step(r, f) for r, f in gan_data()]}
+
+
+@scenario("capture")
+def cap_spectral_norm_parametrization_disc_cat(ctx):
+    from torch.nn.utils.parametrizations import spectral_norm
+
+    d = Disc(spectral_norm)
+    opt = torch.optim.Adam(d.parameters(), lr=2e-4, betas=(0.0, 0.9))
+    losses = []
+    with ctx.capture(d):
+        for r, f in gan_data():
+            opt.zero_grad()
+            loss = hinge_d_cat(d, r, f)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"d": d, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_old_spectral_norm_hook_disc(ctx):
+    d = Disc(nn.utils.spectral_norm)  # the deprecated pre-hook form, u updated in place
+    opt = torch.optim.Adam(d.parameters(), lr=2e-4, betas=(0.0, 0.9))
+    losses = []
+    with ctx.capture(d):
+        for r, f in gan_data():
+            opt.zero_grad()
+            loss = hinge_d_cat(d, r, f)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"d": d, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_old_weight_norm_hook(ctx):
+    m = ParamNet(nn.utils.weight_norm)
+    return plain_loop(ctx, m, torch.optim.SGD(m.parameters(), lr=0.1), vecs(8))
+
+
+@scenario("capture")
+def cap_parametrize_cached_region(ctx):
+    from torch.nn.utils.parametrizations import weight_norm
+
+    m = ParamNet(weight_norm)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    losses = []
+    with ctx.capture(m):
+        for x, y in vecs(8):
+            opt.zero_grad()
+            with parametrize.cached():
+                loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class Symmetric(nn.Module):
+    def forward(self, x):
+        return x.triu() + x.triu(1).transpose(-1, -2)
+
+    def right_inverse(self, a):
+        return a.triu()
+
+
+def sym(lin):
+    parametrize.register_parametrization(lin, "weight", Symmetric())
+    return lin
+
+
+@scenario("step")
+def step_symmetric_parametrization_assigned_midrun(ctx):
+    m = ParamNet(sym)
+    opt = fused_adamw(m.parameters())
+    step = ctx.step(m, ce, opt)
+    losses = []
+    for i, (x, y) in enumerate(vecs(8)):
+        if i == 4:
+            with torch.no_grad():
+                m.a.weight = torch.eye(8) * 0.5  # through right_inverse, into original in place
+        losses.append(step(x, y))
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_weight_norm_removed_midrun_new_optimizer(ctx):
+    from torch.nn.utils.parametrizations import weight_norm
+
+    m = ParamNet(weight_norm)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(8)):
+            if i == 4:
+                parametrize.remove_parametrizations(m.a, "weight", leave_parametrized=True)
+                opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+            opt.zero_grad()
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+# ===================================================================== G. activation checkpointing
+
+
+class CkptNet(nn.Module):
+    def __init__(self, reentrant=False, preserve=True, bn=False, drop=0.2, ctx_fn=None):
+        super().__init__()
+        self.inp = nn.Linear(8, 16)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16) if bn else nn.Identity(),
+                          nn.GELU(), nn.Dropout(drop))  # fmt: skip
+            for _ in range(2)
+        )
+        self.out = nn.Linear(16, 4)
+        self.kw = {"use_reentrant": reentrant, "preserve_rng_state": preserve}
+        if ctx_fn is not None:
+            self.kw["context_fn"] = ctx_fn
+
+    def forward(self, x):
+        h = self.inp(x)
+        for b in self.blocks:
+            h = h + checkpoint(b, h, **self.kw)
+        return self.out(h)
+
+
+@scenario("capture")
+def cap_checkpoint_reentrant_dropout(ctx):
+    m = CkptNet(reentrant=True)
+    return plain_loop(ctx, m, torch.optim.SGD(m.parameters(), lr=0.1), vecs(8))
+
+
+@scenario("step")
+def step_checkpoint_reentrant_dropout(ctx):
+    m = CkptNet(reentrant=True)
+    return step_loop(ctx, m, fused_sgd(m.parameters()), vecs(7))
+
+
+@scenario("capture")
+def cap_checkpoint_no_preserve_rng_dropout(ctx):
+    m = CkptNet(preserve=False)  # eager's recompute draws a new mask: its gradient is eager's
+    return plain_loop(ctx, m, torch.optim.SGD(m.parameters(), lr=0.1), vecs(8))
+
+
+@scenario("step")
+def step_checkpoint_no_preserve_rng_dropout(ctx):
+    m = CkptNet(preserve=False)
+    return step_loop(ctx, m, fused_sgd(m.parameters()), vecs(7))
+
+
+@scenario("capture")
+def cap_checkpoint_bn_running_stats_updated_twice(ctx):
+    m = CkptNet(bn=True, drop=0.0)  # the recompute updates BN's running stats a second time
+    return plain_loop(ctx, m, torch.optim.SGD(m.parameters(), lr=0.1), vecs(8))
+
+
+@scenario("step")
+def step_checkpoint_bn_running_stats_updated_twice(ctx):
+    m = CkptNet(bn=True, drop=0.0)
+    return step_loop(ctx, m, fused_sgd(m.parameters()), vecs(7))
+
+
+def sac_policy():
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    def policy(ctx, op, *args, **kwargs):
+        if op in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return lambda: create_selective_checkpoint_contexts(policy)
+
+
+@scenario("step")
+def step_selective_activation_checkpoint_policy(ctx):
+    m = CkptNet(ctx_fn=sac_policy())
+    return step_loop(ctx, m, fused_sgd(m.parameters()), vecs(7))
+
+
+@scenario("capture")
+def cap_selective_activation_checkpoint_policy(ctx):
+    m = CkptNet(ctx_fn=sac_policy())
+    return plain_loop(ctx, m, torch.optim.SGD(m.parameters(), lr=0.1), vecs(8))
+
+
+@scenario("step")
+def step_checkpoint_sequential_segments(ctx):
+    body = nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.Tanh()) for _ in range(4)])
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp, self.body, self.out = nn.Linear(8, 16), body, nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.out(checkpoint_sequential(self.body, 2, self.inp(x), use_reentrant=False))
+
+    m = Net()
+    return step_loop(ctx, m, fused_adamw(m.parameters()), vecs(7))
+
+
+# ===================================================================== H. custom autograd Functions
+
+
+class GradReverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, alpha):
+        ctx.alpha = alpha
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return -ctx.alpha * g, None
+
+
+class DANN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.feat = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+        self.cls = nn.Linear(16, 4)
+        self.dom = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    def forward(self, x, alpha):
+        h = self.feat(x)
+        return self.cls(h), self.dom(GradReverse.apply(h, alpha)).squeeze(-1)
+
+
+@scenario("capture")
+def cap_dann_grad_reverse_alpha_per_epoch(ctx):
+    m = DANN()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    data = vecs(9)
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(data):
+            p = (i // 3) / 3
+            alpha = 2.0 / (1 + math.exp(-10 * p)) - 1  # the DANN schedule, per epoch
+            opt.zero_grad()
+            logits, dom = m(x, alpha)
+            loss = F.cross_entropy(logits, y) + F.binary_cross_entropy_with_logits(
+                dom, (torch.arange(8) % 2).float()
+            )
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("step")
+def step_dann_grad_reverse_alpha_tensor(ctx):
+    m = DANN()
+    opt = fused_sgd(m.parameters())
+    alpha = torch.tensor(0.0)  # a tensor, so the schedule needs no re-record
+
+    class GRT(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx_, x, a):
+            ctx_.save_for_backward(a)
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx_, g):
+            (a,) = ctx_.saved_tensors
+            return -a * g, None
+
+    def loss_fn(model, x, y):
+        h = model.feat(x)
+        dom = model.dom(GRT.apply(h, alpha)).squeeze(-1)
+        return F.cross_entropy(model.cls(h), y) + F.binary_cross_entropy_with_logits(
+            dom, (torch.arange(8) % 2).float()
+        )
+
+    step = ctx.step(m, loss_fn, opt)
+    losses = []
+    for i, (x, y) in enumerate(vecs(8)):
+        alpha.fill_(2.0 / (1 + math.exp(-10 * i / 8)) - 1)
+        losses.append(step(x, y))
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class LSQ(torch.autograd.Function):
+    """Learned step size quantization: straight-through with a gradient for the scale."""
+
+    @staticmethod
+    def forward(ctx, x, s, qmax):
+        ctx.save_for_backward(x, s)
+        ctx.qmax = qmax
+        return (x / s).round().clamp(-qmax, qmax) * s
+
+    @staticmethod
+    def backward(ctx, g):
+        x, s = ctx.saved_tensors
+        q = x / s
+        inside = (q.abs() <= ctx.qmax).to(g.dtype)
+        gs = (g * (inside * (q.round() - q) + (1 - inside) * q.sign() * ctx.qmax)).sum()
+        return g * inside, gs.view_as(s), None
+
+
+class QuantNet(nn.Module):
+    def __init__(self, bits=4):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.s = nn.Parameter(torch.tensor(0.1))
+        self.qmax = 2 ** (bits - 1) - 1
+
+    def forward(self, x):
+        w = LSQ.apply(self.a.weight, self.s, self.qmax)
+        return self.b(F.relu(F.linear(x, w, self.a.bias)))
+
+
+@scenario("capture")
+def cap_lsq_quantizer_bits_lowered_midrun(ctx):
+    m = QuantNet()
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(9)):
+            if i == 5:
+                m.qmax = 2 ** (2 - 1) - 1  # progressive quantization: 4 -> 2 bits
+            opt.zero_grad()
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("step")
+def step_lsq_quantizer(ctx):
+    m = QuantNet()
+    return step_loop(ctx, m, fused_adamw(m.parameters(), lr=1e-2), vecs(7))
+
+
+class TopKMask(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, k):
+        idx = x.topk(k, dim=-1).indices
+        mask = torch.zeros_like(x).scatter_(-1, idx, 1.0)
+        ctx.save_for_backward(mask)
+        ctx.mark_non_differentiable(idx)
+        return x * mask, idx
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g, _gi):
+        (mask,) = ctx.saved_tensors
+        return g * mask, None
+
+
+@scenario("step")
+def step_topk_function_non_differentiable_output(ctx):
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+    head = nn.Linear(16, 4)
+    opt = fused_adamw(list(m.parameters()) + list(head.parameters()))
+
+    def loss_fn(model, x, y):
+        h, idx = TopKMask.apply(model(x), 4)
+        return F.cross_entropy(head(h), y) + 0.0 * idx.float().sum()
+
+    return step_loop(ctx, m, opt, vecs(7), loss_fn=loss_fn) | {"head": head}
+
+
+class MyLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(x, w, b):
+        return x @ w.t() + b
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, w, _ = inputs
+        ctx.save_for_backward(x, w)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        gx = g @ w if ctx.needs_input_grad[0] else None
+        gw = g.t() @ x if ctx.needs_input_grad[1] else None
+        gb = g.sum(0) if ctx.needs_input_grad[2] else None
+        return gx, gw, gb
+
+
+class MyLinearNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = F.relu(MyLinear.apply(x, self.l1.weight, self.l1.bias))
+        return MyLinear.apply(h, self.l2.weight, self.l2.bias)
+
+
+@scenario("capture")
+def cap_setup_context_function_needs_input_grad_freeze_toggle(ctx):
+    m = MyLinearNet()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(9)):
+            m.l1.weight.requires_grad_(i % 3 != 1)  # a layer frozen every third step
+            opt.zero_grad(set_to_none=True)
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class ItemFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.k = max(1, int(x.abs().max().item() * 2))  # a host read inside the Function
+        return x / ctx.k
+
+    @staticmethod
+    def backward(ctx, g):
+        return g / ctx.k
+
+
+@scenario("capture")
+def cap_function_host_read_in_ctx(ctx):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.b(ItemFn.apply(self.a(x)))
+
+    m = Net()
+    return plain_loop(ctx, m, torch.optim.SGD(m.parameters(), lr=0.1), vecs(8))
+
+
+# ===================================================================== I. hooks
+
+
+@scenario("capture")
+def cap_root_forward_pre_hook_normalizes_input(ctx):
+    m = mlp()
+    stats = {"scale": 1.0}
+    m.register_forward_pre_hook(lambda mod, args: (args[0] * stats["scale"],))
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(8)):
+            stats["scale"] = 1.0 / (1 + 0.1 * i)
+            opt.zero_grad()
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_submodule_pre_hook_scale_from_closure(ctx):
+    m = mlp()
+    stats = {"scale": 1.0}
+    m[2].register_forward_pre_hook(lambda mod, args: (args[0] * stats["scale"],))
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(8)):
+            stats["scale"] = 1.0 / (1 + (i // 3))
+            opt.zero_grad()
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_full_backward_hook_logs_grad_norms(ctx):
+    m = mlp()
+    log = []
+    m[0].register_full_backward_hook(lambda mod, gi, go: log.append(go[0].norm().detach()))
+    out = plain_loop(ctx, m, torch.optim.SGD(m.parameters(), lr=0.05), vecs(8))
+    return out | {"log": log, "nlog": len(log)}
+
+
+@scenario("capture")
+def cap_forward_hook_logs_activation_stats(ctx):
+    m = mlp(bn=True)
+    stats = []
+    for layer in m:
+        if isinstance(layer, nn.Linear):
+            layer.register_forward_hook(lambda mod, i, o: stats.append(o.detach().std()))
+    out = plain_loop(ctx, m, torch.optim.SGD(m.parameters(), lr=0.05), vecs(8))
+    return out | {"stats": stats, "n": len(stats)}
+
+
+class ClampGrad(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.c = 1e-2
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        if h.requires_grad:
+            h.register_hook(lambda g: g.clamp(-self.c, self.c))
+        return self.b(h)
+
+
+@scenario("capture")
+def cap_tensor_hook_in_forward_clamp_attr_changes(ctx):
+    m = ClampGrad()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(8)):
+            if i == 4:
+                m.c = 1e-3
+            opt.zero_grad()
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("step")
+def step_tensor_hook_in_forward_clamp(ctx):
+    m = ClampGrad()
+    return step_loop(ctx, m, fused_sgd(m.parameters()), vecs(7))
+
+
+@scenario("step")
+def step_full_backward_pre_hook_scales_grad_output(ctx):
+    m = mlp()
+    m[3].register_full_backward_pre_hook(lambda mod, go: (go[0] * 0.5,))
+    return step_loop(ctx, m, fused_sgd(m.parameters()), vecs(7))
+
+
+@scenario("capture")
+def cap_full_backward_pre_hook_scales_grad_output(ctx):
+    m = mlp()
+    m[3].register_full_backward_pre_hook(lambda mod, go: (go[0] * 0.5,))
+    return plain_loop(ctx, m, torch.optim.SGD(m.parameters(), lr=0.1), vecs(8))
+
+
+class Masked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = mlp(h=16)
+        self.register_buffer("mask", torch.ones(16))
+        self.net[0].register_forward_hook(lambda mod, i, o: o * self.mask)
+
+
+@scenario("capture")
+def cap_forward_hook_output_mask_buffer_pruned_inplace(ctx):
+    mm = Masked()
+    m = mm.net
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(9)):
+            if i % 3 == 2:
+                with torch.no_grad():  # prune the weakest remaining unit
+                    score = m[0].weight.norm(dim=1) + (1 - mm.mask) * 1e9
+                    mm.mask[score.argmin()] = 0
+            opt.zero_grad()
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "mask": mm.mask, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_global_module_forward_hook_registered_midrun(ctx):
+    from torch.nn.modules.module import register_module_forward_hook
+
+    m = mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    seen, losses, h = [], [], None
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(8)):
+            if i == 3:  # a profiler-like global hook, on for three steps
+                h = register_module_forward_hook(
+                    lambda mod, inp, out: seen.append(type(mod).__name__)
+                )
+                h2 = register_module_forward_hook(
+                    lambda mod, inp, out: out * 0.5 if isinstance(mod, nn.ReLU) else None
+                )
+            if i == 6:
+                h.remove()
+                h2.remove()
+            opt.zero_grad()
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses, "seen": seen}
+
+
+@scenario("step")
+def step_optimizer_step_post_hook_weight_clamp(ctx):
+    m = mlp()
+    opt = fused_sgd(m.parameters())
+
+    def clamp(o, args, kwargs):
+        with torch.no_grad():
+            for p in m.parameters():
+                p.clamp_(-0.3, 0.3)
+
+    opt.register_step_post_hook(clamp)
+    return step_loop(ctx, m, opt, vecs(7))
+
+
+@scenario("capture")
+def cap_post_accumulate_grad_hook_optimizer_in_backward(ctx):
+    m = mlp()
+    opts = {p: torch.optim.SGD([p], lr=0.05, momentum=0.9) for p in m.parameters()}
+
+    def hook(p):
+        opts[p].step()
+        opts[p].zero_grad(set_to_none=True)
+
+    for p in m.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+    losses = []
+    with ctx.capture(m):
+        for x, y in vecs(8):
+            loss = ce(m, x, y)
+            loss.backward()
+            losses.append(loss.detach())
+    return {"m": m, "opts": list(opts.values()), "losses": losses}
+
+
+@scenario("step")
+def step_post_accumulate_grad_hook_grad_stats(ctx):
+    m = mlp()
+    sq = {n: torch.zeros(()) for n, _ in m.named_parameters()}
+
+    def hook(p, n):
+        sq[n].add_(p.grad.pow(2).sum())
+
+    for n, p in m.named_parameters():
+        p.register_post_accumulate_grad_hook(lambda p, n=n: hook(p, n))
+    out = step_loop(ctx, m, fused_sgd(m.parameters()), vecs(7))
+    return out | {"sq": sq}
+
+
+@scenario("capture")
+def cap_param_hook_mask_updated_inplace(ctx):
+    m = mlp()
+    mask = torch.ones_like(m[0].weight)
+    m[0].weight.register_hook(lambda g: g * mask)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(8)):
+            if i % 2 == 1:
+                with torch.no_grad():
+                    mask.copy_((m[0].weight.abs() > m[0].weight.abs().quantile(0.1 * i)).float())
+            opt.zero_grad()
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_state_dict_hooks_checkpoint_roundtrip(ctx):
+    m = mlp()
+
+    def post(mod, sd, prefix, local):
+        sd[prefix + "meta_version"] = torch.tensor(2)
+
+    def pre(mod, sd, prefix, *a):
+        sd.pop(prefix + "meta_version", None)
+
+    m.register_state_dict_post_hook(post)
+    m.register_load_state_dict_pre_hook(pre)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(8)):
+            opt.zero_grad()
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+            if i == 3:
+                buf = io.BytesIO()
+                torch.save({"m": m.state_dict(), "o": opt.state_dict()}, buf)
+                buf.seek(0)
+                ck = torch.load(buf, weights_only=True)
+                m.load_state_dict(ck["m"])
+                opt.load_state_dict(ck["o"])
+    return {"m": m, "opt": opt, "losses": losses}
