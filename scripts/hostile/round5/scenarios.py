@@ -1485,3 +1485,658 @@ def cap_state_dict_hooks_checkpoint_roundtrip(ctx):
                 m.load_state_dict(ck["m"])
                 opt.load_state_dict(ck["o"])
     return {"m": m, "opt": opt, "losses": losses}
+
+
+# ===================================================================== J. torchvision models
+
+
+def tv_model(name, **kw):
+    return getattr(tv().models, name)(num_classes=10, **kw)
+
+
+@scenario("capture")
+def cap_tv_resnet18_channels_last(ctx):
+    m = tv_model("resnet18").to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    losses = []
+    with ctx.capture(m):
+        for x, y in imgs(5, hw=32):
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(m(x.to(memory_format=torch.channels_last)), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("step")
+def step_tv_resnet18_bf16_label_smoothing(ctx):
+    m = tv_model("resnet18", zero_init_residual=True)
+    opt = fused_sgd(m.parameters(), lr=torch.tensor(0.05), nesterov=True)
+
+    def loss_fn(model, x, y):
+        return F.cross_entropy(model(x), y, label_smoothing=0.1)
+
+    return step_loop(ctx, m, opt, imgs(5, hw=16), loss_fn=loss_fn, precision="bf16-mixed")
+
+
+@scenario("step")
+def step_tv_mobilenet_v3_small_adamw(ctx):
+    m = tv_model("mobilenet_v3_small")
+    return step_loop(ctx, m, fused_adamw(m.parameters()), imgs(5, hw=32), max_norm=2.0)
+
+
+@scenario("capture")
+def cap_tv_mobilenet_v2_frozen_bn_finetune(ctx):
+    m = tv_model("mobilenet_v2")
+    m.features.requires_grad_(False)
+    opt = torch.optim.SGD(m.classifier.parameters(), lr=0.05)
+    losses = []
+    with ctx.capture(m):
+        for x, y in imgs(5, hw=32):
+            m.train()
+            m.features.apply(lambda mod: mod.eval() if isinstance(mod, nn.BatchNorm2d) else None)
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_tv_efficientnet_b0_stochastic_depth(ctx):
+    m = tv_model("efficientnet_b0", stochastic_depth_prob=0.2)
+    opt = torch.optim.RMSprop(m.parameters(), lr=1e-3)
+    losses = []
+    with ctx.capture(m):
+        for x, y in imgs(4, b=2, hw=32):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_tv_shufflenet_channel_shuffle(ctx):
+    m = tv_model("shufflenet_v2_x0_5")
+    return plain_loop(ctx, m, torch.optim.SGD(m.parameters(), lr=0.05), imgs(5, hw=32))
+
+
+# ===================================================================== K. embeddings
+
+
+class BagNet(nn.Module):
+    def __init__(self, v=30, d=8):
+        super().__init__()
+        self.emb = nn.Embedding(v, d, padding_idx=0, scale_grad_by_freq=True)
+        self.fc = nn.Linear(d, 4)
+
+    def forward(self, ids):
+        return self.fc(self.emb(ids).sum(1))
+
+
+def id_batches(n=8, b=4, t=6, v=30, seed=21):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(1, v, (b, t), generator=g)
+        lens = torch.randint(2, t + 1, (b,), generator=g)
+        ids[torch.arange(t)[None] >= lens[:, None]] = 0  # padding
+        out.append((ids, torch.randint(0, 4, (b,), generator=g)))
+    return out
+
+
+@scenario("capture")
+def cap_embedding_padding_idx_scale_grad_by_freq(ctx):
+    m = BagNet()
+    return plain_loop(ctx, m, torch.optim.Adam(m.parameters(), lr=1e-2), id_batches())
+
+
+@scenario("step")
+def step_embedding_padding_idx_scale_grad_by_freq(ctx):
+    m = BagNet()
+    return step_loop(ctx, m, fused_adamw(m.parameters(), lr=1e-2), id_batches(7))
+
+
+class EBNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(40, 8, mode="sum")
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, flat, offsets, w):
+        return self.fc(self.bag(flat, offsets, per_sample_weights=w))
+
+
+@scenario("step")
+def step_embeddingbag_offsets_per_sample_weights(ctx):
+    m = EBNet()
+    opt = fused_sgd(m.parameters())
+    step = ctx.step(m, lambda mm, f, o, w, y: F.cross_entropy(mm(f, o, w), y), opt)
+    g = torch.Generator().manual_seed(4)
+    losses = []
+    for _ in range(7):
+        lens = torch.randint(1, 5, (4,), generator=g)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)[:-1]])
+        flat = torch.randint(0, 40, (12,), generator=g)[: int(lens.sum())]  # a ragged total
+        flat = torch.cat([flat, torch.zeros(12 - len(flat), dtype=torch.long)])  # padded to 12
+        w = torch.rand(12, generator=g)
+        losses.append(step(flat, offsets, w, torch.randint(0, 4, (4,), generator=g)))
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_embedding_bag_mean_ragged_total_lengths(ctx):
+    m = nn.EmbeddingBag(40, 8, mode="mean")
+    head = nn.Linear(8, 4)
+    opt = torch.optim.SGD(list(m.parameters()) + list(head.parameters()), lr=0.1)
+    g = torch.Generator().manual_seed(4)
+    losses = []
+    with ctx.capture(m):
+        for _ in range(8):
+            lens = torch.randint(1, 4, (4,), generator=g)
+            offsets = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)[:-1]])
+            flat = torch.randint(0, 40, (int(lens.sum()),), generator=g)
+            opt.zero_grad()
+            loss = F.cross_entropy(head(m(flat, offsets)), torch.randint(0, 4, (4,), generator=g))
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "head": head, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_embedding_pad_row_rezeroed_each_step(ctx):
+    m = BagNet()
+    m.emb.padding_idx = None  # a model built without padding_idx, the row kept at zero by hand
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    losses = []
+    with ctx.capture(m):
+        for ids, y in id_batches():
+            opt.zero_grad()
+            loss = ce(m, ids, y)
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                m.emb.weight[0].zero_()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+# ===================================================================== L. losses
+
+
+@scenario("step")
+def step_ce_smoothing_weights_ignore_index(ctx):
+    m = mlp()
+    w = torch.tensor([1.0, 2.0, 0.5, 1.0])
+
+    def loss_fn(model, x, y):
+        return F.cross_entropy(model(x), y, weight=w, ignore_index=-100, label_smoothing=0.1)
+
+    g = torch.Generator().manual_seed(8)
+    data = []
+    for x, y in vecs(7):
+        y = y.clone()
+        y[torch.rand(8, generator=g) < 0.3] = -100  # a varying number ignored
+        data.append((x, y))
+    return step_loop(ctx, m, fused_adamw(m.parameters()), data, loss_fn=loss_fn)
+
+
+class MultiTask(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+        self.heads = nn.ModuleDict({"cls": nn.Linear(16, 4), "reg": nn.Linear(16, 2),
+                                    "aux": nn.Linear(16, 3)})  # fmt: skip
+
+    def forward(self, x):
+        h = self.body(x)
+        return {k: head(h) for k, head in self.heads.items()}
+
+
+def mt_data(n=8, seed=9):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(8, 8, generator=g),
+             {"cls": torch.randint(0, 4, (8,), generator=g), "reg": torch.randn(8, 2, generator=g),
+              "aux": torch.randint(0, 3, (8,), generator=g)}) for _ in range(n)]  # fmt: skip
+
+
+def mt_losses(out, t):
+    return {"cls": F.cross_entropy(out["cls"], t["cls"]), "reg": F.smooth_l1_loss(out["reg"], t["reg"]),
+            "aux": F.cross_entropy(out["aux"], t["aux"])}  # fmt: skip
+
+
+@scenario("capture")
+def cap_uncertainty_weighted_multitask_log_vars(ctx):
+    m = MultiTask()
+    log_vars = nn.Parameter(torch.zeros(3))  # Kendall et al.: learned outside the model
+    opt = torch.optim.Adam(list(m.parameters()) + [log_vars], lr=1e-2)
+    out_l = []
+    with ctx.capture(m):
+        for x, t in mt_data():
+            opt.zero_grad()
+            ls = mt_losses(m(x), t)
+            loss = sum(torch.exp(-log_vars[i]) * v + log_vars[i] for i, v in enumerate(ls.values()))
+            loss.backward()
+            opt.step()
+            out_l.append({k: v.detach() for k, v in ls.items()})
+    return {"m": m, "lv": log_vars, "opt": opt, "losses": out_l}
+
+
+class UncertaintyWeights(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.log_vars = nn.Parameter(torch.zeros(n))
+
+    def forward(self, ls):
+        return sum(torch.exp(-self.log_vars[i]) * v + self.log_vars[i] for i, v in enumerate(ls))
+
+
+@scenario("step")
+def step_uncertainty_weighting_module_in_closure(ctx):
+    m = MultiTask()
+    uw = UncertaintyWeights(3)
+    opt = fused_adamw(list(m.parameters()) + list(uw.parameters()), lr=1e-2)
+
+    def loss_fn(model, x, t):
+        return uw(list(mt_losses(model(x), t).values()))
+
+    step = ctx.step(m, loss_fn, opt)
+    return {"m": m, "uw": uw, "opt": opt, "losses": [step(x, t) for x, t in mt_data(7)]}
+
+
+@scenario("step")
+def step_multitask_weights_dict_changed_per_epoch(ctx):
+    m = MultiTask()
+    opt = fused_sgd(m.parameters())
+    wts = {"cls": 1.0, "reg": 1.0, "aux": 0.5}
+
+    def loss_fn(model, x, t):
+        ls = mt_losses(model(x), t)
+        return sum(wts[k] * v for k, v in ls.items())
+
+    step = ctx.step(m, loss_fn, opt)
+    losses = []
+    for i, (x, t) in enumerate(mt_data(9)):
+        if i % 3 == 0 and i:
+            wts["aux"] *= 0.5  # anneal the auxiliary task
+        losses.append(step(x, t))
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class CTCNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(6, 12, batch_first=True)
+        self.fc = nn.Linear(12, 5)
+
+    def forward(self, x):
+        return self.fc(self.rnn(x)[0]).log_softmax(-1)
+
+
+@scenario("capture")
+def cap_ctc_loss_variable_target_lengths(ctx):
+    m = CTCNet()
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(6)
+    losses = []
+    with ctx.capture(m):
+        for _ in range(8):
+            x = torch.randn(3, 10, 6, generator=g)
+            tl = torch.randint(2, 5, (3,), generator=g)
+            tgt = torch.randint(1, 5, (int(tl.sum()),), generator=g)
+            il = torch.tensor([10, 9, 8])
+            opt.zero_grad()
+            lp = m(x).transpose(0, 1)
+            loss = F.ctc_loss(lp, tgt, il, tl, zero_infinity=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class TinyLM(nn.Module):
+    def __init__(self, v=20, d=12):
+        super().__init__()
+        self.emb = nn.Embedding(v, d, padding_idx=0)
+        self.rnn = nn.GRU(d, d, batch_first=True)
+        self.out = nn.Linear(d, v)
+
+    def forward(self, x):
+        return self.out(self.rnn(self.emb(x))[0])
+
+
+@scenario("step")
+def step_nll_sum_over_nonpad_token_count(ctx):
+    m = TinyLM()
+
+    def loss_fn(model, x, y):
+        lp = model(x).log_softmax(-1)
+        tot = F.nll_loss(lp.flatten(0, 1), y.flatten(), ignore_index=0, reduction="sum")
+        return tot / (y != 0).sum().clamp_min(1)
+
+    data = [(ids, ids.roll(-1, 1)) for ids, _ in id_batches(7, v=20)]
+    return step_loop(ctx, m, fused_adamw(m.parameters()), data, loss_fn=loss_fn)
+
+
+@scenario("capture")
+def cap_triplet_batch_hard_mining(ctx):
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses = []
+    with ctx.capture(m):
+        for x, y in vecs(8):
+            opt.zero_grad()
+            e = F.normalize(m(x), dim=-1)
+            d = torch.cdist(e, e)
+            same = y[:, None] == y[None]
+            hardest_pos = (d * same).max(1).values
+            hardest_neg = (d + same * 1e4).min(1).values
+            loss = F.relu(hardest_pos - hardest_neg + 0.2).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("step")
+def step_mixup_beta_sampled_in_loss_torch_rng(ctx):
+    m = mlp()
+    beta = torch.distributions.Beta(torch.tensor(0.4), torch.tensor(0.4))
+
+    def loss_fn(model, x, y):
+        lam = beta.sample()
+        perm = torch.randperm(x.size(0))
+        out = model(lam * x + (1 - lam) * x[perm])
+        return lam * F.cross_entropy(out, y) + (1 - lam) * F.cross_entropy(out, y[perm])
+
+    out = step_loop(ctx, m, fused_sgd(m.parameters()), vecs(7), loss_fn=loss_fn)
+    return out | {"rng": torch.rand(3)}
+
+
+@scenario("capture")
+def cap_mixup_beta_torch_rng_outside(ctx):
+    m = mlp(bn=True)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    beta = torch.distributions.Beta(torch.tensor(0.4), torch.tensor(0.4))
+    losses = []
+    with ctx.capture(m):
+        for x, y in vecs(8):
+            lam = beta.sample()
+            perm = torch.randperm(x.size(0))
+            opt.zero_grad()
+            out = m(lam * x + (1 - lam) * x[perm])
+            loss = lam * F.cross_entropy(out, y) + (1 - lam) * F.cross_entropy(out, y[perm])
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses, "rng": torch.rand(3)}
+
+
+@scenario("step")
+def step_cutmix_box_with_item_in_loss(ctx):
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                      nn.Flatten(), nn.Linear(8, 10))  # fmt: skip
+
+    def loss_fn(model, x, y):
+        lam = torch.rand(())
+        cut = int((1 - lam).sqrt().item() * 16)
+        cx, cy = torch.randint(0, 16 - cut + 1, (2,)).tolist()
+        perm = torch.randperm(x.size(0))
+        x = x.clone()
+        x[:, :, cy : cy + cut, cx : cx + cut] = x[perm, :, cy : cy + cut, cx : cx + cut]
+        lam_adj = 1 - cut * cut / 256
+        out = model(x)
+        return lam_adj * F.cross_entropy(out, y) + (1 - lam_adj) * F.cross_entropy(out, y[perm])
+
+    out = step_loop(ctx, m, fused_sgd(m.parameters()), imgs(6), loss_fn=loss_fn)
+    return out | {"rng": torch.rand(3)}
+
+
+@scenario("capture")
+def cap_dict_losses_logged_as_floats(ctx):
+    m = MultiTask()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    hist = []
+    with ctx.capture(m):
+        for x, t in mt_data():
+            opt.zero_grad()
+            ls = mt_losses(m(x), t)
+            total = sum(ls.values())
+            total.backward()
+            opt.step()
+            hist.append({k: float(v) for k, v in ls.items()})
+    return {"m": m, "opt": opt, "hist": hist}
+
+
+# ===================================================================== M. modes
+
+
+@scenario("capture")
+def cap_train_with_bn_eval_submodules(ctx):
+    m = mlp(bn=True, drop=0.1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(8)):
+            m.train()
+            if i >= 3:
+                m[1].eval()  # freeze BN statistics after warm-up
+            opt.zero_grad()
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("step")
+def step_submodule_eval_midrun_bn_stats_frozen(ctx):
+    m = mlp(bn=True, drop=0.1)
+    opt = fused_sgd(m.parameters())
+    step = ctx.step(m, ce, opt)
+    losses = []
+    for i, (x, y) in enumerate(vecs(8)):
+        if i == 3:
+            m[1].eval()
+        losses.append(step(x, y))
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_alternate_weights_and_adversarial_input(ctx):
+    m = mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    delta = torch.zeros(8, 8, requires_grad=True)
+    dopt = torch.optim.SGD([delta], lr=0.1)
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(10)):
+            if i % 2 == 0:  # attack: weights frozen, maximise the loss in delta
+                m.requires_grad_(False)
+                dopt.zero_grad()
+                loss = -ce(m, x + delta, y)
+                loss.backward()
+                dopt.step()
+                with torch.no_grad():
+                    delta.clamp_(-0.1, 0.1)
+                m.requires_grad_(True)
+            else:
+                opt.zero_grad()
+                loss = ce(m, x + delta.detach(), y)
+                loss.backward()
+                opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "delta": delta, "opt": opt, "losses": losses}
+
+
+# ===================================================================== N. freeze, groups, resume
+
+
+class TwoBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+        self.b = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(self.b(self.a(x)))
+
+
+@scenario("capture")
+def cap_alternating_block_freeze_every_step(ctx):
+    m = TwoBlock()
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(10)):
+            m.a.requires_grad_(i % 2 == 0)
+            m.b.requires_grad_(i % 2 == 1)
+            opt.zero_grad(set_to_none=True)
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("step")
+def step_alternating_block_freeze_every_step(ctx):
+    m = TwoBlock()
+    opt = fused_adamw(m.parameters())
+    step = ctx.step(m, ce, opt)
+    losses = []
+    for i, (x, y) in enumerate(vecs(9)):
+        m.a.requires_grad_(i % 2 == 0)
+        m.b.requires_grad_(i % 2 == 1)
+        losses.append(step(x, y))
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class Growing(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+        self.heads = nn.ModuleList([nn.Linear(16, 4)])
+
+    def forward(self, x):
+        h = self.body(x)
+        return sum(head(h) for head in self.heads)
+
+
+@scenario("step")
+def step_new_head_attached_midrun_add_param_group(ctx):
+    m = Growing()
+    opt = fused_adamw(m.parameters())
+    step = ctx.step(m, ce, opt)
+    losses = []
+    for i, (x, y) in enumerate(vecs(8)):
+        if i == 4:
+            head = nn.Linear(16, 4)
+            nn.init.zeros_(head.weight)
+            m.heads.append(head)
+            opt.add_param_group({"params": head.parameters(), "lr": 1e-2})
+        losses.append(step(x, y))
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_new_head_attached_midrun_add_param_group(ctx):
+    m = Growing()
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(8)):
+            if i == 4:
+                head = nn.Linear(16, 4)
+                m.heads.append(head)
+                opt.add_param_group({"params": head.parameters(), "lr": 1e-2})
+            opt.zero_grad()
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_rewind_to_earlier_checkpoint_on_spike(ctx):
+    m = mlp(bn=True)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    losses, ckpt = [], None
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(10)):
+            if i % 3 == 0:
+                ckpt = copy.deepcopy({"m": m.state_dict(), "o": opt.state_dict()})
+            opt.zero_grad()
+            loss = ce(m, x * (20.0 if i == 5 else 1.0), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+            if loss.item() > 5.0:  # spike: go back to the last checkpoint
+                m.load_state_dict(ckpt["m"])
+                opt.load_state_dict(ckpt["o"])
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("step")
+def step_rewind_checkpoint_with_scheduler_state(ctx):
+    m = mlp(bn=True)
+    opt = fused_adamw(m.parameters(), lr=torch.tensor(1e-2))
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+    step = ctx.step(m, ce, opt)
+    losses, ckpt = [], None
+    for i, (x, y) in enumerate(vecs(10)):
+        if i % 3 == 0:
+            ckpt = copy.deepcopy(
+                {"m": m.state_dict(), "o": opt.state_dict(), "s": sched.state_dict()}
+            )
+        loss = step(x * (20.0 if i == 5 else 1.0), y)
+        sched.step()
+        losses.append(loss)
+        if loss.item() > 5.0:
+            m.load_state_dict(ckpt["m"])
+            opt.load_state_dict(ckpt["o"])
+            sched.load_state_dict(ckpt["s"])
+    return {"m": m, "opt": opt, "losses": losses, "lr": opt.param_groups[0]["lr"]}
+
+
+@scenario("capture")
+def cap_optimizer_recreated_each_epoch(ctx):
+    m = mlp()
+    losses = []
+    with ctx.capture(m):
+        for ep in range(3):
+            opt = torch.optim.SGD(m.parameters(), lr=0.1 / (ep + 1), momentum=0.9)
+            for x, y in vecs(3, seed=ep):
+                opt.zero_grad()
+                loss = ce(m, x, y)
+                loss.backward()
+                opt.step()
+                losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("step")
+def step_optimizer_state_loaded_from_other_run(ctx):
+    m = mlp()
+    opt = fused_adamw(m.parameters())
+    donor = mlp()
+    dopt = fused_adamw(donor.parameters())
+    for x, y in vecs(2, seed=3):  # another run's state, loaded mid-training
+        dopt.zero_grad()
+        ce(donor, x, y).backward()
+        dopt.step()
+    step = ctx.step(m, ce, opt)
+    losses = []
+    for i, (x, y) in enumerate(vecs(8)):
+        if i == 4:
+            m.load_state_dict(donor.state_dict())
+            opt.load_state_dict(dopt.state_dict())
+        losses.append(step(x, y))
+    return {"m": m, "opt": opt, "losses": losses}
