@@ -2140,3 +2140,912 @@ def step_optimizer_state_loaded_from_other_run(ctx):
             opt.load_state_dict(dopt.state_dict())
         losses.append(step(x, y))
     return {"m": m, "opt": opt, "losses": losses}
+
+
+# ===================================================================== O. torch.compile
+
+
+@scenario("step")
+def step_compiled_model_backend_eager(ctx):
+    torch._dynamo.reset()
+    m = mlp(bn=True)
+    cm = torch.compile(m, backend="eager")
+    return step_loop(ctx, cm, fused_adamw(m.parameters()), vecs(6)) | {"m": m}
+
+
+@scenario("capture")
+def cap_model_with_compiled_submodule_aot_eager(ctx):
+    torch._dynamo.reset()
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.compile(nn.Sequential(nn.Linear(8, 16), nn.GELU()), backend="aot_eager")
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.head(self.body(x))
+
+    m = Net()
+    return plain_loop(ctx, m, torch.optim.SGD(m.parameters(), lr=0.1), vecs(6))
+
+
+# ===================================================================== P. Lightning
+
+
+def lit_net():
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.1),
+                         nn.Linear(16, 4))  # fmt: skip
+
+
+def lit_base():
+    import lightning as L
+
+    class Base(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = lit_net()
+            self.losses = []
+
+        def training_step(self, batch, idx):
+            x, y = batch
+            loss = F.cross_entropy(self.net(x), y)
+            self.log("loss", loss)
+            self.losses.append(loss.detach())
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9, fused=True)
+
+    return Base
+
+
+@scenario("callback")
+def cb_opt_step_clip_value_accum3_bf16(ctx):
+    class M(lit_base()):
+        def configure_optimizers(self):  # Lightning refuses clipping a fused one under AMP
+            return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+    mod = M()
+    tr = trainer(callbacks=callbacks(ctx, "net", optimizer_step=True), precision="bf16-mixed",
+                 gradient_clip_val=0.05, gradient_clip_algorithm="value", accumulate_grad_batches=3)  # fmt: skip
+    tr.fit(mod, loader(12))
+    return {"net": mod.net, "opt": mod.optimizers().optimizer, "losses": mod.losses}
+
+
+@scenario("callback")
+def cb_step_interval_onecycle_tensor_lr(ctx):
+    class M(lit_base()):
+        def configure_optimizers(self):
+            opt = torch.optim.AdamW(self.parameters(), lr=torch.tensor(1e-2), fused=True,
+                                    capturable=True)  # fmt: skip
+            sch = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=12,
+                                                      cycle_momentum=False)  # fmt: skip
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sch, "interval": "step"}}
+
+    mod = M()
+    tr = trainer(callbacks=callbacks(ctx, "net", optimizer_step=True), gradient_clip_val=1.0)
+    tr.fit(mod, loader(12))
+    return {"net": mod.net, "opt": mod.optimizers().optimizer, "losses": mod.losses}
+
+
+@scenario("callback")
+def cb_backbone_finetuning_callback(ctx):
+    from lightning.pytorch.callbacks import BackboneFinetuning
+
+    class M(lit_base()):
+        def __init__(self):
+            super().__init__()
+            self.backbone = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+            self.net = nn.Linear(16, 4)
+
+        def training_step(self, batch, idx):
+            x, y = batch
+            loss = F.cross_entropy(self.net(self.backbone(x)), y)
+            self.losses.append(loss.detach())
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(filter(lambda p: p.requires_grad, self.parameters()), lr=1e-2)
+
+    mod = M()
+    ft = BackboneFinetuning(unfreeze_backbone_at_epoch=1, lambda_func=lambda e: 1.5, verbose=False)
+    tr = trainer(callbacks=[ft, *callbacks(ctx, "backbone", "net")], max_epochs=3)
+    tr.fit(mod, loader(5))
+    return {"mod": mod, "opt": mod.optimizers().optimizer, "losses": mod.losses}
+
+
+@scenario("callback")
+def cb_stochastic_weight_averaging_callback(ctx):
+    from lightning.pytorch.callbacks import StochasticWeightAveraging
+
+    class M(lit_base()):
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    mod = M()
+    swa = StochasticWeightAveraging(swa_lrs=0.02, swa_epoch_start=1, annealing_epochs=1)
+    tr = trainer(callbacks=[swa, *callbacks(ctx, "net")], max_epochs=3)
+    tr.fit(mod, loader(4))
+    return {"net": mod.net, "losses": mod.losses}
+
+
+@scenario("callback")
+def cb_manual_gan_toggle_optimizer(ctx):
+    import lightning as L
+
+    class GAN(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+            self.gen = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8))
+            self.disc = nn.Sequential(nn.Linear(8, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+            self.losses = []
+
+        def configure_optimizers(self):
+            return (torch.optim.Adam(self.gen.parameters(), lr=1e-3, betas=(0.5, 0.9)),
+                    torch.optim.Adam(self.disc.parameters(), lr=1e-3, betas=(0.5, 0.9)))  # fmt: skip
+
+        def training_step(self, batch, idx):
+            real, _ = batch
+            og, od = self.optimizers()
+            z = torch.randn(real.size(0), 4)
+            self.toggle_optimizer(od)
+            fake = self.gen(z).detach()
+            d_loss = F.softplus(-self.disc(real)).mean() + F.softplus(self.disc(fake)).mean()
+            od.zero_grad()
+            self.manual_backward(d_loss)
+            od.step()
+            self.untoggle_optimizer(od)
+            self.toggle_optimizer(og)
+            g_loss = F.softplus(-self.disc(self.gen(z))).mean()
+            og.zero_grad()
+            self.manual_backward(g_loss)
+            og.step()
+            self.untoggle_optimizer(og)
+            self.losses += [d_loss.detach(), g_loss.detach()]
+
+    mod = GAN()
+    tr = trainer(callbacks=callbacks(ctx, "gen", "disc"))
+    tr.fit(mod, loader(8))
+    return {"mod": mod, "losses": mod.losses}
+
+
+@scenario("callback")
+def cb_automatic_resume_from_checkpoint(ctx, tmp=None):
+    import tempfile
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    d = tempfile.mkdtemp()
+    mod = lit_base()()
+    ck = ModelCheckpoint(dirpath=d, save_last=True)
+    tr = trainer(callbacks=[ck, *callbacks(ctx, "net", optimizer_step=True)],
+                 enable_checkpointing=True, max_epochs=1)  # fmt: skip
+    tr.fit(mod, loader(6))
+    mod2 = lit_base()()
+    tr2 = trainer(callbacks=[ModelCheckpoint(dirpath=d), *callbacks(ctx, "net", optimizer_step=True)],
+                  enable_checkpointing=True, max_epochs=2)  # fmt: skip
+    tr2.fit(mod2, loader(6), ckpt_path=os.path.join(d, "last.ckpt"))
+    return {"net": mod2.net, "opt": mod2.optimizers().optimizer, "losses": mod.losses + mod2.losses}
+
+
+@scenario("whole_step")
+def ws_whole_step_manual_lr_scheduler_and_logging(ctx):
+    import lightning as L
+
+    class M(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+            self.net = lit_net()
+            self.losses = []
+
+        def configure_optimizers(self):
+            opt = fused_adamw(self.net.parameters(), lr=torch.tensor(1e-2))
+            return [opt], [torch.optim.lr_scheduler.ExponentialLR(opt, 0.8)]
+
+        def on_train_start(self):
+            self.step = None
+            if ctx.replay:
+                from replaykit.lightning import whole_step
+
+                self.step = whole_step(self, self.net, ce, backend="emulated", accumulate=2,
+                                       max_norm=0.5)  # fmt: skip
+                ctx.entries.append(self.step)
+
+        def training_step(self, batch, idx):
+            x, y = batch
+            if self.step is not None:
+                loss = self.step(x, y)
+            else:
+                opt = self.optimizers()
+                loss = ce(self.net, x, y)
+                self.manual_backward(loss / 2)
+                if (idx + 1) % 2 == 0:
+                    nn.utils.clip_grad_norm_(list(self.net.parameters()), 0.5, foreach=True)
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                loss = loss.detach()
+            self.log("train_loss", loss, prog_bar=True)
+            if (idx + 1) % 2 == 0:
+                self.lr_schedulers().step()
+            self.losses.append(loss)
+
+    mod = M()
+    tr = trainer(max_epochs=2)
+    tr.fit(mod, loader(6))
+    return {"net": mod.net, "opt": mod.optimizers().optimizer, "losses": mod.losses}
+
+
+# ===================================================================== Q. inputs
+
+
+class InplaceNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, x):
+        x.sub_(x.mean(0, keepdim=True))  # normalises the caller's batch in place
+        return self.net(x)
+
+
+@scenario("capture")
+def cap_input_view_of_dataset_written_inplace(ctx):
+    m = InplaceNorm()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(2)
+    X, Y = torch.randn(64, 8, generator=g), torch.randint(0, 4, (64,), generator=g)
+    losses = []
+    with ctx.capture(m):
+        for ep in range(2):
+            for i in range(0, 32, 8):
+                opt.zero_grad()
+                loss = F.cross_entropy(m(X[i : i + 8]), Y[i : i + 8])
+                loss.backward()
+                opt.step()
+                losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses, "X": X}
+
+
+@scenario("capture")
+def cap_noncontiguous_inputs_alternating_layouts(ctx):
+    m = mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(9)):
+            if i % 3 == 1:
+                x = torch.cat([x, x], 1)[:, ::2]  # strided columns
+            elif i % 3 == 2:
+                x = x.t().contiguous().t()  # column-major
+            opt.zero_grad()
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class SeqNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 12)
+        self.enc = nn.TransformerEncoderLayer(12, 2, 24, dropout=0.1, batch_first=True)
+        self.fc = nn.Linear(12, 4)
+
+    def forward(self, ids):
+        return self.fc(self.enc(self.emb(ids)).mean(1))
+
+
+@scenario("capture")
+def cap_sequence_length_changes_every_batch(ctx):
+    m = SeqNet()
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(3)
+    losses = []
+    with ctx.capture(m):
+        for _ in range(12):
+            t = int(torch.randint(3, 14, (1,), generator=g))
+            ids, y = torch.randint(0, 20, (4, t), generator=g), torch.randint(0, 4, (4,), generator=g)
+            opt.zero_grad()
+            loss = ce(m, ids, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("step")
+def step_sequence_length_bucketed(ctx):
+    m = SeqNet()
+    opt = fused_adamw(m.parameters())
+    step = ctx.step(m, ce, opt)
+    g = torch.Generator().manual_seed(3)
+    losses = []
+    for _ in range(10):
+        t = [4, 8][int(torch.randint(0, 2, (1,), generator=g))]
+        ids, y = torch.randint(0, 20, (4, t), generator=g), torch.randint(0, 4, (4,), generator=g)
+        losses.append(step(ids, y))
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class MaskIdx(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x, keep, idx):
+        h = (x + self.emb(idx)) * keep.unsqueeze(-1)
+        return self.fc(h)
+
+
+@scenario("step")
+def step_int_and_bool_inputs_values_change(ctx):
+    m = MaskIdx()
+    opt = fused_sgd(m.parameters())
+    step = ctx.step(m, lambda mm, x, k, i, y: F.cross_entropy(mm(x, k, i), y), opt)
+    g = torch.Generator().manual_seed(5)
+    losses = []
+    for _ in range(7):
+        x = torch.randn(8, 8, generator=g)
+        keep = torch.rand(8, generator=g) > 0.3
+        idx = torch.randint(0, 10, (8,), generator=g)
+        losses.append(step(x, keep, idx, torch.randint(0, 4, (8,), generator=g)))
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class TempNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, x, temperature, depth=1):
+        h = x
+        for _ in range(depth):
+            h = h + 0.1 * torch.tanh(h)
+        return self.net(h) / temperature
+
+
+@scenario("capture")
+def cap_python_float_arg_changes_every_call(ctx):
+    m = TempNet()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(12)):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x, 1.0 + 0.05 * i), y)  # annealed temperature
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_python_int_arg_drives_control_flow(ctx):
+    m = TempNet()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(9)):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x, 1.0, depth=1 + i % 3), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("step")
+def step_python_float_arg_changes_every_call(ctx):
+    m = TempNet()
+    opt = fused_sgd(m.parameters())
+    step = ctx.step(m, lambda mm, x, y, t: F.cross_entropy(mm(x, t), y), opt)
+    losses = [step(x, y, 1.0 + 0.05 * i) for i, (x, y) in enumerate(vecs(10))]
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class Cond(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fx, self.fc = nn.Linear(8, 16), nn.Linear(8, 16)
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, x, c):
+        return self.out(F.relu(self.fx(x) + self.fc(c)))
+
+
+@scenario("capture")
+def cap_expanded_conditioning_input_stride0(ctx):
+    m = Cond()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    with ctx.capture(m):
+        for x, y in vecs(8):
+            c = torch.randn(1, 8, generator=g).expand(8, 8)  # one class vector for the batch
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x, c), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, q, kv, pad=None):
+        h, w = self.mha(q, kv, kv, key_padding_mask=pad, need_weights=True)
+        return self.fc(h.mean(1)), w
+
+
+@scenario("capture")
+def cap_self_and_cross_attention_same_tensor_or_not(ctx):
+    m = Attn()
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(2)
+    losses, ws = [], []
+    with ctx.capture(m):
+        for i in range(9):
+            q = torch.randn(4, 5, 8, generator=g)
+            kv = q if i % 2 == 0 else torch.randn(4, 5, 8, generator=g)  # self- vs cross-attn
+            pad = torch.zeros(4, 5, dtype=torch.bool)
+            pad[:, 5 - i % 3 :] = True if i % 3 else False
+            opt.zero_grad()
+            logits, w = m(q, kv, pad)
+            loss = F.cross_entropy(logits, torch.randint(0, 4, (4,), generator=g))
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+            ws.append(w.detach())
+    return {"m": m, "opt": opt, "losses": losses, "ws": ws}
+
+
+@scenario("step")
+def step_optional_kwarg_mask_sometimes_none(ctx):
+    m = Attn()
+    opt = fused_adamw(m.parameters())
+
+    def loss_fn(model, q, y, pad=None):
+        return F.cross_entropy(model(q, q, pad)[0], y)
+
+    step = ctx.step(m, loss_fn, opt)
+    g = torch.Generator().manual_seed(2)
+    losses = []
+    for i in range(8):
+        q, y = torch.randn(4, 5, 8, generator=g), torch.randint(0, 4, (4,), generator=g)
+        if i % 2:
+            pad = torch.zeros(4, 5, dtype=torch.bool)
+            pad[:, -1] = True
+            losses.append(step(q, y, pad=pad))
+        else:
+            losses.append(step(q, y))
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_input_requires_grad_every_third_call(ctx):
+    m = mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses, sal = [], []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(9)):
+            if i % 3 == 0:
+                x = x.clone().requires_grad_()
+            opt.zero_grad()
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+            if x.requires_grad:
+                sal.append(x.grad)
+    return {"m": m, "opt": opt, "losses": losses, "sal": sal}
+
+
+@scenario("capture")
+def cap_numpy_buffer_refilled_before_backward(ctx):
+    m = mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    rng = np.random.default_rng(0)
+    buf = np.zeros((8, 8), np.float32)  # a loader's reused staging buffer
+    y = torch.arange(8) % 4
+    buf[:] = rng.standard_normal((8, 8))
+    losses = []
+    with ctx.capture(m):
+        for _ in range(8):
+            x = torch.from_numpy(buf)
+            opt.zero_grad()
+            loss = ce(m, x, y)
+            buf[:] = rng.standard_normal((8, 8))  # prefetch the next batch into the buffer
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_input_data_refilled_before_backward(ctx):
+    m = mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    buf = torch.randn(8, 8, generator=g)  # a staging tensor refilled through .data
+    y = torch.arange(8) % 4
+    losses = []
+    with ctx.capture(m):
+        for _ in range(8):
+            opt.zero_grad()
+            loss = ce(m, buf, y)
+            buf.data.copy_(torch.randn(8, 8, generator=g))  # no version bump: eager raises nothing
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("step")
+def step_batch_dict_with_string_ids(ctx):
+    m = mlp()
+    opt = fused_sgd(m.parameters())
+
+    def loss_fn(model, x, y, ids):
+        return F.cross_entropy(model(x), y)
+
+    step = ctx.step(m, loss_fn, opt)
+    losses = []
+    for i, (x, y) in enumerate(vecs(7)):
+        batch = {"x": x, "y": y, "ids": [f"sample-{i}-{k}" for k in range(8)]}
+        losses.append(step(**batch))
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_input_mutated_after_forward_by_augmentation(ctx):
+    m = mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses = []
+    with ctx.capture(m):
+        for x, y in vecs(8):
+            opt.zero_grad()
+            out = m(x)
+            loss = F.cross_entropy(out, y)
+            loss.backward()
+            x.mul_(-1)  # the loader reuses x for the next flip-augmented view
+            out2 = m(x)
+            loss2 = F.cross_entropy(out2, y)
+            loss2.backward()
+            opt.step()
+            losses += [loss.detach(), loss2.detach()]
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+# ===================================================================== R. optimisers, layers, misc
+
+
+class Lion(torch.optim.Optimizer):
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0):
+        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if not st:
+                    st["exp_avg"] = torch.zeros_like(p)
+                b1, b2 = g["betas"]
+                p.mul_(1 - g["lr"] * g["weight_decay"])
+                upd = st["exp_avg"].mul(b1).add(p.grad, alpha=1 - b1).sign_()
+                p.add_(upd, alpha=-g["lr"])
+                st["exp_avg"].mul_(b2).add_(p.grad, alpha=1 - b2)
+
+
+@scenario("step")
+def step_custom_lion_optimizer(ctx):
+    m = mlp()
+    return step_loop(ctx, m, Lion(m.parameters(), lr=1e-3, weight_decay=0.1), vecs(7), max_norm=1.0)
+
+
+@scenario("step")
+def step_radam_default_non_fused(ctx):
+    m = mlp(bn=True)
+    return step_loop(ctx, m, torch.optim.RAdam(m.parameters(), lr=1e-2, decoupled_weight_decay=True,
+                                               weight_decay=0.01), vecs(7))  # fmt: skip
+
+
+@scenario("step")
+def step_sgd_nesterov_maximize_fused(ctx):
+    m = mlp()
+
+    def neg_loss(model, x, y):
+        return -F.cross_entropy(model(x), y)
+
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, nesterov=True, maximize=True,
+                          weight_decay=1e-3, fused=True)  # fmt: skip
+    return step_loop(ctx, m, opt, vecs(7), loss_fn=neg_loss)
+
+
+@scenario("step")
+def step_adam_amsgrad_fused_capturable(ctx):
+    m = mlp()
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2, amsgrad=True, weight_decay=1e-2, fused=True,
+                           capturable=True)  # fmt: skip
+    return step_loop(ctx, m, opt, vecs(7))
+
+
+@scenario("step")
+def step_nadam_and_adamax_default(ctx):
+    m = TwoBlock()
+    opt = torch.optim.NAdam(m.parameters(), lr=1e-2, momentum_decay=4e-3)
+    return step_loop(ctx, m, opt, vecs(7))
+
+
+@scenario("capture")
+def cap_gradient_noise_injection_after_backward(ctx):
+    m = mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(8)):
+            opt.zero_grad()
+            loss = ce(m, x, y)
+            loss.backward()
+            sigma = 0.01 / (1 + i) ** 0.55
+            for p in m.parameters():
+                p.grad.add_(torch.randn_like(p.grad) * sigma)
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses, "rng": torch.rand(2)}
+
+
+@scenario("step")
+def step_user_zero_grad_keeps_zeros_between_calls(ctx):
+    m = mlp()
+    opt = fused_adamw(m.parameters())
+    step = ctx.step(m, ce, opt)
+    losses, gs = [], []
+    for x, y in vecs(7):
+        opt.zero_grad(set_to_none=False)  # a habit from older code: zeros, not None
+        losses.append(step(x, y))
+        gs.append([None if p.grad is None else p.grad.clone() for p in m.parameters()])
+    return {"m": m, "opt": opt, "losses": losses, "gs": gs}
+
+
+@scenario("capture")
+def cap_transformer_encoder_nested_tensor_eval_between(ctx):
+    enc = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(8, 2, 16, dropout=0.1, batch_first=True), 2,
+        enable_nested_tensor=True,
+    )  # fmt: skip
+    head = nn.Linear(8, 4)
+    opt = torch.optim.Adam(list(enc.parameters()) + list(head.parameters()), lr=1e-3)
+    g = torch.Generator().manual_seed(4)
+    losses, vals = [], []
+    with ctx.capture(enc):
+        for i in range(8):
+            x = torch.randn(4, 6, 8, generator=g)
+            pad = torch.zeros(4, 6, dtype=torch.bool)
+            pad[1:, 4:] = True
+            opt.zero_grad()
+            h = enc(x, src_key_padding_mask=pad)
+            loss = F.cross_entropy(head(h[:, 0]), torch.randint(0, 4, (4,), generator=g))
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+            if i % 3 == 2:
+                enc.eval()
+                with torch.no_grad():  # the fast path: nested tensors
+                    vals.append(enc(x, src_key_padding_mask=pad))
+                enc.train()
+    return {"enc": enc, "head": head, "opt": opt, "losses": losses, "vals": vals}
+
+
+@scenario("capture")
+def cap_instancenorm_track_running_stats(ctx):
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1),
+                      nn.InstanceNorm2d(8, affine=True, track_running_stats=True), nn.ReLU(),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))  # fmt: skip
+    return plain_loop(ctx, m, torch.optim.SGD(m.parameters(), lr=0.05), imgs(6, hw=8))
+
+
+@scenario("capture")
+def cap_bn_momentum_changed_midrun(ctx):
+    m = mlp(bn=True)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(9)):
+            if i == 4:
+                m[1].momentum = 0.01
+            opt.zero_grad()
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class FunctionalBN(nn.Module):
+    """Running statistics kept as plain tensor attributes (not buffers), as ported code does."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.w, self.b = nn.Parameter(torch.ones(16)), nn.Parameter(torch.zeros(16))
+        self.rm, self.rv = torch.zeros(16), torch.ones(16)
+
+    def forward(self, x):
+        h = F.batch_norm(self.fc1(x), self.rm, self.rv, self.w, self.b, self.training, 0.1)
+        return self.fc2(F.relu(h))
+
+
+@scenario("capture")
+def cap_functional_bn_stats_plain_tensor_attrs(ctx):
+    m = FunctionalBN()
+    out = plain_loop(ctx, m, torch.optim.SGD(m.parameters(), lr=0.05), vecs(8))
+    return out | {"rm": m.rm, "rv": m.rv}
+
+
+@scenario("step")
+def step_functional_bn_stats_plain_tensor_attrs(ctx):
+    m = FunctionalBN()
+    out = step_loop(ctx, m, fused_sgd(m.parameters()), vecs(7))
+    return out | {"rm": m.rm, "rv": m.rv}
+
+
+@scenario("step")
+def step_rmsnorm_and_layernorm_no_affine(ctx):
+    m = nn.Sequential(nn.Linear(8, 16), nn.RMSNorm(16), nn.SiLU(),
+                      nn.LayerNorm(16, elementwise_affine=False), nn.Linear(16, 4))  # fmt: skip
+    return step_loop(ctx, m, fused_adamw(m.parameters()), vecs(7))
+
+
+def qat_model():
+    import torch.ao.quantization as tq
+
+    m = nn.Sequential(tq.QuantStub(), nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4),
+                      tq.DeQuantStub())  # fmt: skip
+    m.train()
+    m.qconfig = tq.get_default_qat_qconfig("fbgemm")
+    return tq.prepare_qat(m)
+
+
+@scenario("capture")
+def cap_qat_fake_quant_observer_disabled_midrun(ctx):
+    import torch.ao.quantization as tq
+
+    m = qat_model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(9)):
+            if i == 4:
+                m.apply(tq.disable_observer)  # freeze the quantisation ranges
+            if i == 6:
+                m.apply(torch.ao.nn.intrinsic.qat.freeze_bn_stats)
+            opt.zero_grad()
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("step")
+def step_qat_fake_quant(ctx):
+    m = qat_model()
+    return step_loop(ctx, m, fused_sgd(m.parameters()), vecs(7))
+
+
+@scenario("capture")
+def cap_siamese_two_batch_sizes_one_backward(ctx):
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(3)
+    losses = []
+    with ctx.capture(m):
+        for _ in range(7):
+            anchors, gallery = torch.randn(4, 8, generator=g), torch.randn(12, 8, generator=g)
+            opt.zero_grad()
+            ea, eg = F.normalize(m(anchors), dim=-1), F.normalize(m(gallery), dim=-1)
+            loss = F.cross_entropy(ea @ eg.t() / 0.1, torch.arange(4) * 3)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class Lookahead:
+    def __init__(self, opt, k=3, alpha=0.5):
+        self.opt, self.k, self.alpha, self.n = opt, k, alpha, 0
+        self.slow = [p.detach().clone() for g in opt.param_groups for p in g["params"]]
+
+    def zero_grad(self, set_to_none=True):
+        self.opt.zero_grad(set_to_none=set_to_none)
+
+    @torch.no_grad()
+    def step(self):
+        self.opt.step()
+        self.n += 1
+        if self.n % self.k == 0:
+            ps = [p for g in self.opt.param_groups for p in g["params"]]
+            for p, s in zip(ps, self.slow, strict=True):
+                s.add_(p - s, alpha=self.alpha)
+                p.copy_(s)
+
+
+@scenario("capture")
+def cap_lookahead_wrapper_copies_slow_weights(ctx):
+    m = mlp(bn=True)
+    opt = Lookahead(torch.optim.Adam(m.parameters(), lr=1e-2))
+    out = plain_loop(ctx, m, opt, vecs(9))
+    return out | {"opt": opt.opt, "slow": opt.slow}
+
+
+@scenario("optstep")
+def optstep_network_replay_plus_optimizer_step_clip(ctx):
+    import replaykit as rk
+
+    m = mlp(bn=True)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, fused=True)
+    ostep = None
+    if ctx.replay:
+        ostep = rk.OptimizerStep(opt, backend="emulated")
+        ctx.entries.append(ostep)
+    losses = []
+
+    def body():
+        nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+        opt.step()
+
+    with ctx.capture(m):
+        for x, y in vecs(8):
+            opt.zero_grad(set_to_none=True)
+            loss = ce(m, x, y)
+            loss.backward()
+            if ostep is not None:
+                ostep(body, key=("norm", 0.5))
+            else:
+                body()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("optstep")
+def optstep_fp16_scaler_fused_adamw_growth(ctx):
+    import replaykit as rk
+
+    m = mlp()
+    opt = fused_adamw(m.parameters())
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=2)
+    ostep = None
+    if ctx.replay:
+        ostep = rk.OptimizerStep(opt, scaler=scaler, backend="emulated")
+        ctx.entries.append(ostep)
+
+    def body():
+        scaler.unscale_(opt)
+        nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+
+    losses = []
+    for x, y in vecs(8):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = ce(m, x, y)
+        scaler.scale(loss).backward()
+        if ostep is not None:
+            ostep(body, key=("norm", 1.0))
+        else:
+            body()
+        losses.append(loss.detach())
+    return {"m": m, "opt": opt, "scaler": scaler, "losses": losses}
