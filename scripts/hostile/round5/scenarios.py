@@ -3049,3 +3049,374 @@ def optstep_fp16_scaler_fused_adamw_growth(ctx):
             body()
         losses.append(loss.detach())
     return {"m": m, "opt": opt, "scaler": scaler, "losses": losses}
+
+
+# ===================================================================== S. model recipes with traps
+
+
+@scenario("capture")
+def cap_sam_two_passes_weights_perturbed_inplace(ctx):
+    m = mlp(bn=True)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    rho, losses = 0.05, []
+    with ctx.capture(m):
+        for x, y in vecs(7):
+            loss = ce(m, x, y)
+            loss.backward()
+            with torch.no_grad():
+                gn = torch.norm(torch.stack([p.grad.norm() for p in m.parameters()]))
+                eps = [p.grad * (rho / (gn + 1e-12)) for p in m.parameters()]
+                for p, e in zip(m.parameters(), eps, strict=True):
+                    p.add_(e)
+            opt.zero_grad()
+            ce(m, x, y).backward()
+            with torch.no_grad():
+                for p, e in zip(m.parameters(), eps, strict=True):
+                    p.sub_(e)
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class MoCo(nn.Module):
+    """MoCo v2's forward: momentum update of the key encoder and a queue, both inside forward."""
+
+    def __init__(self, k=32, m=0.9):
+        super().__init__()
+        self.enc_q = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+        self.enc_k = copy.deepcopy(self.enc_q).requires_grad_(False)
+        self.m, self.k = m, k
+        self.register_buffer("queue", F.normalize(torch.randn(8, k), dim=0))
+        self.register_buffer("queue_ptr", torch.zeros(1, dtype=torch.long))
+
+    @torch.no_grad()
+    def _momentum_update(self):
+        for pq, pk in zip(self.enc_q.parameters(), self.enc_k.parameters(), strict=True):
+            pk.data = pk.data * self.m + pq.data * (1.0 - self.m)
+
+    @torch.no_grad()
+    def _enqueue(self, keys):
+        ptr = int(self.queue_ptr)
+        self.queue[:, ptr : ptr + keys.shape[0]] = keys.T
+        self.queue_ptr[0] = (ptr + keys.shape[0]) % self.k
+
+    def forward(self, im_q, im_k):
+        q = F.normalize(self.enc_q(im_q), dim=1)
+        with torch.no_grad():
+            self._momentum_update()
+            k = F.normalize(self.enc_k(im_k), dim=1)
+        logits = torch.cat([(q * k).sum(1, keepdim=True), q @ self.queue.clone().detach()], 1)
+        self._enqueue(k)
+        return logits / 0.2
+
+
+class MoCoRoll(MoCo):
+    """The same without the host pointer: the queue rolled by tensor ops, in place."""
+
+    @torch.no_grad()
+    def _enqueue(self, keys):
+        self.queue.copy_(torch.cat([keys.T, self.queue[:, : -keys.shape[0]]], 1))
+
+
+@scenario("capture")
+def cap_moco_roll_queue_momentum_data_rebind_in_forward(ctx):
+    m = MoCoRoll()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    with ctx.capture(m):
+        for x, _ in vecs(8):
+            opt.zero_grad()
+            logits = m(x + 0.1 * torch.randn_like(x), x + 0.1 * torch.randn_like(x))
+            loss = F.cross_entropy(logits, torch.zeros(len(x), dtype=torch.long))
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("step")
+def step_moco_roll_queue_momentum_data_rebind_in_forward(ctx):
+    m = MoCoRoll()
+    opt = fused_sgd([p for p in m.parameters() if p.requires_grad])
+
+    def loss_fn(model, x):
+        logits = model(x + 0.1 * torch.randn_like(x), x + 0.1 * torch.randn_like(x))
+        return F.cross_entropy(logits, torch.zeros(len(x), dtype=torch.long))
+
+    step = ctx.step(m, loss_fn, opt)
+    return {"m": m, "opt": opt, "losses": [step(x) for x, _ in vecs(7)]}
+
+
+@scenario("capture")
+def cap_moco_momentum_encoder_and_queue_in_forward(ctx):
+    m = MoCo()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    with ctx.capture(m):
+        for x, _ in vecs(8):
+            opt.zero_grad()
+            logits = m(x + 0.1 * torch.randn_like(x), x + 0.1 * torch.randn_like(x))
+            loss = F.cross_entropy(logits, torch.zeros(len(x), dtype=torch.long))
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("step")
+def step_moco_momentum_encoder_and_queue_in_forward(ctx):
+    m = MoCo()
+    opt = fused_sgd([p for p in m.parameters() if p.requires_grad])
+
+    def loss_fn(model, x):
+        logits = model(x + 0.1 * torch.randn_like(x), x + 0.1 * torch.randn_like(x))
+        return F.cross_entropy(logits, torch.zeros(len(x), dtype=torch.long))
+
+    step = ctx.step(m, loss_fn, opt)
+    return {"m": m, "opt": opt, "losses": [step(x) for x, _ in vecs(7)]}
+
+
+class VQEMA(nn.Module):
+    """VQ-VAE with an EMA codebook updated in forward; returns the codebook for logging."""
+
+    def __init__(self, n=16, d=4, decay=0.9):
+        super().__init__()
+        self.enc, self.dec = nn.Linear(8, d), nn.Linear(d, 8)
+        self.decay = decay
+        g = torch.Generator().manual_seed(0)
+        self.register_buffer("embed", torch.randn(n, d, generator=g))
+        self.register_buffer("cluster_size", torch.zeros(n))
+        self.register_buffer("embed_avg", self.embed.clone())
+
+    def forward(self, x):
+        z = self.enc(x)
+        d = (z.pow(2).sum(1, keepdim=True) - 2 * z @ self.embed.t() + self.embed.pow(2).sum(1))
+        idx = d.argmin(1)
+        onehot = torch.zeros(len(z), self.embed.shape[0]).scatter_(1, idx[:, None], 1.0)
+        q = self.embed[idx]
+        if self.training:
+            with torch.no_grad():
+                self.cluster_size.mul_(self.decay).add_(onehot.sum(0), alpha=1 - self.decay)
+                self.embed_avg.mul_(self.decay).add_(onehot.t() @ z, alpha=1 - self.decay)
+                n = self.cluster_size.sum()
+                cs = (self.cluster_size + 1e-5) / (n + 16 * 1e-5) * n
+                self.embed.copy_(self.embed_avg / cs.unsqueeze(1))
+        commit = F.mse_loss(z, q.detach())
+        q = z + (q - z).detach()
+        return self.dec(q), commit, self.embed
+
+
+@scenario("capture")
+def cap_vqvae_ema_codebook_returned_buffer_kept(ctx):
+    m = VQEMA()
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    losses, books = [], []
+    with ctx.capture(m):
+        for x, _ in vecs(8):
+            opt.zero_grad()
+            rec, commit, book = m(x)
+            loss = F.mse_loss(rec, x) + 0.25 * commit
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+            books.append(book)  # kept for a codebook-usage plot at the end of the epoch
+    return {"m": m, "opt": opt, "losses": losses, "books": books}
+
+
+@scenario("step")
+def step_vqvae_ema_codebook(ctx):
+    m = VQEMA()
+
+    def loss_fn(model, x):
+        rec, commit, _ = model(x)
+        return F.mse_loss(rec, x) + 0.25 * commit
+
+    step = ctx.step(m, loss_fn, fused_adamw(m.parameters(), lr=1e-2))
+    return {"m": m, "losses": [step(x) for x, _ in vecs(7)]}
+
+
+class CLIPish(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.img, self.txt = nn.Linear(8, 6), nn.Linear(8, 6)
+        self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+
+    def forward(self, a, b):
+        return F.normalize(self.img(a), dim=-1), F.normalize(self.txt(b), dim=-1), self.logit_scale
+
+
+@scenario("capture")
+def cap_clip_returns_logit_scale_parameter_clamped(ctx):
+    m = CLIPish()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    losses = []
+    with ctx.capture(m):
+        for x, _ in vecs(8):
+            opt.zero_grad()
+            fi, ft, scale = m(x, x.flip(0))
+            logits = scale.exp() * fi @ ft.t()
+            lab = torch.arange(len(x))
+            loss = (F.cross_entropy(logits, lab) + F.cross_entropy(logits.t(), lab)) / 2
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                m.logit_scale.clamp_(0, math.log(100))
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("step")
+def step_clip_returns_logit_scale_parameter(ctx):
+    m = CLIPish()
+
+    def loss_fn(model, a):
+        fi, ft, scale = model(a, a.flip(0))
+        logits = scale.exp() * fi @ ft.t()
+        lab = torch.arange(len(a))
+        return (F.cross_entropy(logits, lab) + F.cross_entropy(logits.t(), lab)) / 2
+
+    opt = fused_adamw(m.parameters(), lr=1e-2)
+    step = ctx.step(m, loss_fn, opt)
+    losses = []
+    for x, _ in vecs(7):
+        losses.append(step(x))
+        with torch.no_grad():
+            m.logit_scale.clamp_(0, math.log(100))
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class Decoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.ff = nn.Linear(8, 4)
+
+    def forward(self, queries, memory):
+        q = queries.unsqueeze(0).expand(memory.size(0), -1, -1)
+        return self.ff(self.attn(q, memory, memory, need_weights=False)[0])
+
+
+@scenario("capture")
+def cap_other_modules_parameter_passed_as_input(ctx):
+    dec = Decoder()
+    query_embed = nn.Embedding(3, 8)  # DETR: learned queries handed to the decoder
+    opt = torch.optim.AdamW(list(dec.parameters()) + list(query_embed.parameters()), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    with ctx.capture(dec):
+        for _ in range(8):
+            mem = torch.randn(2, 5, 8, generator=g)
+            opt.zero_grad()
+            out = dec(query_embed.weight, mem)
+            loss = F.cross_entropy(out.flatten(0, 1), torch.randint(0, 4, (6,), generator=g))
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"dec": dec, "q": query_embed, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_output_hook_and_retain_grad(ctx):
+    m = mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses, lg = [], []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(8)):
+            opt.zero_grad()
+            out = m(x)
+            out.retain_grad()
+            mask = torch.ones(4)
+            mask[i % 4] = 0.0  # drop one class's gradient this step
+            out.register_hook(lambda g, mask=mask: g * mask)
+            loss = F.cross_entropy(out, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+            lg.append(out.grad)
+    return {"m": m, "opt": opt, "losses": losses, "lg": lg}
+
+
+@scenario("capture")
+def cap_fomaml_functional_call_fast_weights(ctx):
+    from torch.func import functional_call
+
+    m = mlp()
+    meta = torch.optim.Adam(m.parameters(), lr=1e-3)
+    losses = []
+    with ctx.capture(m):
+        for (xs, ys), (xq, yq) in zip(vecs(5, seed=1), vecs(5, seed=2), strict=True):
+            params = dict(m.named_parameters())
+            inner = F.cross_entropy(functional_call(m, params, (xs,)), ys)
+            grads = torch.autograd.grad(inner, list(params.values()))
+            fast = {n: p - 0.1 * g.detach() for (n, p), g in zip(params.items(), grads, strict=True)}
+            meta.zero_grad()
+            outer = F.cross_entropy(functional_call(m, fast, (xq,)), yq)
+            outer.backward()
+            meta.step()
+            losses += [inner.detach(), outer.detach()]
+    return {"m": m, "opt": meta, "losses": losses}
+
+
+class PassThrough(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, x):
+        return {"logits": self.net(x), "inputs": x}
+
+
+@scenario("capture")
+def cap_forward_returns_its_input(ctx):
+    m = PassThrough()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses, same = [], []
+    with ctx.capture(m):
+        for x, y in vecs(8):
+            opt.zero_grad()
+            out = m(x)
+            same.append(out["inputs"] is x)
+            loss = F.cross_entropy(out["logits"], y)
+            loss.backward()
+            out["inputs"].mul_(0.5)  # the user rescales "the batch" it got back
+            opt.step()
+            losses.append(loss.detach())
+            losses.append(x.clone())
+    return {"m": m, "opt": opt, "losses": losses, "same": same}
+
+
+@scenario("capture")
+def cap_head_captured_on_uncaptured_bn_backbone(ctx):
+    backbone = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU())
+    head = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Dropout(0.1), nn.Linear(16, 4))
+    opt = torch.optim.SGD(list(backbone.parameters()) + list(head.parameters()), lr=0.05)
+    losses = []
+    with ctx.capture(head):
+        for x, y in vecs(8):
+            opt.zero_grad()
+            loss = F.cross_entropy(head(backbone(x)), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"b": backbone, "h": head, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_fixmatch_weak_nograd_strong_grad(ctx):
+    m = mlp(drop=0.1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses = []
+    with ctx.capture(m):
+        for (xl, yl), (xu, _) in zip(vecs(8, seed=1), vecs(8, seed=2), strict=True):
+            with torch.no_grad():
+                p = m(xu + 0.01 * torch.randn_like(xu)).softmax(-1)
+            conf, pseudo = p.max(-1)
+            mask = (conf > 0.3).float()
+            opt.zero_grad()
+            ls = F.cross_entropy(m(xl), yl)
+            lu = (F.cross_entropy(m(xu + 0.3 * torch.randn_like(xu)), pseudo, reduction="none") * mask).mean()
+            (ls + lu).backward()
+            opt.step()
+            losses.append((ls + lu).detach())
+    return {"m": m, "opt": opt, "losses": losses}
