@@ -3420,3 +3420,206 @@ def cap_fixmatch_weak_nograd_strong_grad(ctx):
             opt.step()
             losses.append((ls + lu).detach())
     return {"m": m, "opt": opt, "losses": losses}
+
+
+# ===================================================================== T. arguments and flat params
+
+
+@scenario("capture")
+def cap_trpo_style_vector_to_parameters_update(ctx):
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+    m = mlp()
+    losses = []
+    with ctx.capture(m):
+        for x, y in vecs(8):
+            loss = ce(m, x, y)
+            grads = torch.autograd.grad(loss, list(m.parameters()))
+            flat_g = torch.cat([g.reshape(-1) for g in grads])
+            with torch.no_grad():
+                for step_frac in (1.0, 0.5):  # a backtracking line search
+                    new = parameters_to_vector(m.parameters()) - 0.5 * step_frac * flat_g
+                    old = parameters_to_vector(m.parameters())
+                    vector_to_parameters(new, m.parameters())
+                    if ce(m, x, y) < loss:
+                        break
+                    vector_to_parameters(old, m.parameters())
+            losses.append(loss.detach())
+    return {"m": m, "losses": losses}
+
+
+@scenario("step")
+def step_params_set_by_vector_to_parameters_between_calls(ctx):
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+    m = mlp()
+    opt = fused_sgd(m.parameters())
+    step = ctx.step(m, ce, opt)
+    losses = []
+    for i, (x, y) in enumerate(vecs(8)):
+        losses.append(step(x, y))
+        if i % 3 == 2:  # a model soup: average with a perturbed copy, written back as views
+            with torch.no_grad():
+                v = parameters_to_vector(m.parameters())
+                vector_to_parameters(v * 0.9, m.parameters())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class OptsNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, x, opts):
+        h = F.dropout(x, opts["p"], self.training) * opts["scale"]
+        return self.net(h)
+
+
+@scenario("capture")
+def cap_dict_argument_mutated_in_place_between_calls(ctx):
+    m = OptsNet()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    opts = {"p": 0.0, "scale": 1.0}  # one dict the loop mutates
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(9)):
+            if i % 3 == 0:
+                opts["scale"] = 1.0 + i / 10
+                opts["p"] = 0.1 * (i // 3)
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x, opts), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class Hp:
+    def __init__(self):
+        self.scale = 1.0
+
+
+class HpNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, x, hp):
+        return self.net(x * hp.scale)
+
+
+@scenario("capture")
+def cap_object_argument_attribute_mutated(ctx):
+    m = HpNet()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    hp = Hp()
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(9)):
+            if i % 3 == 0:
+                hp.scale = 1.0 + i / 10
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x, hp), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class ListNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, xs):
+        return self.net(sum(xs) / len(xs))
+
+
+@scenario("capture")
+def cap_list_of_tensors_argument_reused_and_mutated(ctx):
+    m = ListNet()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    views = []  # one list object, refilled in place every step
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(9)):
+            views[:] = [x, x.flip(0)] if i % 2 else [x, x * 0.5, x.roll(1, 0)]
+            opt.zero_grad()
+            loss = F.cross_entropy(m(views), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class ModeNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc, self.cls, self.rec = nn.Linear(8, 16), nn.Linear(16, 4), nn.Linear(16, 8)
+
+    def forward(self, x, mode="cls", *, return_hidden=False):
+        h = torch.relu(self.enc(x))
+        out = self.cls(h) if mode == "cls" else self.rec(h)
+        return (out, h) if return_hidden else out
+
+
+@scenario("capture")
+def cap_string_mode_and_bool_kwargs_alternate(ctx):
+    m = ModeNet()
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    losses = []
+    with ctx.capture(m):
+        for i, (x, y) in enumerate(vecs(10)):
+            opt.zero_grad()
+            if i % 2 == 0:
+                out, h = m(x, "cls", return_hidden=True)
+                loss = F.cross_entropy(out, y) + 1e-3 * h.pow(2).mean()
+            else:
+                loss = F.mse_loss(m(x, mode="rec"), x)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class KwNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 4), nn.Linear(8, 4)
+
+    def forward(self, x, z):
+        return self.a(x) - 0.5 * self.b(z)
+
+
+@scenario("capture")
+def cap_keyword_order_swapped(ctx):
+    m = KwNet()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses = []
+    with ctx.capture(m):
+        for i, ((x, y), (z, _)) in enumerate(zip(vecs(8, seed=1), vecs(8, seed=2), strict=True)):
+            opt.zero_grad()
+            out = m(x=x, z=z) if i % 2 else m(z=z, x=x)
+            loss = F.cross_entropy(out, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+@scenario("capture")
+def cap_clip_logit_scale_returned_and_logged(ctx):
+    m = CLIPish()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    losses, scales = [], []
+    with ctx.capture(m):
+        for x, _ in vecs(7):
+            opt.zero_grad()
+            fi, ft, scale = m(x, x.flip(0))
+            lab = torch.arange(len(x))
+            loss = F.cross_entropy(scale.exp() * fi @ ft.t(), lab)
+            loss.backward()
+            opt.step()
+            scales.append(scale)  # logged later (eager: the parameter itself)
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses, "scales": scales}
