@@ -146,7 +146,7 @@ def tv():
         import torchvision
 
         return torchvision
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     path = os.environ.get("HOSTILE_TV", "/tmp/h5tv")
     if path not in sys.path:
@@ -558,8 +558,10 @@ def step_chained_multistep_exponential_tensor_lr(ctx):
     m = mlp()
     opt = fused_sgd(m.parameters(), lr=torch.tensor(0.1))
     sched = torch.optim.lr_scheduler.ChainedScheduler(
-        [torch.optim.lr_scheduler.MultiStepLR(opt, [2, 5], 0.3),
-         torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)]  # fmt: skip
+        [
+            torch.optim.lr_scheduler.MultiStepLR(opt, [2, 5], 0.3),
+            torch.optim.lr_scheduler.ExponentialLR(opt, 0.9),
+        ]
     )
     step = ctx.step(m, ce, opt)
     losses = []
@@ -902,8 +904,12 @@ class CkptNet(nn.Module):
         super().__init__()
         self.inp = nn.Linear(8, 16)
         self.blocks = nn.ModuleList(
-            nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16) if bn else nn.Identity(),
-                          nn.GELU(), nn.Dropout(drop))  # fmt: skip
+            nn.Sequential(
+                nn.Linear(16, 16),
+                nn.BatchNorm1d(16) if bn else nn.Identity(),
+                nn.GELU(),
+                nn.Dropout(drop),
+            )
             for _ in range(2)
         )
         self.out = nn.Linear(16, 4)
@@ -1714,7 +1720,7 @@ def mt_losses(out, t):
 def cap_uncertainty_weighted_multitask_log_vars(ctx):
     m = MultiTask()
     log_vars = nn.Parameter(torch.zeros(3))  # Kendall et al.: learned outside the model
-    opt = torch.optim.Adam(list(m.parameters()) + [log_vars], lr=1e-2)
+    opt = torch.optim.Adam([*list(m.parameters()), log_vars], lr=1e-2)
     out_l = []
     with ctx.capture(m):
         for x, t in mt_data():
@@ -2160,7 +2166,9 @@ def cap_model_with_compiled_submodule_aot_eager(ctx):
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.body = torch.compile(nn.Sequential(nn.Linear(8, 16), nn.GELU()), backend="aot_eager")
+            self.body = torch.compile(
+                nn.Sequential(nn.Linear(8, 16), nn.GELU()), backend="aot_eager"
+            )
             self.head = nn.Linear(16, 4)
 
         def forward(self, x):
@@ -2399,7 +2407,7 @@ def cap_input_view_of_dataset_written_inplace(ctx):
     X, Y = torch.randn(64, 8, generator=g), torch.randint(0, 4, (64,), generator=g)
     losses = []
     with ctx.capture(m):
-        for ep in range(2):
+        for _ep in range(2):
             for i in range(0, 32, 8):
                 opt.zero_grad()
                 loss = F.cross_entropy(m(X[i : i + 8]), Y[i : i + 8])
@@ -2448,7 +2456,10 @@ def cap_sequence_length_changes_every_batch(ctx):
     with ctx.capture(m):
         for _ in range(12):
             t = int(torch.randint(3, 14, (1,), generator=g))
-            ids, y = torch.randint(0, 20, (4, t), generator=g), torch.randint(0, 4, (4,), generator=g)
+            ids, y = (
+                torch.randint(0, 20, (4, t), generator=g),
+                torch.randint(0, 4, (4,), generator=g),
+            )
             opt.zero_grad()
             loss = ce(m, ids, y)
             loss.backward()
@@ -2597,7 +2608,7 @@ def cap_self_and_cross_attention_same_tensor_or_not(ctx):
             q = torch.randn(4, 5, 8, generator=g)
             kv = q if i % 2 == 0 else torch.randn(4, 5, 8, generator=g)  # self- vs cross-attn
             pad = torch.zeros(4, 5, dtype=torch.bool)
-            pad[:, 5 - i % 3 :] = True if i % 3 else False
+            pad[:, 5 - i % 3 :] = bool(i % 3)
             opt.zero_grad()
             logits, w = m(q, kv, pad)
             loss = F.cross_entropy(logits, torch.randint(0, 4, (4,), generator=g))
@@ -3191,7 +3202,7 @@ class VQEMA(nn.Module):
 
     def forward(self, x):
         z = self.enc(x)
-        d = (z.pow(2).sum(1, keepdim=True) - 2 * z @ self.embed.t() + self.embed.pow(2).sum(1))
+        d = z.pow(2).sum(1, keepdim=True) - 2 * z @ self.embed.t() + self.embed.pow(2).sum(1)
         idx = d.argmin(1)
         onehot = torch.zeros(len(z), self.embed.shape[0]).scatter_(1, idx[:, None], 1.0)
         q = self.embed[idx]
@@ -3349,7 +3360,9 @@ def cap_fomaml_functional_call_fast_weights(ctx):
             params = dict(m.named_parameters())
             inner = F.cross_entropy(functional_call(m, params, (xs,)), ys)
             grads = torch.autograd.grad(inner, list(params.values()))
-            fast = {n: p - 0.1 * g.detach() for (n, p), g in zip(params.items(), grads, strict=True)}
+            fast = {
+                n: p - 0.1 * g.detach() for (n, p), g in zip(params.items(), grads, strict=True)
+            }
             meta.zero_grad()
             outer = F.cross_entropy(functional_call(m, fast, (xq,)), yq)
             outer.backward()
@@ -3415,7 +3428,9 @@ def cap_fixmatch_weak_nograd_strong_grad(ctx):
             mask = (conf > 0.3).float()
             opt.zero_grad()
             ls = F.cross_entropy(m(xl), yl)
-            lu = (F.cross_entropy(m(xu + 0.3 * torch.randn_like(xu)), pseudo, reduction="none") * mask).mean()
+            lu = (
+                F.cross_entropy(m(xu + 0.3 * torch.randn_like(xu)), pseudo, reduction="none") * mask
+            ).mean()
             (ls + lu).backward()
             opt.step()
             losses.append((ls + lu).detach())
