@@ -3638,3 +3638,100 @@ def cap_clip_logit_scale_returned_and_logged(ctx):
             scales.append(scale)  # logged later (eager: the parameter itself)
             losses.append(loss.detach())
     return {"m": m, "opt": opt, "losses": losses, "scales": scales}
+
+
+# ===================================================================== U. late probes
+
+
+@scenario("capture")
+def cap_dpsgd_microbatch_per_sample_clip_noise(ctx):
+    m = mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(7)
+    losses = []
+    with ctx.capture(m):
+        for x, y in vecs(4, b=4):
+            acc = [torch.zeros_like(p) for p in m.parameters()]
+            for i in range(len(x)):  # one sample at a time, each gradient clipped
+                opt.zero_grad(set_to_none=True)
+                loss = ce(m, x[i : i + 1], y[i : i + 1])
+                loss.backward()
+                nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+                for a, p in zip(acc, m.parameters(), strict=True):
+                    a.add_(p.grad)
+                losses.append(loss.detach())
+            for a, p in zip(acc, m.parameters(), strict=True):
+                p.grad = (a + 0.5 * torch.randn(a.shape, generator=g)) / len(x)
+            opt.step()
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class CkptOuter(nn.Module):
+    def __init__(self, block):
+        super().__init__()
+        self.inp, self.block, self.out = nn.Linear(8, 16), block, nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.inp(x)
+        return self.out(h + checkpoint(self.block, h, use_reentrant=False))
+
+
+@scenario("capture")
+def cap_captured_block_inside_outer_checkpoint(ctx):
+    block = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Dropout(0.1))
+    m = CkptOuter(block)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses = []
+    with ctx.capture(block):
+        for x, y in vecs(8):
+            opt.zero_grad()
+            loss = ce(m, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
+
+
+class Twice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, x):
+        out = self.net(x)
+        return out, out, out[:, :2]
+
+
+@scenario("capture")
+def cap_output_returned_twice_and_a_view_written_in_place(ctx):
+    m = Twice()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses, kept = [], []
+    with ctx.capture(m):
+        for x, y in vecs(8):
+            opt.zero_grad()
+            a, b, v = m(x)
+            loss = F.cross_entropy(a, y)
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                v.mul_(2.0)  # eager: a and b change too (one tensor, one storage)
+            kept.append((a.detach(), b.detach()))  # values only: `a is b` differs (a note)
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses, "kept": kept}
+
+
+@scenario("capture")
+def cap_weight_scaled_through_data_between_forward_and_backward(ctx):
+    m = mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses = []
+    with ctx.capture(m):
+        for x, y in vecs(8):
+            opt.zero_grad()
+            loss = ce(m, x, y)
+            m[3].weight.data.mul_(0.99)  # a weight-decay-by-hand placed between the two
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return {"m": m, "opt": opt, "losses": losses}
