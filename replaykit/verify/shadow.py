@@ -183,7 +183,7 @@ class Shadow:
             if again is not None:
                 return [None] * len(targets), f"eager is not repeatable: {again}"
             for i, held in current:  # without a version bump, as a rewrite eager does not see
-                self.inputs[i].data.copy_(held)
+                copy_into(self.inputs[i], held)
             pairs = [
                 (outputs[i], g) for i, g in zip(differentiable, grads, strict=True) if g is not None
             ]
