@@ -151,6 +151,13 @@ REGISTRY: dict[str, Protection] = {
             "an input changed in place between a replayed forward and its backward goes unnoticed (eager raises)",
         ),
         Protection(
+            "input_rewrites",
+            "capture",
+            "an input the backward reads, rewritten between a replayed forward and its backward without a version "
+            "bump (a numpy buffer a loader refills, a write through .data), is read as the forward copied it: "
+            "eager's backward reads the new values",
+        ),
+        Protection(
             "shared_pool",
             "both",
             "entry points sharing a MemoryPool replay while another holds live static memory there: its outputs or gradients are overwritten",

@@ -353,7 +353,7 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
             key,
             recording,
             [made.params[i] for i in made.saved],
-            made.saved_inputs if self.on.input_versions else [],
+            made.saved_inputs if self.on.input_versions or self.on.input_rewrites else [],
             self.on.live_outputs,
             [
                 *self.module.parameters(),

@@ -85,6 +85,7 @@ class Plan:
         "key",
         "multi_use",
         "recording",
+        "refresh",
         "saved",
         "saved_inputs",
         "shadow",
@@ -131,6 +132,14 @@ class Plan:
         for i, static in enumerate(recording.static_inputs):
             if all(static is not other for _, _, other in self.copies):
                 self.copies.append((i, None if 0 in static.stride() else static.data, static))
+        # the static inputs the backward reads, written again from the caller's tensors before each
+        # backward: (index into the step's saved inputs, its .data or None, the static), one per static
+        self.refresh: list[tuple[int, torch.Tensor | None, torch.Tensor]] = []
+        for k, i in enumerate(saved_inputs):
+            static = recording.static_inputs[i]
+            if all(static is not other for _, _, other in self.refresh):
+                data = next(d for _, d, other in self.copies if other is static)
+                self.refresh.append((k, data, static))
         # after the .data aliases: their references are part of the use-count baseline (an output
         # that is a view of an input, possible with record_probe off, shares a static input's storage)
         self.aliases = StaticAliases(
@@ -142,6 +151,7 @@ class Plan:
     def free(self) -> None:
         """Let static memory go with the recording: a replayed call's autograd node (its step) may outlive it."""
         self.copies = []
+        self.refresh = []
         self.back = None
         self.aliases = StaticAliases((), ())
 
@@ -293,12 +303,8 @@ class RecorderReplay:
                 f"operation: a parameter of {self.module_name} changed between replayed call {step.call} and its "
                 "backward (eager raises here too)"
             )
-        if step.inputs is not None and any(t._version != v for t, v in step.inputs):
-            raise ReplayError(
-                "replaykit: one of the variables needed for gradient computation has been modified by an inplace "
-                f"operation: an input of {self.module_name} changed between replayed call {step.call} and its "
-                "backward (eager raises here too)"
-            )
+        if step.inputs is not None:
+            self._saved_inputs(step)
         wanted = (
             grads
             if plan.all_differentiable and self.on.none_pattern
@@ -331,6 +337,25 @@ class RecorderReplay:
             if self._hold.release(step.pending):
                 self._on_hold_end(step.call, "backward")
             step.pending = None
+
+    def _saved_inputs(self, step: _Step) -> None:
+        """The inputs the backward reads, as eager's saved tensors hold them now: a write that moved
+        a version raises (as eager does); any other (a numpy buffer refilled, a write through
+        ``.data``) is copied into the static input, which the backward graph reads, before it runs."""
+        inputs = step.inputs
+        assert inputs is not None
+        if self.on.input_versions and any(t._version != v for t, v in inputs):
+            raise ReplayError(
+                "replaykit: one of the variables needed for gradient computation has been modified by an inplace "
+                f"operation: an input of {self.module_name} changed between replayed call {step.call} and its "
+                "backward (eager raises here too)"
+            )
+        if self.on.input_rewrites:  # on the current stream, before the backward graph's replay
+            for k, data, static in step.plan.refresh:
+                if data is not None:
+                    data.copy_(inputs[k][0])
+                else:
+                    copy_into(static, inputs[k][0])
 
     def _check_activations(self, step: _Step) -> None:
         """A backward may read this call's activations only if no later replay overwrote them."""
@@ -383,8 +408,13 @@ class RecorderReplay:
         assert shadow is not None
         step.shadow = None
         assert self.module is not None
+        current: list[tuple[int, torch.Tensor]] = []
+        if step.inputs is not None and self.on.input_rewrites:
+            current = [
+                (i, t) for i, (t, _) in zip(step.plan.saved_inputs, step.inputs, strict=True)
+            ]
         reference, difference = shadow.reference_grads(
-            self.module, recording.differentiable, wanted
+            self.module, recording.differentiable, wanted, current
         )
         # nothing compared: a recording not verified yet is checked at its next replay
         if reference is None:

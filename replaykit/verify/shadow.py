@@ -155,9 +155,12 @@ class Shadow:
         module: nn.Module,
         differentiable: Sequence[int],
         grads: Sequence[torch.Tensor | None],
+        current: Sequence[tuple[int, torch.Tensor]] = (),
     ) -> tuple[list[torch.Tensor | None] | None, str | None]:
         """Eager's gradients for the inputs requiring grad, then the parameters, and whether the
         rerun of eager's forward differed from the first run (then no gradient can be trusted).
+        ``current``: the inputs the backward reads (position, the caller's tensor) as they are at the
+        backward; eager's saved tensors read them so, whatever wrote them since the forward.
 
         ``(None, None)``: a parameter changed in place since the replayed forward (one the backward
         does not read: eager allows it), so eager's forward cannot be rerun; nothing was compared.
@@ -181,6 +184,8 @@ class Shadow:
             )
             if again is not None:
                 return [None] * len(targets), f"eager is not repeatable: {again}"
+            for i, held in current:  # without a version bump, as a rewrite eager does not see
+                copy_into(self.inputs[i], held)
             pairs = [
                 (outputs[i], g) for i, g in zip(differentiable, grads, strict=True) if g is not None
             ]

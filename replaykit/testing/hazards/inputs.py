@@ -202,6 +202,31 @@ def _step_writes_input(model: nn.Module, arm: Arm) -> Extras:
     return kept
 
 
+def _rewritten_before_backward(how: str) -> Callable[[nn.Module, Arm], Extras]:
+    """A loader writes the next batch into the current batch's memory before backward, moving no
+    version: eager's saved input reads it (the first weight's gradient mixes two batches, no error)."""
+
+    def train(model: nn.Module, arm: Arm) -> Extras:
+        opt = sgd(model)
+        kept: Extras = {}
+        buf = arm.randn(4, 6).cpu().numpy().copy()  # the loader's reused buffer
+        x = torch.from_numpy(buf).to(arm.device) if how == "numpy" else arm.randn(4, 6)
+        for i in range(4):
+            opt.zero_grad(set_to_none=True)
+            loss = model(x).pow(2).mean()
+            nxt = arm.randn(4, 6)
+            if how == "numpy":
+                buf[:] = nxt.cpu().numpy()  # the prefetch refills the buffer x was made from
+            else:
+                x.data.copy_(nxt)  # a staging tensor written through .data
+            loss.backward()
+            opt.step()
+            kept[f"loss{i}"] = loss.detach()
+        return kept
+
+    return train
+
+
 PATTERNS: list[Pattern] = [
     HC.pattern(
         "inplace_input_mutation",
@@ -287,6 +312,21 @@ PATTERNS: list[Pattern] = [
         built(ReturnsInputView),
         _view_then_inplace,
         guard="record_probe",
+    ),
+    HC.pattern(
+        "numpy_buffer_refilled_before_backward",
+        "the numpy buffer a batch was torch.from_numpy'd from is refilled before backward",
+        mlp(),
+        _rewritten_before_backward("numpy"),
+        guard="input_rewrites",
+        cpu_only="on CUDA the batch is a device copy of the numpy buffer: the refill does not reach it",
+    ),
+    HC.pattern(
+        "input_data_rewritten_before_backward",
+        "a staging input written through .data (no version bump) before backward",
+        mlp(),
+        _rewritten_before_backward("data"),
+        guard="input_rewrites",
     ),
     HC.pattern(
         "step_loss_writes_input",
