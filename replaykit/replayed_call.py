@@ -201,8 +201,10 @@ class RecorderReplay:
         recording = plan.recording
         params = recording.params
         grads = recording.static_grads[len(recording.static_grads) - len(params) :]
+        kept = [i for i, g in enumerate(grads) if g is not None]
         plan.aliases.add_grads(
-            [(p, g) for p, g in zip(params, grads, strict=True) if g is not None]
+            [(params[i], grads[i]) for i in kept],  # type: ignore[misc]
+            [i - len(params) for i in kept],  # their places in a backward's result, from its end
         )
 
     def _replay(
@@ -321,10 +323,10 @@ class RecorderReplay:
                 self._guard_new_grads(plan)
             result, how = recording.backward(wanted)
         step.exact = step.exact or how is not None
-        if how is None:
-            plan.aliases.handed_out_grads()
-        else:
+        if how is not None:
             self.journal.add("backward", step.call, how)
+        elif not self._free_after_backward:  # a recording freed below leaves its own buffers
+            result = plan.aliases.hand_out_grads(result)
         result = self._leave_inputs(recording, result)
         if step.shadow is not None:
             result = self._check_backward(step, wanted, result)

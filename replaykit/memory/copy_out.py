@@ -117,30 +117,121 @@ class Handout:
     def move_held(self) -> int:
         """Give each held handed-out storage memory of its own with the same values (every holder
         moves with it); returns how many moved. The recording hands out fresh ones after."""
-        moved = 0
-        for group in self.groups:
-            i = group[0]
-            if _use_count(self.cdatas[i]) == self.baseline[i]:
-                continue
-            held = self.tensors[i].untyped_storage()
-            copy = held.clone()  # same bytes, memory of its own
-            held._swap_data_ptr_(copy)  # the holders' storage now owns the copy
-            del held, copy  # the copy's storage now points at the static memory, owning nothing
+        held = [g for g in self.groups if _use_count(self.cdatas[g[0]]) != self.baseline[g[0]]]
+        if not held:
+            return 0
+        storages = [self.tensors[g[0]].untyped_storage() for g in held]
+        copies = _copies(storages)
+        for i in range(len(held)):
+            storages[i]._swap_data_ptr_(copies[i])  # the holders' storage now owns the copy
+        del storages, copies  # each copy's storage now points at the static memory, owning nothing
+        for group in held:
             self._fresh(group)
             for j in group:
                 self.cdatas[j] = _cdata(self.tensors[j])
             for j in group:
                 self.baseline[j] = _use_count(self.cdatas[j])
-            moved += 1
-        return moved
+        return len(held)
 
     def owned(self, i: int) -> bool:
         return self.tensors[i] is not self.statics[i]
 
 
+def _copies(storages: list[torch.UntypedStorage]) -> list[torch.UntypedStorage]:
+    """Storages of their own with the same bytes: one copy launch for all (as bytes, whatever the
+    dtypes), not one per storage."""
+    byte = torch.uint8
+    src = [torch.empty(0, dtype=byte, device=s.device).set_(s) for s in storages]
+    dst = [torch.empty_like(t) for t in src]
+    with torch.no_grad():
+        torch._foreach_copy_(dst, src)
+    return [t.untyped_storage() for t in dst]
+
+
 def _release(handout: Handout) -> None:
     """A recording's aliases collected: held outputs move to memory of their own first."""
     handout.move_held()
+
+
+class GradHandout:
+    """One recording's static gradient buffers and what its replayed backward hands out for them.
+
+    Eager's ``zero_grad(set_to_none=False)`` zeroes ``.grad`` in place and the next backward
+    accumulates into it, so a reference, a view or the ``.data`` of ``.grad`` the caller (or an
+    optimizer) keeps *is* the next gradient. With the storage swap, each buffer is handed out as a
+    view on a storage object of its own (a :class:`Handout`); AccumulateGrad adopts it as ``.grad``
+    when ``.grad`` was None, and one still held at the next replay moves to memory of its own with
+    every holder of that storage: they keep aliasing ``.grad``, and the replay accumulates into it
+    in place, as eager does. Without the swap the buffers are handed out themselves: a held
+    ``.grad`` moves alone (``t.data = copy``) only where nothing else holds its storage; otherwise the
+    call runs eagerly (``live_alias``) and leaves it in place, where eager's backward accumulates.
+    """
+
+    __slots__ = ("baseline", "cdatas", "handout", "pairs", "slots")
+
+    def __init__(self) -> None:
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (parameter, static buffer)
+        self.slots: list[int] = []  # each buffer's place in a backward's result (from its end)
+        self.cdatas: list[int] = []
+        self.baseline: list[int] = []
+        self.handout: Handout | None = None  # with the swap: what is handed out
+
+    def add(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], slots: Sequence[int]) -> None:
+        """Guard buffers captured later (before any of them is handed out)."""
+        self.pairs += pairs
+        self.slots += slots
+        cdatas = [_cdata(buf) for _, buf in pairs]
+        self.cdatas += cdatas
+        self.baseline += list(map(_use_count, cdatas))
+        if pairs and holders_move():
+            self.handout = Handout([buf for _, buf in self.pairs], ())
+
+    def hand_out(self, result: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """A replayed backward's gradients with each parameter's on its handed-out storage: a new
+        tensor each time (AccumulateGrad adopts only a tensor nobody else references)."""
+        handout = self.handout
+        if handout is not None:
+            for slot, t in zip(self.slots, handout.tensors, strict=True):
+                result[slot] = t.detach()
+        return result
+
+    def clear(self) -> bool:
+        """Nothing outside the recording holds a buffer (use counts at baseline)."""
+        handout = self.handout
+        if handout is not None:
+            return list(map(_use_count, handout.cdatas)) == handout.baseline
+        return list(map(_use_count, self.cdatas)) == self.baseline
+
+    def copy_out(self) -> int:
+        """Move held gradients to memory of their own (see the class); returns how many moved."""
+        if self.handout is not None:
+            return self.handout.move_held()
+        alone = self._alone()
+        if alone:
+            with torch.no_grad():
+                fresh = [torch.empty_like(t) for t in alone]
+                torch._foreach_copy_(
+                    fresh, alone
+                )  # one launch per dtype/device, not one per tensor
+                for t, f in zip(alone, fresh, strict=True):
+                    t.data = f
+        return len(alone)
+
+    def _alone(self) -> list[torch.Tensor]:
+        """Without the swap: the ``.grad`` tensors on a buffer whose storage nothing else holds
+        (a view or ``.data`` of one could not follow it)."""
+        on: dict[int, dict[int, torch.Tensor]] = {}
+        base = dict(zip(self.cdatas, self.baseline, strict=True))
+        for param, buf in self.pairs:
+            g = param.grad
+            if g is not None and g.data_ptr() == buf.data_ptr() and (c := _cdata(g)) in base:
+                on.setdefault(c, {})[id(g)] = g
+        return [
+            g
+            for c, grads in on.items()
+            if _use_count(c) - base[c] == len(grads)
+            for g in grads.values()
+        ]
 
 
 class StaticAliases:
@@ -152,8 +243,6 @@ class StaticAliases:
 
     __slots__ = (
         "__weakref__",
-        "_grad_baseline",
-        "_grad_cdatas",
         "_grads",
         "_grads_out",
         "_handout",
@@ -168,28 +257,31 @@ class StaticAliases:
         outputs: Sequence[torch.Tensor],
         grads: Sequence[tuple[torch.Tensor, torch.Tensor]],
         foreign: Iterable[torch.Tensor] = (),
+        slots: Sequence[int] = (),
     ) -> None:
         """``outputs``: static outputs to guard; ``grads``: (parameter, static gradient buffer)
-        pairs; ``foreign``: tensors whose storage the recording does not own (inputs, parameters)."""
+        pairs and ``slots`` their places in a backward's result; ``foreign``: tensors whose storage
+        the recording does not own (inputs, parameters)."""
         self._handout = Handout(outputs, foreign)
         if self._handout.groups:  # collected with outputs still held: they move first
             weakref.finalize(self, _release, self._handout).atexit = False
-        self._grads: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._grad_cdatas: list[int] = []
-        self._grad_baseline: list[int] = []
-        self.add_grads(grads)
+        self._grads = GradHandout()
+        self.add_grads(grads, slots)
         self._refs: list[weakref.ref[torch.Tensor]] = []
         self._outputs_out = self._grads_out = (
             False  # handed out since their use counts were last at baseline
         )
         self.dirty = False
 
-    def add_grads(self, grads: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def add_grads(
+        self, grads: Sequence[tuple[torch.Tensor, torch.Tensor]], slots: Sequence[int]
+    ) -> None:
         """Guard static gradient buffers captured later (before any of them is handed out)."""
-        self._grads += grads
-        cdatas = [_cdata(buf) for _, buf in grads]
-        self._grad_cdatas += cdatas
-        self._grad_baseline += list(map(_use_count, cdatas))
+        had = self._grads.handout
+        self._grads.add(grads, slots)
+        handout = self._grads.handout
+        if handout is not None and handout is not had:  # collected with gradients held: they move
+            weakref.finalize(self, _release, handout).atexit = False
 
     def hand_out(self) -> list[torch.Tensor]:
         """What a replay returns, one per static output (none: the static outputs themselves)."""
@@ -202,16 +294,17 @@ class StaticAliases:
             self._refs = [weakref.ref(o) for o in outputs]
         self._outputs_out = self.dirty = True
 
-    def handed_out_grads(self) -> None:
-        """A replayed backward returned the gradient buffers (reached later via ``.grad``)."""
+    def hand_out_grads(self, result: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """A replayed backward's gradients as handed out (reached later via ``.grad``)."""
         self._grads_out = self.dirty = True
+        return self._grads.hand_out(result)
 
     def _settle(self) -> bool:
         """Clear each half whose use counts are back at baseline; True when nothing is aliased."""
         handout = self._handout
         if self._outputs_out and list(map(_use_count, handout.cdatas)) == handout.baseline:
             self._outputs_out, self._refs = False, []
-        if self._grads_out and list(map(_use_count, self._grad_cdatas)) == self._grad_baseline:
+        if self._grads_out and self._grads.clear():
             self._grads_out = False
         self.dirty = self._outputs_out or self._grads_out
         return not self.dirty
@@ -222,14 +315,10 @@ class StaticAliases:
             return 0, True
         handout = self._handout
         moved = handout.move_held() if self._outputs_out else 0
+        moved += self._grads.copy_out() if self._grads_out else 0
         cdatas = {c for i, c in enumerate(handout.cdatas) if not handout.owned(i)}
-        cdatas.update(self._grad_cdatas)
+        cdatas.update(self._grads.cdatas)
         live = [t for ref in self._refs if (t := ref()) is not None and _cdata(t) in cdatas]
-        live += [
-            g
-            for param, buf in self._grads
-            if (g := param.grad) is not None and g.data_ptr() == buf.data_ptr()
-        ]
         if live:
             with torch.no_grad():
                 fresh = [torch.empty_like(t) for t in live]
