@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
 """replaykit's host time per replayed call, this tree against another commit, side by side.
 
-    python scripts/overhead_vs.py [--base 2b40927] [--rounds 7] [--calls 1000]
+    python scripts/overhead_vs.py [--base 2b40927] [--rounds 7] [--calls 1000] [--zero-in-place]
 
 Checks the base commit out into a temporary worktree, then alternates one round of
 ``python -m replaykit.testing.bench.overhead`` in each tree (this one first, then the base, and
 so on): the machine's load falls on both alike. Prints each tree's median per key and the ratio
-(this tree / base). The null backend replays nothing, so this is replaykit's Python alone."""
+(this tree / base). The null backend replays nothing, so this is replaykit's Python alone.
+``--zero-in-place`` times loops that zero ``.grad`` in place (``zero_grad(set_to_none=False)``);
+the base then runs this tree's bench module, which has that loop."""
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import subprocess
 import sys
@@ -21,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("bare Function us", "replaykit us", "added us", "added vs C entry us", "guards us")
 
 
-def _round(tree: Path, calls: int) -> dict[str, float]:
+def _round(tree: Path, calls: int, in_place: bool) -> dict[str, float]:
     out = subprocess.run(
         [
             sys.executable,
@@ -29,6 +32,7 @@ def _round(tree: Path, calls: int) -> dict[str, float]:
             "replaykit.testing.bench.overhead",
             "--rounds=1",
             f"--calls={calls}",
+            *(["--zero-in-place"] if in_place else []),
         ],
         cwd=tree,
         capture_output=True,
@@ -49,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", default="2b40927")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=1000)
+    ap.add_argument("--zero-in-place", action="store_true")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base"
@@ -58,11 +63,14 @@ def main(argv: list[str] | None = None) -> int:
             check=True,
             capture_output=True,
         )
+        if args.zero_in_place:
+            bench = "replaykit/testing/bench/overhead.py"
+            shutil.copyfile(ROOT / bench, base / bench)
         try:
             runs: dict[str, list[dict[str, float]]] = {"this": [], "base": []}
             for i in range(args.rounds):
-                runs["this"].append(_round(ROOT, args.calls))
-                runs["base"].append(_round(base, args.calls))
+                runs["this"].append(_round(ROOT, args.calls, args.zero_in_place))
+                runs["base"].append(_round(base, args.calls, args.zero_in_place))
                 print(f"round {i + 1}/{args.rounds}", file=sys.stderr, flush=True)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT)

@@ -1,6 +1,6 @@
 """replaykit's own host time per replayed call, measured with a backend that does no work.
 
-    python -m replaykit.testing.bench.overhead [--blocks 100] [--calls 2000] [--rounds 7]
+    python -m replaykit.testing.bench.overhead [--blocks 100] [--calls 2000] [--rounds 7] [--zero-in-place]
 
 A replayed call costs the graph launches plus replaykit's Python: routing, guards,
 copy-out checks, the hold, the journal. The launches are the backend's; this measures
@@ -117,9 +117,21 @@ def _timer(step: Callable[[], None], calls: int) -> float:
     return (time.perf_counter() - t) / calls
 
 
-def measure(blocks: int = 100, calls: int = 2000, rounds: int = 7) -> dict[str, float]:
+def _zero_grads(params: list[torch.Tensor], in_place: bool) -> None:
+    """``zero_grad``: ``.grad`` None (nothing left to copy out), or zeroed in place (the next
+    backward accumulates into it)."""
+    if in_place:
+        torch._foreach_zero_([p.grad for p in params if p.grad is not None])
+    else:
+        for p in params:
+            p.grad = None
+
+
+def measure(
+    blocks: int = 100, calls: int = 2000, rounds: int = 7, in_place: bool = False
+) -> dict[str, float]:
     """Median µs per forward+backward: bare Function (through apply, and through its C entry), replaykit,
-    replaykit with its guards off."""
+    replaykit with its guards off; between calls ``zero_grad(set_to_none=not in_place)``."""
     torch.set_num_threads(1)
     x = torch.randn(4, 8)
     arms: dict[str, Callable[[], None]] = {}
@@ -137,8 +149,7 @@ def measure(blocks: int = 100, calls: int = 2000, rounds: int = 7) -> dict[str, 
 
         def step(model: nn.Module = model, params: list = params) -> None:
             model(x).sum().backward()
-            for p in params:
-                p.grad = None  # zero_grad(set_to_none=True): nothing left to copy out
+            _zero_grads(params, in_place)
 
         step()
         arms[name] = step
@@ -149,15 +160,13 @@ def measure(blocks: int = 100, calls: int = 2000, rounds: int = 7) -> dict[str, 
 
     def bare() -> None:
         _Bare.apply(bare_out, bare_grads, x, *bare_params).sum().backward()
-        for p in bare_params:
-            p.grad = None
+        _zero_grads(bare_params, in_place)
 
     bare_c = super(torch.autograd.Function, _Bare).apply  # what Function.apply calls after its pass
 
     def bare_entry() -> None:
         bare_c(bare_out, bare_grads, x, *bare_params).sum().backward()
-        for p in bare_params:
-            p.grad = None
+        _zero_grads(bare_params, in_place)
 
     arms = {"bare Function": bare, "bare Function, C entry": bare_entry, **arms}
     samples: dict[str, list[float]] = {k: [] for k in arms}
@@ -184,8 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=100)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument(
+        "--zero-in-place",
+        action="store_true",
+        help="zero_grad(set_to_none=False) between calls: backwards accumulate into .grad",
+    )
     args = parser.parse_args(argv)
-    result = measure(args.blocks, args.calls, args.rounds)
+    result = measure(args.blocks, args.calls, args.rounds, args.zero_in_place)
     for key, value in result.items():
         print(f"{key:>28}: {value:.1f}")
     assert set(GUARDS) <= set(PROTECTIONS)
