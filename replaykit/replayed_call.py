@@ -144,7 +144,6 @@ class Plan:
         # that is a view of an input, possible with record_probe off, shares a static input's storage)
         self.aliases = StaticAliases(
             recording.static_outputs if guard_outputs else (),
-            (),
             [*recording.static_inputs, *foreign],
         )
 
@@ -153,7 +152,7 @@ class Plan:
         self.copies = []
         self.refresh = []
         self.back = None
-        self.aliases = StaticAliases((), ())
+        self.aliases = StaticAliases(())
 
 
 class _Step:
@@ -202,9 +201,10 @@ class RecorderReplay:
         params = recording.params
         grads = recording.static_grads[len(recording.static_grads) - len(params) :]
         kept = [i for i, g in enumerate(grads) if g is not None]
-        plan.aliases.add_grads(
+        recording.handed_grads = plan.aliases.add_grads(
             [(params[i], grads[i]) for i in kept],  # type: ignore[misc]
-            [i - len(params) for i in kept],  # their places in a backward's result, from its end
+            [i - len(params) for i in kept],  # their places among the recording's, from the end
+            recording.static_grads,
         )
 
     def _replay(
@@ -323,14 +323,16 @@ class RecorderReplay:
                 self._guard_new_grads(plan)
             result, how = recording.backward(wanted)
         step.exact = step.exact or how is not None
-        if how is not None:
+        if how is None:
+            plan.aliases.handed_out_grads()
+        else:
             self.journal.add("backward", step.call, how)
-        elif not self._free_after_backward:  # a recording freed below leaves its own buffers
-            result = plan.aliases.hand_out_grads(result)
         result = self._leave_inputs(recording, result)
         if step.shadow is not None:
             result = self._check_backward(step, wanted, result)
         if self._free_after_backward:
+            if how is None and recording.handed_grads is not None:  # views of memory freed below
+                result = [None if g is None else g.clone() for g in result]
             self._free_recordings()
         return result
 
@@ -429,8 +431,9 @@ class RecorderReplay:
         ]
         if difference is None:
             difference = shadow.check_backward(names, full, result)
-        else:  # eager has no one answer to hand back: the replay's gradients stand for this call
-            full = result
+        else:  # eager has no one answer to hand back: the replay's gradients stand for this call,
+            # as tensors of their own (the recording they view is dropped below)
+            full = [None if g is None else g.clone() for g in result]
         self.journal.add("check", step.call, "backward", difference)
         if difference is None:
             step.plan.verified = True

@@ -54,6 +54,10 @@ class Recording(ABC):
     differentiable: tuple[int, ...]
     params: list[torch.Tensor]
     static_grads: list[torch.Tensor | None]  # one per target (None: unreached, or not captured yet)
+    # what a replayed backward hands out in place of ``static_grads``, one per target: views of the
+    # same memory on storage objects of copy-out's (memory/copy_out.py), kept up to date in place
+    # by it; None: the buffers themselves
+    handed_grads: list[torch.Tensor | None] | None = None
     generation: int = 0
     _builder: Callable[[Sequence[torch.Tensor]], Any] | None = None
 

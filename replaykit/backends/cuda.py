@@ -222,7 +222,8 @@ class CudaRecording(Recording):
             # one launch (same dtype) where mgc copies per output
             torch._foreach_copy_(self._grad_bases, srcs)
             self._bwd.replay()
-            return [None if g is None else g.detach() for g in self.static_grads], None
+            handed = self.handed_grads or self.static_grads
+            return [None if g is None else g.detach() for g in handed], None
         how = "partial" if any(g is None for g in grads) else "layout"
         if self._bwd is None:
             how = f"capture failed: {self.capture_error}"

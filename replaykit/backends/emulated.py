@@ -136,14 +136,15 @@ class EmulatedRecording(Recording):
     def _replay_backward(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
         computed = self._grad([self.static_outputs[i] for i in self.differentiable], grads, True)
         out: list[torch.Tensor | None] = []
+        handed = self.handed_grads or self.static_grads
         with torch.no_grad():
-            for static, g in zip(self.static_grads, computed, strict=True):
-                if static is None or g is None:
+            for static, g, h in zip(self.static_grads, computed, handed, strict=True):
+                if static is None or g is None or h is None:
                     out.append(None)
                 else:
                     # in place and, like a graph replay, without a version bump
                     static.data.copy_(g)
-                    out.append(static.detach())
+                    out.append(h.detach())
         return out
 
     def _partial(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:

@@ -159,25 +159,36 @@ class GradHandout:
     Eager's ``zero_grad(set_to_none=False)`` zeroes ``.grad`` in place and the next backward
     accumulates into it, so a reference, a view or the ``.data`` of ``.grad`` the caller (or an
     optimizer) keeps *is* the next gradient. With the storage swap, each buffer is handed out as a
-    view on a storage object of its own (a :class:`Handout`); AccumulateGrad adopts it as ``.grad``
-    when ``.grad`` was None, and one still held at the next replay moves to memory of its own with
-    every holder of that storage: they keep aliasing ``.grad``, and the replay accumulates into it
-    in place, as eager does. Without the swap the buffers are handed out themselves: a held
-    ``.grad`` moves alone (``t.data = copy``) only where nothing else holds its storage; otherwise the
-    call runs eagerly (``live_alias``) and leaves it in place, where eager's backward accumulates.
+    view on a storage object of its own (a :class:`Handout`; the recording's backward detaches
+    these, :attr:`handed`, in place of its buffers); AccumulateGrad adopts one as ``.grad`` when
+    ``.grad`` was None, and one still held at the next replay moves to memory of its own with every
+    holder of that storage: they keep aliasing ``.grad``, and the replay accumulates into it in
+    place, as eager does. Without the swap the buffers are handed out themselves: a held ``.grad``
+    moves alone (``t.data = copy``) only where nothing else holds its storage; otherwise the call
+    runs eagerly (``live_alias``) and leaves it in place, where eager's backward accumulates.
     """
 
-    __slots__ = ("baseline", "cdatas", "handout", "pairs", "slots")
+    __slots__ = ("baseline", "cdatas", "handed", "handout", "pairs", "slots")
 
     def __init__(self) -> None:
         self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (parameter, static buffer)
-        self.slots: list[int] = []  # each buffer's place in a backward's result (from its end)
+        self.slots: list[int] = []  # each buffer's place among the recording's gradients
         self.cdatas: list[int] = []
         self.baseline: list[int] = []
         self.handout: Handout | None = None  # with the swap: what is handed out
+        # with the swap: one per gradient the recording returns, the handed-out views in the
+        # buffers' places (the recording's backward reads this list; kept up to date in place)
+        self.handed: list[torch.Tensor | None] | None = None
 
-    def add(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], slots: Sequence[int]) -> None:
-        """Guard buffers captured later (before any of them is handed out)."""
+    def add(
+        self,
+        pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        slots: Sequence[int],
+        targets: Sequence[torch.Tensor | None],
+    ) -> list[torch.Tensor | None] | None:
+        """Guard buffers captured later (before any of them is handed out): ``pairs`` (parameter,
+        buffer) at ``slots`` among ``targets``, every gradient the recording returns. Returns
+        :attr:`handed` (None: the buffers are handed out themselves)."""
         self.pairs += pairs
         self.slots += slots
         cdatas = [_cdata(buf) for _, buf in pairs]
@@ -185,15 +196,15 @@ class GradHandout:
         self.baseline += list(map(_use_count, cdatas))
         if pairs and holders_move():
             self.handout = Handout([buf for _, buf in self.pairs], ())
+            self.handed = list(targets)
+            self._sync()
+        return self.handed
 
-    def hand_out(self, result: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        """A replayed backward's gradients with each parameter's on its handed-out storage: a new
-        tensor each time (AccumulateGrad adopts only a tensor nobody else references)."""
-        handout = self.handout
-        if handout is not None:
-            for slot, t in zip(self.slots, handout.tensors, strict=True):
-                result[slot] = t.detach()
-        return result
+    def _sync(self) -> None:
+        handed, handout = self.handed, self.handout
+        assert handed is not None and handout is not None
+        for slot, t in zip(self.slots, handout.tensors, strict=True):
+            handed[slot] = t
 
     def clear(self) -> bool:
         """Nothing outside the recording holds a buffer (use counts at baseline)."""
@@ -205,7 +216,10 @@ class GradHandout:
     def copy_out(self) -> int:
         """Move held gradients to memory of their own (see the class); returns how many moved."""
         if self.handout is not None:
-            return self.handout.move_held()
+            moved = self.handout.move_held()
+            if moved:
+                self._sync()  # fresh views are handed out from now on
+            return moved
         alone = self._alone()
         if alone:
             with torch.no_grad():
@@ -255,18 +269,14 @@ class StaticAliases:
     def __init__(
         self,
         outputs: Sequence[torch.Tensor],
-        grads: Sequence[tuple[torch.Tensor, torch.Tensor]],
         foreign: Iterable[torch.Tensor] = (),
-        slots: Sequence[int] = (),
     ) -> None:
-        """``outputs``: static outputs to guard; ``grads``: (parameter, static gradient buffer)
-        pairs and ``slots`` their places in a backward's result; ``foreign``: tensors whose storage
-        the recording does not own (inputs, parameters)."""
+        """``outputs``: static outputs to guard; ``foreign``: tensors whose storage the recording
+        does not own (inputs, parameters). Gradient buffers join with :meth:`add_grads`."""
         self._handout = Handout(outputs, foreign)
         if self._handout.groups:  # collected with outputs still held: they move first
             weakref.finalize(self, _release, self._handout).atexit = False
         self._grads = GradHandout()
-        self.add_grads(grads, slots)
         self._refs: list[weakref.ref[torch.Tensor]] = []
         self._outputs_out = self._grads_out = (
             False  # handed out since their use counts were last at baseline
@@ -274,14 +284,19 @@ class StaticAliases:
         self.dirty = False
 
     def add_grads(
-        self, grads: Sequence[tuple[torch.Tensor, torch.Tensor]], slots: Sequence[int]
-    ) -> None:
-        """Guard static gradient buffers captured later (before any of them is handed out)."""
+        self,
+        grads: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        slots: Sequence[int],
+        targets: Sequence[torch.Tensor | None],
+    ) -> list[torch.Tensor | None] | None:
+        """Guard static gradient buffers captured later (before any of them is handed out); returns
+        what the recording's backward hands out in their places (:class:`GradHandout`)."""
         had = self._grads.handout
-        self._grads.add(grads, slots)
+        handed = self._grads.add(grads, slots, targets)
         handout = self._grads.handout
         if handout is not None and handout is not had:  # collected with gradients held: they move
             weakref.finalize(self, _release, handout).atexit = False
+        return handed
 
     def hand_out(self) -> list[torch.Tensor]:
         """What a replay returns, one per static output (none: the static outputs themselves)."""
@@ -294,10 +309,9 @@ class StaticAliases:
             self._refs = [weakref.ref(o) for o in outputs]
         self._outputs_out = self.dirty = True
 
-    def hand_out_grads(self, result: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        """A replayed backward's gradients as handed out (reached later via ``.grad``)."""
+    def handed_out_grads(self) -> None:
+        """A replayed backward returned the gradient buffers (reached later via ``.grad``)."""
         self._grads_out = self.dirty = True
-        return self._grads.hand_out(result)
 
     def _settle(self) -> bool:
         """Clear each half whose use counts are back at baseline; True when nothing is aliased."""

@@ -64,7 +64,7 @@ class NullRecording(Recording):
     def backward(
         self, grads: Sequence[torch.Tensor | None]
     ) -> tuple[list[torch.Tensor | None], str | None]:
-        return [g.detach() for g in self.static_grads], None
+        return [g.detach() for g in self.handed_grads or self.static_grads], None
 
     def exact_backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         return list(self.static_grads)
