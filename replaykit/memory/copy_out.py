@@ -65,6 +65,7 @@ class Handout:
     __slots__ = (
         "__weakref__",
         "_copied",
+        "_whole",
         "baseline",
         "cdatas",
         "groups",
@@ -90,6 +91,8 @@ class Handout:
         self.cdatas = [_cdata(t) for t in self.tensors]
         self.baseline = list(map(_use_count, self.cdatas))
         self._copied = [] if moves else list(by_ptr.values())
+        # one contiguous static tensor spanning its storage: empty_like makes its twin
+        self._whole = {g[0] for g in self.groups if len(g) == 1 and _spans(self.statics[g[0]])}
 
     def hand_out(self) -> list[torch.Tensor]:
         """What a replay returns: the handed-out views, or (``copies``) a copy of each static
@@ -121,15 +124,29 @@ class Handout:
         if not held:
             return 0
         storages = [self.tensors[g[0]].untyped_storage() for g in held]
-        copies = _copies(storages)
-        for i in range(len(held)):
-            storages[i]._swap_data_ptr_(copies[i])  # the holders' storage now owns the copy
-        del storages, copies  # each copy's storage now points at the static memory, owning nothing
-        for group in held:
-            self._fresh(group)
+        # a static tensor that is its whole storage is copied as itself, and its copy is handed
+        # out next (after the swap it views the static memory); any other storage, as bytes
+        whole = [g[0] in self._whole for g in held]
+        src = [
+            self.statics[g[0]] if w else torch.empty(0, dtype=torch.uint8, device=s.device).set_(s)
+            for g, w, s in zip(held, whole, storages, strict=True)
+        ]
+        dst = list(map(torch.empty_like, src))
+        with torch.no_grad():
+            torch._foreach_copy_(dst, src)  # one launch per dtype and device, not one per storage
+        for held_storage, copy in zip(storages, dst, strict=True):
+            held_storage._swap_data_ptr_(
+                copy.untyped_storage()
+            )  # the holders' storage owns the copy
+        del storages, src, held_storage  # each copy's storage now views the static memory
+        for group, w, copy in zip(held, whole, dst, strict=True):
+            if w:
+                self.tensors[group[0]] = copy
+            else:
+                self._fresh(group)
+            # a tensor's storage is counted once, however many Python names hold the tensor
             for j in group:
                 self.cdatas[j] = _cdata(self.tensors[j])
-            for j in group:
                 self.baseline[j] = _use_count(self.cdatas[j])
         return len(held)
 
@@ -137,15 +154,13 @@ class Handout:
         return self.tensors[i] is not self.statics[i]
 
 
-def _copies(storages: list[torch.UntypedStorage]) -> list[torch.UntypedStorage]:
-    """Storages of their own with the same bytes: one copy launch for all (as bytes, whatever the
-    dtypes), not one per storage."""
-    byte = torch.uint8
-    src = [torch.empty(0, dtype=byte, device=s.device).set_(s) for s in storages]
-    dst = [torch.empty_like(t) for t in src]
-    with torch.no_grad():
-        torch._foreach_copy_(dst, src)
-    return [t.untyped_storage() for t in dst]
+def _spans(t: torch.Tensor) -> bool:
+    """Contiguous from its storage's start to its end."""
+    return (
+        t.storage_offset() == 0
+        and t.is_contiguous()
+        and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    )
 
 
 def _release(handout: Handout) -> None:
