@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import sys
 import warnings
 from collections.abc import Callable
 from functools import partial
@@ -50,6 +49,7 @@ from .guards.optimizer import (
 )
 from .guards.signature import SIGNATURE_PARTS, UnhashableArgument, signature, split_call
 from .guards.storage import GLOBAL_HOOKS, module_hooks
+from .memory.copy_out import StepGrads
 from .memory.foreign import ForeignLeaves
 from .memory.layout import aligned_key, copy_into
 from .memory.pool import MemoryPool, storage_bytes
@@ -186,8 +186,8 @@ class TrainStep(RecordingSteps, Entry):
         self._recordings: dict[tuple, StepRecording] = {}
         self._refused: dict[tuple, str] = {}  # signatures whose recording differed from eager
         self._replayed = 0  # calls that replayed (the shadow check samples them)
-        # gradient aliases handed out since the last first phase
-        self._handed: list[torch.Tensor] = []
+        # gradients handed out between micro-batches, copied out at a first phase
+        self._grads = StepGrads()
         # static gradient storages handed out: their use count with no holder but the recordings
         self._storages: list[int] = []
         self._baseline: list[int] = []
@@ -610,17 +610,13 @@ class TrainStep(RecordingSteps, Entry):
             if not rec.tail:  # an eager tail's zero_grad left None
                 for p, g in zip(self._trainable, rec.grads_out, strict=True):
                     p.grad = g
-        else:  # between micro-batches eager's .grad holds the running sum: fresh aliases of the static buffers
-            handed = []
-            for p, g in zip(self._trainable, rec.grads_out, strict=True):
-                if g is None:
-                    p.grad = None
-                else:
-                    self._track(g)
-                    alias = g.detach()
-                    p.grad = alias
-                    handed.append(alias)
-            self._handed += handed
+        else:  # between micro-batches eager's .grad holds the running sum: the static buffers
+            if rec.handed is None:  # its recording call: nobody but the recordings holds them yet
+                for g in rec.grads_out:
+                    if g is not None:
+                        self._track(g)
+                rec.handed = self._grads.handouts(rec.grads_out)
+            self._grads.hand_out(self._trainable, rec.grads_out, rec.handed)
         return rec.loss.clone()
 
     def _track(self, g: torch.Tensor) -> None:
@@ -637,21 +633,16 @@ class TrainStep(RecordingSteps, Entry):
         return any(map(operator.gt, map(_use_count, self._storages), self._baseline))
 
     def _copy_out(self, call: int) -> None:
-        """Before a first phase overwrites the gradient buffers, a handed-out alias still held gets its own storage.
+        """Before a first phase overwrites the gradient buffers, a handed-out gradient still held
+        gets memory of its own (:class:`~replaykit.memory.copy_out.StepGrads`).
 
         Eager's next micro-batch makes new gradients and leaves the old ones with their holders.
         """
-        handed, self._handed = self._handed, []
         if not self.on.copy_out:
             return
-        held = [
-            a for a in handed if sys.getrefcount(a) > 3
-        ]  # the list, the loop variable, getrefcount's argument
-        if held:
-            with torch.no_grad():
-                for a in held:
-                    a.data = a.clone()
-            self.journal.add("copy_out", call, None, f"{len(held)} tensors")
+        moved = self._grads.copy_out()
+        if moved:
+            self.journal.add("copy_out", call, None, f"{moved} tensors")
 
     def _hooks(self) -> bool:
         """Hooks run Python a replay skips: the optimizer's and global module hooks are read every
@@ -671,6 +662,7 @@ class TrainStep(RecordingSteps, Entry):
     def _drop_recordings(self) -> None:
         """The lifecycle's drop (re-record, retire, release): free every recording; parameters and
         the optimizer's refusal are read again (a re-record may follow ``add_param_group``)."""
+        self._grads.drop()  # held gradients keep their values without the recordings' memory
         for rec in self._recordings.values():
             rec.region.free()
         self._recordings.clear()
@@ -680,7 +672,6 @@ class TrainStep(RecordingSteps, Entry):
         if self._ddp is not None:
             self._ddp.forget()
         self._storages, self._baseline = [], []
-        self._handed = []
         if not self.lifecycle.stopped():
             self._find_params()
 

@@ -43,7 +43,17 @@ __all__ = ["Outcome", "RecordingSteps", "StepRecording"]
 class StepRecording:
     """One phase of one signature: its region, static inputs and loss, and the gradients it leaves."""
 
-    __slots__ = ("back", "foreign", "grads_out", "keep", "loss", "region", "static_inputs", "tail")
+    __slots__ = (
+        "back",
+        "foreign",
+        "grads_out",
+        "handed",
+        "keep",
+        "loss",
+        "region",
+        "static_inputs",
+        "tail",
+    )
 
     def __init__(
         self,
@@ -67,6 +77,9 @@ class StepRecording:
             grads_out  # per parameter: the static gradient storage after this phase, or None
         )
         self.keep = keep  # what the key names by id (incoming gradients, tensor hyperparameters): kept alive
+        self.handed: list | None = (
+            None  # per buffer its hand-out (memory/copy_out.py), at first use
+        )
 
 
 @dataclass
@@ -101,6 +114,7 @@ class Attempt:
     run: HeldOutput | None = None
     rec: Any = None
     private: list = field(default_factory=list)
+    incoming: list = field(default_factory=list)  # the .grad tensors the call found
     foreign: ForeignBuffers | None = None
     choices: Watch | None = None
     moved: bool = False  # the reference moved the written inputs' versions (put back, not undone)
@@ -212,7 +226,8 @@ class RecordingSteps:
             copies[id(t)] if id(t) in copies else copies.setdefault(id(t), aligned_copy(t))
             for t in callargs.tensors
         ]
-        private = [None if g is None else g.detach() for g in map(GRAD, self._trainable)]
+        incoming = list(map(GRAD, self._trainable))
+        private = [None if g is None else self._grads.private(g) for g in incoming]
         for p, g in zip(self._trainable, private, strict=True):
             p.grad = g
         region = self.backend.region(static)
@@ -233,7 +248,17 @@ class RecordingSteps:
             else None
         )
         return Attempt(
-            phase, key, callargs, args, kwargs, static, region, reads, before, private=private
+            phase,
+            key,
+            callargs,
+            args,
+            kwargs,
+            static,
+            region,
+            reads,
+            before,
+            private=private,
+            incoming=incoming,
         )
 
     # ----------------------------------------------------------------- reference
@@ -567,6 +592,9 @@ class RecordingSteps:
         self._baseline = [
             b + n - c for b, n, c in zip(self._baseline, after, a.before, strict=True)
         ]
+        for p, g in zip(self._trainable, a.incoming, strict=True):
+            if g is not None and (now := p.grad) is not None and now.data_ptr() == g.data_ptr():
+                p.grad = g  # accumulated into in place, as eager's: the tensor the call found
         return Outcome("stands", self._after(a.phase, a.rec), a.run)
 
     def _judged(self) -> tuple:

@@ -32,6 +32,7 @@ its outputs still held moves them from a finalizer, before its static memory goe
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Iterable, Sequence
 
@@ -357,3 +358,99 @@ class StaticAliases:
         self._refs = []
         self._outputs_out = self._grads_out = True  # read both halves again
         return moved + len(live), self._settle()
+
+
+def _release_all(handouts: dict[tuple[int, int], Handout]) -> None:
+    """A whole step's hand-outs collected: held gradients move to memory of their own first."""
+    for handout in handouts.values():
+        handout.move_held()
+
+
+class StepGrads:
+    """The gradients a whole step hands out between micro-batches, and their copy-out before a
+    first phase overwrites the static buffers.
+
+    Eager's ``.grad`` between micro-batches is one tensor holding the running sum, accumulated
+    into in place; the next step's first micro-batch makes new gradients and leaves the old ones
+    with their holders. So a parameter keeps the ``.grad`` handed out to it through the
+    micro-batches, and at a first phase a held one gets memory of its own. With the storage swap
+    each buffer is handed out on a storage object of its own (a :class:`Handout`) and moves with
+    every holder (a view, ``.data``, a list of them); without it the buffer's own alias is handed
+    out and moves alone when held by name (``t.data = copy``): a holder that cannot reach keeps the
+    step's call eager (``live_alias``)."""
+
+    __slots__ = ("__weakref__", "_handed", "_handouts", "_ids")
+
+    def __init__(self) -> None:
+        self._handouts: dict[tuple[int, int], Handout] = {}  # by static storage and offset
+        self._handed: list[torch.Tensor] = []  # without the swap: aliases handed out since copy-out
+        self._ids: set[int] = set()  # theirs (alive while listed)
+        weakref.finalize(self, _release_all, self._handouts).atexit = False
+
+    def handouts(self, grads: Sequence[torch.Tensor | None]) -> list[Handout | None]:
+        """One recording's: per gradient buffer the hand-out it shares with the other phases'
+        recordings of that buffer (None: none, or a torch without the swap)."""
+        if not holders_move():
+            return [None] * len(grads)
+        out: list[Handout | None] = []
+        for g in grads:
+            if g is None:
+                out.append(None)
+                continue
+            key = (_cdata(g), g.storage_offset())
+            if key not in self._handouts:
+                self._handouts[key] = Handout([g], ())
+            out.append(self._handouts[key])
+        return out
+
+    def hand_out(
+        self,
+        params: Sequence[torch.Tensor],
+        grads: Sequence[torch.Tensor | None],
+        handouts: Sequence[Handout | None],
+    ) -> None:
+        """``.grad`` as eager leaves it between micro-batches; one already on a buffer stays."""
+        for p, g, h in zip(params, grads, handouts, strict=True):
+            if g is None:
+                p.grad = None
+                continue
+            cur = p.grad
+            if h is not None:
+                if cur is None or _cdata(cur) != h.cdatas[0]:
+                    p.grad = h.tensors[0].detach()
+            elif cur is None or id(cur) not in self._ids:
+                alias = g.detach()
+                p.grad = alias
+                self._handed.append(alias)
+                self._ids.add(id(alias))
+
+    def private(self, g: torch.Tensor) -> torch.Tensor:
+        """What a recording reads for an incoming gradient: never a handed-out storage, which a
+        later copy-out moves with its holders."""
+        cdata = _cdata(g)
+        for handout in self._handouts.values():
+            if handout.cdatas[0] == cdata:
+                return handout.statics[0].detach()
+        return g.detach()
+
+    def copy_out(self) -> int:
+        """Before a first phase: held gradients get memory of their own; returns how many."""
+        moved = sum(
+            h.move_held()
+            for h in self._handouts.values()
+            if _use_count(h.cdatas[0]) != h.baseline[0]
+        )
+        handed, self._handed = self._handed, []
+        self._ids = set()
+        held = [a for a in handed if sys.getrefcount(a) > 3]  # the list, the loop, the argument
+        if held:
+            with torch.no_grad():
+                for a in held:
+                    a.data = a.clone()
+        return moved + len(held)
+
+    def drop(self) -> None:
+        """The recordings go: held gradients move first, then the hand-outs are forgotten."""
+        _release_all(self._handouts)
+        self._handouts.clear()
+        self._handed, self._ids = [], set()
