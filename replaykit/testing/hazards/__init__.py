@@ -23,6 +23,7 @@ Modules (no module imports one listed after it):
     under_capture  code that computes differently while a graph is being captured
     recurrent      LSTM/GRU/RNN: the flat-weight cache, packed sequences' lengths, cuDNN's dropout state
     kept_outputs   outputs the caller keeps (an epoch metric's predictions, a view, a cache object)
+    kept_grads     gradients the caller keeps across zero_grad(set_to_none=False) or micro-batches (views, .data)
     lightning_whole_step  the classes above under replaykit.lightning.whole_step, fitted by a Lightning Trainer
     catalogue      HAZARDS, PATTERNS (realistic), KNOWN_LIMITS (still silent), by_hazard, pattern
     outcome        the outcome kinds, the bitwise comparison, the classification of one run

@@ -22,6 +22,7 @@ from . import (
     host_state,
     host_values,
     inputs,
+    kept_grads,
     kept_outputs,
     leaving_grads,
     lifecycle,
@@ -57,6 +58,7 @@ MODULES = (
     recording_call,
     recurrent,
     kept_outputs,
+    kept_grads,
 )
 
 

@@ -162,6 +162,10 @@ NOT_APPLICABLE = {
         "kept_outputs",
         "whole_step",
     ): "Lightning's whole step is a TrainStep: the loss it hands back is a copy (the step patterns)",
+    (
+        "kept_grads",
+        "whole_step",
+    ): "Lightning's whole step is a TrainStep: it hands out gradients as the step patterns show",
 }
 #: classes whose Lightning whole-step patterns are still to be written (the gap, said here)
 NO_LIGHTNING_YET: set[str] = set()
