@@ -1,10 +1,12 @@
-"""SILENT: a reference to ``p.grad`` kept across ``zero_grad(set_to_none=False)`` stops aliasing it.
+"""Was SILENT (fixed: prints ``equal`` three times): a reference to ``p.grad`` kept across
+``zero_grad(set_to_none=False)`` stopped aliasing it.
 
 Eager: ``zero_grad(set_to_none=False)`` zeroes ``p.grad`` in place and the next backward accumulates
 into the same tensor, so a kept reference (``g = p.grad``, a view, or ``.data``) *is* the new
-gradient. Under ``rk.capture`` the call after the recording runs eagerly (``live_alias``), but the
-recording's copy-out had already given ``p.grad`` a fresh tensor: the kept reference still holds the
-recorded call's gradient and the user's metric differs, with no word.
+gradient. Under ``rk.capture`` the call after the recording ran eagerly (``live_alias``), but the
+recording's copy-out had already given ``p.grad`` a fresh tensor: the kept view held the recorded
+call's gradient and the user's metric differed, with no word. Copy-out now moves a held gradient with
+every holder of its storage, and these loops replay.
 
     PYTHONPATH=$PWD python scripts/hostile/round4/repro_grad_alias_kept.py
 """
