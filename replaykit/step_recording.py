@@ -227,7 +227,7 @@ class RecordingSteps:
             for t in callargs.tensors
         ]
         incoming = list(map(GRAD, self._trainable))
-        private = [None if g is None else self._grads.private(g) for g in incoming]
+        private = self._grads.private(incoming)
         for p, g in zip(self._trainable, private, strict=True):
             p.grad = g
         region = self.backend.region(static)

@@ -424,14 +424,15 @@ class StepGrads:
                 self._handed.append(alias)
                 self._ids.add(id(alias))
 
-    def private(self, g: torch.Tensor) -> torch.Tensor:
-        """What a recording reads for an incoming gradient: never a handed-out storage, which a
-        later copy-out moves with its holders."""
-        cdata = _cdata(g)
-        for handout in self._handouts.values():
-            if handout.cdatas[0] == cdata:
-                return handout.statics[0].detach()
-        return g.detach()
+    def private(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """What a recording reads for the incoming gradients: aliases of their memory, never on a
+        handed-out storage, which a later copy-out moves with its holders."""
+        by_cdata = {h.cdatas[0]: h for h in self._handouts.values()}
+        out: list[torch.Tensor | None] = []
+        for g in grads:
+            h = None if g is None else by_cdata.get(_cdata(g))
+            out.append(None if g is None else g.detach() if h is None else h.statics[0].detach())
+        return out
 
     def copy_out(self) -> int:
         """Before a first phase: held gradients get memory of their own; returns how many."""
