@@ -64,7 +64,9 @@ class NullRecording(Recording):
     def backward(
         self, grads: Sequence[torch.Tensor | None]
     ) -> tuple[list[torch.Tensor | None], str | None]:
-        return [g.detach() for g in self.handed_grads or self.static_grads], None
+        # getattr: scripts/overhead_vs.py --zero-in-place runs this module against older trees too
+        handed = getattr(self, "handed_grads", None) or self.static_grads
+        return [g.detach() for g in handed], None
 
     def exact_backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         return list(self.static_grads)
