@@ -43,17 +43,8 @@ __all__ = ["Outcome", "RecordingSteps", "StepRecording"]
 class StepRecording:
     """One phase of one signature: its region, static inputs and loss, and the gradients it leaves."""
 
-    __slots__ = (
-        "back",
-        "foreign",
-        "grads_out",
-        "handed",
-        "keep",
-        "loss",
-        "region",
-        "static_inputs",
-        "tail",
-    )
+    __slots__ = ("back", "foreign", "grads_out", "handed", "keep", "loss", "region")
+    __slots__ += ("static_inputs", "tail")
 
     def __init__(
         self,
@@ -73,13 +64,9 @@ class StepRecording:
         self.foreign = foreign  # a second network's gradient buffers (memory/foreign.py), or None
         self.static_inputs = static_inputs
         self.loss = loss
-        self.grads_out = (
-            grads_out  # per parameter: the static gradient storage after this phase, or None
-        )
+        self.grads_out = grads_out  # per parameter: the static gradient storage after it, or None
         self.keep = keep  # what the key names by id (incoming gradients, tensor hyperparameters): kept alive
-        self.handed: list | None = (
-            None  # per buffer its hand-out (memory/copy_out.py), at first use
-        )
+        self.handed: list | None = None  # per buffer its hand-out (copy_out.py), at first use
 
 
 @dataclass
@@ -231,11 +218,9 @@ class RecordingSteps:
         for p, g in zip(self._trainable, private, strict=True):
             p.grad = g
         region = self.backend.region(static)
-        # input-derived host reads are answered with this call's values; an unknown one stops the
-        # capture. The watch is a dispatch mode, under which autograd keeps one more activation
-        # alive at the backward's peak: a pool that much larger for good. So it watches only once
-        # a capture without it failed (a host read of GPU data fails a CUDA capture by itself),
-        # and always where a host read would not fail: a CPU input, the emulated tape.
+        # input-derived host reads are answered with this call's values. The watch (a dispatch mode)
+        # keeps one more activation alive at the backward's peak: it watches once a capture without
+        # it failed (a host read fails a CUDA capture), or where a read would not fail (CPU, tape).
         watched = (
             self._watch_reads
             or self.backend.name != "cuda"
@@ -247,19 +232,9 @@ class RecordingSteps:
             if watched
             else None
         )
-        return Attempt(
-            phase,
-            key,
-            callargs,
-            args,
-            kwargs,
-            static,
-            region,
-            reads,
-            before,
-            private=private,
-            incoming=incoming,
-        )
+        a = Attempt(phase, key, callargs, args, kwargs, static, region, reads, before)
+        a.private, a.incoming = private, incoming
+        return a
 
     # ----------------------------------------------------------------- reference
     def _reference(self, a: Attempt, state: CallState) -> Outcome | None:
@@ -282,8 +257,7 @@ class RecordingSteps:
         drawn_to = self._input_reads.drawn_to
         effects = self._effects(a, a.callargs.tensors)
         a.choices = self._choices.watch() if self.on.host_rng else None
-        # host draws seen before (beside a GPU model) and none known for this key: find them and
-        # what is read of them (a dispatch mode: this eager run only)
+        # host draws seen before, none known for this key: find them and their reads (this run only)
         learning = self._learn_draws and drawn_to is None and self.on.input_reads
         found = Provenance(a.callargs.tensors, discover=True, draws=True) if learning else None
         loose = self._loss_inputs.tensors() if self._loss_inputs is not None else ()
@@ -360,8 +334,7 @@ class RecordingSteps:
         ]
         if not written:
             return None
-        # loose tensors are watched, not copied (one may be a dataset): this run stands, and
-        # the call states from the next recording call keep them
+        # loose tensors are watched, not copied (maybe a dataset): it stands; later call states keep them
         self._written += written
         return _Learning(
             f"loss_fn writes {len(written)} tensor(s) it holds in place: kept in the "
@@ -443,8 +416,7 @@ class RecordingSteps:
         why = self._capture_why(a, state)
         if why is None:
             return None
-        # the body ran once, as eager's does: its effects stand (an input written in place
-        # reaches the caller's tensor); the recording is not kept
+        # the body ran once, as eager's: its effects stand (an input's write too); no recording kept
         with torch.no_grad():
             for i in a.effects.written_inputs():
                 a.callargs.tensors[i].copy_(a.static[i])
@@ -546,8 +518,7 @@ class RecordingSteps:
             return Outcome("retry", rekey=True)
         if watch.recompiled():  # this call runs eagerly (compiling it); the next records
             return Outcome("eager", reason="compiling")
-        # perhaps a host read of the batch: captured again, watched (not for a known cause: no
-        # host read, and its first error is the reason)
+        # perhaps a host read of the batch: captured again, watched (a known cause's error is the reason)
         if a.reads is None and known_cause(exc) is None:
             self._watch_reads = True
             self.journal.add(

@@ -50,12 +50,13 @@ def test_scripts_are_shims(script: str) -> None:
 HARNESS = {
     "bench_replay.py",
     "call_walk.py",
+    "code_guard_vs.py",
     "core_shape.py",
     "demo.py",
     "overhead_vs.py",
     "parity_matrix.py",
 }  # entry points over replaykit.testing and runs (core_shape, call_walk: the core's size and tangle;
-# overhead_vs: the replay path's host time against an older commit)
+# overhead_vs, code_guard_vs: the replay path's host time, the code guard's key, against an older commit)
 
 
 def test_scripts_holds_the_shims_and_the_harness_entry_points_only() -> None:
