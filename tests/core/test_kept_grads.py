@@ -72,6 +72,9 @@ def test_a_grad_kept_across_zero_grad_in_place_is_the_gradient_under_optimizer_s
     eager, _ = zero_in_place_loop(keep, device, None)
     replay, entries = zero_in_place_loop(keep, device, backend, opt_step={}, net=net)
     assert same(eager, replay), entries[-1].journal.format()
+    if net and keep != "ref" and not copy_out.holders_move():  # torch 2.11: eager while held
+        assert entries[0].eager_reasons["live_alias"] > 0, entries[0].journal.format()
+        entries = entries[1:]
     assert all(e.counts["replay"] > 0 for e in entries), entries[-1].journal.format()
 
 

@@ -225,6 +225,11 @@ _ALSO = {
 def test_without_the_draw_watch_a_step_replays_the_first_draw(
     backend: str, device: str, where: str, kind: str
 ) -> None:
+    if backend == "cuda" and where != "closure":
+        pytest.skip(
+            "the mask drawn on the host is copied to the GPU inside the model: without the watch "
+            "the capture meets that copy of a host-computed tensor and retires, exact (H200)"
+        )
     eager, eager_rng, _ = _step_run(where, kind, device, None)
     unsafe = negative_control("host_rng", *_ALSO.get((where, kind), ()))
     replayed, rng, step = _step_run(where, kind, device, backend, unsafe)

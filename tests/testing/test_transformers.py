@@ -130,11 +130,12 @@ def test_a_causal_lm_without_the_cache_replays_its_model_output(
     )
     assert diff_states(eager, state) == []
     if backend == "cuda":
-        # measured on the H200: with eager attention transformers copies a host tensor to the GPU
-        # inside forward, which a CUDA capture refuses; the recorder retires saying so (exact)
-        assert rec.retired and "pin" in rec.retire_reason, rec.journal.format()
-        return
-    assert rec.counts["record"] == 1 and rec.counts["replay"] == 2, rec.journal.format()
+        # eager attention copies a host tensor to the GPU inside forward, which a CUDA capture
+        # refuses: the first call runs eagerly, later ones are fed (backends/host_feeds.py)
+        assert rec.eager_reasons["host_feeds"] == 1 and not rec.retired, rec.journal.format()
+        assert rec.counts["record"] == 1 and rec.counts["replay"] >= 1, rec.journal.format()
+    else:
+        assert rec.counts["record"] == 1 and rec.counts["replay"] == 2, rec.journal.format()
     for e, r in zip(eager_out, out, strict=True):
         assert type(r) is type(e) and list(r.keys()) == list(e.keys()) == ["loss", "logits"]
         assert torch.equal(r.loss, e.loss) and torch.equal(r.logits, e.logits)
