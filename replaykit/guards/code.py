@@ -28,7 +28,7 @@ from torch import nn
 
 from ..errors import ReplayWarning
 from ..verify.snapshot import held_state
-from .module import Pinned, cell_filled, value_key
+from .module import Pinned, cell_filled, code_names, value_key
 
 _DEPTH = 3  # functions reached through functions: helpers of helpers, not the whole program
 #: guarded by the step itself, or by identity (a tensor's memory is what a graph reads)
@@ -214,7 +214,7 @@ class LossInputs:
                 self._add(f"{name}.__self__", lambda: fn.__self__)
             self._walk(fn.__func__, name, depth)
             if isinstance(fn.__func__, FunctionType):  # ``self.coef()`` inside the method
-                self._class_code(type(fn.__self__), _names(fn.__func__.__code__), depth + 1)
+                self._class_code(type(fn.__self__), code_names(fn.__func__.__code__), depth + 1)
         elif isinstance(fn, functools.partial):
             self._add(f"{name} (partial arguments)", lambda: (fn.args, fn.keywords))
             self._walk(fn.func, name, depth)
@@ -253,7 +253,7 @@ class LossInputs:
                 if id(f) in seen:
                     continue
                 seen.add(id(f))
-                for n in _names(f.__code__):
+                for n in code_names(f.__code__):
                     names.add(n)
                     method = getattr(cls, n, None)
                     if isinstance(method, FunctionType) and not _library(method.__module__):
@@ -266,7 +266,7 @@ class LossInputs:
 
     def _function(self, fn: FunctionType, name: str, depth: int) -> None:
         code = fn.__code__
-        names = _names(code)
+        names = code_names(code)
         self.names |= names
         for var, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
             filled = cell_filled(cell)
@@ -369,7 +369,7 @@ class LossInputs:
             tried.add(attr)
             for fn in _code_of(_class_attribute(cls, attr)):
                 self._walk(fn, f"{cls.__name__}.{attr}", depth)
-                found = _names(fn.__code__)
+                found = code_names(fn.__code__)
                 reads |= found
                 todo += found - tried
         return reads
@@ -459,15 +459,6 @@ def _read(owner: object, attr: str) -> Any:
         return getattr(owner, attr)
     except Exception as exc:  # a property that raises here raises alike in the loss
         return ("raises", type(exc).__name__)
-
-
-def _names(code: Any) -> set[str]:
-    """The global names a code object (and the code nested in it: comprehensions, lambdas) uses."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if hasattr(const, "co_names"):
-            names |= _names(const)
-    return names
 
 
 class ForwardInputs(LossInputs):

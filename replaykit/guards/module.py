@@ -321,6 +321,15 @@ def _is_numpy_generator(value: Any) -> bool:
     return type(value).__module__.startswith("numpy.random") and hasattr(value, "bit_generator")
 
 
+def code_names(code: Any) -> set[str]:
+    """The global names a code object (and the code nested in it: comprehensions, lambdas) uses."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= code_names(const)
+    return names
+
+
 def cell_filled(cell: Any) -> bool:
     """Whether a closure cell holds a value (an empty one raises on read)."""
     try:

@@ -28,7 +28,7 @@ from typing import Any
 
 from torch import nn
 
-from ..guards.module import cell_filled, is_ndarray
+from ..guards.module import cell_filled, code_names, is_ndarray
 
 __all__ = ["HostGenerators", "forward_named", "is_host_generator"]
 
@@ -89,18 +89,9 @@ def forward_named(modules: Iterable[nn.Module]) -> list[Any]:
         if not isinstance(fn, FunctionType):
             continue
         found += [c.cell_contents for c in fn.__closure__ or () if cell_filled(c)]
-        names = _global_names(fn.__code__)
+        names = code_names(fn.__code__)
         found += [v for k, v in fn.__globals__.items() if k in names]
     return found
-
-
-def _global_names(code: Any) -> set[str]:
-    """The names a code object and the code nested in it (comprehensions, lambdas) use."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if hasattr(const, "co_names"):
-            names |= _global_names(const)
-    return names
 
 
 class HostGenerators:

@@ -52,15 +52,15 @@ class _Printing(CaptureAware):
         return super().forward(x)
 
 
-def _world(outcome: str) -> dict:
+def _world(outcome: str, device: str = "cpu") -> dict:
     """Model, optimizer and a loss_fn holding a teacher with BatchNorm in train mode, DINO's loss
     module and (``retired``) a closure counter, a global counter and a list it appends to."""
     global _TICKS, _CALLED
     _TICKS = _CALLED = 0
     torch.manual_seed(0)
-    model = _Printing()
-    teacher = MLP(bn=True).requires_grad_(False)  # statistics that move: train mode
-    criterion = DinoLoss()
+    model = _Printing().to(device)
+    teacher = MLP(bn=True).requires_grad_(False).to(device)  # statistics that move: train mode
+    criterion = DinoLoss().to(device)
     seen: list[float] = []
     count = 0
 
@@ -101,9 +101,12 @@ def _end(env: dict, state: dict, criterion: nn.Module, printed: list[int]) -> di
     return out
 
 
-def _run(outcome: str, replay: bool | None, unsafe: tuple[str, ...] = ()) -> tuple[dict, object]:
+def _run(
+    outcome: str, replay: bool | None, unsafe: tuple[str, ...] = (), backend: str = "emulated"
+) -> tuple[dict, object]:
     """``replay=None``: the plain eager loop, written here; else TrainStep (or its twin)."""
-    env, state, criterion = _world(outcome)
+    device = "cuda" if backend == "cuda" else "cpu"
+    env, state, criterion = _world(outcome, device)
     model, opt, loss_fn = env["model"], env["opt"], env["loss_fn"]
     step = None
     if replay and outcome == "diverged":
@@ -116,7 +119,7 @@ def _run(outcome: str, replay: bool | None, unsafe: tuple[str, ...] = ()) -> tup
             loss_fn,
             opt,
             replay=replay,
-            backend="emulated",
+            backend=backend,
             warmup=0,
             trust_optimizer=True,
             unsafe_disable=unsafe,
@@ -124,7 +127,7 @@ def _run(outcome: str, replay: bool | None, unsafe: tuple[str, ...] = ()) -> tup
     g = torch.Generator().manual_seed(1)
     printed = []
     for _ in range(CALLS):
-        x = torch.randn(4, 6, generator=g)
+        x = torch.randn(4, 6, generator=g).to(device)
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
             if step is not None:
@@ -151,14 +154,14 @@ def _differences(a: dict, b: dict) -> list[str]:
 
 
 @pytest.mark.parametrize("outcome", ["diverged", "retired"])
-def test_a_step_routed_eager_ends_as_a_plain_eager_loop(outcome: str) -> None:
+def test_a_step_routed_eager_ends_as_a_plain_eager_loop(outcome: str, backend: str) -> None:
     """Every recording call fails verification (``diverged``) or its reference run stands and
     retires the step (``retired``: loss_fn changes Python values): the end state, Python included,
     is the plain loop's."""
-    eager, _ = _run(outcome, None)
-    twin, _ = _run(outcome, False)
+    eager, _ = _run(outcome, None, backend=backend)
+    twin, _ = _run(outcome, False, backend=backend)
     assert not _differences(eager, twin)
-    replayed, step = _run(outcome, True)
+    replayed, step = _run(outcome, True, backend=backend)
     assert step.counts["replay"] == 0
     if outcome == "diverged":
         # the counter keys a new recording each call (until the optimizer's step leaves the
@@ -170,9 +173,9 @@ def test_a_step_routed_eager_ends_as_a_plain_eager_loop(outcome: str) -> None:
     assert not _differences(eager, replayed), _differences(eager, replayed)
 
 
-def test_without_the_call_state_a_refused_step_differs() -> None:
-    eager, _ = _run("diverged", None)
-    unsafe, _ = _run("diverged", True, unsafe=("call_state",))
+def test_without_the_call_state_a_refused_step_differs(backend: str) -> None:
+    eager, _ = _run("diverged", None, backend=backend)
+    unsafe, _ = _run("diverged", True, unsafe=("call_state",), backend=backend)
     assert {"groups", "teacher bn.running_mean", "centre", "printed", "called"} <= set(
         _differences(eager, unsafe)
     )
@@ -194,14 +197,16 @@ class _Counting(CentredHead):
 
 
 @pytest.mark.parametrize("unsafe", [(), ("call_state",)], ids=["safe", "unsafe"])
-def test_a_capture_routed_eager_ends_as_a_plain_eager_loop(unsafe: tuple[str, ...]) -> None:
+def test_a_capture_routed_eager_ends_as_a_plain_eager_loop(
+    unsafe: tuple[str, ...], backend: str
+) -> None:
     """The probe, the reference and the capture each re-bind the centre, count, print and log."""
     log = io.StringIO()
     logger = logging.getLogger("replaykit.test_call_state")
     handler = logging.StreamHandler(log)
     logger.addHandler(handler)
     try:
-        ends = _capture_runs(unsafe, log)
+        ends = _capture_runs(unsafe, log, backend)
     finally:
         logger.removeHandler(handler)
     (eager, n_eager, p_eager), (replayed, n_replayed, p_replayed) = ends
@@ -212,15 +217,15 @@ def test_a_capture_routed_eager_ends_as_a_plain_eager_loop(unsafe: tuple[str, ..
     assert same and n_eager == n_replayed and p_eager == p_replayed == [(1, 1)] * CALLS
 
 
-def _capture_runs(unsafe: tuple[str, ...], log: io.StringIO) -> list:
-    ends = []
+def _capture_runs(unsafe: tuple[str, ...], log: io.StringIO, backend: str) -> list:
+    ends, device = [], "cuda" if backend == "cuda" else "cpu"
     for replay in (False, True):
         global _FORWARDS
         _FORWARDS = 0
         torch.manual_seed(0)
-        model = _Counting()
+        model = _Counting().to(device)
         if replay:
-            rk.capture(model, backend="emulated", unsafe_disable=unsafe)
+            rk.capture(model, backend=backend, unsafe_disable=unsafe)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         g = torch.Generator().manual_seed(1)
         printed = []
@@ -228,7 +233,7 @@ def _capture_runs(unsafe: tuple[str, ...], log: io.StringIO) -> list:
             buf = io.StringIO()
             logged = len(log.getvalue())
             with contextlib.redirect_stdout(buf):
-                model(torch.randn(4, 6, generator=g)).pow(2).mean().backward()
+                model(torch.randn(4, 6, generator=g).to(device)).pow(2).mean().backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             lines = log.getvalue()[logged:].count("forward")
