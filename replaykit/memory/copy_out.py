@@ -164,6 +164,18 @@ def _spans(t: torch.Tensor) -> bool:
     )
 
 
+def _own_memory(tensors: list[torch.Tensor]) -> int:
+    """Give each tensor memory of its own with the same values (``t.data = copy``: holders by name
+    follow, a view or ``.data`` of it does not); one copy launch per dtype and device."""
+    if tensors:
+        with torch.no_grad():
+            fresh = [torch.empty_like(t) for t in tensors]
+            torch._foreach_copy_(fresh, tensors)
+            for t, f in zip(tensors, fresh, strict=True):
+                t.data = f
+    return len(tensors)
+
+
 def _release(handout: Handout) -> None:
     """A recording's aliases collected: held outputs move to memory of their own first."""
     handout.move_held()
@@ -236,16 +248,7 @@ class GradHandout:
             if moved:
                 self._sync()  # fresh views are handed out from now on
             return moved
-        alone = self._alone()
-        if alone:
-            with torch.no_grad():
-                fresh = [torch.empty_like(t) for t in alone]
-                torch._foreach_copy_(
-                    fresh, alone
-                )  # one launch per dtype/device, not one per tensor
-                for t, f in zip(alone, fresh, strict=True):
-                    t.data = f
-        return len(alone)
+        return _own_memory(self._alone())
 
     def _alone(self) -> list[torch.Tensor]:
         """Without the swap: the ``.grad`` tensors on a buffer whose storage nothing else holds
@@ -349,15 +352,10 @@ class StaticAliases:
         cdatas = {c for i, c in enumerate(handout.cdatas) if not handout.owned(i)}
         cdatas.update(self._grads.cdatas)
         live = [t for ref in self._refs if (t := ref()) is not None and _cdata(t) in cdatas]
-        if live:
-            with torch.no_grad():
-                fresh = [torch.empty_like(t) for t in live]
-                torch._foreach_copy_(fresh, live)  # one launch per dtype/device, not one per tensor
-                for t, f in zip(live, fresh, strict=True):
-                    t.data = f
+        moved += _own_memory(live)
         self._refs = []
         self._outputs_out = self._grads_out = True  # read both halves again
-        return moved + len(live), self._settle()
+        return moved, self._settle()
 
 
 def _release_all(handouts: dict[tuple[int, int], Handout]) -> None:
@@ -444,11 +442,7 @@ class StepGrads:
         handed, self._handed = self._handed, []
         self._ids = set()
         held = [a for a in handed if sys.getrefcount(a) > 3]  # the list, the loop, the argument
-        if held:
-            with torch.no_grad():
-                for a in held:
-                    a.data = a.clone()
-        return moved + len(held)
+        return moved + _own_memory(held)
 
     def drop(self) -> None:
         """The recordings go: held gradients move first, then the hand-outs are forgotten."""
