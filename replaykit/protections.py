@@ -38,6 +38,13 @@ REGISTRY: dict[str, Protection] = {
             "back after a replay: the replay writes its static copy, the caller's tensor keeps its old values",
         ),
         Protection(
+            "attribute_outputs",
+            "capture",
+            "a tensor the forward assigns to a module attribute without reading the old one (an MoE "
+            "aux_loss, attention kept for logging) is recorded as an output but not assigned after a "
+            "replay: the attribute keeps an earlier call's tensor",
+        ),
+        Protection(
             "hold",
             "capture",
             "forwards replay while a backward is pending: it reads the later forward's activations",

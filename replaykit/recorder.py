@@ -31,6 +31,7 @@ from .guards.signature import (
     signature,
     split_call,
 )
+from .memory.attribute_outputs import AttributeOutputs
 from .memory.copy_out import StaticAliases
 from .memory.hold import Hold
 from .memory.layout import aligned_copy, aligned_key
@@ -132,11 +133,11 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
         # generator was drawn from beside a GPU model (the next probe learns the draws)
         self._feed_host = self._learn_draws = False
         self._fills = Fills()  # writes into the model: a first write, a cache, per-call Python
+        self._attributes = AttributeOutputs(module, self.lifecycle.guard.key_by_kind)
         self._free_after_backward = False
         self._dropout_buffers: list[torch.Tensor] = []  # cuDNN's, seen by a recording call
-        self._pending_plan: Plan | None = (
-            None  # the plan of the replayed call whose backward is pending
-        )
+        # the plan of the replayed call whose backward is pending
+        self._pending_plan: Plan | None = None
         self._paused = 0
         self._pool = pool  # shared with other entry points (None: the backend's private pool)
         if pool is not None:
@@ -363,6 +364,7 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
         plan.shadow = made.shadow
         plan.written, plan.generators = list(made.written), list(made.generators)
         plan.inputs_written = tuple(made.written_inputs)
+        plan.assignment = made.assignment
         if self.on.write_back:
             plan.back = WriteBack.of(recording.static_inputs, made.written_inputs)
         twice = set(made.multi_use)

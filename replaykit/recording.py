@@ -29,6 +29,7 @@ from .guards.input_reads import Provenance
 from .guards.module import host_dependence
 from .guards.recurrent import records_cudnn_dropout
 from .guards.signature import CallArgs
+from .memory.attribute_outputs import Assignment, Target
 from .memory.outputs import OutputTree
 from .verify import weight_caches
 from .verify.call_state import CallState
@@ -56,6 +57,9 @@ class Made:
     # the module's own generators the forward draws from: registered with the recording
     generators: list[torch.Generator] = field(default_factory=list)
     probed: list[OutputTree] = field(default_factory=list)  # the probe's output structure
+    # tensors the forward assigns to attributes, recorded as outputs (memory/attribute_outputs.py)
+    assignment: Assignment | None = None
+    attribute_writes: list[Target] = field(default_factory=list)  # those the probe's run made
     refusal: Refusal | None = None
     shadow: Shadow | None = None
     recording: Recording | None = None
@@ -164,7 +168,7 @@ class RecorderRecording:
     def _runs(self, made: Made, callargs: CallArgs, state: CallState) -> bool:
         """Probe, reference, capture (each run's output held); False: the recording call failed
         (retired, or the call compiles: ``_not_recorded`` says which)."""
-        fn = partial(self._run_forward, callargs, made.params)
+        fn = self._forward_of(made, callargs)
         # draws from torch's CPU generator seen before (beside a GPU model): the probe finds them
         reads = Provenance(made.static_inputs, discover=True, draws=self._learn_draws)
         watch = CompileWatch(self.backend.name == "emulated", self.on.compiled_code)
@@ -174,6 +178,7 @@ class RecorderRecording:
             with state.output().held(), draws or contextlib.nullcontext():
                 made.refusal = self._probe(made, reads.wrap(fn), callargs.tensors)
                 made.refusal = made.refusal or self._class_writes(before)
+            made.refusal = made.refusal or self._learn_attributes(made)
             made.refusal = self._private_draws(state) or self._draws_refusal(made.refusal, draws)
             made.refusal = self._cpu_draws_refusal(made.refusal, reads)
             settled = self._input_reads.settle(made.key, reads.reads)
@@ -216,6 +221,28 @@ class RecorderRecording:
             self._retire(capture_failure(exc), self._calls, cause=exc)
             return False
         return True
+
+    def _forward_of(self, made: Made, callargs: CallArgs) -> Any:
+        """The forward a recording runs: with the attribute outputs learnt so far, it returns the
+        tensors it assigned beside its outputs (``memory/attribute_outputs.py``)."""
+        made.assignment = self._attributes.assignment()
+        fn = partial(self._run_forward, callargs, made.params)
+        return fn if made.assignment is None else made.assignment.wrap(fn)
+
+    def _learn_attributes(self, made: Made) -> Refusal | None:
+        """Tensor attributes the probe's forward assigned without reading, not learnt yet: learnt
+        now, this call runs eagerly (``first_write``), later recordings return them as outputs."""
+        new = self._attributes.unknown(made.attribute_writes)
+        if not new:
+            return None
+        self._attributes.learn(new)
+        names = {id(m): n or type(m).__name__ for n, m in self.module.named_modules()}
+        written = ", ".join(f"{names[id(m)]}.{name}" for m, name in new)
+        return Refusal(
+            "learn",
+            "first_write",
+            f"forward assigns {written}, a tensor it does not read: recorded as an output from the next call",
+        )
 
     def _draws_refusal(self, refusal: Refusal | None, draws: Watch | None) -> Refusal | None:
         """The probe's draws from Python's or numpy's RNG (``guards/host_choices.py``): draws that
@@ -293,6 +320,7 @@ class RecorderRecording:
             self._choices.drawn_to,
             made.generators,
             self._input_reads.drawn_to,
+            (self._attributes, made.attribute_writes),
             state_checks=(self.on.data_rebind, self.on.output_state),
         )
 
@@ -313,9 +341,10 @@ class RecorderRecording:
         if not self.on.verify_recording:
             return None
         state.restore()
+        run = partial(self._run_forward, callargs, made.params)
         return Shadow(
             self.module,
-            partial(self._run_forward, callargs, made.params),
+            run if made.assignment is None else made.assignment.wrap(run),
             callargs.tensors,
             made.params,
             made.written,

@@ -17,6 +17,7 @@ import torch
 from .backends import Recording
 from .errors import ReplayError
 from .guards.signature import CallArgs
+from .memory.attribute_outputs import Assignment
 from .memory.copy_out import StaticAliases
 from .memory.hold import PendingBackward
 from .memory.layout import copy_into
@@ -76,6 +77,7 @@ class Plan:
     __slots__ = (
         "aliases",
         "all_differentiable",
+        "assignment",
         "autocast",
         "back",
         "cleared",
@@ -118,6 +120,8 @@ class Plan:
         # the inputs it writes in place (the shadow compares them)
         self.inputs_written: tuple[int, ...] = ()
         self.back: WriteBack | None = None  # their copy back to the caller after each replay
+        # tensors the forward assigns to attributes: among the outputs, assigned after each replay
+        self.assignment: Assignment | None = None
         # the module's generators it registered, kept alive: while it is, no generator assigned
         # anew takes one's id, so the module guard's key tells them apart (records anew)
         self.generators: list[torch.Generator] = []
@@ -224,9 +228,10 @@ class RecorderReplay:
             step.shadow = shadow
         elif verifying or (self.check_every and (self._replayed_calls - 1) % self.check_every == 0):
             self._choices.rewind()  # eager's forward, the replay is checked against, draws itself
+            run = partial(self._run_forward, callargs, recording.params)
             step.shadow = Shadow(
                 self.module,
-                partial(self._run_forward, callargs, recording.params),
+                run if plan.assignment is None else plan.assignment.wrap(run),
                 callargs.tensors,
                 recording.params,
                 plan.written,
@@ -237,6 +242,9 @@ class RecorderReplay:
         outputs = _apply(step, callargs.tensors, recording.params)
         self._choices.advance()  # Python's and numpy's generators where eager's draws leave them
         self._input_reads.advance()  # torch's CPU generator (the key's host draws) too
+        result = recording.build_outputs(outputs)
+        if plan.assignment is not None:  # before the check: eager's forward assigned them too
+            result = plan.assignment.assign(result, self.on.attribute_outputs)
         shadow = step.shadow
         if shadow is not None:
             written = callargs.tensors if plan.inputs_written else ()
@@ -249,7 +257,7 @@ class RecorderReplay:
                 self._diverged(plan, difference, call, verifying)
                 return self._call_forward(*args, **kwargs)
         plan.aliases.handed_out(outputs)
-        return recording.build_outputs(outputs)
+        return result
 
     def _copy_out(self, call: int) -> bool:
         """Before any replay: no static storage of any recording may still be aliased."""

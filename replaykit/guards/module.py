@@ -283,6 +283,11 @@ def value_key(value: Any) -> Any:
     return ("id", id(value))
 
 
+def _kind_key(value: Any) -> Any:
+    """An attribute the forward assigns and never reads: a tensor keyed as any tensor, the rest by value."""
+    return ("assigned tensor",) if isinstance(value, torch.Tensor) else value_key(value)
+
+
 class _Same:
     """A key part equal only to the same object. It holds the object, so no other object takes
     its id while the key is kept (a new ``module.compile()`` must not key as the old one)."""
@@ -438,7 +443,18 @@ class ModuleGuard:
         self._module = module
         self._ids: list[tuple[int, weakref.ref]] = []
         self._closed = False
+        # (module id, name) of attributes keyed by kind, not identity (:meth:`key_by_kind`)
+        self._kinds: set[tuple[int, str]] = set()
+        self._kind_owners: list[nn.Module] = []  # held: no other module takes one's id
         self.rebaseline()
+
+    def key_by_kind(self, targets: list[tuple[nn.Module, str]]) -> None:
+        """Attributes the forward assigns a tensor without reading the old one (recorded outputs,
+        ``memory/attribute_outputs.py``): keyed by what a forward could branch on without reading
+        them (None, a number, or a tensor), so each call's new tensor does not record anew."""
+        self._kinds.update((id(m), name) for m, name in targets)
+        self._kind_owners += [m for m, _ in targets]
+        self._seen = -1  # read the tree again at the next verdict
 
     def _names(self) -> Iterator[tuple[str, nn.Module]]:
         return self._module.named_modules(remove_duplicate=True)
@@ -485,6 +501,7 @@ class ModuleGuard:
         mods = list(self._names())
         keys = []
         polled: list[tuple[Any, Any]] = []
+        kinds = self._kinds
         for _, m in mods:
             _swap_dicts(m, True)  # a dict replaced wholesale (rare) is watched again
         for n, m in self._all():
@@ -496,7 +513,7 @@ class ModuleGuard:
                     if code is not None:
                         keys.append((n, name, code))
                     continue
-                k = value_key(value)
+                k = _kind_key(value) if kinds and (id(m), name) in kinds else value_key(value)
                 keys.append((n, name, k))
                 if _polls(m, name, value):
                     polled.append((value, k))
@@ -555,6 +572,7 @@ class ModuleGuard:
                 _swap_dicts(m, False)
         self._unwatch()
         self._params, self._buffers, self._polled = {}, {}, []
+        self._kinds, self._kind_owners = set(), []
         self._interned = {}  # its keys hold what the tree called (_Same), a recorder's forward too
 
 

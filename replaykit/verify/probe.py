@@ -19,11 +19,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_leaves
 
 from ..backends.tape import shares_state
 from ..guards.module import gradient_hooks
 from ..guards.signature import autocast_key
+from ..memory.attribute_outputs import AttributeOutputs, Target, attribute_storages
 from ..memory.outputs import OutputTree, objects, split_outputs
 from .bindings import Bindings
 from .dispatch import WatchingMode, caller, written_positions
@@ -76,6 +77,9 @@ class _Inspector(WatchingMode):
         self, leaves: Sequence[torch.Tensor] = (), own: Sequence[torch.Generator] = ()
     ) -> None:
         super().__init__()
+        # the storages of the tree's plain tensor attributes (set by the probe), and those read
+        self.attributes: set[int] | None = None
+        self.read: set[int] = set()
         self.generators: list[str] = []
         self._own = list(own)
         self.own: list[torch.Generator] = []  # those the forward draws from
@@ -111,6 +115,8 @@ class _Inspector(WatchingMode):
         ):
             i = self._leaves[id(args[0])]
             self.casts[i] = self.casts.get(i, 0) + 1
+        if self.attributes:
+            self._reads(args, kwargs)
         if written_positions(func):
             self.storages.update(
                 t.untyped_storage().data_ptr()
@@ -118,6 +124,19 @@ class _Inspector(WatchingMode):
                 if t.layout == torch.strided and t.device.type != "meta"  # a sparse one has none
             )
         return self.run(func, args, kwargs)
+
+    def _reads(self, args: tuple, kwargs: dict) -> None:
+        """The attributes' storages among the op's tensors (an attribute assigned without being
+        read is a recorded output: ``memory/attribute_outputs.py``)."""
+        for t in tree_leaves((args, kwargs)):
+            if (
+                isinstance(t, torch.Tensor)
+                and t.layout == torch.strided
+                and t.device.type != "meta"
+            ):
+                ptr = t.untyped_storage().data_ptr()
+                if ptr in self.attributes:
+                    self.read.add(ptr)
 
     def _note(self, gen: torch.Generator, func: Any) -> None:
         """A draw from ``gen``: one of the module's own generators (by state: the dispatcher hands
@@ -223,12 +242,13 @@ def probe(
     host_to: tuple | None = None,
     generators: list[torch.Generator] | None = None,
     drawn_to: torch.Tensor | None = None,
+    attributes: tuple[AttributeOutputs, list[Target]] | None = None,
     state_checks: tuple[bool, bool] = (True, True),
 ) -> Refusal | None:
     """Run ``fn`` once eagerly on stand-ins (the caller restores): why it cannot be recorded, or
     None. The lists given receive what the run found: what the backward reads (``saved``,
     ``saved_inputs``), parameters read twice (``multi_use``), the output tree, parameters written,
-    generators drawn from, inputs written (a dict); ``host_to`` / ``drawn_to``:
+    generators drawn from, inputs written (a dict), attribute outputs; ``host_to`` / ``drawn_to``:
     where its draws leave the host generators; ``state_checks``: :class:`Bindings`' two."""
     if (refusal := _hook_order(params)) is not None:
         return refusal
@@ -237,6 +257,7 @@ def probe(
     effects = SideEffects(module, static_inputs, host_rng, drawn_to, host_to, callers)
     device = next((t.device.type for t in (*static_inputs, *params)), "cpu")
     inspector = _Inspector(leaves, _own_generators(module, device, generators is not None))
+    inspector.attributes = None if attributes is None else attribute_storages(module)
     hooks = _SavedParameters([*leaves, *static_inputs])
     # autocast's cast cache off, as the backends record (the probe counts a recording's casts)
     autocast, dtype = autocast_key(device)
@@ -255,7 +276,7 @@ def probe(
     _found(module, inspector, hooks, len(leaves), written, saved, saved_inputs, generators)
     _inputs_written(effects, inspector, static_inputs, written_inputs)
     refusal = (
-        _forward_refusal(effects, inspector, rebuilt)
+        _forward_refusal(effects, inspector, rebuilt, attributes, module)
         or _state_refusal(bindings, tensors)
         or _aliased_output(tensors, static_inputs)
         or (_shared_cast(module, params, inspector, dtype) if shared_casts else None)
@@ -329,11 +350,40 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
-def _forward_refusal(
-    effects: SideEffects, inspector: _Inspector, rebuilt: Refusal | None
+def _attribute_outputs(
+    attributes: tuple[AttributeOutputs, list[Target]] | None,
+    effects: SideEffects,
+    inspector: _Inspector,
+    module: nn.Module | None,
 ) -> Refusal | None:
-    """What the forward did that a graph cannot repeat: a side effect, a private generator, a host
-    read, outputs a replay cannot rebuild."""
+    """The attribute writes a recording repeats as outputs: into the caller's list, and no longer
+    effects; a refusal where a forward reads an attribute learnt as written only. A parameter's
+    stand-in or a buffer assigned is no computed output (an input's is refused as an output)."""
+    if attributes is None or module is None:
+        return None
+    found, into = attributes
+    held = (*inspector._keep, *module.buffers())  # the stand-ins of the parameters, the buffers
+    foreign = {_storage(t) for t in held if t.layout == torch.strided and t.numel()}
+    outputs, why = found.sort(effects.changed_attributes(), inspector.read, foreign)
+    if why is not None:
+        return Refusal("module", why)
+    effects.exclude(outputs)
+    into[:] = outputs
+    return None
+
+
+def _forward_refusal(
+    effects: SideEffects,
+    inspector: _Inspector,
+    rebuilt: Refusal | None,
+    attributes: tuple[AttributeOutputs, list[Target]] | None = None,
+    module: nn.Module | None = None,
+) -> Refusal | None:
+    """What the forward did that a graph cannot repeat: a side effect (the attribute outputs
+    aside), a private generator, a host read, outputs a replay cannot rebuild."""
+    refusal = _attribute_outputs(attributes, effects, inspector, module)
+    if refusal is not None:
+        return refusal
     effect = effects.reason("forward")
     if effect is not None:
         only = effects.reason("forward", python_draws=False) is None

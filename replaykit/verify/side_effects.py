@@ -16,6 +16,7 @@ from torch import nn
 
 from ..guards.distributed import repeated_by_replay
 from ..guards.module import held_values, listen_for_writes, value_key
+from ..memory.attribute_outputs import AttributeOutputs
 from ..memory.layout import copy_into
 from ..memory.write_back import inexact
 from .bitwise import bitwise_equal
@@ -73,6 +74,8 @@ class SideEffects:
         self._held = held_values(module)
         self._listen = listen_for_writes()
         self.writes: list[tuple[nn.Module, str]] = []
+        # attribute writes a replay repeats (recorded outputs, memory/attribute_outputs.py): no effect
+        self._outputs: set[tuple[int, str]] = set()
         # shallow copies: a write that sets the value already there is no effect (a replay leaves it so too)
         self._before = {id(m): tuple(map(dict, _attributes(m))) for m in module.modules()}
 
@@ -115,19 +118,31 @@ class SideEffects:
             copy_into(self._inputs[i], copies[i])
         return bool(written)
 
-    def _changing_writes(self) -> list[tuple[nn.Module, str]]:
-        """The writes whose value differs from the one before the run (by ``value_key``: floats by bits,
-        tensors and modules by identity)."""
-        out = []
+    def changed_attributes(self) -> list[tuple[nn.Module, str, object, object]]:
+        """The writes whose value differs from the one before the run (by ``value_key``: floats by
+        bits, tensors and modules by identity): ``(module, name, before, now)``, once each;
+        ``before`` is :meth:`AttributeOutputs.missing` where the attribute did not exist."""
+        out, seen = [], set()
         for m, attr in self.writes:
-            if repeated_by_replay(m, attr):  # DDP's flag: a TrainStep's replay sets it as DDP does
-                continue
+            if (id(m), attr) in seen or repeated_by_replay(m, attr):
+                continue  # DDP's flag: a TrainStep's replay sets it as DDP does
+            seen.add((id(m), attr))
             before = self._before.get(id(m))
             old = _attribute(before, attr) if before is not None else _MISSING
             new = _attribute(_attributes(m), attr)
             if old is _MISSING or new is _MISSING or value_key(old) != value_key(new):
-                out.append((m, attr))
+                out.append((m, attr, AttributeOutputs.missing() if old is _MISSING else old, new))
         return out
+
+    def exclude(self, targets: Iterable[tuple[nn.Module, str]]) -> None:
+        """Attribute writes a replay repeats (recorded outputs): not effects."""
+        self._outputs = {(id(m), name) for m, name in targets}
+
+    def _changing_writes(self) -> list[tuple[nn.Module, str]]:
+        outputs = self._outputs
+        return [
+            (m, attr) for m, attr, _, _ in self.changed_attributes() if (id(m), attr) not in outputs
+        ]
 
     def writes_only(self) -> bool:
         """Whether every effect found is a write into the model (an attribute, a held object such as a

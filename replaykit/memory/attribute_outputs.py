@@ -1,0 +1,167 @@
+"""Tensors a forward assigns to module attributes: recorded as outputs, assigned after each replay.
+
+A replay runs no Python, so it would not repeat ``self.aux_loss = ...`` (an MoE layer's
+load-balancing loss, added to the loss by the caller) or ``self.last_attn = attn.detach()``
+(kept for logging). When the forward assigns a tensor it computed to a plain attribute of a
+module in the captured tree, and no op of the forward reads the tensor the attribute held before
+(written, never read), that tensor is one more output of the recording: its static buffer,
+copy-out, autograd (``model.aux_loss`` backpropagates into the replayed backward) and the
+verification are the outputs', and after each replay the attribute is bound to the replayed
+tensor, a new tensor object per call, as eager's assignment makes.
+
+The probe finds such writes (:mod:`replaykit.verify.probe`); the first call that makes one runs
+eagerly (``first_write``) and teaches it. From then on the module guard keys that attribute by
+what a forward could branch on without reading it (None, or a tensor), not by identity: each
+call's new tensor does not record anew. A forward that reads the old value (a running centre,
+``self.c = 0.9 * self.c + ...``) keeps state a graph would freeze: that write stays a side
+effect, and once an attribute learnt here is read, the recorder retires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["Assignment", "AttributeOutputs", "attribute_storages"]
+
+_MISSING = object()
+_SLOTS = ("_parameters", "_buffers", "_modules")
+#: an attribute: its module and name
+Target = tuple[nn.Module, str]
+#: one changing write the probe saw: module, name, the value before the run, the value after
+Write = tuple[nn.Module, str, object, object]
+#: a value an attribute may hold before its first tensor (an initial ``None`` or ``0.0``)
+_PLAIN = (type(None), bool, int, float)
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _held(value: object) -> bool:
+    """A plain tensor whose memory an op could read (a parameter is the module's, not an attribute's)."""
+    return (
+        isinstance(value, torch.Tensor)
+        and not isinstance(value, nn.Parameter)
+        and value.layout == torch.strided
+        and value.device.type != "meta"
+        and value.numel() > 0
+    )
+
+
+def attribute_storages(module: nn.Module) -> set[int]:
+    """The storages of the tensors the tree's modules hold as plain attributes: an op of the
+    forward that reads one reads an attribute's value (the probe notes which)."""
+    return {_storage(v) for m in module.modules() for v in m.__dict__.values() if _held(v)}
+
+
+def _settable(m: nn.Module, name: str) -> bool:
+    """A plain attribute: not a parameter, buffer or submodule, nor a property of the class."""
+    if any(name in (m.__dict__.get(slot) or ()) for slot in _SLOTS):
+        return False
+    return not hasattr(type(getattr(type(m), name, None)), "__set__")
+
+
+class AttributeOutputs:
+    """One recorder's attributes its forward assigns without reading them (learnt by the probe),
+    and the :class:`Assignment` its new recordings make. ``key_by_kind``: tells the module guard."""
+
+    __slots__ = ("_key_by_kind", "_known", "_module")
+
+    def __init__(self, module: nn.Module, key_by_kind: Callable[[list[Target]], None]) -> None:
+        self._module = module
+        self._key_by_kind = key_by_kind
+        self._known: dict[tuple[int, str], Target] = {}
+
+    def sort(
+        self, writes: Iterable[Write], read: Collection[int], foreign: Collection[int]
+    ) -> tuple[list[Target], str | None]:
+        """Of the probe's changing writes, those a recording repeats as outputs; and why none can
+        be recorded: an attribute learnt as written only whose value an op of the forward read
+        (``read``: storages). ``foreign``: storages the recording does not own (parameters,
+        buffers, inputs): a write of one of those is no computed output."""
+        names = {id(m): n or type(m).__name__ for n, m in self._module.named_modules()}
+        for m, name in self._known.values():
+            value = m.__dict__.get(name)
+            if _held(value) and _storage(value) in read:
+                return [], (
+                    f"forward reads {names.get(id(m), type(m).__name__)}.{name}, a tensor it assigns: "
+                    "a replay would keep the value of its recording call"
+                )
+        outputs = [
+            (m, name)
+            for m, name, old, new in writes
+            if id(m) in names
+            and _settable(m, name)
+            and _held(new)
+            and _storage(new) not in foreign
+            and (
+                old is _MISSING
+                or isinstance(old, _PLAIN)
+                or (_held(old) and _storage(old) not in read)
+            )
+        ]
+        return outputs, None
+
+    def unknown(self, targets: Iterable[Target]) -> list[Target]:
+        """The targets not learnt yet."""
+        return [(m, n) for m, n in targets if (id(m), n) not in self._known]
+
+    def learn(self, targets: Sequence[Target]) -> None:
+        """Record these from now on; the module guard keys them by kind."""
+        for m, name in targets:
+            self._known[(id(m), name)] = (m, name)
+        self._key_by_kind(list(targets))
+
+    def assignment(self) -> Assignment | None:
+        """What a recording made now includes (None: nothing learnt, the forward as it is)."""
+        return Assignment(list(self._known.values())) if self._known else None
+
+    @staticmethod
+    def missing() -> object:
+        """The value a write's ``old`` has when the attribute did not exist before the run."""
+        return _MISSING
+
+
+class Assignment:
+    """One recording's attribute outputs: its forward returns ``(outputs, {i: tensor})`` for
+    the targets a run assigned, and a replay assigns those tensors."""
+
+    __slots__ = ("_targets",)
+
+    def __init__(self, targets: Sequence[Target]) -> None:
+        self._targets = tuple((m, m.__dict__, name) for m, name in targets)
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` returning what it returns and the tensors it assigned to the targets."""
+        targets = self._targets
+
+        def run(*args: Any, **kwargs: Any) -> tuple[Any, dict[int, torch.Tensor]]:
+            before = [d.get(name, _MISSING) for _, d, name in targets]
+            out = fn(*args, **kwargs)
+            written = {}
+            for i, ((_, d, name), old) in enumerate(zip(targets, before, strict=True)):
+                new = d.get(name, _MISSING)
+                if new is not old and isinstance(new, torch.Tensor):
+                    written[i] = new
+            return out, written
+
+        return run
+
+    def assign(self, result: tuple[Any, dict[int, torch.Tensor]], bind: bool = True) -> Any:
+        """The forward's own outputs; with ``bind``, the replayed tensors assigned as eager's
+        forward assigns them. A tensor replacing a tensor is a plain dict write (the guard keys
+        only the kind); one replacing anything else goes through ``setattr``, which the guard sees."""
+        out, written = result
+        if bind:
+            targets = self._targets
+            for i, t in written.items():
+                m, d, name = targets[i]
+                if isinstance(d.get(name), torch.Tensor):
+                    d[name] = t
+                else:
+                    setattr(m, name, t)
+        return out
