@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 __all__ = ["Assignment", "AttributeOutputs", "attribute_storages"]
 
@@ -83,9 +84,11 @@ class AttributeOutputs:
         be recorded: an attribute learnt as written only whose value an op of the forward read
         (``read``: storages). ``foreign``: storages the recording does not own (parameters,
         buffers, inputs): a write of one of those is no computed output."""
+        writes = list(writes)
         names = {id(m): n or type(m).__name__ for n, m in self._module.named_modules()}
-        for m, name in self._known.values():
-            value = m.__dict__.get(name)
+        before = {(id(m), name): old for m, name, old, _ in writes}
+        for key, (m, name) in self._known.items():
+            value = before.get(key, m.__dict__.get(name))  # as the forward found it
             if _held(value) and _storage(value) in read:
                 return [], (
                     f"forward reads {names.get(id(m), type(m).__name__)}.{name}, a tensor it assigns: "
@@ -136,22 +139,29 @@ class Assignment:
         self._targets = tuple((m, m.__dict__, name) for m, name in targets)
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn`` returning what it returns and the tensors it assigned to the targets."""
+        """``fn`` returning what it returns and what it assigned to the targets: ``{i: tensor}``,
+        or for a tensor that is one of its outputs (``self.last = out; return out``) or one
+        assigned to an earlier target, where that one is (``"output j"``, ``"attribute k"``), so a
+        replay hands out one tensor object where eager had one."""
         targets = self._targets
 
-        def run(*args: Any, **kwargs: Any) -> tuple[Any, dict[int, torch.Tensor]]:
+        def run(*args: Any, **kwargs: Any) -> tuple[Any, dict[int, torch.Tensor | str]]:
             before = [d.get(name, _MISSING) for _, d, name in targets]
             out = fn(*args, **kwargs)
-            written = {}
+            seen = {id(t): f"output {j}" for j, t in enumerate(tree_leaves(out))}
+            written: dict[int, torch.Tensor | str] = {}
             for i, ((_, d, name), old) in enumerate(zip(targets, before, strict=True)):
                 new = d.get(name, _MISSING)
                 if new is not old and isinstance(new, torch.Tensor):
-                    written[i] = new
+                    ref = seen.get(id(new))
+                    written[i] = new if ref is None else ref
+                    if ref is None:
+                        seen[id(new)] = f"attribute {i}"
             return out, written
 
         return run
 
-    def assign(self, result: tuple[Any, dict[int, torch.Tensor]], bind: bool = True) -> Any:
+    def assign(self, result: tuple[Any, dict[int, torch.Tensor | str]], bind: bool = True) -> Any:
         """The forward's own outputs; with ``bind``, the replayed tensors assigned as eager's
         forward assigns them. A tensor replacing a tensor is a plain dict write (the guard keys
         only the kind); one replacing anything else goes through ``setattr``, which the guard sees."""
@@ -159,6 +169,9 @@ class Assignment:
         if bind:
             targets = self._targets
             for i, t in written.items():
+                if isinstance(t, str):  # the same tensor as an output, or as another attribute
+                    kind, _, j = t.partition(" ")
+                    t = tree_leaves(out)[int(j)] if kind == "output" else written[int(j)]
                 m, d, name = targets[i]
                 if isinstance(d.get(name), torch.Tensor):
                     d[name] = t

@@ -100,11 +100,12 @@ class MoE(nn.Module):
         super().__init__()
         self.gate = nn.Linear(6, 2)
         self.experts = nn.ModuleList([nn.Linear(6, 3), nn.Linear(6, 3)])
+        self.balance = nn.Parameter(torch.ones(2))  # read by the auxiliary loss alone
         self.aux_loss = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(self.gate(x), dim=1)
-        self.aux_loss = 2 * probs.mean(0).pow(2).sum()
+        self.aux_loss = 2 * (probs.mean(0) * self.balance).pow(2).sum()
         return sum(probs[:, i : i + 1] * e(x) for i, e in enumerate(self.experts))
 
 
@@ -114,8 +115,47 @@ def _moe(model: nn.Module, arm: Arm) -> Extras:
     def loss(out: torch.Tensor) -> torch.Tensor:
         return out.pow(2).mean() + 0.1 * model.aux_loss
 
-    kept.update(loop(model, arm, loss=loss))
+    kept.update(loop(model, arm, steps=4, loss=loss))
     kept["aux_loss"] = model.aux_loss.detach()
+    return kept
+
+
+def _moe_logged(model: nn.Module, arm: Arm) -> Extras:
+    """The auxiliary loss logged each step, left out of the loss: the gate's balance gets no gradient."""
+    kept: Extras = {}
+
+    def call(m: nn.Module, x: torch.Tensor, step: int) -> torch.Tensor:
+        out = m(x)
+        kept[f"aux_loss{step}"] = m.aux_loss  # kept as is: the next replay must not overwrite it
+        return out
+
+    kept.update(loop(model, arm, steps=4, call=call))
+    return kept
+
+
+class LoggedAttention(nn.Module):
+    """Keeps its attention weights for logging (``self.last_attn = attn.detach()``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.o = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+        self.last_attn = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        attn = torch.softmax(self.q(x) @ self.k(x).T, dim=-1)
+        self.last_attn = attn.detach()
+        return self.o(attn @ x)
+
+
+def _attention_logged(model: nn.Module, arm: Arm) -> Extras:
+    kept: Extras = {}
+
+    def call(m: nn.Module, x: torch.Tensor, step: int) -> torch.Tensor:
+        out = m(x)
+        kept[f"attn{step}"] = m.last_attn
+        return out
+
+    kept.update(loop(model, arm, steps=4, call=call))
     return kept
 
 
@@ -404,12 +444,28 @@ PATTERNS: list[Pattern] = [
         guard="record_probe",
         may_fault=True,  # unguarded, the replay reads the centre the last call replaced (freed)
     ),
+    # a tensor assigned to an attribute and never read is an output of the recording, assigned
+    # after each replay (memory/attribute_outputs.py); without that, the first call's stays
     HC.pattern(
         "moe_aux_loss_attribute",
         "an auxiliary loss stored on the module, added to the loss",
         built(MoE),
         _moe,
-        guard="record_probe",
+        guard="attribute_outputs",
+    ),
+    HC.pattern(
+        "moe_aux_loss_logged",
+        "an auxiliary loss stored on the module, logged each step but left out of the loss",
+        built(MoE),
+        _moe_logged,
+        guard="attribute_outputs",
+    ),
+    HC.pattern(
+        "attention_kept_for_logging",
+        "attention weights kept on the module for logging (self.last_attn = attn.detach())",
+        built(LoggedAttention),
+        _attention_logged,
+        guard="attribute_outputs",
     ),
     # data-dependent shapes and host reads: both backends refuse them at capture too
     *(

@@ -1,0 +1,225 @@
+"""A forward that assigns a tensor to a module attribute without reading the old one (an MoE
+layer's ``self.aux_loss``, ``self.last_attn = attn.detach()`` for logging) replays under
+``rk.capture``: the tensor is one more output of the recording, assigned after each replay
+(protection ``attribute_outputs``). A forward that reads the old value (a running centre) still
+runs eagerly. Every call is compared with a plain eager loop: losses, parameters, each ``.grad``
+and its None pattern, and the attributes, after every call."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+import replaykit as rk
+from replaykit.protections import negative_control
+
+
+class MoE(nn.Module):
+    """Two experts and a gate; the load-balancing loss is stored on the module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(6, 2)
+        self.experts = nn.ModuleList([nn.Linear(6, 3), nn.Linear(6, 3)])
+        # read by the auxiliary loss alone: its .grad is None where the loss leaves that out
+        self.balance = nn.Parameter(torch.ones(2))
+        self.aux_loss: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(self.gate(x), dim=1)
+        self.aux_loss = 2 * (probs.mean(0) * self.balance).pow(2).sum()
+        return sum(probs[:, i : i + 1] * e(x) for i, e in enumerate(self.experts))
+
+
+class Attention(nn.Module):
+    """Keeps its attention weights for logging, detached."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.o = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+        self.last_attn: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        attn = torch.softmax(self.q(x) @ self.k(x).T, dim=-1)
+        self.last_attn = attn.detach()
+        return self.o(attn @ x)
+
+
+class Stack(nn.Module):
+    """Two MoE layers and a logging block, captured at the root."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.attn, self.b = MoE(), Attention(), MoE()
+        self.up1, self.up2 = nn.Linear(3, 6), nn.Linear(3, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.up2(self.attn(self.up1(self.a(x)))))
+
+
+class RunningCentre(nn.Module):
+    """Reads the attribute it assigns (DINO's centre, first set from the first batch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+        self.centre: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        mean = h.detach().mean(0)
+        self.centre = mean if self.centre is None else 0.9 * self.centre + 0.1 * mean
+        return h - self.centre
+
+
+def _aux(model: nn.Module) -> torch.Tensor:
+    return model.aux_loss
+
+
+def _both(model: nn.Module) -> torch.Tensor:
+    return model.a.aux_loss + model.b.aux_loss
+
+
+Loss = Callable[[nn.Module], torch.Tensor] | None
+
+
+def _attributes(model: nn.Module) -> list[tuple[str, torch.Tensor | None, bool, bool]]:
+    """Each tensor attribute of the tree: name, values, requires_grad, whether it has a grad_fn."""
+    return [
+        (f"{n}.{k}", v.detach().clone(), v.requires_grad, v.grad_fn is not None)
+        for n, m in model.named_modules()
+        for k, v in m.__dict__.items()
+        if isinstance(v, torch.Tensor)
+    ]
+
+
+def _train(
+    make: type[nn.Module],
+    extra: Loss,
+    device: str,
+    backend: str | None,
+    unsafe: tuple[str, ...] = (),
+    steps: int = 6,
+) -> tuple[list, rk.Recorder | None]:
+    """A plain loop (captured unless ``backend`` is None): what each call leaves, and the recorder."""
+    torch.manual_seed(0)
+    model = make().to(device)
+    rec = rk.capture(model, backend=backend, unsafe_disable=unsafe) if backend else None
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    seen = []
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        out = model(torch.randn(4 + step % 2, 6, device=device))
+        loss = out.pow(2).mean() + (0.1 * extra(model) if extra is not None else 0.0)
+        loss.backward()
+        grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+        opt.step()
+        seen.append((loss.detach(), grads, _attributes(model)))
+    seen.append([p.detach().clone() for p in model.parameters()])
+    return seen, rec
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and torch.equal(a, b)
+        )
+    if isinstance(a, (list, tuple)):
+        return (
+            isinstance(b, (list, tuple))
+            and len(a) == len(b)
+            and all(_same(x, y) for x, y in zip(a, b, strict=True))
+        )
+    return a == b
+
+
+CASES = [
+    pytest.param(MoE, _aux, id="moe_aux_loss_in_the_loss"),
+    pytest.param(MoE, None, id="moe_aux_loss_unused"),
+    pytest.param(Attention, None, id="last_attn_detached"),
+    pytest.param(Stack, _both, id="nested_moe_and_attention"),
+]
+
+
+@pytest.mark.parametrize(("make", "extra"), CASES)
+def test_an_assigned_tensor_attribute_replays_like_eager(
+    backend: str, device: str, make: type[nn.Module], extra: Loss
+) -> None:
+    eager, _ = _train(make, extra, device, None)
+    replayed, rec = _train(make, extra, device, backend)
+    for call, (want, got) in enumerate(zip(eager, replayed, strict=True), 1):
+        assert _same(want, got), f"call {call}: {rec.journal.format()}"
+    # the first call learns the write (first_write); two signatures record; the rest replay
+    assert rec.counts["replay"] >= 3 and not rec.retired, rec.summary()
+    assert set(rec.eager_reasons) == {"first_write"}, rec.summary()
+
+
+@pytest.mark.parametrize(("make", "extra"), [CASES[0], CASES[2]])
+def test_without_attribute_outputs_the_attribute_keeps_an_earlier_tensor(
+    backend: str, device: str, make: type[nn.Module], extra: Loss
+) -> None:
+    """The negative control: recorded, replayed, but not assigned. The MoE loss then reaches the
+    first call's freed graph (autograd raises); the attention weights stay the first call's."""
+    eager, _ = _train(make, extra, device, None)
+    try:
+        replayed, _ = _train(make, extra, device, backend, negative_control("attribute_outputs"))
+    except RuntimeError as exc:
+        assert extra is not None and "backward through the graph a second time" in str(exc)
+        return
+    assert not _same(eager, replayed)
+
+
+def test_the_attribute_is_a_new_tensor_each_call_as_in_eager(backend: str, device: str) -> None:
+    """Eager's assignment binds a new tensor per call; a kept one keeps its values (copy-out)."""
+    torch.manual_seed(0)
+    model = MoE().to(device)
+    rec = rk.capture(model, backend=backend)
+    kept, values = [], []
+    for _ in range(5):
+        out = model(torch.randn(4, 6, device=device))
+        (out.pow(2).mean() + model.aux_loss).backward()
+        assert model.aux_loss.requires_grad and not model.aux_loss.is_leaf
+        assert all(model.aux_loss is not k for k in kept)
+        kept.append(model.aux_loss)
+        values.append(model.aux_loss.detach().clone())
+    assert rec.counts["replay"] >= 3, rec.summary()
+    assert all(torch.equal(k.detach(), v) for k, v in zip(kept, values, strict=True))
+
+
+class KeepsOutput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+        self.last: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.fc(x)
+        self.last = out
+        return out
+
+
+def test_an_attribute_bound_to_an_output_is_that_output(backend: str, device: str) -> None:
+    """``self.last = out; return out``: one tensor object, as in eager."""
+    torch.manual_seed(0)
+    model = KeepsOutput().to(device)
+    rec = rk.capture(model, backend=backend)
+    for _ in range(4):
+        out = model(torch.randn(4, 6, device=device))
+        assert model.last is out
+        out.pow(2).mean().backward()
+    assert rec.counts["replay"] >= 2, rec.summary()
+
+
+def test_a_forward_reading_the_attribute_it_assigns_stays_eager(backend: str, device: str) -> None:
+    """A running centre is state a graph would freeze: exact, every call eager (retired)."""
+    eager, _ = _train(RunningCentre, None, device, None)
+    replayed, rec = _train(RunningCentre, None, device, backend)
+    assert _same(eager, replayed)
+    assert rec.counts["replay"] == 0 and rec.retired, rec.summary()
+    assert "reads RunningCentre.centre" in rec.retire_reason
