@@ -15,37 +15,8 @@ from torch import nn
 
 import replaykit as rk
 from replaykit.protections import negative_control
-
-
-class MoE(nn.Module):
-    """Two experts and a gate; the load-balancing loss is stored on the module."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = nn.Linear(6, 2)
-        self.experts = nn.ModuleList([nn.Linear(6, 3), nn.Linear(6, 3)])
-        # read by the auxiliary loss alone: its .grad is None where the loss leaves that out
-        self.balance = nn.Parameter(torch.ones(2))
-        self.aux_loss: torch.Tensor | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(self.gate(x), dim=1)
-        self.aux_loss = 2 * (probs.mean(0) * self.balance).pow(2).sum()
-        return sum(probs[:, i : i + 1] * e(x) for i, e in enumerate(self.experts))
-
-
-class Attention(nn.Module):
-    """Keeps its attention weights for logging, detached."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.q, self.k, self.o = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 3)
-        self.last_attn: torch.Tensor | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        attn = torch.softmax(self.q(x) @ self.k(x).T, dim=-1)
-        self.last_attn = attn.detach()
-        return self.o(attn @ x)
+from replaykit.testing.hazards.side_effects import LoggedAttention as Attention
+from replaykit.testing.hazards.side_effects import MoE
 
 
 class Stack(nn.Module):

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .pattern import MLP, Arm, Extras, Pattern, loop, loss_steps, mlp
+from .pattern import MLP, Arm, Extras, Pattern, loop, loss_steps, mlp, sgd
 from .writing import HazardClass, built, looped, stepped
 
 HAZARD = "side_effects"
@@ -130,6 +130,18 @@ def _moe_logged(model: nn.Module, arm: Arm) -> Extras:
         return out
 
     kept.update(loop(model, arm, steps=4, call=call))
+    return kept
+
+
+def _step_moe(model: nn.Module, arm: Arm) -> Extras:
+    """The same loss in a whole step: loss_fn reads the attribute the forward assigned."""
+    step = arm.train_step(
+        model, lambda m, x: m(x).pow(2).mean() + 0.1 * m.aux_loss, sgd(model), warmup=1
+    )
+    kept: Extras = {}
+    for i in range(4):
+        kept[f"loss{i}"] = step(arm.randn(4, 6)).detach()
+        kept[f"aux_loss{i}"] = model.aux_loss.detach()  # kept as logged: not a copy
     return kept
 
 
@@ -452,6 +464,15 @@ PATTERNS: list[Pattern] = [
         built(MoE),
         _moe,
         guard="attribute_outputs",
+    ),
+    HC.pattern(
+        "step_moe_aux_loss_attribute",
+        "an auxiliary loss stored on the module, added to the loss, whole step",
+        built(MoE),
+        _step_moe,
+        # without the module guard too: it keys the attribute's new tensor, so every call records
+        guard="side_effects+module_state",
+        api="step",
     ),
     HC.pattern(
         "moe_aux_loss_logged",
