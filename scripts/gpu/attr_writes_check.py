@@ -31,67 +31,40 @@ import replaykit as rk
 from replaykit.protections import negative_control
 from replaykit.testing.hazards import pattern, run_pattern
 from replaykit.testing.hazards.deadline import Timeout, alarm
-from replaykit.testing.hazards.side_effects import LoggedAttention, MoE
-
-
-class Stack(nn.Module):
-    """Two MoE layers around a logging attention block, captured at the root."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.attn, self.b = MoE(), LoggedAttention(), MoE()
-        self.up1, self.up2 = nn.Linear(3, 6), nn.Linear(3, 6)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(self.up2(self.attn(self.up1(self.a(x)))))
-
-
-class KeepsOutput(nn.Module):
-    """``self.last = out; return out``: after a replay ``model.last is out``, as in eager."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(6, 3)
-        self.last: torch.Tensor | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.fc(x)
-        self.last = out
-        return out
-
-
-class RunningCentre(nn.Module):
-    """Reads the attribute it assigns: stays eager (retired), exact."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(6, 3)
-        self.centre: torch.Tensor | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.fc(x)
-        mean = h.detach().mean(0)
-        self.centre = mean if self.centre is None else 0.9 * self.centre + 0.1 * mean
-        return h - self.centre
-
+from replaykit.testing.hazards.side_effects import (
+    FirstBatchCentre,
+    KeepsOutput,
+    LoggedAttention,
+    MoE,
+    MoEStack,
+)
 
 LOOPS: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module], torch.Tensor] | None]] = {
     "moe_aux_loss_in_the_loss": (MoE, lambda m: m.aux_loss),
     "moe_aux_loss_unused": (MoE, None),
     "last_attn_detached": (LoggedAttention, None),
-    "nested_moe_and_attention": (Stack, lambda m: m.a.aux_loss + m.b.aux_loss),
+    "nested_moe_and_attention": (MoEStack, lambda m: m.a.aux_loss + m.b.aux_loss),
     "attribute_is_the_output": (KeepsOutput, lambda m: m.last.sum()),
-    "running_centre_stays_eager": (RunningCentre, None),
+    "running_centre_stays_eager": (FirstBatchCentre, None),
 }
 PATTERNS = (
     "moe_aux_loss_attribute",
     "moe_aux_loss_logged",
     "attention_kept_for_logging",
+    "moe_stack_aux_losses",
+    "output_kept_on_module",
+    "centre_from_first_batch",
     "tensor_attribute_updated",
     "rebound_centre_buffer",
     "step_moe_aux_loss_attribute",
 )
-REPLAYING = {"moe_aux_loss_attribute", "moe_aux_loss_logged", "attention_kept_for_logging"}
+REPLAYING = {
+    "moe_aux_loss_attribute",
+    "moe_aux_loss_logged",
+    "attention_kept_for_logging",
+    "moe_stack_aux_losses",
+    "output_kept_on_module",
+}
 
 
 def _seen(model: nn.Module, loss: torch.Tensor) -> list:

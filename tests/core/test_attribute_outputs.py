@@ -15,35 +15,13 @@ from torch import nn
 
 import replaykit as rk
 from replaykit.protections import negative_control
-from replaykit.testing.hazards.side_effects import LoggedAttention as Attention
-from replaykit.testing.hazards.side_effects import MoE
-
-
-class Stack(nn.Module):
-    """Two MoE layers and a logging block, captured at the root."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.attn, self.b = MoE(), Attention(), MoE()
-        self.up1, self.up2 = nn.Linear(3, 6), nn.Linear(3, 6)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(self.up2(self.attn(self.up1(self.a(x)))))
-
-
-class RunningCentre(nn.Module):
-    """Reads the attribute it assigns (DINO's centre, first set from the first batch)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(6, 3)
-        self.centre: torch.Tensor | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.fc(x)
-        mean = h.detach().mean(0)
-        self.centre = mean if self.centre is None else 0.9 * self.centre + 0.1 * mean
-        return h - self.centre
+from replaykit.testing.hazards.side_effects import (
+    FirstBatchCentre,
+    KeepsOutput,
+    LoggedAttention,
+    MoE,
+    MoEStack,
+)
 
 
 def _aux(model: nn.Module) -> torch.Tensor:
@@ -113,8 +91,8 @@ def _same(a: object, b: object) -> bool:
 CASES = [
     pytest.param(MoE, _aux, id="moe_aux_loss_in_the_loss"),
     pytest.param(MoE, None, id="moe_aux_loss_unused"),
-    pytest.param(Attention, None, id="last_attn_detached"),
-    pytest.param(Stack, _both, id="nested_moe_and_attention"),
+    pytest.param(LoggedAttention, None, id="last_attn_detached"),
+    pytest.param(MoEStack, _both, id="nested_moe_and_attention"),
 ]
 
 
@@ -163,18 +141,6 @@ def test_the_attribute_is_a_new_tensor_each_call_as_in_eager(backend: str, devic
     assert all(torch.equal(k.detach(), v) for k, v in zip(kept, values, strict=True))
 
 
-class KeepsOutput(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(6, 3)
-        self.last: torch.Tensor | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.fc(x)
-        self.last = out
-        return out
-
-
 def test_an_attribute_bound_to_an_output_is_that_output(backend: str, device: str) -> None:
     """``self.last = out; return out``: one tensor object, as in eager."""
     torch.manual_seed(0)
@@ -189,8 +155,8 @@ def test_an_attribute_bound_to_an_output_is_that_output(backend: str, device: st
 
 def test_a_forward_reading_the_attribute_it_assigns_stays_eager(backend: str, device: str) -> None:
     """A running centre is state a graph would freeze: exact, every call eager (retired)."""
-    eager, _ = _train(RunningCentre, None, device, None)
-    replayed, rec = _train(RunningCentre, None, device, backend)
+    eager, _ = _train(FirstBatchCentre, None, device, None)
+    replayed, rec = _train(FirstBatchCentre, None, device, backend)
     assert _same(eager, replayed)
     assert rec.counts["replay"] == 0 and rec.retired, rec.summary()
-    assert "reads RunningCentre.centre" in rec.retire_reason
+    assert "reads FirstBatchCentre.centre" in rec.retire_reason

@@ -159,6 +159,75 @@ class LoggedAttention(nn.Module):
         return self.o(attn @ x)
 
 
+class MoEStack(nn.Module):
+    """Two MoE layers around a logging attention block, captured at the root."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.attn, self.b = MoE(), LoggedAttention(), MoE()
+        self.up1, self.up2 = nn.Linear(3, 6), nn.Linear(3, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.up2(self.attn(self.up1(self.a(x)))))
+
+
+class KeepsOutput(nn.Module):
+    """``self.last = out; return out``: one tensor object, the attribute and the output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+        self.last = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.fc(x)
+        self.last = out
+        return out
+
+
+class FirstBatchCentre(nn.Module):
+    """A centre set from the first batch, then read and re-bound (``self.centre is None`` first)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+        self.centre = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        mean = h.detach().mean(0)
+        self.centre = mean if self.centre is None else 0.9 * self.centre + 0.1 * mean
+        return h - self.centre
+
+
+def _first_batch_centre(model: nn.Module, arm: Arm) -> Extras:
+    kept = loop(model, arm, steps=4)
+    kept["centre"] = model.centre  # None where no call set it (a replay that does not assign)
+    return kept
+
+
+def _stack_losses(model: nn.Module, arm: Arm) -> Extras:
+    kept = loop(model, arm, steps=4, loss=lambda out: out.pow(2).mean() + _stack_aux(model))
+    kept["attn"] = model.attn.last_attn
+    return kept
+
+
+def _stack_aux(model: nn.Module) -> torch.Tensor:
+    return 0.1 * (model.a.aux_loss + model.b.aux_loss)
+
+
+def _kept_output(model: nn.Module, arm: Arm) -> Extras:
+    kept: Extras = {}
+
+    def call(m: nn.Module, x: torch.Tensor, step: int) -> torch.Tensor:
+        out = m(x)
+        kept[f"same{step}"] = torch.tensor(float(m.last is out))  # eager: the same object
+        return out
+
+    kept.update(loop(model, arm, steps=4, call=call))
+    return kept
+
+
 def _attention_logged(model: nn.Module, arm: Arm) -> Extras:
     kept: Extras = {}
 
@@ -480,6 +549,27 @@ PATTERNS: list[Pattern] = [
         built(MoE),
         _moe_logged,
         guard="attribute_outputs",
+    ),
+    HC.pattern(
+        "moe_stack_aux_losses",
+        "two MoE layers' auxiliary losses and a logging attention block, captured at the root",
+        built(MoEStack),
+        _stack_losses,
+        guard="attribute_outputs",
+    ),
+    HC.pattern(
+        "output_kept_on_module",
+        "the output kept on the module too (self.last = out; return out)",
+        built(KeepsOutput),
+        _kept_output,
+        guard="attribute_outputs",
+    ),
+    HC.pattern(
+        "centre_from_first_batch",
+        "a centre set from the first batch (None), then read and re-bound every call",
+        built(FirstBatchCentre),
+        _first_batch_centre,
+        guard="record_probe",
     ),
     HC.pattern(
         "attention_kept_for_logging",
