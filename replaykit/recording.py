@@ -230,18 +230,23 @@ class RecorderRecording:
         return fn if made.assignment is None else made.assignment.wrap(fn)
 
     def _learn_attributes(self, made: Made) -> Refusal | None:
-        """Tensor attributes the probe's forward assigned without reading, not learnt yet: learnt
-        now, this call runs eagerly (``first_write``), later recordings return them as outputs."""
+        """Tensor attributes the probe's forward assigned, not learnt yet (or read now too): learnt
+        now, this call runs eagerly (``first_write``), later recordings return them as outputs
+        (and read a state from a slot fed before each replay)."""
         new = self._attributes.unknown(made.attribute_writes)
         if not new:
             return None
+        states = self._attributes.found_states
         self._attributes.learn(new)
         names = {id(m): n or type(m).__name__ for n, m in self.module.named_modules()}
-        written = ", ".join(f"{names[id(m)]}.{name}" for m, name in new)
+        written = ", ".join(
+            f"{names[id(m)]}.{name}" + (" (read too: a state)" if (id(m), name) in states else "")
+            for m, name in new
+        )
         return Refusal(
             "learn",
             "first_write",
-            f"forward assigns {written}, a tensor it does not read: recorded as an output from the next call",
+            f"forward assigns {written}: a tensor recorded as an output from the next call",
         )
 
     def _draws_refusal(self, refusal: Refusal | None, draws: Watch | None) -> Refusal | None:

@@ -224,6 +224,8 @@ class RecorderReplay:
         step = _Step(self, plan, call)
         self._replayed_calls += 1
         verifying = self.on.verify_recording and not plan.verified
+        if plan.assignment is not None:  # the states the forward reads, into its slots
+            plan.assignment.feed()
         if shadow is not None:  # the recording call's, made before the recording
             step.shadow = shadow
         elif verifying or (self.check_every and (self._replayed_calls - 1) % self.check_every == 0):

@@ -283,9 +283,15 @@ def value_key(value: Any) -> Any:
     return ("id", id(value))
 
 
-def _kind_key(value: Any) -> Any:
-    """An attribute the forward assigns and never reads: a tensor keyed as any tensor, the rest by value."""
-    return ("assigned tensor",) if isinstance(value, torch.Tensor) else value_key(value)
+def _kind_key(value: Any, state: bool) -> Any:
+    """An attribute the forward assigns: a tensor keyed as any tensor, the rest by value. One it
+    also reads (``state``) is copied into the recording's slot before each replay: keyed by what
+    the slot holds (shape, strides, dtype, device, whether it requires grad)."""
+    if not isinstance(value, torch.Tensor):
+        return value_key(value)
+    if not state:
+        return ("assigned tensor",)
+    return ("state", *value.shape, value.stride(), value.dtype, value.device, value.requires_grad)
 
 
 class _Same:
@@ -444,15 +450,16 @@ class ModuleGuard:
         self._ids: list[tuple[int, weakref.ref]] = []
         self._closed = False
         # (module id, name) of attributes keyed by kind, not identity (:meth:`key_by_kind`)
-        self._kinds: set[tuple[int, str]] = set()
+        self._kinds: dict[tuple[int, str], bool] = {}  # True: a state the forward also reads
         self._kind_owners: list[nn.Module] = []  # held: no other module takes one's id
         self.rebaseline()
 
-    def key_by_kind(self, targets: list[tuple[nn.Module, str]]) -> None:
-        """Attributes the forward assigns a tensor without reading the old one (recorded outputs,
-        ``memory/attribute_outputs.py``): keyed by what a forward could branch on without reading
-        them (None, a number, or a tensor), so each call's new tensor does not record anew."""
-        self._kinds.update((id(m), name) for m, name in targets)
+    def key_by_kind(self, targets: list[tuple[nn.Module, str]], state: bool = False) -> None:
+        """Attributes the forward assigns a tensor (recorded outputs, ``memory/attribute_outputs.py``):
+        keyed by what a forward could branch on without reading them (None, a number, or a
+        tensor), so each call's new tensor does not record anew; ``state``: it reads the old one
+        too, keyed by what its slot holds."""
+        self._kinds.update(((id(m), name), state) for m, name in targets)
         self._kind_owners += [m for m, _ in targets]
         self._seen = -1  # read the tree again at the next verdict
 
@@ -513,7 +520,8 @@ class ModuleGuard:
                     if code is not None:
                         keys.append((n, name, code))
                     continue
-                k = _kind_key(value) if kinds and (id(m), name) in kinds else value_key(value)
+                kind = kinds.get((id(m), name)) if kinds else None
+                k = value_key(value) if kind is None else _kind_key(value, kind)
                 keys.append((n, name, k))
                 if _polls(m, name, value):
                     polled.append((value, k))
@@ -572,7 +580,7 @@ class ModuleGuard:
                 _swap_dicts(m, False)
         self._unwatch()
         self._params, self._buffers, self._polled = {}, {}, []
-        self._kinds, self._kind_owners = set(), []
+        self._kinds, self._kind_owners = {}, []
         self._interned = {}  # its keys hold what the tree called (_Same), a recorder's forward too
 
 

@@ -12,9 +12,19 @@ tensor, a new tensor object per call, as eager's assignment makes.
 The probe finds such writes (:mod:`replaykit.verify.probe`); the first call that makes one runs
 eagerly (``first_write``) and teaches it. From then on the module guard keys that attribute by
 what a forward could branch on without reading it (None, or a tensor), not by identity: each
-call's new tensor does not record anew. A forward that reads the old value (a running centre,
-``self.c = 0.9 * self.c + ...``) keeps state a graph would freeze: that write stays a side
-effect, and once an attribute learnt here is read, the recorder retires.
+call's new tensor does not record anew.
+
+A forward that reads the old value and assigns a new one (DINO's running centre,
+``self.c = 0.9 * self.c + 0.1 * batch_mean``; a centre set from the first batch) keeps state a
+graph would freeze at the recording's tensor. Such an attribute is a *state*: the recording's
+forward reads it from a slot of its own (static memory made before the capture), each replay
+first copies the attribute's tensor into the slot, then assigns the new tensor as above. The
+guard keys a state by what the slot holds (shape, strides, dtype, device). An attribute learnt as
+assigned and later read without being assigned (a table built on first use, rebuilt for a longer
+batch) becomes a state too. A state whose tensor requires grad (a graph across calls) stays a
+side effect. A forward that writes the old tensor in place before rebinding it writes the slot
+instead: the recording call's verification sees the attribute differ from eager's and runs it
+eagerly.
 """
 
 from __future__ import annotations
@@ -59,6 +69,18 @@ def attribute_storages(module: nn.Module) -> set[int]:
     return {_storage(v) for m in module.modules() for v in m.__dict__.values() if _held(v)}
 
 
+def _state(old: object, new: object, read: Collection[int]) -> bool:
+    """A tensor read and replaced by a new one (a running centre): state a slot can carry. Not
+    one that requires grad: its graph would link one call's backward to the last's."""
+    return (
+        _held(old)
+        and _held(new)
+        and _storage(old) in read
+        and not old.requires_grad  # type: ignore[union-attr]
+        and not new.requires_grad  # type: ignore[union-attr]
+    )
+
+
 def _settable(m: nn.Module, name: str) -> bool:
     """A plain attribute: not a parameter, buffer or submodule, nor a property of the class."""
     if any(name in (m.__dict__.get(slot) or ()) for slot in _SLOTS):
@@ -70,12 +92,16 @@ class AttributeOutputs:
     """One recorder's attributes its forward assigns without reading them (learnt by the probe),
     and the :class:`Assignment` its new recordings make. ``key_by_kind``: tells the module guard."""
 
-    __slots__ = ("_key_by_kind", "_known", "_module")
+    __slots__ = ("_key_by_kind", "_known", "_module", "_states", "found_states")
 
-    def __init__(self, module: nn.Module, key_by_kind: Callable[[list[Target]], None]) -> None:
+    def __init__(
+        self, module: nn.Module, key_by_kind: Callable[[list[Target], bool], None]
+    ) -> None:
         self._module = module
         self._key_by_kind = key_by_kind
         self._known: dict[tuple[int, str], Target] = {}
+        self._states: set[tuple[int, str]] = set()  # of those, read too: fed into a slot
+        self.found_states: set[tuple[int, str]] = set()  # the last sort's read-and-written ones
 
     def sort(
         self, writes: Iterable[Write], read: Collection[int], foreign: Collection[int]
@@ -87,13 +113,18 @@ class AttributeOutputs:
         writes = list(writes)
         names = {id(m): n or type(m).__name__ for n, m in self._module.named_modules()}
         before = {(id(m), name): old for m, name, old, _ in writes}
+        states = {(id(m), name) for m, name, old, new in writes if _state(old, new, read)}
+        kept: list[Target] = []  # learnt as assigned, read now and left: a state (a filled cache)
         for key, (m, name) in self._known.items():
             value = before.get(key, m.__dict__.get(name))  # as the forward found it
-            if _held(value) and _storage(value) in read:
-                return [], (
-                    f"forward reads {names.get(id(m), type(m).__name__)}.{name}, a tensor it assigns: "
-                    "a replay would keep the value of its recording call"
-                )
+            if _held(value) and _storage(value) in read and key not in states:
+                if value.requires_grad:  # type: ignore[union-attr]
+                    return [], (
+                        f"forward reads {names.get(id(m), type(m).__name__)}.{name}, a tensor it "
+                        "assigns that requires grad: a replay would keep its recording call's graph"
+                    )
+                states.add(key)
+                kept += [] if key in before else [(m, name)]
         outputs = [
             (m, name)
             for m, name, old, new in writes
@@ -105,23 +136,36 @@ class AttributeOutputs:
                 old is _MISSING
                 or isinstance(old, _PLAIN)
                 or (_held(old) and _storage(old) not in read)
+                or (id(m), name) in states
             )
         ]
+        outputs += kept
+        self.found_states = states & {(id(m), n) for m, n in outputs}
         return outputs, None
 
     def unknown(self, targets: Iterable[Target]) -> list[Target]:
-        """The targets not learnt yet."""
-        return [(m, n) for m, n in targets if (id(m), n) not in self._known]
+        """The targets not learnt yet, or learnt as written only and now read too (states)."""
+        return [
+            (m, n)
+            for m, n in targets
+            if (id(m), n) not in self._known
+            or ((id(m), n) in self.found_states and (id(m), n) not in self._states)
+        ]
 
     def learn(self, targets: Sequence[Target]) -> None:
-        """Record these from now on; the module guard keys them by kind."""
+        """Record these from now on; the module guard keys them by kind (a state by its slot)."""
         for m, name in targets:
             self._known[(id(m), name)] = (m, name)
-        self._key_by_kind(list(targets))
+        states = [(m, n) for m, n in targets if (id(m), n) in self.found_states]
+        self._states.update((id(m), n) for m, n in states)
+        self._key_by_kind([t for t in targets if t not in states], False)
+        self._key_by_kind(states, True)
 
     def assignment(self) -> Assignment | None:
         """What a recording made now includes (None: nothing learnt, the forward as it is)."""
-        return Assignment(list(self._known.values())) if self._known else None
+        if not self._known:
+            return None
+        return Assignment(list(self._known.values()), self._states)
 
     @staticmethod
     def missing() -> object:
@@ -131,12 +175,37 @@ class AttributeOutputs:
 
 class Assignment:
     """One recording's attribute outputs: its forward returns ``(outputs, {i: tensor})`` for
-    the targets a run assigned, and a replay assigns those tensors."""
+    the targets a run assigned, and a replay assigns those tensors. A state's forward reads its
+    slot (``feed`` fills it before a replay; a run outside a capture fills it itself)."""
 
-    __slots__ = ("_targets",)
+    __slots__ = ("_slots", "_targets")
 
-    def __init__(self, targets: Sequence[Target]) -> None:
+    def __init__(self, targets: Sequence[Target], states: Collection[tuple[int, str]] = ()) -> None:
         self._targets = tuple((m, m.__dict__, name) for m, name in targets)
+        # made and filled now, before any run of the recording call: a slot from a capture's pool
+        # could share a temporary's block, and a fill inside a run would be recorded with it
+        self._slots = {
+            i: torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device).copy_(v)
+            for i, (m, d, name) in enumerate(self._targets)
+            if (id(m), name) in states and _held(v := d.get(name))
+        }
+
+    def feed(self) -> None:
+        """Before a replay (and eager's run beside it): each state's slot holds the attribute's
+        tensor as the call found it."""
+        for i, slot in self._slots.items():
+            _, d, name = self._targets[i]
+            slot.copy_(d[name])
+
+    def _bind(self) -> list[tuple[dict, str, object, torch.Tensor]]:
+        """The states' slots bound in the attributes' place; what to put back where the forward
+        does not assign (a run never writes a slot: the forward rebinds the attribute)."""
+        bound = []
+        for i, slot in self._slots.items():
+            _, d, name = self._targets[i]
+            bound.append((d, name, d.get(name), slot))
+            d[name] = slot
+        return bound
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` returning what it returns and what it assigned to the targets: ``{i: tensor}``,
@@ -147,7 +216,13 @@ class Assignment:
 
         def run(*args: Any, **kwargs: Any) -> tuple[Any, dict[int, torch.Tensor | str]]:
             before = [d.get(name, _MISSING) for _, d, name in targets]
-            out = fn(*args, **kwargs)
+            bound = self._bind()
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                for d, name, value, slot in bound:
+                    if d.get(name) is slot:
+                        d[name] = value  # not assigned this time: the attribute as it was
             seen = {id(t): f"output {j}" for j, t in enumerate(tree_leaves(out))}
             written: dict[int, torch.Tensor | str] = {}
             for i, ((_, d, name), old) in enumerate(zip(targets, before, strict=True)):
