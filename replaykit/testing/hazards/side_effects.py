@@ -522,7 +522,7 @@ PATTERNS: list[Pattern] = [
         "a plain tensor attribute updated in forward",
         lambda d: RunningCentre().to(d),
         _with_attr("centre"),
-        guard="record_probe",
+        guard="attribute_outputs",  # a state: read from a slot fed before each replay
         may_fault=True,  # unguarded, the replay reads the centre the last call replaced (freed)
     ),
     # a tensor assigned to an attribute and never read is an output of the recording, assigned
@@ -569,7 +569,7 @@ PATTERNS: list[Pattern] = [
         "a centre set from the first batch (None), then read and re-bound every call",
         built(FirstBatchCentre),
         _first_batch_centre,
-        guard="record_probe",
+        guard="attribute_outputs",
     ),
     HC.pattern(
         "attention_kept_for_logging",
