@@ -108,6 +108,13 @@ REGISTRY: dict[str, Protection] = {
             "the caller keeps stops following the module's tensor",
         ),
         Protection(
+            "hook_order",
+            "capture",
+            "gradient hooks on several parameters run in the order the engine picks after a replayed "
+            "backward, not as eager's backward reaches each parameter (a per-parameter optimizer "
+            "stepping in backward, a hook reading another parameter's .grad)",
+        ),
+        Protection(
             "repeat_backward",
             "capture",
             "a second backward through one replayed call rewrites the first one's gradient buffers; create_graph gets no graph",

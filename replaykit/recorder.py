@@ -365,6 +365,7 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
         plan.written, plan.generators = list(made.written), list(made.generators)
         plan.inputs_written = tuple(made.written_inputs)
         plan.assignment = made.assignment
+        plan.grad_order = list(made.grad_order) if self.on.hook_order else []
         if self.on.write_back:
             plan.back = WriteBack.of(recording.static_inputs, made.written_inputs)
         twice = set(made.multi_use)

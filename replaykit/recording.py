@@ -51,6 +51,7 @@ class Made:
     saved: list[int]  # the parameters the backward reads (all, unless the probe says)
     saved_inputs: list[int] = field(default_factory=list)  # the inputs it reads
     multi_use: list[int] = field(default_factory=list)  # the parameters it reads more than once
+    grad_order: list[int] = field(default_factory=list)  # eager's, where hooks need it (grad_hooks)
     written: list[torch.Tensor] = field(default_factory=list)  # parameters written in place
     # inputs written in place (written back), with the version bumps of their writes
     written_inputs: dict[int, int] = field(default_factory=dict)
@@ -327,6 +328,7 @@ class RecorderRecording:
             self._input_reads.drawn_to,
             (self._attributes, made.attribute_writes),
             state_checks=(self.on.data_rebind, self.on.output_state),
+            grad_order=made.grad_order,
         )
 
     def _class_writes(self, before: tuple) -> Refusal | None:

@@ -16,6 +16,7 @@ import torch
 
 from .backends import Recording
 from .errors import ReplayError
+from .guards.grad_hooks import chained
 from .guards.signature import CallArgs
 from .memory.attribute_outputs import Assignment
 from .memory.copy_out import StaticAliases
@@ -83,6 +84,7 @@ class Plan:
         "cleared",
         "copies",
         "generators",
+        "grad_order",
         "inputs_written",
         "key",
         "multi_use",
@@ -122,6 +124,8 @@ class Plan:
         self.back: WriteBack | None = None  # their copy back to the caller after each replay
         # tensors the forward assigns to attributes: among the outputs, assigned after each replay
         self.assignment: Assignment | None = None
+        # where two or more parameters carry gradient hooks: eager's order, kept by a chain
+        self.grad_order: list[int] = []
         # the module's generators it registered, kept alive: while it is, no generator assigned
         # anew takes one's id, so the module guard's key tells them apart (records anew)
         self.generators: list[torch.Generator] = []
@@ -241,7 +245,10 @@ class RecorderReplay:
                 plan.inputs_written,
                 self.on.data_rebind,
             )
-        outputs = _apply(step, callargs.tensors, recording.params)
+        params = recording.params
+        if plan.grad_order:  # hooks run as eager's backward reaches each parameter
+            params = chained(params, plan.grad_order)
+        outputs = _apply(step, callargs.tensors, params)
         self._choices.advance()  # Python's and numpy's generators where eager's draws leave them
         self._input_reads.advance()  # torch's CPU generator (the key's host draws) too
         result = recording.build_outputs(outputs)

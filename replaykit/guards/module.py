@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .grad_hooks import hooked
 from .signature import PLAIN_VALUES
 
 #: Dict-valued module attributes that are containers, not values the forward reads.
@@ -181,10 +182,8 @@ def _install() -> None:
 
 
 def gradient_hooks(params: Any) -> int:
-    """How many parameters carry gradient hooks (tensor hooks or post-accumulate hooks). Eager runs
-    them as the backward reaches each parameter; a replay hands all gradients to autograd at once,
-    so with two or more their order would differ."""
-    return sum(1 for p in params if p._backward_hooks or p._post_accumulate_grad_hooks)
+    """How many parameters carry gradient hooks (tensor hooks or post-accumulate hooks)."""
+    return len(hooked(params))
 
 
 def _swap_dicts(module: nn.Module, watched: bool) -> None:
@@ -486,6 +485,7 @@ class ModuleGuard:
         self._buffers = {(n, k): t for n, m in mods for k, t in m._buffers.items()}
         self._submodules = {n: id(m) for n, m in mods}
         self._hooks = _hook_count(mods)
+        self._grad_hooked = hooked(t for t in self._params.values() if t is not None)
         self._seen = -1
         self._verdict = Verdict()
         self._polled: list[tuple[Any, Any]] = []
@@ -538,12 +538,8 @@ class ModuleGuard:
             return None, "a submodule was removed"
         if _hook_count(mods) != self._hooks:
             return None, "module hooks changed"
-        hooked = gradient_hooks(t for t in self._params.values() if t is not None)
-        if hooked > 1:
-            return (
-                None,
-                f"gradient hooks on {hooked} parameters would run in another order than eager",
-            )
+        if hooked(t for t in self._params.values() if t is not None) != self._grad_hooked:
+            return None, "gradient hooks changed"  # a recording learnt their order (grad_hooks.py)
         for n, m in mods:
             for k, t in m._parameters.items():
                 if self._params.get((n, k), t) is not t and isinstance(t, nn.Parameter):

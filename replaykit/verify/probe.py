@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_leaves
 
 from ..backends.tape import shares_state
-from ..guards.module import gradient_hooks
+from ..guards.grad_hooks import hooked, learn
 from ..guards.signature import autocast_key
 from ..memory.attribute_outputs import AttributeOutputs, Target, attribute_storages
 from ..memory.outputs import OutputTree, objects, split_outputs
@@ -244,14 +244,14 @@ def probe(
     drawn_to: torch.Tensor | None = None,
     attributes: tuple[AttributeOutputs, list[Target]] | None = None,
     state_checks: tuple[bool, bool] = (True, True),
+    grad_order: list[int] | None = None,
 ) -> Refusal | None:
     """Run ``fn`` once eagerly on stand-ins (the caller restores): why it cannot be recorded, or
-    None. The lists given receive what the run found: what the backward reads (``saved``,
-    ``saved_inputs``), parameters read twice (``multi_use``), the output tree, parameters written,
-    generators drawn from, inputs written (a dict), attribute outputs; ``host_to`` / ``drawn_to``:
+    None. The lists given receive what the run found (each named for it; ``grad_order``: eager's
+    order of hooked parameters, without which such hooks are refused); ``host_to`` / ``drawn_to``:
     where its draws leave the host generators; ``state_checks``: :class:`Bindings`' two."""
-    if (refusal := _hook_order(params)) is not None:
-        return refusal
+    if (ordered := len(hooked(params)) > 1) and grad_order is None:
+        return _hook_order(len(hooked(params)))
     leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the storages
     callers = written_inputs[0] if written_inputs is not None else None
     effects = SideEffects(module, static_inputs, host_rng, drawn_to, host_to, callers)
@@ -285,8 +285,8 @@ def probe(
         return refusal
     diff = [o for o in tensors if o.requires_grad]
     del tensors
-    wanting = [x for x in static_inputs if x.requires_grad]
-    return _backward_refusal(diff, wanting, leaves, multi_use) if diff else None
+    wanting, order = [x for x in static_inputs if x.requires_grad], grad_order if ordered else None
+    return _backward_refusal(diff, wanting, leaves, multi_use, order) if diff else None
 
 
 def _own_generators(module: nn.Module, device: str, wanted: bool) -> list[torch.Generator]:
@@ -294,14 +294,14 @@ def _own_generators(module: nn.Module, device: str, wanted: bool) -> list[torch.
     return [g for g in held_generators(module) if g.device.type == device] if wanted else []
 
 
-def _hook_order(params: Sequence[torch.Tensor]) -> Refusal | None:
-    """Gradient hooks on more than one parameter: a replay would run them in another order."""
-    if gradient_hooks(params) > 1:
-        return Refusal(
-            "module",
-            f"gradient hooks on {gradient_hooks(params)} parameters would run in another order than eager",
-        )
-    return None
+def _hook_order(hooked_params: int, outputs: int = 1) -> Refusal:
+    """Gradient hooks on more than one parameter, where no order is learnt (a caller that does
+    not chain, or a module whose several outputs' gradients eager may take one at a time)."""
+    where = f" beside {outputs} differentiable outputs" if outputs > 1 else ""
+    which = f"{hooked_params} parameters" if hooked_params else "several parameters"
+    return Refusal(
+        "module", f"gradient hooks on {which}{where} would run in another order than eager"
+    )
 
 
 def _found(
@@ -466,9 +466,13 @@ def _backward_refusal(
     wanting: list[torch.Tensor],
     leaves: list[torch.Tensor],
     multi_use: list[int] | None,
+    order: list[int] | None = None,
 ) -> Refusal | None:
     """The backward's part: tensors outside the module, sparse gradients, an input read twice
-    (``multi_use`` receives the parameters read more than once)."""
+    (``multi_use`` receives the parameters read more than once; ``order``, where hooks need
+    it, the order eager's backward reaches them in)."""
+    if order is not None and len(diff) > 1:
+        return _hook_order(0, len(diff))
     uses, foreign = _uses(
         diff, [*wanting, *leaves], []
     )  # before the backward, which frees the graph as it goes
@@ -482,8 +486,14 @@ def _backward_refusal(
             "(a tensor attribute, a module kept in a dict): a recording would give them no gradient",
         )
     grads = torch.autograd.grad(
-        diff, wanting + leaves, [torch.zeros_like(o) for o in diff], allow_unused=True
+        diff,
+        wanting + leaves,
+        [torch.zeros_like(o) for o in diff],
+        allow_unused=True,
+        retain_graph=order is not None,
     )
+    if order is not None:
+        order[:] = learn(diff, leaves)
     layouts = [g.layout for g in grads if g is not None]
     del grads, diff
     sparse = [lay for lay in layouts if lay != torch.strided]
