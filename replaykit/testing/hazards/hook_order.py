@@ -1,5 +1,7 @@
 """Hooks on parameters: post-accumulate and tensor hooks (their call order is part of the
-end state), per-parameter optimizers stepping inside backward.
+end state), per-parameter optimizers stepping inside backward. A recording learns eager's order
+and a replay keeps it (``guards/grad_hooks.py``, protection ``hook_order``); hooks added after a
+recording record anew (``param_identity``).
 """
 
 from __future__ import annotations
@@ -68,8 +70,8 @@ PATTERNS: list[Pattern] = [
         "register_post_accumulate_grad_hook on every parameter",
         mlp(bn=True),
         _hooked("post_accumulate"),
-        guard="record_probe",
-    ),  # hooks before the first record
+        guard="hook_order",
+    ),  # hooks before the first record: the recording learns eager's order
     HC.pattern(
         "post_accumulate_hook_midway",
         "post-accumulate hooks registered after recording",
@@ -82,13 +84,13 @@ PATTERNS: list[Pattern] = [
         "p.register_hook clipping each gradient, order recorded",
         mlp(bn=True),
         _hooked("tensor"),
-        guard="record_probe",
+        guard="hook_order",
     ),
     HC.pattern(
         "optimizer_in_backward",
         "per-parameter optimizers stepping in post-accumulate hooks",
         mlp(bn=True),
         _optimizer_in_backward,
-        guard="record_probe",
+        guard="hook_order",
     ),
 ]
