@@ -14,8 +14,9 @@ Outcomes, per pattern and backend (the replay arm against the eager arm):
   ``crashed`` (a child process that ended without an answer).
 
 *Replay coverage* (:func:`.report.coverage`): per API and backend, the share of the realistic
-patterns run (the catalogue's, not its known limits) whose outcome is ``replayed bitwise``:
-routing everything eager keeps the contract but replays nothing.
+patterns run (the catalogue's, not its known limits, nor those whose eager arm raises: eager
+code that fails has nothing to replay) whose outcome is ``replayed bitwise``: routing everything
+eager keeps the contract but replays nothing.
 """
 
 from __future__ import annotations

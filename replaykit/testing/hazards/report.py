@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .catalogue import KNOWN_LIMITS
-from .outcome import REPLAYED, Outcome
+from .outcome import BOTH_RAISE, REPLAYED, Outcome
 
 
 def table(outcomes: Sequence[Outcome], markdown: bool = True) -> str:
@@ -113,11 +113,12 @@ def summary(outcomes: Sequence[Outcome]) -> dict[str, Any]:
 
 def coverage(outcomes: Sequence[Outcome]) -> dict[str, dict[str, Any]]:
     """Replay coverage per ``"api/backend"``: of the realistic patterns run (guarded arms, not
-    the known limits), how many replayed bitwise; ``share`` is that fraction."""
+    the known limits, nor those whose eager arm raises: ``both raise`` has nothing to replay),
+    how many replayed bitwise; ``share`` is that fraction."""
     limits = {p.name for p in KNOWN_LIMITS}
     groups: dict[str, list[Outcome]] = {}
     for o in outcomes:
-        if not o.unsafe and o.pattern not in limits:
+        if not o.unsafe and o.pattern not in limits and o.kind != BOTH_RAISE:
             groups.setdefault(f"{o.api}/{o.backend}", []).append(o)
     out = {}
     for key, group in sorted(groups.items()):

@@ -512,7 +512,9 @@ def test_replay_coverage_counts_realistic_guarded_runs_per_api_and_backend(monke
     ]
     unsafe = Outcome("replays", "inputs", "emulated", REPLAYED, unsafe=True)
     limit = Outcome(known.name, "x", "emulated", REPLAYED)
-    result = summary([*outcomes, unsafe, limit])
+    # eager raised too: nothing to replay, left out of the share
+    failing = Outcome("eager_raises", "crashes", "emulated", BOTH_RAISE, api="step")
+    result = summary([*outcomes, unsafe, limit, failing])
     assert result["coverage"] == {
         "capture/emulated": {"replayed": 1, "patterns": 1, "share": 1.0},
         "step/emulated": {"replayed": 1, "patterns": 2, "share": 0.5},
