@@ -282,6 +282,11 @@ def value_key(value: Any) -> Any:
     return ("id", id(value))
 
 
+def _state_buffers(m: nn.Module, kinds: dict[tuple[int, str], bool]) -> list[tuple[str, Any]]:
+    """The module's registered buffers learnt as states (``memory/attribute_outputs.py``)."""
+    return [(b, t) for b, t in m._buffers.items() if kinds.get((id(m), b))]
+
+
 def _kind_key(value: Any, state: bool) -> Any:
     """An attribute the forward assigns: a tensor keyed as any tensor, the rest by value. One it
     also reads (``state``) is copied into the recording's slot before each replay: keyed by what
@@ -525,6 +530,8 @@ class ModuleGuard:
                 keys.append((n, name, k))
                 if _polls(m, name, value):
                     polled.append((value, k))
+            if kinds:  # a buffer the forward re-binds and reads (a state): keyed by its slot
+                keys += [(n, b, _kind_key(t, True)) for b, t in _state_buffers(m, kinds)]
         self._polled = polled
         key = self._interned.setdefault(tuple(keys), len(self._interned))
         return Verdict(key, *self._identity(mods))
@@ -545,7 +552,8 @@ class ModuleGuard:
                 if self._params.get((n, k), t) is not t and isinstance(t, nn.Parameter):
                     return None, f"parameter {_dotted(n, k)!r} registered anew"
             for k, t in m._buffers.items():
-                if self._buffers.get((n, k)) is not t:  # .to()/.double() replace buffers for good
+                if self._buffers.get((n, k)) is not t and not self._kinds.get((id(m), k)):
+                    # .to()/.double() replace buffers for good; a state's is keyed, not its identity
                     return None, f"buffer {_dotted(n, k)!r} replaced (storage changed)"
         if len(self._buffers) != sum(len(m._buffers) for _, m in mods):
             return None, "a buffer was removed"

@@ -64,9 +64,14 @@ def _held(value: object) -> bool:
 
 
 def attribute_storages(module: nn.Module) -> set[int]:
-    """The storages of the tensors the tree's modules hold as plain attributes: an op of the
-    forward that reads one reads an attribute's value (the probe notes which)."""
-    return {_storage(v) for m in module.modules() for v in m.__dict__.values() if _held(v)}
+    """The storages of the tensors the tree's modules hold as plain attributes or buffers: an op
+    of the forward that reads one reads an attribute's value (the probe notes which)."""
+    return {
+        _storage(v)
+        for m in module.modules()
+        for v in (*m.__dict__.values(), *(m.__dict__.get("_buffers") or {}).values())
+        if _held(v)
+    }
 
 
 def _state(old: object, new: object, read: Collection[int]) -> bool:
@@ -79,6 +84,16 @@ def _state(old: object, new: object, read: Collection[int]) -> bool:
         and not old.requires_grad  # type: ignore[union-attr]
         and not new.requires_grad  # type: ignore[union-attr]
     )
+
+
+def _is_buffer(m: nn.Module, name: str) -> bool:
+    return name in (m.__dict__.get("_buffers") or {})
+
+
+def _namespace(m: nn.Module, name: str) -> dict:
+    """Where the attribute lives: a registered buffer in ``_buffers``, the rest in ``__dict__``."""
+    buffers = m.__dict__.get("_buffers") or {}
+    return buffers if name in buffers else m.__dict__
 
 
 def _settable(m: nn.Module, name: str) -> bool:
@@ -113,10 +128,14 @@ class AttributeOutputs:
         writes = list(writes)
         names = {id(m): n or type(m).__name__ for n, m in self._module.named_modules()}
         before = {(id(m), name): old for m, name, old, _ in writes}
-        states = {(id(m), name) for m, name, old, new in writes if _state(old, new, read)}
+        states = {
+            (id(m), name)
+            for m, name, old, new in writes
+            if _state(old, new, read) or ((id(m), name) in self._states and _held(new))
+        }  # a learnt state's forward reads its slot, not the old tensor
         kept: list[Target] = []  # learnt as assigned, read now and left: a state (a filled cache)
         for key, (m, name) in self._known.items():
-            value = before.get(key, m.__dict__.get(name))  # as the forward found it
+            value = before.get(key, _namespace(m, name).get(name))  # as the forward found it
             if _held(value) and _storage(value) in read and key not in states:
                 if value.requires_grad:  # type: ignore[union-attr]
                     return [], (
@@ -129,7 +148,7 @@ class AttributeOutputs:
             (m, name)
             for m, name, old, new in writes
             if id(m) in names
-            and _settable(m, name)
+            and (_settable(m, name) or ((id(m), name) in states and _is_buffer(m, name)))
             and _held(new)
             and _storage(new) not in foreign
             and (
@@ -181,7 +200,7 @@ class Assignment:
     __slots__ = ("_slots", "_targets")
 
     def __init__(self, targets: Sequence[Target], states: Collection[tuple[int, str]] = ()) -> None:
-        self._targets = tuple((m, m.__dict__, name) for m, name in targets)
+        self._targets = tuple((m, _namespace(m, name), name) for m, name in targets)
         # made and filled now, before any run of the recording call: a slot from a capture's pool
         # could share a temporary's block, and a fill inside a run would be recorded with it
         self._slots = {
@@ -248,7 +267,7 @@ class Assignment:
                     kind, _, j = t.partition(" ")
                     t = tree_leaves(out)[int(j)] if kind == "output" else written[int(j)]
                 m, d, name = targets[i]
-                if isinstance(d.get(name), torch.Tensor):
+                if isinstance(d.get(name), torch.Tensor):  # a buffer's stays in _buffers
                     d[name] = t
                 else:
                     setattr(m, name, t)

@@ -362,7 +362,8 @@ def _attribute_outputs(
     if attributes is None or module is None:
         return None
     found, into = attributes
-    held = (*inspector._keep, *module.buffers())  # the stand-ins of the parameters, the buffers
+    # the stand-ins of the parameters, the buffers before the run (a re-bound one's new tensor is computed)
+    held = (*inspector._keep, *effects.buffers_before())
     foreign = {_storage(t) for t in held if t.layout == torch.strided and t.numel()}
     outputs, why = found.sort(effects.changed_attributes(), inspector.read, foreign)
     if why is not None:

@@ -134,6 +134,15 @@ class SideEffects:
                 out.append((m, attr, AttributeOutputs.missing() if old is _MISSING else old, new))
         return out
 
+    def buffers_before(self) -> list[torch.Tensor]:
+        """The tree's buffers as the run found them (one it re-binds is the old tensor here)."""
+        return [
+            t
+            for dicts in self._before.values()
+            for t in dicts[_SLOTS.index("_buffers") + 1].values()
+            if isinstance(t, torch.Tensor)
+        ]
+
     def exclude(self, targets: Iterable[tuple[nn.Module, str]]) -> None:
         """Attribute writes a replay repeats (recorded outputs): not effects."""
         self._outputs = {(id(m), name) for m, name in targets}

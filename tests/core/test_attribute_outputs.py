@@ -7,6 +7,7 @@ and its None pattern, and the attributes, after every call."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import pytest
@@ -15,6 +16,7 @@ from torch import nn
 
 import replaykit as rk
 from replaykit.protections import negative_control
+from replaykit.testing.hazards.recording_call import CentredHead
 from replaykit.testing.hazards.side_effects import (
     FirstBatchCentre,
     KeepsOutput,
@@ -173,6 +175,7 @@ class GrowingTable(nn.Module):
 STATES = [
     pytest.param(RunningCentre, id="running_centre"),
     pytest.param(FirstBatchCentre, id="centre_from_the_first_batch"),
+    pytest.param(CentredHead, id="registered_buffer_re_bound"),
     pytest.param(GrowingTable, id="cache_grown_on_a_longer_batch"),
 ]
 
@@ -193,7 +196,7 @@ def test_a_forward_reading_the_attribute_it_assigns_replays_from_a_slot(
     assert set(rec.eager_reasons) - grown == {"first_write"}, rec.summary()
 
 
-@pytest.mark.parametrize("make", STATES[:2])
+@pytest.mark.parametrize("make", STATES[:3])
 def test_without_attribute_outputs_a_state_keeps_an_earlier_tensor(
     backend: str, device: str, make: type[nn.Module]
 ) -> None:
@@ -201,6 +204,25 @@ def test_without_attribute_outputs_a_state_keeps_an_earlier_tensor(
     eager, _ = _train(make, None, device, None, steps=8)
     replayed, _ = _train(make, None, device, backend, negative_control("attribute_outputs"), 8)
     assert not _same(eager, replayed)
+
+
+def test_a_re_bound_buffer_stays_a_registered_buffer(backend: str, device: str) -> None:
+    """DINO's centre: after each replay ``center`` is the module's buffer (state_dict, .to())
+    holding eager's values, a new tensor per call."""
+    torch.manual_seed(0)
+    model = CentredHead().to(device)
+    eager = copy.deepcopy(model)
+    rec = rk.capture(model, backend=backend)
+    seen = []
+    for _ in range(5):
+        x = torch.randn(4, 6, device=device)
+        model(x).pow(2).mean().backward()
+        eager(x).pow(2).mean().backward()
+        assert torch.equal(model.state_dict()["center"], eager.state_dict()["center"])
+        assert all(model.center is not t for t in seen)
+        seen.append(model.center)
+    assert dict(model.named_buffers())["center"] is model.center
+    assert rec.counts["replay"] >= 3, rec.summary()
 
 
 class GradCentre(RunningCentre):
