@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from torch import nn
 
 from .backends import Recording, Subject, capture_failure, refused_host_copy
 from .guards.code import cpu_versions, iterator_reason
@@ -241,7 +242,10 @@ class RecorderRecording:
         self._attributes.learn(new)
         names = {id(m): n or type(m).__name__ for n, m in self.module.named_modules()}
         written = ", ".join(
-            f"{names[id(m)]}.{name}" + (" (read too: a state)" if (id(m), name) in states else "")
+            f"{names.get(id(m), type(m).__name__)}[{name!r}]"
+            if not isinstance(m, nn.Module)
+            else f"{names[id(m)]}.{name}"
+            + (" (read too: a state)" if (id(m), name) in states else "")
             for m, name in new
         )
         return Refusal(

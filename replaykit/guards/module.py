@@ -282,6 +282,19 @@ def value_key(value: Any) -> Any:
     return ("id", id(value))
 
 
+def _entries_key(value: Any, entries: dict[int, dict[Any, bool]]) -> Any:
+    """``value_key``, but a held dict's or plain object's learnt entries keyed by kind."""
+    learnt = entries.get(id(value)) if entries else None
+    if learnt is None:
+        return value_key(value)
+    items = value if isinstance(value, dict) else vars(value)
+    inner = tuple(
+        (value_key(k), _kind_key(v, learnt[k]) if k in learnt else value_key(v))
+        for k, v in items.items()
+    )
+    return ("dict", inner) if isinstance(value, dict) else ("obj", id(value), inner)
+
+
 def _state_buffers(m: nn.Module, kinds: dict[tuple[int, str], bool]) -> list[tuple[str, Any]]:
     """The module's registered buffers learnt as states (``memory/attribute_outputs.py``)."""
     return [(b, t) for b, t in m._buffers.items() if kinds.get((id(m), b))]
@@ -455,15 +468,22 @@ class ModuleGuard:
         self._closed = False
         # (module id, name) of attributes keyed by kind, not identity (:meth:`key_by_kind`)
         self._kinds: dict[tuple[int, str], bool] = {}  # True: a state the forward also reads
+        # the same for entries of held dicts and plain objects, by the container's id
+        self._entries: dict[int, dict[Any, bool]] = {}
         self._kind_owners: list[nn.Module] = []  # held: no other module takes one's id
         self.rebaseline()
 
-    def key_by_kind(self, targets: list[tuple[nn.Module, str]], state: bool = False) -> None:
+    def key_by_kind(self, targets: list[tuple[Any, str]], state: bool = False) -> None:
         """Attributes the forward assigns a tensor (recorded outputs, ``memory/attribute_outputs.py``):
         keyed by what a forward could branch on without reading them (None, a number, or a
         tensor), so each call's new tensor does not record anew; ``state``: it reads the old one
-        too, keyed by what its slot holds."""
-        self._kinds.update(((id(m), name), state) for m, name in targets)
+        too, keyed by what its slot holds. A target held by a dict or plain object the tree holds
+        (``self.feats["h"]``) is an entry of that container: keyed so within it."""
+        for holder, name in targets:
+            if isinstance(holder, nn.Module):
+                self._kinds[(id(holder), name)] = state
+            else:
+                self._entries.setdefault(id(holder), {})[name] = state
         self._kind_owners += [m for m, _ in targets]
         self._seen = -1  # read the tree again at the next verdict
 
@@ -506,7 +526,8 @@ class ModuleGuard:
         return self._verdict
 
     def _polled_changed(self) -> bool:
-        return any(value_key(v) != k for v, k in self._polled)
+        entries = self._entries
+        return any(_entries_key(v, entries) != k for v, k in self._polled)
 
     def refresh(self) -> Verdict:
         """Read the tree: every module's plain values (the key), then identities against the baseline."""
@@ -526,7 +547,7 @@ class ModuleGuard:
                         keys.append((n, name, code))
                     continue
                 kind = kinds.get((id(m), name)) if kinds else None
-                k = value_key(value) if kind is None else _kind_key(value, kind)
+                k = _entries_key(value, self._entries) if kind is None else _kind_key(value, kind)
                 keys.append((n, name, k))
                 if _polls(m, name, value):
                     polled.append((value, k))
@@ -584,7 +605,7 @@ class ModuleGuard:
                 _swap_dicts(m, False)
         self._unwatch()
         self._params, self._buffers, self._polled = {}, {}, []
-        self._kinds, self._kind_owners = {}, []
+        self._kinds, self._kind_owners, self._entries = {}, [], {}
         self._interned = {}  # its keys hold what the tree called (_Same), a recorder's forward too
 
 

@@ -7,7 +7,9 @@ module in the captured tree, and no op of the forward reads the tensor the attri
 (written, never read), that tensor is one more output of the recording: its static buffer,
 copy-out, autograd (``model.aux_loss`` backpropagates into the replayed backward) and the
 verification are the outputs', and after each replay the attribute is bound to the replayed
-tensor, a new tensor object per call, as eager's assignment makes.
+tensor, a new tensor object per call, as eager's assignment makes. An entry a forward sets in
+a dict or a plain object a module holds (``self.feats["h"] = h``, ``self.state.last = out``) is
+an attribute of that container here: a target is a module and a name, or a container and a key.
 
 The probe finds such writes (:mod:`replaykit.verify.probe`); the first call that makes one runs
 eagerly (``first_write``) and teaches it. From then on the module guard keys that attribute by
@@ -41,9 +43,9 @@ __all__ = ["Assignment", "AttributeOutputs", "attribute_storages"]
 _MISSING = object()
 _SLOTS = ("_parameters", "_buffers", "_modules")
 #: an attribute: its module and name
-Target = tuple[nn.Module, str]
+Target = tuple[Any, Any]  # (a module, a name); or a held dict or plain object, and its key
 #: one changing write the probe saw: module, name, the value before the run, the value after
-Write = tuple[nn.Module, str, object, object]
+Write = tuple[Any, Any, object, object]
 #: a value an attribute may hold before its first tensor (an initial ``None`` or ``0.0``)
 _PLAIN = (type(None), bool, int, float)
 
@@ -86,19 +88,27 @@ def _state(old: object, new: object, read: Collection[int]) -> bool:
     )
 
 
-def _is_buffer(m: nn.Module, name: str) -> bool:
-    return name in (m.__dict__.get("_buffers") or {})
+def _is_buffer(m: object, name: Any) -> bool:
+    return isinstance(m, nn.Module) and name in (m.__dict__.get("_buffers") or {})
 
 
-def _namespace(m: nn.Module, name: str) -> dict:
-    """Where the attribute lives: a registered buffer in ``_buffers``, the rest in ``__dict__``."""
+def _namespace(m: object, name: Any) -> dict:
+    """Where the attribute lives: a module's registered buffer in ``_buffers``, its other attributes
+    in ``__dict__``; a held dict's entry in the dict, a plain object's attribute in its ``__dict__``."""
+    if isinstance(m, dict):
+        return m
+    if not isinstance(m, nn.Module):
+        return vars(m)
     buffers = m.__dict__.get("_buffers") or {}
     return buffers if name in buffers else m.__dict__
 
 
-def _settable(m: nn.Module, name: str) -> bool:
-    """A plain attribute: not a parameter, buffer or submodule, nor a property of the class."""
-    if any(name in (m.__dict__.get(slot) or ()) for slot in _SLOTS):
+def _settable(m: object, name: Any) -> bool:
+    """A plain attribute: not a parameter, buffer or submodule, nor a property of the class (any
+    entry of a held dict)."""
+    if isinstance(m, dict):
+        return True
+    if isinstance(m, nn.Module) and any(name in (m.__dict__.get(slot) or ()) for slot in _SLOTS):
         return False
     return not hasattr(type(getattr(type(m), name, None)), "__set__")
 
@@ -147,7 +157,7 @@ class AttributeOutputs:
         outputs = [
             (m, name)
             for m, name, old, new in writes
-            if id(m) in names
+            if (id(m) in names or not isinstance(m, nn.Module))  # a held container's entry
             and (_settable(m, name) or ((id(m), name) in states and _is_buffer(m, name)))
             and _held(new)
             and _storage(new) not in foreign
@@ -267,8 +277,8 @@ class Assignment:
                     kind, _, j = t.partition(" ")
                     t = tree_leaves(out)[int(j)] if kind == "output" else written[int(j)]
                 m, d, name = targets[i]
-                if isinstance(d.get(name), torch.Tensor):  # a buffer's stays in _buffers
-                    d[name] = t
+                if isinstance(d.get(name), torch.Tensor) or not isinstance(m, nn.Module):
+                    d[name] = t  # a buffer's stays in _buffers; a held container's entry
                 else:
                     setattr(m, name, t)
         return out

@@ -365,7 +365,8 @@ def _attribute_outputs(
     # the stand-ins of the parameters, the buffers before the run (a re-bound one's new tensor is computed)
     held = (*inspector._keep, *effects.buffers_before())
     foreign = {_storage(t) for t in held if t.layout == torch.strided and t.numel()}
-    outputs, why = found.sort(effects.changed_attributes(), inspector.read, foreign)
+    writes = [*effects.changed_attributes(), *effects.changed_entries()]
+    outputs, why = found.sort(writes, inspector.read, foreign)
     if why is not None:
         return Refusal("module", why)
     effects.exclude(outputs)

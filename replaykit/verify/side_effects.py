@@ -39,6 +39,22 @@ def _attributes(m: nn.Module) -> tuple[dict, ...]:
     return (m.__dict__, *(m.__dict__.get(slot, {}) for slot in _SLOTS))
 
 
+def _entries(value: object) -> dict | None:
+    """A held dict's items, or a plain object's attributes (not a module's): what a run may set."""
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, (nn.Module, type)):
+        return None
+    attrs = getattr(value, "__dict__", None)
+    return dict(attrs) if isinstance(attrs, dict) else None
+
+
+def _changed_keys(before: dict, now: dict) -> list[object]:
+    """Keys added, removed, or bound to another value (by ``value_key``)."""
+    keys = [k for k in now if k not in before or value_key(before[k]) != value_key(now[k])]
+    return keys + [k for k in before if k not in now]
+
+
 class SideEffects:
     """Watches one run of recorded code (``with SideEffects(model, inputs) as effects: ...``)."""
 
@@ -72,6 +88,10 @@ class SideEffects:
         self._versions = [x._version for x in self._inputs]
         self._also: set[int] = set()  # inputs found written otherwise (also_written)
         self._held = held_values(module)
+        # shallow copies of the held dicts and plain objects: which entries a run set
+        self._contents = {
+            id(v): dict(c) for _, v, _ in self._held if (c := _entries(v)) is not None
+        }
         self._listen = listen_for_writes()
         self.writes: list[tuple[nn.Module, str]] = []
         # attribute writes a replay repeats (recorded outputs, memory/attribute_outputs.py): no effect
@@ -134,6 +154,20 @@ class SideEffects:
                 out.append((m, attr, AttributeOutputs.missing() if old is _MISSING else old, new))
         return out
 
+    def changed_entries(self) -> list[tuple[object, object, object, object]]:
+        """Entries of the held dicts and plain objects the run set to another value (``self.feats
+        ["h"] = h``, ``self.state.last = out``): ``(container, key, before, now)``, as
+        :meth:`changed_attributes` gives an attribute's."""
+        out = []
+        for _, value, _ in self._held:
+            before, now = self._contents.get(id(value)), _entries(value)
+            if before is None or now is None:
+                continue
+            for k in _changed_keys(before, now):
+                old = before.get(k, AttributeOutputs.missing())
+                out.append((value, k, old, now.get(k, _MISSING)))
+        return out
+
     def buffers_before(self) -> list[torch.Tensor]:
         """The tree's buffers as the run found them (one it re-binds is the old tensor here)."""
         return [
@@ -172,7 +206,17 @@ class SideEffects:
         return callers is not None and inexact(callers, self.written_inputs(), self._on_gpu) is None
 
     def _changed_held(self) -> list[str]:
-        return [name for name, value, key in self._held if value_key(value) != key]
+        """The held containers the run changed, beyond the entries a replay repeats (outputs)."""
+        outputs, out = self._outputs, []
+        for name, value, key in self._held:
+            if value_key(value) == key:
+                continue
+            before, now = self._contents.get(id(value)), _entries(value)
+            repeated = before is not None and now is not None and bool(outputs)
+            if repeated and all((id(value), k) in outputs for k in _changed_keys(before, now)):  # type: ignore[arg-type]
+                continue
+            out.append(name)
+        return out
 
     def host_draws(self) -> bool:
         """Whether the run left torch's CPU generator elsewhere than expected (beside a GPU model)."""

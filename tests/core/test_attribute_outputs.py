@@ -18,7 +18,9 @@ import replaykit as rk
 from replaykit.protections import negative_control
 from replaykit.testing.hazards.recording_call import CentredHead
 from replaykit.testing.hazards.side_effects import (
+    Cache,
     FirstBatchCentre,
+    HeldState,
     KeepsOutput,
     LoggedAttention,
     MoE,
@@ -154,6 +156,43 @@ def test_an_attribute_bound_to_an_output_is_that_output(backend: str, device: st
         assert model.last is out
         out.pow(2).mean().backward()
     assert rec.counts["replay"] >= 2, rec.summary()
+
+
+def _feature(model: nn.Module) -> torch.Tensor:
+    return model.feats["h"].pow(2).mean()
+
+
+def _kept_on_object(model: nn.Module) -> torch.Tensor:
+    return model.state.last.abs().mean()
+
+
+HELD = [
+    pytest.param(Cache, _feature, id="feature_dict_entry"),
+    pytest.param(HeldState, _kept_on_object, id="plain_object_attribute"),
+]
+
+
+@pytest.mark.parametrize(("make", "extra"), HELD)
+def test_an_entry_of_a_held_container_replays_like_eager(
+    backend: str, device: str, make: type[nn.Module], extra: Loss
+) -> None:
+    """``self.feats["h"] = h`` (a feature-matching loss reads it), ``self.state.last = out``: the
+    entry is one more output, set after each replay; the loss backpropagates through it."""
+    eager, _ = _train(make, extra, device, None)
+    replayed, rec = _train(make, extra, device, backend)
+    for call, (want, got) in enumerate(zip(eager, replayed, strict=True), 1):
+        assert _same(want, got), f"call {call}: {rec.journal.format()}"
+    assert rec.counts["replay"] >= 3 and not rec.retired, rec.summary()
+    assert set(rec.eager_reasons) == {"first_write"}, rec.summary()
+
+
+@pytest.mark.parametrize(("make", "extra"), HELD)
+def test_without_attribute_outputs_the_entry_keeps_an_earlier_tensor(
+    backend: str, device: str, make: type[nn.Module], extra: Loss
+) -> None:
+    """The negative control: the loss reaches the first call's freed graph (autograd raises)."""
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _train(make, extra, device, backend, negative_control("attribute_outputs"))
 
 
 class GrowingTable(nn.Module):

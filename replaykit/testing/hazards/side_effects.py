@@ -614,7 +614,7 @@ PATTERNS: list[Pattern] = [
         lambda m, a: loss_steps(
             m, a, lambda m, a: m(a.randn(4, 6)).pow(2).mean() + 0.1 * m.feats["h"].pow(2).mean()
         ),
-        guard="record_probe",
+        guard="attribute_outputs",
     ),
     HC.pattern(
         "list_append_in_forward",
@@ -630,7 +630,7 @@ PATTERNS: list[Pattern] = [
         lambda m, a: loss_steps(
             m, a, lambda m, a: (m(a.randn(4, 6)), m.state.last)[1].pow(2).mean()
         ),
-        guard="record_probe",
+        guard="attribute_outputs",
     ),
     HC.pattern(
         "tensor_attribute_with_grad",
