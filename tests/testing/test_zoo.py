@@ -102,6 +102,16 @@ def test_cases_span_model_precision_accumulation() -> None:
         run.train(run.ZooCase("transformer_lm", precision="8-bit"))
 
 
+def test_unpadded_and_mixed_batches_are_rows_of_the_language_models_only() -> None:
+    cases = run.cases(["resnet18", "hf_gpt2"], paddings=["padded", "unpadded", "mixed"], steps=2)
+    assert sorted(c.padding for c in cases if c.model == "resnet18") == ["padded", "padded"]
+    assert {c.padding for c in cases if c.model == "hf_gpt2"} == {"padded", "unpadded", "mixed"}
+    pytest.importorskip("transformers")
+    result = run.run_case(run.ZooCase("hf_gpt2", accumulation=1, steps=2, padding="mixed"))
+    row = run.rows([result])[0]
+    assert row["model"] == "hf_gpt2 (mixed)" and row["bitwise"] is True, row
+
+
 def test_every_model_builds_a_batch_its_loss_reads() -> None:
     for name in zoo.MODELS:
         if zoo.unavailable(name):

@@ -41,12 +41,14 @@ from ..parity.scenario import PRECISIONS, journal_counts, median_steady
 from ..parity.trial import flat_state, grads, scaled_step
 from ..progress import run_each
 from . import MODELS, build, names, unavailable
+from .hf import unpadded
 from .workload import invoke
 
 State = dict[str, "torch.Tensor | None"]
 AUTOCAST = {"32": None, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 #: ``capture``: network replay in a plain loop; ``step``: the whole step (``rk.TrainStep``)
 APIS = ("capture", "step")
+PADDINGS = ("padded", "unpadded", "mixed")
 
 
 @dataclass(frozen=True)
@@ -63,11 +65,14 @@ class ZooCase:
     backend: str = "auto"
     check_every: int = 0
     api: str = "capture"
+    #: a language model's batches: ``padded`` (the last row), ``unpadded``, or ``mixed`` (alternating)
+    padding: str = "padded"
 
     @property
     def name(self) -> str:
         step = "/step" if self.api == "step" else ""
-        return f"{self.model}/{self.precision}/acc{self.accumulation}{step}"
+        pad = "" if self.padding == "padded" else f"/{self.padding}"
+        return f"{self.model}/{self.precision}/acc{self.accumulation}{step}{pad}"
 
 
 @dataclass
@@ -210,10 +215,20 @@ def _setup(case: ZooCase) -> tuple[nn.Module, Callable, torch.optim.Optimizer, l
     opt = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
     g = torch.Generator().manual_seed(1000 + case.seed)
     batches = [
-        make_batch(case.batch, case.device, g) for _ in range(case.steps * case.accumulation)
+        _padding(make_batch(case.batch, case.device, g), case.padding, i)
+        for i in range(case.steps * case.accumulation)
     ]
     scaler = torch.amp.GradScaler(device_type) if case.precision == "16-mixed" else None
     return module, loss_fn, opt, batches, scaler
+
+
+def _padding(batch: Any, padding: str, i: int) -> Any:
+    """A language model's batch with its padding as asked (other models' batches as they are)."""
+    args, targets = batch
+    unpad = padding == "unpadded" or (padding == "mixed" and i % 2 == 1)
+    if not unpad or not isinstance(args, dict) or "attention_mask" not in args:
+        return batch
+    return unpadded(args), targets
 
 
 def _finish(
@@ -294,15 +309,19 @@ def cases(
     precisions: Iterable[str] = ("32",),
     accumulations: Iterable[int] = (1, 2),
     apis: Iterable[str] = ("capture",),
+    paddings: Iterable[str] = ("padded",),
     **common: Any,
 ) -> list[ZooCase]:
-    """model × precision × accumulation × API (``models`` may say ``"all"`` or a group)."""
+    """model × precision × accumulation × API × padding (``models`` may say ``"all"`` or a
+    group; a padding other than ``padded`` only for the models whose batches have a mask)."""
     return [
-        ZooCase(m, p, a, api=api, **common)
+        ZooCase(m, p, a, api=api, padding=pad, **common)
         for m in names(models)
         for p in precisions
         for a in accumulations
         for api in apis
+        for pad in paddings
+        if pad == "padded" or m.startswith("hf_")
     ]
 
 
@@ -324,7 +343,7 @@ def rows(results: Iterable[ZooResult]) -> list[dict[str, Any]]:
         replay_ms = median_steady(replay.step_ms) if replay else float("nan")
         out.append(
             {
-                "model": c.model,
+                "model": c.model if c.padding == "padded" else f"{c.model} ({c.padding})",
                 "source": MODELS[c.model].source,
                 "precision": c.precision,
                 "accumulation": c.accumulation,
@@ -407,6 +426,13 @@ def build_parser():
     p.add_argument("--apis", nargs="+", default=["capture"], choices=APIS)
     p.add_argument("--steps", type=int, default=3, help="optimizer steps per run")
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--padding",
+        nargs="+",
+        default=["padded"],
+        choices=PADDINGS,
+        help="language models' batches: the last row padded, none, or alternating",
+    )
     return p
 
 
@@ -419,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         args.precisions,
         args.accumulations,
         args.apis,
+        args.padding,
         steps=args.steps,
         device=args.device,
     )
