@@ -110,9 +110,9 @@ REGISTRY: dict[str, Protection] = {
         Protection(
             "hook_order",
             "capture",
-            "gradient hooks on several parameters run in the order the engine picks after a replayed "
-            "backward, not as eager's backward reaches each parameter (a per-parameter optimizer "
-            "stepping in backward, a hook reading another parameter's .grad)",
+            "gradient hooks run in the order the engine picks after a replayed backward, not as "
+            "eager's backward reaches each parameter (a per-parameter optimizer stepping in "
+            "backward, a hook reading another parameter's .grad)",
         ),
         Protection(
             "repeat_backward",

@@ -1,11 +1,12 @@
-"""Gradient hooks on several parameters: run in eager's order after a replayed backward.
+"""Gradient hooks on parameters: run in eager's order after a replayed backward.
 
 Eager's backward reaches the parameters one at a time: each parameter's AccumulateGrad node runs
 (its tensor hooks, then its post-accumulate hooks: a per-parameter optimizer stepping inside
 backward, a clip, a log) as soon as its gradient is ready. A replayed backward is one autograd
 node that hands out every gradient at once; the engine would then run the AccumulateGrad nodes
 in an order of its own, and that order is an end state (a log of it, a hook that reads another
-parameter's ``.grad``, which in eager is not there yet).
+parameter's ``.grad``, which in eager is not there yet: one hook on the first layer that clips
+every gradient "at the end of backward" sees all of them in eager, only some after a replay).
 
 So a recording learns eager's order (:func:`learn`: the probe's backward accumulates into
 stand-ins that log it), and a replay passes its parameters through a chain of identity nodes
@@ -13,7 +14,7 @@ stand-ins that log it), and a replay passes its parameters through a chain of id
 chain's last link ready; each link hands its parameter's gradient to that AccumulateGrad, which
 the engine runs before anything else (its priority is the highest), and only then readies the
 next link. Gradients pass unchanged. The chain costs one small autograd node per parameter, and
-is built only where two or more parameters carry hooks.
+is built only where a parameter carries a hook.
 
 Learnt from one backward of the whole module, the order is eager's where the module's gradients
 arrive together: a module with one differentiable output. With several, eager may run part of

@@ -66,14 +66,27 @@ def _held(value: object) -> bool:
 
 
 def attribute_storages(module: nn.Module) -> set[int]:
-    """The storages of the tensors the tree's modules hold as plain attributes or buffers: an op
-    of the forward that reads one reads an attribute's value (the probe notes which)."""
-    return {
-        _storage(v)
-        for m in module.modules()
-        for v in (*m.__dict__.values(), *(m.__dict__.get("_buffers") or {}).values())
-        if _held(v)
-    }
+    """The storages of the tensors the tree's modules hold as plain attributes or buffers, or in a
+    dict or plain object one holds (``self.stats["center"]``): an op of the forward that reads one
+    reads an attribute's value (the probe notes which)."""
+    found = set()
+    for m in module.modules():
+        for v in (*m.__dict__.values(), *(m.__dict__.get("_buffers") or {}).values()):
+            if _held(v):
+                found.add(_storage(v))
+            elif (entries := _held_entries(v)) is not None:
+                found.update(_storage(e) for e in entries.values() if _held(e))
+    return found
+
+
+def _held_entries(value: object) -> dict | None:
+    """A held dict's entries, or a plain object's attributes (not a module's, nor a tensor's)."""
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, (nn.Module, torch.Tensor, type)) or callable(value):
+        return None
+    attrs = getattr(value, "__dict__", None)
+    return attrs if isinstance(attrs, dict) else None
 
 
 def _state(old: object, new: object, read: Collection[int]) -> bool:

@@ -250,7 +250,7 @@ def probe(
     None. The lists given receive what the run found (each named for it; ``grad_order``: eager's
     order of hooked parameters, without which such hooks are refused); ``host_to`` / ``drawn_to``:
     where its draws leave the host generators; ``state_checks``: :class:`Bindings`' two."""
-    if (ordered := len(hooked(params)) > 1) and grad_order is None:
+    if (ordered := bool(hooked(params))) and grad_order is None:
         return _hook_order(len(hooked(params)))
     leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the storages
     callers = written_inputs[0] if written_inputs is not None else None
@@ -295,10 +295,10 @@ def _own_generators(module: nn.Module, device: str, wanted: bool) -> list[torch.
 
 
 def _hook_order(hooked_params: int, outputs: int = 1) -> Refusal:
-    """Gradient hooks on more than one parameter, where no order is learnt (a caller that does
-    not chain, or a module whose several outputs' gradients eager may take one at a time)."""
+    """Gradient hooks where no order is learnt (a caller that does not chain, or a module whose
+    several outputs' gradients eager may take one at a time)."""
     where = f" beside {outputs} differentiable outputs" if outputs > 1 else ""
-    which = f"{hooked_params} parameters" if hooked_params else "several parameters"
+    which = f"{hooked_params} parameter(s)" if hooked_params else "parameters"
     return Refusal(
         "module", f"gradient hooks on {which}{where} would run in another order than eager"
     )

@@ -211,10 +211,25 @@ class GrowingTable(nn.Module):
         return self.fc(x) * self.table[:n]
 
 
+class HeldCentre(nn.Module):
+    """The running centre kept in a dict the module holds (``self.stats["center"]``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+        self.stats = {"center": torch.zeros(3)}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        self.stats["center"] = 0.9 * self.stats["center"].to(h.device) + 0.1 * h.detach().mean(0)
+        return h - self.stats["center"]
+
+
 STATES = [
     pytest.param(RunningCentre, id="running_centre"),
     pytest.param(FirstBatchCentre, id="centre_from_the_first_batch"),
     pytest.param(CentredHead, id="registered_buffer_re_bound"),
+    pytest.param(HeldCentre, id="entry_of_a_held_dict"),
     pytest.param(GrowingTable, id="cache_grown_on_a_longer_batch"),
 ]
 
@@ -235,7 +250,7 @@ def test_a_forward_reading_the_attribute_it_assigns_replays_from_a_slot(
     assert set(rec.eager_reasons) - grown == {"first_write"}, rec.summary()
 
 
-@pytest.mark.parametrize("make", STATES[:3])
+@pytest.mark.parametrize("make", STATES[:4])
 def test_without_attribute_outputs_a_state_keeps_an_earlier_tensor(
     backend: str, device: str, make: type[nn.Module]
 ) -> None:

@@ -43,6 +43,18 @@ def _peeking(params: list[nn.Parameter], log: list) -> None:
         )
 
 
+def _end_of_backward(params: list[nn.Parameter], log: list) -> None:
+    """One hook, on the first layer's weight (the last gradient eager computes), that clips every
+    gradient "once backward is done": in eager it sees them all."""
+
+    def hook(_p: nn.Parameter) -> None:
+        present = [q for q in params if q.grad is not None]
+        log.append(len(present))
+        torch.nn.utils.clip_grad_norm_(present, 0.05)
+
+    params[0].register_post_accumulate_grad_hook(hook)
+
+
 def _optimizer_in_backward(params: list[nn.Parameter], log: list) -> None:
     opts = {p: torch.optim.SGD([p], lr=0.1, momentum=0.9) for p in params}
 
@@ -99,6 +111,7 @@ HOOKS = [
     pytest.param(_clip, id="tensor_hook_clip"),
     pytest.param(_peeking, id="hook_reads_other_grads"),
     pytest.param(_optimizer_in_backward, id="optimizer_in_backward"),
+    pytest.param(_end_of_backward, id="one_hook_clips_every_gradient"),
 ]
 
 
@@ -114,7 +127,7 @@ def test_gradient_hooks_run_in_eager_order_after_a_replay(
     assert rec.counts["replay"] >= 3 and not rec.retired, rec.summary()
 
 
-@pytest.mark.parametrize("register", [HOOKS[0], HOOKS[2]])
+@pytest.mark.parametrize("register", [HOOKS[0], HOOKS[2], HOOKS[4]])
 def test_without_hook_order_the_engine_picks_another_order(
     backend: str, device: str, register: Register
 ) -> None:
