@@ -10,7 +10,7 @@ call that runs eagerly emits its own. A mixin of :class:`~replaykit.recorder.Rec
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -30,12 +30,12 @@ from .guards.input_reads import Provenance
 from .guards.module import host_dependence
 from .guards.recurrent import records_cudnn_dropout
 from .guards.signature import CallArgs
-from .memory.attribute_outputs import Assignment, Target
+from .memory.attribute_outputs import Assignment
 from .memory.outputs import OutputTree
 from .verify import weight_caches
 from .verify.call_state import CallState
 from .verify.contexts import recording as recording_context
-from .verify.probe import Refusal, probe
+from .verify.probe import Findings, Refusal, probe
 from .verify.shadow import Shadow
 from .verify.snapshot import StateSnapshot
 
@@ -43,25 +43,15 @@ __all__ = ["Made", "RecorderRecording"]
 
 
 @dataclass
-class Made:
-    """What the recording call's runs found and made, for the plan of a kept recording."""
+class Made(Findings):
+    """What the recording call's runs found (the probe's :class:`Findings`, ``saved``: all the
+    parameters unless the probe says) and made, for the plan of a kept recording."""
 
     key: tuple
     static_inputs: list[torch.Tensor]
     named: list[tuple[str, torch.Tensor]]
-    saved: list[int]  # the parameters the backward reads (all, unless the probe says)
-    saved_inputs: list[int] = field(default_factory=list)  # the inputs it reads
-    multi_use: list[int] = field(default_factory=list)  # the parameters it reads more than once
-    grad_order: list[int] = field(default_factory=list)  # eager's, where hooks need it (grad_hooks)
-    written: list[torch.Tensor] = field(default_factory=list)  # parameters written in place
-    # inputs written in place (written back), with the version bumps of their writes
-    written_inputs: dict[int, int] = field(default_factory=dict)
-    # the module's own generators the forward draws from: registered with the recording
-    generators: list[torch.Generator] = field(default_factory=list)
-    probed: list[OutputTree] = field(default_factory=list)  # the probe's output structure
     # tensors the forward assigns to attributes, recorded as outputs (memory/attribute_outputs.py)
     assignment: Assignment | None = None
-    attribute_writes: list[Target] = field(default_factory=list)  # those the probe's run made
     refusal: Refusal | None = None
     shadow: Shadow | None = None
     recording: Recording | None = None
@@ -98,7 +88,7 @@ class RecorderRecording:
         state = self._call_state()
         static = self._static_inputs(callargs.tensors)
         named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
-        made = Made(key, static, named, list(range(len(named))))
+        made = Made(key, static, named, saved=list(range(len(named))))
         host = self._host_held()
         try:
             with state.watching(self.module):
@@ -320,19 +310,13 @@ class RecorderRecording:
             fn,
             made.static_inputs,
             made.params,
-            made.saved,
+            made,
+            callers,
+            self._attributes,
             self.on.host_rng,
-            made.saved_inputs,
-            made.multi_use,
-            made.probed,
-            made.written,
-            (callers, made.written_inputs),
             self._choices.drawn_to,
-            made.generators,
             self._input_reads.drawn_to,
-            (self._attributes, made.attribute_writes),
-            state_checks=(self.on.data_rebind, self.on.output_state),
-            grad_order=made.grad_order,
+            (self.on.data_rebind, self.on.output_state),
         )
 
     def _class_writes(self, before: tuple) -> Refusal | None:

@@ -14,7 +14,7 @@ gradients in low precision). Most retire the recorder; the last four route only 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -50,6 +50,26 @@ class Refusal:
     detail: str = ""
     draws_only: bool = False
     cpu_draws_only: bool = False
+
+
+@dataclass(kw_only=True)
+class Findings:
+    """What one probe run found, for the recording it vets: the parameters (``saved``) and input
+    positions (``saved_inputs``) the backward reads, the parameters read more than once
+    (``multi_use``), the output tree (``probed``), the parameters written in place, the inputs
+    written in place with their version bumps, the module's own generators drawn from, the
+    attribute writes recorded as outputs, and the order eager's backward reaches the parameters
+    in where gradient hooks need it (``grad_order``)."""
+
+    saved: list[int] = field(default_factory=list)
+    saved_inputs: list[int] = field(default_factory=list)
+    multi_use: list[int] = field(default_factory=list)
+    probed: list[OutputTree] = field(default_factory=list)
+    written: list[torch.Tensor] = field(default_factory=list)
+    written_inputs: dict[int, int] = field(default_factory=dict)
+    generators: list[torch.Generator] = field(default_factory=list)
+    attribute_writes: list[Target] = field(default_factory=list)
+    grad_order: list[int] = field(default_factory=list)
 
 
 _DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
@@ -217,13 +237,12 @@ class _SavedParameters:
         return t
 
 
-def _output_refusal(result: Any, outputs: list[OutputTree] | None) -> Refusal | None:
+def _output_refusal(result: Any, outputs: list[OutputTree]) -> Refusal | None:
     """An object among the outputs routes the signature eagerly; else ``outputs`` gets their tree."""
     found = objects(result)
     if found:
         return Refusal("signature", "output_object", f"forward returns {found[0]}")
-    if outputs is not None:
-        outputs.append(split_outputs(result)[1])
+    outputs.append(split_outputs(result)[1])
     return None
 
 
@@ -232,31 +251,22 @@ def probe(
     fn: Callable[..., Any],
     static_inputs: Sequence[torch.Tensor],
     params: Sequence[torch.Tensor],
-    saved: list[int] | None = None,
+    found: Findings,
+    callers: Sequence[torch.Tensor] | None = None,
+    attributes: AttributeOutputs | None = None,
     host_rng: bool = True,
-    saved_inputs: list[int] | None = None,
-    multi_use: list[int] | None = None,
-    outputs: list[OutputTree] | None = None,
-    written: list[torch.Tensor] | None = None,
-    written_inputs: tuple[Sequence[torch.Tensor], dict[int, int]] | None = None,
     host_to: tuple | None = None,
-    generators: list[torch.Generator] | None = None,
     drawn_to: torch.Tensor | None = None,
-    attributes: tuple[AttributeOutputs, list[Target]] | None = None,
     state_checks: tuple[bool, bool] = (True, True),
-    grad_order: list[int] | None = None,
 ) -> Refusal | None:
     """Run ``fn`` once eagerly on stand-ins (the caller restores): why it cannot be recorded, or
-    None. The lists given receive what the run found (each named for it; ``grad_order``: eager's
-    order of hooked parameters, without which such hooks are refused); ``host_to`` / ``drawn_to``:
-    where its draws leave the host generators; ``state_checks``: :class:`Bindings`' two."""
-    if (ordered := bool(hooked(params))) and grad_order is None:
-        return _hook_order(len(hooked(params)))
+    None; ``found`` receives what the run found. ``callers``: the caller's tensors behind the static
+    inputs; ``attributes``: the recorder's attribute outputs; ``host_to`` / ``drawn_to``: where its
+    draws leave the host generators; ``state_checks``: :class:`Bindings`' two."""
     leaves = [p.detach().requires_grad_(True) for p in params]  # sharing the storages
-    callers = written_inputs[0] if written_inputs is not None else None
     effects = SideEffects(module, static_inputs, host_rng, drawn_to, host_to, callers)
     device = next((t.device.type for t in (*static_inputs, *params)), "cpu")
-    inspector = _Inspector(leaves, _own_generators(module, device, generators is not None))
+    inspector = _Inspector(leaves, _own_generators(module, device))
     inspector.attributes = None if attributes is None else attribute_storages(module)
     hooks = _SavedParameters([*leaves, *static_inputs])
     # autocast's cast cache off, as the backends record (the probe counts a recording's casts)
@@ -271,12 +281,12 @@ def probe(
     ):
         result = fn(*static_inputs, params=leaves)
     tensors = [o for o in tree_flatten(result)[0] if isinstance(o, torch.Tensor)]
-    rebuilt = _output_refusal(result, outputs)
+    rebuilt = _output_refusal(result, found.probed)
     del result
-    _found(module, inspector, hooks, len(leaves), written, saved, saved_inputs, generators)
-    _inputs_written(effects, inspector, static_inputs, written_inputs)
+    _found(module, inspector, hooks, len(leaves), found)
+    _inputs_written(effects, inspector, static_inputs, callers is not None, found.written_inputs)
     refusal = (
-        _forward_refusal(effects, inspector, rebuilt, attributes, module)
+        _forward_refusal(effects, inspector, rebuilt, attributes, found.attribute_writes, module)
         or _state_refusal(bindings, tensors)
         or _aliased_output(tensors, static_inputs)
         or (_shared_cast(module, params, inspector, dtype) if shared_casts else None)
@@ -285,22 +295,22 @@ def probe(
         return refusal
     diff = [o for o in tensors if o.requires_grad]
     del tensors
-    wanting, order = [x for x in static_inputs if x.requires_grad], grad_order if ordered else None
-    return _backward_refusal(diff, wanting, leaves, multi_use, order) if diff else None
+    wanting = [x for x in static_inputs if x.requires_grad]
+    order = found.grad_order if hooked(params) else None
+    return _backward_refusal(diff, wanting, leaves, found.multi_use, order) if diff else None
 
 
-def _own_generators(module: nn.Module, device: str, wanted: bool) -> list[torch.Generator]:
-    """The generators the module holds on its device (``wanted``: the caller registers them)."""
-    return [g for g in held_generators(module) if g.device.type == device] if wanted else []
+def _own_generators(module: nn.Module, device: str) -> list[torch.Generator]:
+    """The generators the module holds on its device (a recording registers them)."""
+    return [g for g in held_generators(module) if g.device.type == device]
 
 
-def _hook_order(hooked_params: int, outputs: int = 1) -> Refusal:
-    """Gradient hooks where no order is learnt (a caller that does not chain, or a module whose
-    several outputs' gradients eager may take one at a time)."""
-    where = f" beside {outputs} differentiable outputs" if outputs > 1 else ""
-    which = f"{hooked_params} parameter(s)" if hooked_params else "parameters"
+def _hook_order(outputs: int) -> Refusal:
+    """Gradient hooks beside several differentiable outputs, whose gradients eager may take one at
+    a time: no order is learnt."""
     return Refusal(
-        "module", f"gradient hooks on {which}{where} would run in another order than eager"
+        "module",
+        f"gradient hooks beside {outputs} differentiable outputs would run in another order than eager",
     )
 
 
@@ -309,41 +319,37 @@ def _found(
     inspector: _Inspector,
     hooks: _SavedParameters,
     n_leaves: int,
-    written: list[torch.Tensor] | None,
-    saved: list[int] | None,
-    saved_inputs: list[int] | None,
-    generators: list[torch.Generator] | None = None,
+    found: Findings,
 ) -> None:
-    """Fill the caller's lists: the parameters written in place, what the backward reads, the
-    module's own generators the forward draws from."""
-    if generators is not None:
-        generators[:] = inspector.own
-    if written is not None:  # by storage: ``.data`` has a version counter of its own
-        written[:] = [
-            p
-            for p in module.parameters()
-            if p.numel() and p.untyped_storage().data_ptr() in inspector.storages
-        ]
-    if saved is not None:
-        saved[:] = sorted(i for i in hooks.saved if i < n_leaves)
-    if saved_inputs is not None:
-        saved_inputs[:] = sorted(i - n_leaves for i in hooks.saved if i >= n_leaves)
+    """Fill ``found``: the parameters written in place, what the backward reads, the module's own
+    generators the forward draws from."""
+    found.generators[:] = inspector.own
+    # by storage: ``.data`` has a version counter of its own
+    found.written[:] = [
+        p
+        for p in module.parameters()
+        if p.numel() and p.untyped_storage().data_ptr() in inspector.storages
+    ]
+    found.saved[:] = sorted(i for i in hooks.saved if i < n_leaves)
+    found.saved_inputs[:] = sorted(i - n_leaves for i in hooks.saved if i >= n_leaves)
 
 
 def _inputs_written(
     effects: SideEffects,
     inspector: _Inspector,
     static_inputs: Sequence[torch.Tensor],
-    written_inputs: tuple[Sequence[torch.Tensor], dict[int, int]] | None,
+    back: bool,
+    written_inputs: dict[int, int],
 ) -> None:
     """The inputs the forward wrote, by version or by storage (a write through ``.data``): into
-    ``written_inputs``' dict where a replay writes them back exactly; else ``effects`` refuses."""
+    ``written_inputs`` where a replay writes them back exactly (``back``: the caller's tensors are
+    known); else ``effects`` refuses."""
     storages = inspector.storages
     effects.also_written(
         i for i, x in enumerate(static_inputs) if x.numel() and _storage(x) in storages
     )
-    if written_inputs is not None and effects.inputs_written_back():
-        written_inputs[1].update(effects.version_moves())
+    if back and effects.inputs_written_back():
+        written_inputs.update(effects.version_moves())
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -351,7 +357,8 @@ def _storage(t: torch.Tensor) -> int:
 
 
 def _attribute_outputs(
-    attributes: tuple[AttributeOutputs, list[Target]] | None,
+    attributes: AttributeOutputs | None,
+    into: list[Target],
     effects: SideEffects,
     inspector: _Inspector,
     module: nn.Module | None,
@@ -361,12 +368,11 @@ def _attribute_outputs(
     stand-in or a buffer assigned is no computed output (an input's is refused as an output)."""
     if attributes is None or module is None:
         return None
-    found, into = attributes
     # the stand-ins of the parameters, the buffers before the run (a re-bound one's new tensor is computed)
     held = (*inspector._keep, *effects.buffers_before())
     foreign = {_storage(t) for t in held if t.layout == torch.strided and t.numel()}
     writes = [*effects.changed_attributes(), *effects.changed_entries()]
-    outputs, why = found.sort(writes, inspector.read, foreign)
+    outputs, why = attributes.sort(writes, inspector.read, foreign)
     if why is not None:
         return Refusal("module", why)
     effects.exclude(outputs)
@@ -378,12 +384,16 @@ def _forward_refusal(
     effects: SideEffects,
     inspector: _Inspector,
     rebuilt: Refusal | None,
-    attributes: tuple[AttributeOutputs, list[Target]] | None = None,
+    attributes: AttributeOutputs | None = None,
+    into: list[Target] | None = None,
     module: nn.Module | None = None,
 ) -> Refusal | None:
     """What the forward did that a graph cannot repeat: a side effect (the attribute outputs
-    aside), a private generator, a host read, outputs a replay cannot rebuild."""
-    refusal = _attribute_outputs(attributes, effects, inspector, module)
+    aside, ``into``: those the run made), a private generator, a host read, outputs a replay
+    cannot rebuild."""
+    refusal = _attribute_outputs(
+        attributes, [] if into is None else into, effects, inspector, module
+    )
     if refusal is not None:
         return refusal
     effect = effects.reason("forward")
@@ -474,7 +484,7 @@ def _backward_refusal(
     (``multi_use`` receives the parameters read more than once; ``order``, where hooks need
     it, the order eager's backward reaches them in)."""
     if order is not None and len(diff) > 1:
-        return _hook_order(0, len(diff))
+        return _hook_order(len(diff))
     uses, foreign = _uses(
         diff, [*wanting, *leaves], []
     )  # before the backward, which frees the graph as it goes
