@@ -225,11 +225,11 @@ class RecorderRecording:
         """Tensor attributes the probe's forward assigned, not learnt yet (or read now too): learnt
         now, this call runs eagerly (``first_write``), later recordings return them as outputs
         (and read a state from a slot fed before each replay)."""
-        new = self._attributes.unknown(made.attribute_writes)
+        states = made.attribute_states
+        new = self._attributes.unknown(made.attribute_writes, states)
         if not new:
             return None
-        states = self._attributes.found_states
-        self._attributes.learn(new)
+        self._attributes.learn(new, states)
         names = {id(m): n or type(m).__name__ for n, m in self.module.named_modules()}
         written = ", ".join(
             f"{names.get(id(m), type(m).__name__)}[{name!r}]"

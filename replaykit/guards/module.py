@@ -527,6 +527,8 @@ class ModuleGuard:
 
     def _polled_changed(self) -> bool:
         entries = self._entries
+        if not entries:  # every call reads here: no learnt container entries, value_key itself
+            return any(value_key(v) != k for v, k in self._polled)
         return any(_entries_key(v, entries) != k for v, k in self._polled)
 
     def refresh(self) -> Verdict:

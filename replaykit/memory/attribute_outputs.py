@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["Assignment", "AttributeOutputs", "attribute_storages"]
+__all__ = ["Assignment", "AttributeOutputs", "attribute_storages", "held_entries"]
 
 _MISSING = object()
 _SLOTS = ("_parameters", "_buffers", "_modules")
@@ -74,13 +74,14 @@ def attribute_storages(module: nn.Module) -> set[int]:
         for v in (*m.__dict__.values(), *(m.__dict__.get("_buffers") or {}).values()):
             if _held(v):
                 found.add(_storage(v))
-            elif (entries := _held_entries(v)) is not None:
+            elif (entries := held_entries(v)) is not None:
                 found.update(_storage(e) for e in entries.values() if _held(e))
     return found
 
 
-def _held_entries(value: object) -> dict | None:
-    """A held dict's entries, or a plain object's attributes (not a module's, nor a tensor's)."""
+def held_entries(value: object) -> dict | None:
+    """A held dict's entries, or a plain object's attributes (not a module's, a tensor's, a
+    class's or a callable's): the live dict a forward may set a target in."""
     if isinstance(value, dict):
         return value
     if isinstance(value, (nn.Module, torch.Tensor, type)) or callable(value):
@@ -130,7 +131,7 @@ class AttributeOutputs:
     """One recorder's attributes its forward assigns without reading them (learnt by the probe),
     and the :class:`Assignment` its new recordings make. ``key_by_kind``: tells the module guard."""
 
-    __slots__ = ("_key_by_kind", "_known", "_module", "_states", "found_states")
+    __slots__ = ("_key_by_kind", "_known", "_module", "_states")
 
     def __init__(
         self, module: nn.Module, key_by_kind: Callable[[list[Target], bool], None]
@@ -139,14 +140,13 @@ class AttributeOutputs:
         self._key_by_kind = key_by_kind
         self._known: dict[tuple[int, str], Target] = {}
         self._states: set[tuple[int, str]] = set()  # of those, read too: fed into a slot
-        self.found_states: set[tuple[int, str]] = set()  # the last sort's read-and-written ones
 
     def sort(
         self, writes: Iterable[Write], read: Collection[int], foreign: Collection[int]
-    ) -> tuple[list[Target], str | None]:
-        """Of the probe's changing writes, those a recording repeats as outputs; and why none can
-        be recorded: an attribute learnt as written only whose value an op of the forward read
-        (``read``: storages). ``foreign``: storages the recording does not own (parameters,
+    ) -> tuple[list[Target], set[tuple[int, str]], str | None]:
+        """Of the probe's changing writes, those a recording repeats as outputs, which of those
+        are states (read too: ``(id, name)``); and why none can be recorded: an attribute learnt
+        as assigned whose tensor requiring grad an op of the forward read (``read``: storages). ``foreign``: storages the recording does not own (parameters,
         buffers, inputs): a write of one of those is no computed output."""
         writes = list(writes)
         names = {id(m): n or type(m).__name__ for n, m in self._module.named_modules()}
@@ -161,9 +161,13 @@ class AttributeOutputs:
             value = before.get(key, _namespace(m, name).get(name))  # as the forward found it
             if _held(value) and _storage(value) in read and key not in states:
                 if value.requires_grad:  # type: ignore[union-attr]
-                    return [], (
-                        f"forward reads {names.get(id(m), type(m).__name__)}.{name}, a tensor it "
-                        "assigns that requires grad: a replay would keep its recording call's graph"
+                    return (
+                        [],
+                        set(),
+                        (
+                            f"forward reads {names.get(id(m), type(m).__name__)}.{name}, a tensor it "
+                            "assigns that requires grad: a replay would keep its recording call's graph"
+                        ),
                     )
                 states.add(key)
                 kept += [] if key in before else [(m, name)]
@@ -182,26 +186,27 @@ class AttributeOutputs:
             )
         ]
         outputs += kept
-        self.found_states = states & {(id(m), n) for m, n in outputs}
-        return outputs, None
+        return outputs, states & {(id(m), n) for m, n in outputs}, None
 
-    def unknown(self, targets: Iterable[Target]) -> list[Target]:
+    def unknown(
+        self, targets: Iterable[Target], states: Collection[tuple[int, str]]
+    ) -> list[Target]:
         """The targets not learnt yet, or learnt as written only and now read too (states)."""
         return [
             (m, n)
             for m, n in targets
             if (id(m), n) not in self._known
-            or ((id(m), n) in self.found_states and (id(m), n) not in self._states)
+            or ((id(m), n) in states and (id(m), n) not in self._states)
         ]
 
-    def learn(self, targets: Sequence[Target]) -> None:
+    def learn(self, targets: Sequence[Target], states: Collection[tuple[int, str]]) -> None:
         """Record these from now on; the module guard keys them by kind (a state by its slot)."""
         for m, name in targets:
             self._known[(id(m), name)] = (m, name)
-        states = [(m, n) for m, n in targets if (id(m), n) in self.found_states]
-        self._states.update((id(m), n) for m, n in states)
-        self._key_by_kind([t for t in targets if t not in states], False)
-        self._key_by_kind(states, True)
+        read = [(m, n) for m, n in targets if (id(m), n) in states]
+        self._states.update((id(m), n) for m, n in read)
+        self._key_by_kind([t for t in targets if t not in read], False)
+        self._key_by_kind(read, True)
 
     def assignment(self) -> Assignment | None:
         """What a recording made now includes (None: nothing learnt, the forward as it is)."""

@@ -58,7 +58,7 @@ class Findings:
     positions (``saved_inputs``) the backward reads, the parameters read more than once
     (``multi_use``), the output tree (``probed``), the parameters written in place, the inputs
     written in place with their version bumps, the module's own generators drawn from, the
-    attribute writes recorded as outputs, and the order eager's backward reaches the parameters
+    attribute writes recorded as outputs (and which of them are states), and the order eager's backward reaches the parameters
     in where gradient hooks need it (``grad_order``)."""
 
     saved: list[int] = field(default_factory=list)
@@ -69,6 +69,7 @@ class Findings:
     written_inputs: dict[int, int] = field(default_factory=dict)
     generators: list[torch.Generator] = field(default_factory=list)
     attribute_writes: list[Target] = field(default_factory=list)
+    attribute_states: set[tuple[int, str]] = field(default_factory=set)  # of those, read too
     grad_order: list[int] = field(default_factory=list)
 
 
@@ -286,7 +287,7 @@ def probe(
     _found(module, inspector, hooks, len(leaves), found)
     _inputs_written(effects, inspector, static_inputs, callers is not None, found.written_inputs)
     refusal = (
-        _forward_refusal(effects, inspector, rebuilt, attributes, found.attribute_writes, module)
+        _forward_refusal(effects, inspector, rebuilt, attributes, found, module)
         or _state_refusal(bindings, tensors)
         or _aliased_output(tensors, static_inputs)
         or (_shared_cast(module, params, inspector, dtype) if shared_casts else None)
@@ -358,25 +359,25 @@ def _storage(t: torch.Tensor) -> int:
 
 def _attribute_outputs(
     attributes: AttributeOutputs | None,
-    into: list[Target],
+    found: Findings,
     effects: SideEffects,
     inspector: _Inspector,
-    module: nn.Module | None,
+    module: nn.Module,
 ) -> Refusal | None:
-    """The attribute writes a recording repeats as outputs: into the caller's list, and no longer
-    effects; a refusal where a forward reads an attribute learnt as written only. A parameter's
-    stand-in or a buffer assigned is no computed output (an input's is refused as an output)."""
-    if attributes is None or module is None:
+    """The attribute writes a recording repeats as outputs (into ``found``), no longer effects;
+    a refusal where a forward reads an assigned tensor that requires grad. A parameter's stand-in
+    or a buffer assigned is no computed output (an input's is refused as an output)."""
+    if attributes is None:
         return None
     # the stand-ins of the parameters, the buffers before the run (a re-bound one's new tensor is computed)
     held = (*inspector._keep, *effects.buffers_before())
     foreign = {_storage(t) for t in held if t.layout == torch.strided and t.numel()}
     writes = [*effects.changed_attributes(), *effects.changed_entries()]
-    outputs, why = attributes.sort(writes, inspector.read, foreign)
+    outputs, states, why = attributes.sort(writes, inspector.read, foreign)
     if why is not None:
         return Refusal("module", why)
     effects.exclude(outputs)
-    into[:] = outputs
+    found.attribute_writes[:], found.attribute_states = outputs, states
     return None
 
 
@@ -384,16 +385,13 @@ def _forward_refusal(
     effects: SideEffects,
     inspector: _Inspector,
     rebuilt: Refusal | None,
-    attributes: AttributeOutputs | None = None,
-    into: list[Target] | None = None,
-    module: nn.Module | None = None,
+    attributes: AttributeOutputs | None,
+    found: Findings,
+    module: nn.Module,
 ) -> Refusal | None:
     """What the forward did that a graph cannot repeat: a side effect (the attribute outputs
-    aside, ``into``: those the run made), a private generator, a host read, outputs a replay
-    cannot rebuild."""
-    refusal = _attribute_outputs(
-        attributes, [] if into is None else into, effects, inspector, module
-    )
+    aside), a private generator, a host read, outputs a replay cannot rebuild."""
+    refusal = _attribute_outputs(attributes, found, effects, inspector, module)
     if refusal is not None:
         return refusal
     effect = effects.reason("forward")

@@ -16,7 +16,7 @@ from torch import nn
 
 from ..guards.distributed import repeated_by_replay
 from ..guards.module import held_values, listen_for_writes, value_key
-from ..memory.attribute_outputs import AttributeOutputs
+from ..memory.attribute_outputs import AttributeOutputs, held_entries
 from ..memory.layout import copy_into
 from ..memory.write_back import inexact
 from .bitwise import bitwise_equal
@@ -37,16 +37,6 @@ def _attribute(held: tuple[dict, ...], name: str) -> object:
 
 def _attributes(m: nn.Module) -> tuple[dict, ...]:
     return (m.__dict__, *(m.__dict__.get(slot, {}) for slot in _SLOTS))
-
-
-def _entries(value: object) -> dict | None:
-    """A held dict's items, or a plain object's attributes (not a module's): what a run may set."""
-    if isinstance(value, dict):
-        return dict(value)
-    if isinstance(value, (nn.Module, type)):
-        return None
-    attrs = getattr(value, "__dict__", None)
-    return dict(attrs) if isinstance(attrs, dict) else None
 
 
 def _changed_keys(before: dict, now: dict) -> list[object]:
@@ -90,7 +80,7 @@ class SideEffects:
         self._held = held_values(module)
         # shallow copies of the held dicts and plain objects: which entries a run set
         self._contents = {
-            id(v): dict(c) for _, v, _ in self._held if (c := _entries(v)) is not None
+            id(v): dict(c) for _, v, _ in self._held if (c := held_entries(v)) is not None
         }
         self._listen = listen_for_writes()
         self.writes: list[tuple[nn.Module, str]] = []
@@ -160,7 +150,7 @@ class SideEffects:
         :meth:`changed_attributes` gives an attribute's."""
         out = []
         for _, value, _ in self._held:
-            before, now = self._contents.get(id(value)), _entries(value)
+            before, now = self._contents.get(id(value)), held_entries(value)
             if before is None or now is None:
                 continue
             for k in _changed_keys(before, now):
@@ -211,7 +201,7 @@ class SideEffects:
         for name, value, key in self._held:
             if value_key(value) == key:
                 continue
-            before, now = self._contents.get(id(value)), _entries(value)
+            before, now = self._contents.get(id(value)), held_entries(value)
             repeated = before is not None and now is not None and bool(outputs)
             if repeated and all((id(value), k) in outputs for k in _changed_keys(before, now)):  # type: ignore[arg-type]
                 continue
