@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from functools import partial
@@ -34,7 +33,7 @@ import replaykit as rk
 from replaykit.memory import copy_out
 from replaykit.memory.copy_out import holders_move
 from replaykit.testing.hazards import by_hazard, run_pattern
-from replaykit.testing.hazards.deadline import Timeout, alarm
+from replaykit.testing.hazards.deadline import checked_row
 from replaykit.testing.parity.kept_grads import (
     KEEP,
     micro_batch_loop,
@@ -99,19 +98,7 @@ def _pattern_case(name: str, unsafe: bool, backend: str, timeout: float) -> tupl
 
 
 def _run(label: str, fn: Callable[[], tuple[bool, str]], timeout: float) -> bool:
-    t0 = time.perf_counter()
-    try:
-        with alarm(timeout):
-            ok, detail = fn()
-    except Timeout:
-        ok, detail = False, f"timed out after {timeout:g} s"
-    except Exception as exc:  # a case that raises is a FAIL line, not a stopped table
-        ok, detail = False, f"{type(exc).__name__}: {str(exc)[:160]}"
-    print(
-        f"{'PASS' if ok else 'FAIL'}  {label:52} {time.perf_counter() - t0:6.1f}s  {detail}",
-        flush=True,
-    )
-    return ok
+    return checked_row(label, fn, timeout, 52)
 
 
 def _cases(device: str, backend: str, timeout: float) -> list[tuple[str, Callable, float]]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from functools import partial
@@ -26,7 +25,7 @@ import torch
 
 import replaykit as rk
 from replaykit.testing.hazards import by_hazard, run_pattern
-from replaykit.testing.hazards.deadline import Timeout, alarm
+from replaykit.testing.hazards.deadline import checked_row
 from replaykit.testing.zoo import hf
 from replaykit.verify.bitwise import diff_states
 
@@ -109,19 +108,7 @@ def _pattern_case(name: str, unsafe: bool, backend: str, timeout: float) -> tupl
 
 
 def _run(label: str, fn: Callable[[], tuple[bool, str]], timeout: float) -> bool:
-    t0 = time.perf_counter()
-    try:
-        with alarm(timeout):
-            ok, detail = fn()
-    except Timeout:
-        ok, detail = False, f"timed out after {timeout:g} s"
-    except Exception as exc:  # a case that raises is a FAIL line, not a stopped table
-        ok, detail = False, f"{type(exc).__name__}: {str(exc)[:160]}"
-    print(
-        f"{'PASS' if ok else 'FAIL'}  {label:44} {time.perf_counter() - t0:6.1f}s  {detail}",
-        flush=True,
-    )
-    return ok
+    return checked_row(label, fn, timeout, 44)
 
 
 def main(argv: list[str] | None = None) -> int:

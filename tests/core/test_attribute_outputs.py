@@ -28,6 +28,8 @@ from replaykit.testing.hazards.side_effects import (
     RunningCentre,
 )
 
+from ._same import same
+
 
 def _aux(model: nn.Module) -> torch.Tensor:
     return model.aux_loss
@@ -76,23 +78,6 @@ def _train(
     return seen, rec
 
 
-def _same(a: object, b: object) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.dtype == b.dtype
-            and torch.equal(a, b)
-        )
-    if isinstance(a, (list, tuple)):
-        return (
-            isinstance(b, (list, tuple))
-            and len(a) == len(b)
-            and all(_same(x, y) for x, y in zip(a, b, strict=True))
-        )
-    return a == b
-
-
 CASES = [
     pytest.param(MoE, _aux, id="moe_aux_loss_in_the_loss"),
     pytest.param(MoE, None, id="moe_aux_loss_unused"),
@@ -108,7 +93,7 @@ def test_an_assigned_tensor_attribute_replays_like_eager(
     eager, _ = _train(make, extra, device, None)
     replayed, rec = _train(make, extra, device, backend)
     for call, (want, got) in enumerate(zip(eager, replayed, strict=True), 1):
-        assert _same(want, got), f"call {call}: {rec.journal.format()}"
+        assert same(want, got), f"call {call}: {rec.journal.format()}"
     # the first call learns the write (first_write); two signatures record; the rest replay
     assert rec.counts["replay"] >= 3 and not rec.retired, rec.summary()
     assert set(rec.eager_reasons) == {"first_write"}, rec.summary()
@@ -126,7 +111,7 @@ def test_without_attribute_outputs_the_attribute_keeps_an_earlier_tensor(
     except RuntimeError as exc:
         assert extra is not None and "backward through the graph a second time" in str(exc)
         return
-    assert not _same(eager, replayed)
+    assert not same(eager, replayed)
 
 
 def test_the_attribute_is_a_new_tensor_each_call_as_in_eager(backend: str, device: str) -> None:
@@ -181,7 +166,7 @@ def test_an_entry_of_a_held_container_replays_like_eager(
     eager, _ = _train(make, extra, device, None)
     replayed, rec = _train(make, extra, device, backend)
     for call, (want, got) in enumerate(zip(eager, replayed, strict=True), 1):
-        assert _same(want, got), f"call {call}: {rec.journal.format()}"
+        assert same(want, got), f"call {call}: {rec.journal.format()}"
     assert rec.counts["replay"] >= 3 and not rec.retired, rec.summary()
     assert set(rec.eager_reasons) == {"first_write"}, rec.summary()
 
@@ -243,7 +228,7 @@ def test_a_forward_reading_the_attribute_it_assigns_replays_from_a_slot(
     eager, _ = _train(make, None, device, None, steps=8)
     replayed, rec = _train(make, None, device, backend, steps=8)
     for call, (want, got) in enumerate(zip(eager, replayed, strict=True), 1):
-        assert _same(want, got), f"call {call}: {rec.journal.format()}"
+        assert same(want, got), f"call {call}: {rec.journal.format()}"
     assert rec.counts["replay"] >= 3 and not rec.retired, rec.summary()
     # a call that builds the table anew returns it computed from no input (output_constant)
     grown = {"output_constant"} if make is GrowingTable else set()
@@ -257,7 +242,7 @@ def test_without_attribute_outputs_a_state_keeps_an_earlier_tensor(
     """The negative control: not assigned after a replay, the next feed reads a stale centre."""
     eager, _ = _train(make, None, device, None, steps=8)
     replayed, _ = _train(make, None, device, backend, negative_control("attribute_outputs"), 8)
-    assert not _same(eager, replayed)
+    assert not same(eager, replayed)
 
 
 def test_a_re_bound_buffer_stays_a_registered_buffer(backend: str, device: str) -> None:
@@ -292,5 +277,5 @@ def test_a_state_that_requires_grad_stays_eager(backend: str, device: str) -> No
     """A slot would cut the graph the attribute carries: exact, never replayed."""
     eager, _ = _train(GradCentre, None, device, None)
     replayed, rec = _train(GradCentre, None, device, backend)
-    assert _same(eager, replayed)
+    assert same(eager, replayed)
     assert rec.counts["replay"] == 0, rec.summary()

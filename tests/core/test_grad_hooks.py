@@ -14,6 +14,8 @@ from torch import nn
 import replaykit as rk
 from replaykit.protections import negative_control
 
+from ._same import same
+
 Register = Callable[[list[nn.Parameter], list], None]
 
 
@@ -94,18 +96,6 @@ def _train(
     return seen, log, rec
 
 
-def _same(a: object, b: object) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, (list, tuple)):
-        return (
-            isinstance(b, (list, tuple))
-            and len(a) == len(b)
-            and all(_same(x, y) for x, y in zip(a, b, strict=True))
-        )
-    return a == b
-
-
 HOOKS = [
     pytest.param(_post_accumulate, id="post_accumulate_log"),
     pytest.param(_clip, id="tensor_hook_clip"),
@@ -122,7 +112,7 @@ def test_gradient_hooks_run_in_eager_order_after_a_replay(
     eager, eager_log, _ = _train(register, device, None)
     replayed, log, rec = _train(register, device, backend)
     for call, (want, got) in enumerate(zip(eager, replayed, strict=True), 1):
-        assert _same(want, got), f"call {call}: {rec.journal.format()}"
+        assert same(want, got), f"call {call}: {rec.journal.format()}"
     assert log == eager_log
     assert rec.counts["replay"] >= 3 and not rec.retired, rec.summary()
 
@@ -141,7 +131,7 @@ def test_hooks_added_after_a_recording_record_anew(backend: str, device: str) ->
     """A recording made without hooks has no order: new hooks drop it, the next call learns one."""
     eager, eager_log, _ = _train(_post_accumulate, device, None, register_at=2)
     replayed, log, rec = _train(_post_accumulate, device, backend, register_at=2)
-    assert _same(eager, replayed) and log == eager_log
+    assert same(eager, replayed) and log == eager_log
     assert "gradient hooks changed" in rec.journal.format(), rec.summary()
     assert rec.counts["replay"] >= 2, rec.summary()
 
@@ -175,6 +165,6 @@ def test_hooks_beside_several_outputs_run_eagerly(backend: str, device: str) -> 
 
     eager, eager_log, _ = train(False)
     replayed, log, rec = train(True)
-    assert _same(eager, replayed) and log == eager_log
+    assert same(eager, replayed) and log == eager_log
     assert rec.counts["replay"] == 0, rec.summary()
     assert "beside 2 differentiable outputs" in (rec.retire_reason or ""), rec.summary()

@@ -73,6 +73,26 @@ def alarm(seconds: float, last_resort_s: float | None = None) -> Iterator[None]:
             faulthandler.cancel_dump_traceback_later()
 
 
+def checked_row(
+    label: str, check: Callable[[], tuple[bool, str]], seconds: float, width: int = 44
+) -> bool:
+    """Run one GPU-script check under a deadline and print its ``PASS``/``FAIL`` row (label, time,
+    detail): a check that hangs or raises is a FAIL row, not a stopped table. Returns whether it passed."""
+    t0 = time.perf_counter()
+    try:
+        with alarm(seconds):
+            ok, detail = check()
+    except Timeout:
+        ok, detail = False, f"timed out after {seconds:g} s"
+    except Exception as exc:
+        ok, detail = False, f"{type(exc).__name__}: {str(exc)[:160]}"
+    print(
+        f"{'PASS' if ok else 'FAIL'}  {label:{width}} {time.perf_counter() - t0:6.1f}s  {detail}",
+        flush=True,
+    )
+    return ok
+
+
 def _last_resort(seconds: float) -> bool:
     """Arm faulthandler's watchdog on the process's own stderr (a notebook's ``sys.stderr``
     has no file descriptor); False where there is none to write to."""

@@ -520,3 +520,20 @@ def test_replay_coverage_counts_realistic_guarded_runs_per_api_and_backend(monke
         "step/emulated": {"replayed": 1, "patterns": 2, "share": 0.5},
     }
     assert "replay coverage: capture/emulated 1/1 (100%), step/emulated 1/2 (50%)" in result["line"]
+
+
+def test_a_gpu_script_row_that_raises_or_hangs_is_a_fail_row(capsys) -> None:
+    import time
+
+    from replaykit.testing.hazards.deadline import checked_row
+
+    assert checked_row("passes", lambda: (True, "fine"), 5)
+    assert not checked_row("raises", lambda: 1 / 0, 5)  # type: ignore[arg-type, return-value]
+    assert not checked_row("hangs", lambda: (time.sleep(5), (True, ""))[1], 0.2)
+    rows = capsys.readouterr().out.splitlines()
+    assert [r.split()[:2] for r in rows] == [
+        ["PASS", "passes"],
+        ["FAIL", "raises"],
+        ["FAIL", "hangs"],
+    ]
+    assert "ZeroDivisionError" in rows[1] and "timed out after 0.2 s" in rows[2]
