@@ -39,7 +39,7 @@ REGISTRY: dict[str, Protection] = {
         ),
         Protection(
             "attribute_outputs",
-            "capture",
+            "both",
             "a tensor the forward assigns to a module attribute without reading the old one (an MoE "
             "aux_loss, attention kept for logging) is recorded as an output but not assigned after a "
             "replay: the attribute keeps an earlier call's tensor",

@@ -49,6 +49,7 @@ from .guards.optimizer import (
 )
 from .guards.signature import SIGNATURE_PARTS, UnhashableArgument, signature, split_call
 from .guards.storage import GLOBAL_HOOKS, module_hooks
+from .memory.attribute_outputs import AttributeOutputs
 from .memory.copy_out import StepGrads
 from .memory.foreign import ForeignLeaves
 from .memory.layout import aligned_key, copy_into
@@ -217,6 +218,8 @@ class TrainStep(RecordingSteps, Entry):
         self._watch_reads = self._feed_host = False
         # writes into the model: a first write, a cache filled, or per-call Python
         self._fills = Fills()
+        # tensors the forward assigns to attributes: recorded as outputs (memory/attribute_outputs.py)
+        self._attrs = AttributeOutputs(c.model, self.lifecycle.guard.key_by_kind)
         self._learn_draws = False  # set at the first host draw seen: the next reference learns them
         # tensors loss_fn holds and writes in place (a running mean): snapshotted once seen written
         self._written: list[torch.Tensor] = []
@@ -433,6 +436,8 @@ class TrainStep(RecordingSteps, Entry):
             copy_into(static, x)
         if rec.foreign is not None:
             rec.foreign.copy_in()
+        if rec.assignment is not None:  # the states the forward reads, into its slots
+            rec.assignment.feed()
         rec.region.replay()
         if watched is not None and self._watchdog is not None:
             self._watchdog.device(self._device, watched)
@@ -602,7 +607,9 @@ class TrainStep(RecordingSteps, Entry):
         return self._record_call(phase, key, callargs, args, kwargs)
 
     def _after(self, phase: str, rec: StepRecording) -> torch.Tensor:
-        """Leave the gradients as eager would and hand back a copy of the loss."""
+        """Leave the gradients and attributes as eager would and hand back a copy of the loss."""
+        if rec.assignment is not None:
+            rec.assignment.hand_out([rec.loss], rec.written, self.on.attribute_outputs)
         if phase == "step":  # gradients were None before and the replay assigns none
             self._stepped()
         elif phase == "last":  # zero_grad(set_to_none=True) ran in Python at capture only

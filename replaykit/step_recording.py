@@ -26,11 +26,13 @@ from .guards.host_choices import Watch
 from .guards.input_reads import NewInputRead, Provenance
 from .guards.module import host_dependence
 from .guards.optimizer import GRAD, host_state, tensors_of
+from .memory.attribute_outputs import Assignment, attribute_storages
 from .memory.foreign import ForeignBuffers
 from .memory.layout import aligned_copy
 from .memory.write_back import WriteBack
 from .verify.call_state import CallState
 from .verify.contexts import recording as recording_context
+from .verify.dispatch import StorageReads
 from .verify.output import HeldOutput
 from .verify.side_effects import SideEffects
 from .verify.step_check import difference, end_state
@@ -43,8 +45,8 @@ __all__ = ["Outcome", "RecordingSteps", "StepRecording"]
 class StepRecording:
     """One phase of one signature: its region, static inputs and loss, and the gradients it leaves."""
 
-    __slots__ = ("back", "foreign", "grads_out", "handed", "keep", "loss", "region")
-    __slots__ += ("static_inputs", "tail")
+    __slots__ = ("assignment", "back", "foreign", "grads_out", "handed", "keep", "loss")
+    __slots__ += ("region", "static_inputs", "tail", "written")
 
     def __init__(
         self,
@@ -67,6 +69,9 @@ class StepRecording:
         self.grads_out = grads_out  # per parameter: the static gradient storage after it, or None
         self.keep = keep  # what the key names by id (incoming gradients, tensor hyperparameters): kept alive
         self.handed: list | None = None  # per buffer its hand-out (copy_out.py), at first use
+        # the tensors the step assigns to attributes, bound after each replay (attribute_outputs.py)
+        self.assignment: Assignment | None = None
+        self.written: dict[int, torch.Tensor | str] = {}
 
 
 @dataclass
@@ -106,6 +111,8 @@ class Attempt:
     choices: Watch | None = None
     moved: bool = False  # the reference moved the written inputs' versions (put back, not undone)
     feeds: FeedSpecs | None = None  # the host copies the reference made, fed by the capture
+    assignment: Assignment | None = None  # the attribute outputs the capture repeats
+    written: dict = field(default_factory=dict)  # what the capture assigned, by target
 
 
 class RecordingSteps:
@@ -265,12 +272,14 @@ class RecordingSteps:
         versions = [t._version for t in held]
         run = state.output()
         self._walking, self._foreign = self.on.foreign_grads, []
+        reads = self._attribute_reads()
         try:
             found_or_not = found if found is not None else contextlib.nullcontext()
             choices = a.choices if a.choices is not None else contextlib.nullcontext()
             a.feeds = FeedSpecs() if self._feed_host else None
             feeds = a.feeds if a.feeds is not None else contextlib.nullcontext()
-            with effects, found_or_not, choices, scratch, run.held(), feeds:
+            watch = reads if reads is not None else contextlib.nullcontext()
+            with effects, found_or_not, choices, scratch, run.held(), feeds, watch:
                 eager = self._body(a.phase, a.args, a.kwargs)
         except BaseException:  # eager's exception: a cache it filled first stays in the pool
             self._unchecked = scratch
@@ -279,11 +288,12 @@ class RecordingSteps:
         finally:
             self._walking = False
         effects.also_changed(a.static)
-        why = self._reference_why(effects, found, held, versions, state, a.choices)
+        why = self._attribute_outputs(effects, reads, a.callargs.tensors)
+        why = why or self._reference_why(effects, found, held, versions, state, a.choices)
         why = why or self._choices_why(a)
         if why is not None:
             return self._reference_stands(a, why, eager, scratch, run)
-        written = [*state.outside, *effects.named_written()]
+        written = [*state.outside, *effects.named_written(), *self._attribute_values()]
         a.reference = end_state(*self._judged(), eager, clone=True, extra=written)
         state.restore()
         a.moved = effects.put_back(a.static)  # the batch as the call found it
@@ -293,6 +303,45 @@ class RecordingSteps:
         self._left_in_pool(scratch)
         self.backend.trim()
         return None
+
+    def _attribute_outputs(
+        self, effects: SideEffects, reads: StorageReads | None, inputs: list[torch.Tensor]
+    ) -> str | None:
+        """The tensors the run assigned to attributes (an MoE's ``aux_loss``, DINO's re-bound
+        centre): recorded as outputs and bound after each replay (``memory/attribute_outputs.py``),
+        not effects. A new one is learnt: this run stands as the call, the next records it."""
+        if reads is None:
+            return None
+        own = (*self.params, *effects.buffers_before(), *inputs)
+        foreign = {t.untyped_storage().data_ptr() for t in own if t.layout == torch.strided}
+        writes = [*effects.changed_attributes(), *effects.changed_entries()]
+        outputs, states, why = self._attrs.sort(writes, reads.read, foreign)
+        if why is not None:
+            return why
+        effects.exclude(outputs)
+        new = self._attrs.unknown(outputs, states)
+        if not new:
+            return None
+        self._attrs.learn(new, states)
+        names = ", ".join(f"{type(m).__name__}.{n}" for m, n in new)
+        return _Learning(
+            f"the step assigns {names}: recorded as outputs from the next recording call",
+            "first_write",
+        )
+
+    def _attribute_reads(self) -> StorageReads | None:
+        """A watch over which of the model's tensor attributes a run's ops read (None: it holds none)."""
+        held = attribute_storages(self.model)
+        return StorageReads(held) if held else None
+
+    def _attribute_values(self) -> list[tuple[str, torch.Tensor]]:
+        """The learnt attributes' tensors, named for the recording's check against eager."""
+        out = []
+        for m, name in self._attrs.targets():
+            value = m.get(name) if isinstance(m, dict) else getattr(m, name, None)
+            if isinstance(value, torch.Tensor):
+                out.append((f"attribute {type(m).__name__}.{name}", value))
+        return out
 
     def _effects(self, a: Attempt, tensors: list[torch.Tensor]) -> SideEffects:
         """A watch over a run of the body on ``tensors`` (the batch or its static copies); an input
@@ -391,11 +440,15 @@ class RecordingSteps:
         a.run = state.output()
         self._walking, self._foreign = self.on.foreign_grads, []
         outside = self._foreign_buffers(a, state)
+        a.assignment = self._attrs.assignment()
+        # no reference ran (verification off): the capture's run learns what it assigns
+        reads = self._attribute_reads() if a.reference is None else None
         try:
             branches = recording_context(self.on.capture_branches)
-            with a.effects, branches, watch, choices, a.run.held():
-                (a.loss,) = a.region.capture(
-                    lambda: self._captured_body(a), None if a.feeds is None else a.feeds.specs
+            learning = reads if reads is not None else contextlib.nullcontext()
+            with a.effects, branches, watch, choices, a.run.held(), learning:
+                (a.loss, *_) = a.region.capture(
+                    lambda: self._assigning_body(a), None if a.feeds is None else a.feeds.specs
                 )
             watch.check()
         except Exception as exc:
@@ -411,9 +464,11 @@ class RecordingSteps:
         if a.foreign is not None:
             a.foreign.captured()
         a.effects.also_changed(a.callargs.tensors)
+        a.effects.exclude(self._attrs.targets())
+        learnt = self._attribute_outputs(a.effects, reads, a.static)
         a.key = self._input_reads.settle(a.key, () if a.reads is None else a.reads.reads)
         a.rec = self._recorded(a)
-        why = self._capture_why(a, state)
+        why = learnt or self._capture_why(a, state)
         if why is None:
             return None
         # the body ran once, as eager's: its effects stand (an input's write too); no recording kept
@@ -442,6 +497,7 @@ class RecordingSteps:
         tail = self._tail.eager is not None and a.phase in ("step", "last")
         back = WriteBack.of(a.static, a.effects.version_moves()) if self.on.write_back else None
         rec = StepRecording(a.region, a.static, a.loss, grads_out, keep, a.foreign, tail, back)
+        rec.assignment, rec.written = a.assignment, a.written
         if tail:
             self._eager_tail(rec)
         return rec
@@ -468,6 +524,13 @@ class RecordingSteps:
             a.foreign = ForeignBuffers(self._foreign_leaves.leaves)
             a.foreign.begin()
         return {id(p): p.grad for m in state.modules for p in m.parameters()}
+
+    def _assigning_body(self, a: Attempt) -> list[torch.Tensor]:
+        """The captured body; with attribute outputs learnt, the tensors it assigned are outputs too."""
+        if a.assignment is None:
+            return self._captured_body(a)
+        out, a.written = a.assignment.wrap(self._captured_body)(a)
+        return [*out, *(t for t in a.written.values() if isinstance(t, torch.Tensor))]
 
     def _captured_body(self, a: Attempt) -> list[torch.Tensor]:
         args, kwargs = a.callargs.rebuild(a.static)
@@ -538,7 +601,7 @@ class RecordingSteps:
         holds included): a difference refuses the signature, and the twin's body runs once."""
         if a.reference is None:
             return None
-        written = [*state.outside, *a.effects.named_written()]
+        written = [*state.outside, *a.effects.named_written(), *self._attribute_values()]
         now = end_state(*self._judged(), a.loss, clone=False, extra=written)
         found = difference(now, a.reference)
         self.journal.add("check", self._calls, "recording", found)

@@ -38,10 +38,11 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["Assignment", "AttributeOutputs", "attribute_storages", "held_entries"]
+__all__ = ["MODULE_SLOTS", "Assignment", "AttributeOutputs", "attribute_storages", "held_entries"]
 
 _MISSING = object()
-_SLOTS = ("_parameters", "_buffers", "_modules")
+#: where a module keeps its parameters, buffers and submodules (not plain attributes)
+MODULE_SLOTS = ("_parameters", "_buffers", "_modules")
 #: an attribute: its module and name
 Target = tuple[Any, Any]  # (a module, a name); or a held dict or plain object, and its key
 #: one changing write the probe saw: module, name, the value before the run, the value after
@@ -122,7 +123,9 @@ def _settable(m: object, name: Any) -> bool:
     entry of a held dict)."""
     if isinstance(m, dict):
         return True
-    if isinstance(m, nn.Module) and any(name in (m.__dict__.get(slot) or ()) for slot in _SLOTS):
+    if isinstance(m, nn.Module) and any(
+        name in (m.__dict__.get(slot) or ()) for slot in MODULE_SLOTS
+    ):
         return False
     return not hasattr(type(getattr(type(m), name, None)), "__set__")
 
@@ -208,6 +211,10 @@ class AttributeOutputs:
         self._key_by_kind([t for t in targets if t not in read], False)
         self._key_by_kind(read, True)
 
+    def targets(self) -> list[Target]:
+        """The attributes learnt so far (a run's writes of them are outputs, not effects)."""
+        return list(self._known.values())
+
     def assignment(self) -> Assignment | None:
         """What a recording made now includes (None: nothing learnt, the forward as it is)."""
         if not self._known:
@@ -282,6 +289,12 @@ class Assignment:
             return out, written
 
         return run
+
+    def hand_out(self, out: Any, written: dict[int, torch.Tensor | str], bind: bool = True) -> None:
+        """After a whole step's replay: copies of the assigned tensors bound, as :meth:`assign`
+        binds (the step hands back no static memory: the next replay overwrites it)."""
+        copies = {i: t.clone() if isinstance(t, torch.Tensor) else t for i, t in written.items()}
+        self.assign((out, copies), bind)
 
     def assign(self, result: tuple[Any, dict[int, torch.Tensor | str]], bind: bool = True) -> Any:
         """The forward's own outputs; with ``bind``, the replayed tensors assigned as eager's

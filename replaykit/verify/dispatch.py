@@ -111,6 +111,36 @@ class WatchingMode(TorchDispatchMode):
         return out
 
 
+class StorageReads(WatchingMode):
+    """Which of ``watched`` (storages, by data pointer) the ops of a run read: a tensor attribute
+    the forward assigns without reading the old one is a recorded output, one it reads too is a
+    state (``memory/attribute_outputs.py``)."""
+
+    def __init__(self, watched: set[int]) -> None:
+        super().__init__()
+        self.watched = watched
+        self.read: set[int] = set()
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        self.note(args, kwargs)
+        return self.run(func, args, kwargs)
+
+    def note(self, args: tuple, kwargs: dict) -> None:
+        """The watched storages among an op's tensors."""
+        for t in tree_leaves((args, kwargs)):
+            if (
+                isinstance(t, torch.Tensor)
+                and t.layout == torch.strided
+                and t.device.type != "meta"
+            ):
+                ptr = t.untyped_storage().data_ptr()
+                if ptr in self.watched:
+                    self.read.add(ptr)
+
+
 def increment_versions(tensors: list[torch.Tensor]) -> None:
     """Bump each tensor's version (a tensor listed twice, twice): torch 2.5+ takes a list in one
     call, torch 2.4 one tensor (a tensor alone is iterated over its rows by 2.5+)."""

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_leaves
+from torch.utils._pytree import tree_flatten
 
 from ..backends.tape import shares_state
 from ..guards.grad_hooks import hooked, learn
@@ -27,7 +27,7 @@ from ..guards.signature import autocast_key
 from ..memory.attribute_outputs import AttributeOutputs, Target, attribute_storages
 from ..memory.outputs import OutputTree, objects, split_outputs
 from .bindings import Bindings
-from .dispatch import WatchingMode, caller, written_positions
+from .dispatch import StorageReads, WatchingMode, caller, written_positions
 from .dispatch import written as written_by
 from .side_effects import SideEffects
 from .snapshot import held_generators
@@ -98,9 +98,8 @@ class _Inspector(WatchingMode):
         self, leaves: Sequence[torch.Tensor] = (), own: Sequence[torch.Generator] = ()
     ) -> None:
         super().__init__()
-        # the storages of the tree's plain tensor attributes (set by the probe), and those read
-        self.attributes: set[int] | None = None
-        self.read: set[int] = set()
+        # the storages of the tree's plain tensor attributes (set by the probe) and those read
+        self.attributes: StorageReads | None = None
         self.generators: list[str] = []
         self._own = list(own)
         self.own: list[torch.Generator] = []  # those the forward draws from
@@ -136,8 +135,8 @@ class _Inspector(WatchingMode):
         ):
             i = self._leaves[id(args[0])]
             self.casts[i] = self.casts.get(i, 0) + 1
-        if self.attributes:
-            self._reads(args, kwargs)
+        if self.attributes is not None:
+            self.attributes.note(args, kwargs)
         if written_positions(func):
             self.storages.update(
                 t.untyped_storage().data_ptr()
@@ -145,19 +144,6 @@ class _Inspector(WatchingMode):
                 if t.layout == torch.strided and t.device.type != "meta"  # a sparse one has none
             )
         return self.run(func, args, kwargs)
-
-    def _reads(self, args: tuple, kwargs: dict) -> None:
-        """The attributes' storages among the op's tensors (an attribute assigned without being
-        read is a recorded output: ``memory/attribute_outputs.py``)."""
-        for t in tree_leaves((args, kwargs)):
-            if (
-                isinstance(t, torch.Tensor)
-                and t.layout == torch.strided
-                and t.device.type != "meta"
-            ):
-                ptr = t.untyped_storage().data_ptr()
-                if ptr in self.attributes:
-                    self.read.add(ptr)
 
     def _note(self, gen: torch.Generator, func: Any) -> None:
         """A draw from ``gen``: one of the module's own generators (by state: the dispatcher hands
@@ -268,7 +254,8 @@ def probe(
     effects = SideEffects(module, static_inputs, host_rng, drawn_to, host_to, callers)
     device = next((t.device.type for t in (*static_inputs, *params)), "cpu")
     inspector = _Inspector(leaves, _own_generators(module, device))
-    inspector.attributes = None if attributes is None else attribute_storages(module)
+    if attributes is not None and (held := attribute_storages(module)):
+        inspector.attributes = StorageReads(held)
     hooks = _SavedParameters([*leaves, *static_inputs])
     # autocast's cast cache off, as the backends record (the probe counts a recording's casts)
     autocast, dtype = autocast_key(device)
@@ -373,7 +360,8 @@ def _attribute_outputs(
     held = (*inspector._keep, *effects.buffers_before())
     foreign = {_storage(t) for t in held if t.layout == torch.strided and t.numel()}
     writes = [*effects.changed_attributes(), *effects.changed_entries()]
-    outputs, states, why = attributes.sort(writes, inspector.read, foreign)
+    read = inspector.attributes.read if inspector.attributes is not None else set()
+    outputs, states, why = attributes.sort(writes, read, foreign)
     if why is not None:
         return Refusal("module", why)
     effects.exclude(outputs)

@@ -16,14 +16,13 @@ from torch import nn
 
 from ..guards.distributed import repeated_by_replay
 from ..guards.module import held_values, listen_for_writes, value_key
-from ..memory.attribute_outputs import AttributeOutputs, held_entries
+from ..memory.attribute_outputs import MODULE_SLOTS, AttributeOutputs, held_entries
 from ..memory.layout import copy_into
 from ..memory.write_back import inexact
 from .bitwise import bitwise_equal
 from .snapshot import host_rng_state
 
 _MISSING = object()
-_SLOTS = ("_parameters", "_buffers", "_modules")
 
 
 def _attribute(held: tuple[dict, ...], name: str) -> object:
@@ -36,7 +35,7 @@ def _attribute(held: tuple[dict, ...], name: str) -> object:
 
 
 def _attributes(m: nn.Module) -> tuple[dict, ...]:
-    return (m.__dict__, *(m.__dict__.get(slot, {}) for slot in _SLOTS))
+    return (m.__dict__, *(m.__dict__.get(slot, {}) for slot in MODULE_SLOTS))
 
 
 def _changed_keys(before: dict, now: dict) -> list[object]:
@@ -163,7 +162,7 @@ class SideEffects:
         return [
             t
             for dicts in self._before.values()
-            for t in dicts[_SLOTS.index("_buffers") + 1].values()
+            for t in dicts[MODULE_SLOTS.index("_buffers") + 1].values()
             if isinstance(t, torch.Tensor)
         ]
 

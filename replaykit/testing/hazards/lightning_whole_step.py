@@ -631,7 +631,7 @@ def _recording_call_patterns() -> list[Pattern]:
             fitted(CentredHead),
             fitting(),
             guard="call_state",
-            unsafe_never="the step's eager reference sees the assignment first and stands as the call",
+            unsafe_never="the centre is a state: the recording reads it from a slot fed before each replay, which no switch turns off",
         ),
         whole_step(
             "whole_step_param_group_counter_failed_verification",

@@ -427,7 +427,7 @@ PATTERNS: list[Pattern] = [
         stepped(steps=4),
         step_what="DINO's head re-binds a centre buffer in forward, whole step",
         step=dict(
-            unsafe_never="the step's eager reference sees the assignment first and stands as the call"
+            unsafe_never="the centre is a state: the recording reads it from a slot fed before each replay, which no switch turns off"
         ),
         guard="call_state",
     ),

@@ -539,8 +539,7 @@ PATTERNS: list[Pattern] = [
         "an auxiliary loss stored on the module, added to the loss, whole step",
         built(MoE),
         _step_moe,
-        # without the module guard too: it keys the attribute's new tensor, so every call records
-        guard="side_effects+module_state",
+        guard="attribute_outputs",
         api="step",
     ),
     HC.pattern(

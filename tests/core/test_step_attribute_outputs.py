@@ -1,0 +1,116 @@
+"""A whole step whose forward assigns tensors to attributes replays: an MoE layer's
+``self.aux_loss`` (read by ``loss_fn``, logged by the loop), DINO's re-bound centre (read and
+replaced every call), a tensor set in a dict the model holds. The tensors are outputs of the
+recording, bound (as copies) after each replay; a state is read from a slot fed before each
+replay (protection ``attribute_outputs``, ``memory/attribute_outputs.py``). Every call is compared
+with the eager twin: loss, parameters, each ``.grad`` and its None pattern, and the attributes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+import replaykit as rk
+from replaykit.protections import negative_control
+from replaykit.testing.hazards.recording_call import CentredHead
+from replaykit.testing.hazards.side_effects import MoE
+
+from ._same import same
+
+
+class Feats(nn.Module):
+    """A forward that keeps its hidden activation in a dict it holds (for a feature loss)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(6, 8), nn.Linear(8, 3)
+        self.feats: dict[str, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc1(x))
+        self.feats["h"] = h
+        return self.fc2(h)
+
+
+def _moe_loss(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return m(x).pow(2).mean() + 0.1 * m.aux_loss
+
+
+def _mse(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return m(x).pow(2).mean()
+
+
+def _feats_loss(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    out = m(x)
+    return out.pow(2).mean() + 0.01 * m.feats["h"].pow(2).mean()
+
+
+CASES: dict[str, tuple[Callable[[], nn.Module], Callable, Callable[[nn.Module], torch.Tensor]]] = {
+    "moe_aux_loss": (MoE, _moe_loss, lambda m: m.aux_loss),
+    "dino_centre": (CentredHead, _mse, lambda m: m.center),
+    "held_dict_entry": (Feats, _feats_loss, lambda m: m.feats["h"]),
+}
+
+
+def _run(case: str, replay: bool, unsafe: tuple[str, ...] = (), steps: int = 6) -> tuple:
+    """Per call: the loss, the attribute as the loop logs it (a reference, not a copy), the
+    parameters and gradients; and the step's journal counts."""
+    make, loss_fn, attr = CASES[case]
+    torch.manual_seed(0)
+    model = make()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    step = rk.TrainStep(
+        model, loss_fn, opt, replay=replay, backend="emulated", unsafe_disable=unsafe
+    )
+    torch.manual_seed(1)
+    seen, logged = [], []
+    for _ in range(steps):
+        loss = step(torch.randn(4, 6))
+        logged.append(attr(model).detach())  # kept as logged: not a copy
+        seen.append([loss, *(p.detach().clone() for p in model.parameters())])
+        seen[-1] += [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+    return seen, logged, step if replay else None
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_attribute_outputs_replay_bitwise(case: str) -> None:
+    eager, eager_logged, _ = _run(case, replay=False)
+    seen, logged, step = _run(case, replay=True)
+    assert same(seen, eager)
+    assert same(logged, eager_logged)
+    assert step.counts["replay"] >= 2, step.summary()  # it replays, not merely routes
+    assert step.counts["retire"] == 0, step.summary()
+
+
+def test_without_binding_the_logged_attributes_differ() -> None:
+    """Switched off, each replay leaves the attribute bound to the recording's static tensor,
+    which the next replay overwrites: the losses the loop logged read the last call's values."""
+    _, eager_logged, _ = _run("moe_aux_loss", replay=False)
+    _, logged, step = _run("moe_aux_loss", True, negative_control("attribute_outputs"))
+    assert step.counts["replay"] >= 2, step.summary()
+    assert not same(logged, eager_logged)
+
+
+def test_a_state_of_a_new_shape_records_anew() -> None:
+    """The centre's slot has its shape: a centre re-made at another width keys a new recording
+    instead of replaying the old slot."""
+    torch.manual_seed(0)
+    model, twin = CentredHead(), CentredHead()
+    twin.load_state_dict(model.state_dict())
+    steps = [
+        rk.TrainStep(m, _mse, torch.optim.SGD(m.parameters(), lr=0.1), replay=r, backend="emulated")
+        for m, r in ((model, True), (twin, False))
+    ]
+    torch.manual_seed(1)
+    batches = [torch.randn(4, 6) for _ in range(8)]
+    for i, x in enumerate(batches):
+        if i == 4:  # the head re-made, its centre a (1, 3) row: broadcasts the same
+            for m in (model, twin):
+                m.center = m.center.reshape(1, 3).clone()
+        losses = [s(x) for s in steps]
+        assert same(losses[0], losses[1]), i
+        assert same(model.center, twin.center), i
+    assert steps[0].counts["record"] >= 2, steps[0].summary()
