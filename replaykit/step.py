@@ -508,7 +508,14 @@ class TrainStep(RecordingSteps, Entry):
         return hyper
 
     def _under_ddp(self) -> bool:
-        return is_ddp(self.model) or self.config.ddp is not None
+        """Whether DDP wraps the model or the caller runs it (``ddp=``): fixed at construction,
+        read on every call (the optimizer's host values), so found once."""
+        under = self.__dict__.get("_ddp_wrapped")
+        if under is None:
+            under = self.__dict__["_ddp_wrapped"] = (
+                is_ddp(self.model) or self.config.ddp is not None
+            )
+        return under
 
     # ----------------------------------------------------------------- eager (the twin)
     def _body(self, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:
