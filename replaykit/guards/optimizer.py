@@ -31,15 +31,26 @@ def host_value(value: Any) -> Any:
     return value
 
 
+#: hyperparameter types keyed as they are (a step reads them every call: no call per value)
+_AS_IS = frozenset({bool, int, str, type(None)})
+
+
 def hyper_key(optimizer: torch.optim.Optimizer, extra: tuple = ()) -> tuple:
-    """Every host value the optimizer's step reads, group by group, plus ``extra``."""
-    return (
-        *(
-            tuple(host_value(v) for k, v in g.items() if k != "params")
-            for g in optimizer.param_groups
-        ),
-        *extra,
-    )
+    """Every host value the optimizer's step reads, group by group, plus ``extra``: each value as
+    :func:`host_value` keys it (read on every call: the common types are keyed inline)."""
+    groups = []
+    for g in optimizer.param_groups:
+        values = []
+        for k, v in g.items():
+            kind = type(v)
+            if kind is float:
+                values.append(("float", v.hex()))
+            elif kind in _AS_IS:
+                values.append(v)
+            elif k != "params":
+                values.append(host_value(v))
+        groups.append(tuple(values))
+    return (*groups, *extra)
 
 
 def tensors_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
