@@ -55,20 +55,22 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable, Callable[[nn.Module], 
 }
 
 
-def _run(case: str, replay: bool, unsafe: tuple[str, ...] = (), steps: int = 6) -> tuple:
+def _run(
+    case: str, replay: bool, backend: str = "emulated", unsafe: tuple[str, ...] = (), steps: int = 6
+) -> tuple:
     """Per call: the loss, the attribute as the loop logs it (a reference, not a copy), the
-    parameters and gradients; and the step's journal counts."""
+    parameters and gradients; and the step (None: the eager twin)."""
     make, loss_fn, attr = CASES[case]
+    device = "cuda" if backend == "cuda" else "cpu"
     torch.manual_seed(0)
-    model = make()
+    model = make().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    step = rk.TrainStep(
-        model, loss_fn, opt, replay=replay, backend="emulated", unsafe_disable=unsafe
-    )
+    step = rk.TrainStep(model, loss_fn, opt, replay=replay, backend=backend, unsafe_disable=unsafe)
     torch.manual_seed(1)
+    batches = [torch.randn(4, 6).to(device) for _ in range(steps)]
     seen, logged = [], []
-    for _ in range(steps):
-        loss = step(torch.randn(4, 6))
+    for x in batches:
+        loss = step(x)
         logged.append(attr(model).detach())  # kept as logged: not a copy
         seen.append([loss, *(p.detach().clone() for p in model.parameters())])
         seen[-1] += [None if p.grad is None else p.grad.clone() for p in model.parameters()]
@@ -76,20 +78,20 @@ def _run(case: str, replay: bool, unsafe: tuple[str, ...] = (), steps: int = 6) 
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_attribute_outputs_replay_bitwise(case: str) -> None:
-    eager, eager_logged, _ = _run(case, replay=False)
-    seen, logged, step = _run(case, replay=True)
+def test_attribute_outputs_replay_bitwise(case: str, backend: str) -> None:
+    eager, eager_logged, _ = _run(case, False, backend)
+    seen, logged, step = _run(case, True, backend)
     assert same(seen, eager)
     assert same(logged, eager_logged)
     assert step.counts["replay"] >= 2, step.summary()  # it replays, not merely routes
     assert step.counts["retire"] == 0, step.summary()
 
 
-def test_without_binding_the_logged_attributes_differ() -> None:
+def test_without_binding_the_logged_attributes_differ(backend: str) -> None:
     """Switched off, each replay leaves the attribute bound to the recording's static tensor,
     which the next replay overwrites: the losses the loop logged read the last call's values."""
-    _, eager_logged, _ = _run("moe_aux_loss", replay=False)
-    _, logged, step = _run("moe_aux_loss", True, negative_control("attribute_outputs"))
+    _, eager_logged, _ = _run("moe_aux_loss", False, backend)
+    _, logged, step = _run("moe_aux_loss", True, backend, negative_control("attribute_outputs"))
     assert step.counts["replay"] >= 2, step.summary()
     assert not same(logged, eager_logged)
 
