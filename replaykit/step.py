@@ -49,7 +49,7 @@ from .guards.optimizer import (
 )
 from .guards.signature import SIGNATURE_PARTS, UnhashableArgument, signature, split_call
 from .guards.storage import GLOBAL_HOOKS, module_hooks
-from .memory.attribute_outputs import AttributeOutputs
+from .memory.attribute_outputs import StepAttributes
 from .memory.copy_out import StepGrads
 from .memory.foreign import ForeignLeaves
 from .memory.layout import aligned_key, copy_into
@@ -219,7 +219,7 @@ class TrainStep(RecordingSteps, Entry):
         # writes into the model: a first write, a cache filled, or per-call Python
         self._fills = Fills()
         # tensors the forward assigns to attributes: recorded as outputs (memory/attribute_outputs.py)
-        self._attrs = AttributeOutputs(c.model, self.lifecycle.guard.key_by_kind)
+        self._attrs = StepAttributes(c.model, self.lifecycle.guard.key_by_kind)
         self._learn_draws = False  # set at the first host draw seen: the next reference learns them
         # tensors loss_fn holds and writes in place (a running mean): snapshotted once seen written
         self._written: list[torch.Tensor] = []

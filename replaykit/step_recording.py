@@ -26,13 +26,13 @@ from .guards.host_choices import Watch
 from .guards.input_reads import NewInputRead, Provenance
 from .guards.module import host_dependence
 from .guards.optimizer import GRAD, host_state, tensors_of
-from .memory.attribute_outputs import Assignment, attribute_storages
+from .memory.attribute_outputs import Assignment
 from .memory.foreign import ForeignBuffers
 from .memory.layout import aligned_copy
 from .memory.write_back import WriteBack
+from .step_effects import Learning, RunEffects, Wrote
 from .verify.call_state import CallState
 from .verify.contexts import recording as recording_context
-from .verify.dispatch import StorageReads
 from .verify.output import HeldOutput
 from .verify.side_effects import SideEffects
 from .verify.step_check import difference, end_state
@@ -115,7 +115,7 @@ class Attempt:
     written: dict = field(default_factory=dict)  # what the capture assigned, by target
 
 
-class RecordingSteps:
+class RecordingSteps(RunEffects):
     """The recording call's steps, mixed into ``TrainStep`` (their state is the step's)."""
 
     # ----------------------------------------------------------------- the loop
@@ -293,7 +293,7 @@ class RecordingSteps:
         why = why or self._choices_why(a)
         if why is not None:
             return self._reference_stands(a, why, eager, scratch, run)
-        written = [*state.outside, *effects.named_written(), *self._attribute_values()]
+        written = [*state.outside, *effects.named_written(), *self._attrs.values()]
         a.reference = end_state(*self._judged(), eager, clone=True, extra=written)
         state.restore()
         a.moved = effects.put_back(a.static)  # the batch as the call found it
@@ -304,114 +304,17 @@ class RecordingSteps:
         self.backend.trim()
         return None
 
-    def _attribute_outputs(
-        self, effects: SideEffects, reads: StorageReads | None, inputs: list[torch.Tensor]
-    ) -> str | None:
-        """The tensors the run assigned to attributes (an MoE's ``aux_loss``, DINO's re-bound
-        centre): recorded as outputs and bound after each replay (``memory/attribute_outputs.py``),
-        not effects. A new one is learnt: this run stands as the call, the next records it."""
-        if reads is None:
-            return None
-        own = (*self.params, *effects.buffers_before(), *inputs)
-        foreign = {t.untyped_storage().data_ptr() for t in own if t.layout == torch.strided}
-        writes = [*effects.changed_attributes(), *effects.changed_entries()]
-        outputs, states, why = self._attrs.sort(writes, reads.read, foreign)
-        if why is not None:
-            return why
-        effects.exclude(outputs)
-        new = self._attrs.unknown(outputs, states)
-        if not new:
-            return None
-        self._attrs.learn(new, states)
-        names = ", ".join(f"{type(m).__name__}.{n}" for m, n in new)
-        return _Learning(
-            f"the step assigns {names}: recorded as outputs from the next recording call",
-            "first_write",
-        )
-
-    def _attribute_reads(self) -> StorageReads | None:
-        """A watch over which of the model's tensor attributes a run's ops read (None: it holds none)."""
-        held = attribute_storages(self.model)
-        return StorageReads(held) if held else None
-
-    def _attribute_values(self) -> list[tuple[str, torch.Tensor]]:
-        """The learnt attributes' tensors, named for the recording's check against eager."""
-        out = []
-        for m, name in self._attrs.targets():
-            value = m.get(name) if isinstance(m, dict) else getattr(m, name, None)
-            if isinstance(value, torch.Tensor):
-                out.append((f"attribute {type(m).__name__}.{name}", value))
-        return out
-
     def _effects(self, a: Attempt, tensors: list[torch.Tensor]) -> SideEffects:
         """A watch over a run of the body on ``tensors`` (the batch or its static copies); an input
         it writes in place is written back to the caller's (``memory/write_back.py``)."""
         drawn = (self._input_reads.drawn_to, self._choices.drawn_to)
         return SideEffects(self.model, tensors, self.on.host_rng, *drawn, a.callargs.tensors)
 
-    def _reference_why(
-        self,
-        effects: SideEffects,
-        found: Provenance | None,
-        held: list,
-        versions: list,
-        state: CallState,
-        choices: Watch | None,
-    ) -> str | None:
-        """Why the reference run must stand as the call (a replay would not repeat what it did), or None."""
-        private = self._private_draws(state)
-        if private is not None:
-            return private
-        why = effects.reason("the step", writes=self.on.side_effects)
-        if why is not None and effects.reason("the step", python_draws=False) is None:
-            why = self._learn_choices(why, choices)
-        if why is not None and self.on.side_effects and effects.writes_only():
-            return _Wrote(why) if self._beyond_the_model() is None else why
-        if (
-            why is not None
-            and self._input_reads.drawn_to is None
-            and effects.reason("the step", host_draws=False, writes=self.on.side_effects) is None
-        ):
-            why = self._host_draws(found) or why
-        if why is None:
-            why = self._second_network(state) or self._beyond_the_model()
-        if why is not None:
-            return why
-        known = set(map(id, self._written))
-        written = [
-            t for t, v in zip(held, versions, strict=True) if t._version != v and id(t) not in known
-        ]
-        if not written:
-            return None
-        # loose tensors are watched, not copied (maybe a dataset): it stands; later call states keep them
-        self._written += written
-        return _Learning(
-            f"loss_fn writes {len(written)} tensor(s) it holds in place: kept in the "
-            "step's snapshots from the next recording call",
-            "held_writes",
-        )
-
-    def _private_draws(self, state: CallState) -> str | None:
-        """A run that drew from a private host generator the call reaches (``random.Random``,
-        numpy's: ``verify/host_generators.py``): a replay would repeat the draw; it stands, retired."""
-        return state.host_generators.drawn("the step") if self.on.host_rng else None
-
-    def _learn_choices(self, why: str, choices: Watch | None) -> str:
-        """The run's only effect was drawing from Python's or numpy's RNG: draws that only chose
-        are keyed from the next call (``guards/host_choices.py``); others keep ``why``."""
-        learnt = self._choices.learnt(choices)
-        return why if learnt is None else _Learning(learnt, "host_choices")
-
-    def _choices_why(self, a: Attempt) -> str | None:
-        """A run whose draws are not those its key learnt (another count, another comparison, a
-        value used): a replay of this key would not make them."""
-        return self._choices.changed("the step", a.choices)
-
     def _reference_stands(
         self, a: Attempt, why: str, eager: torch.Tensor, scratch: Scratch, run: HeldOutput
     ) -> Outcome:
         """The reference run is the call's work: what it hands back leaves the pool; retire, or
-        journal what is learnt (:class:`_Learning`: not a retirement)."""
+        journal what is learnt (:class:`Learning`: not a retirement)."""
         with torch.no_grad():
             for p in (*self._trainable, *self._foreign_leaves.leaves, *self._foreign):
                 if p.grad is not None and scratch.owns(p.grad):
@@ -419,9 +322,9 @@ class RecordingSteps:
             eager = eager.clone() if scratch.owns(eager) else eager
         self._left_in_pool(scratch)
         a.region.free()
-        if isinstance(why, _Wrote):
+        if isinstance(why, Wrote):
             self._wrote(why)
-        elif isinstance(why, _Learning):
+        elif isinstance(why, Learning):
             self.journal.add("refuse", self._calls, why.reason, why)
         else:
             self._retire(why, self._calls)
@@ -440,7 +343,7 @@ class RecordingSteps:
         a.run = state.output()
         self._walking, self._foreign = self.on.foreign_grads, []
         outside = self._foreign_buffers(a, state)
-        a.assignment = self._attrs.assignment()
+        a.assignment = self._attrs.outputs.assignment()
         # no reference ran (verification off): the capture's run learns what it assigns
         reads = self._attribute_reads() if a.reference is None else None
         try:
@@ -464,7 +367,7 @@ class RecordingSteps:
         if a.foreign is not None:
             a.foreign.captured()
         a.effects.also_changed(a.callargs.tensors)
-        a.effects.exclude(self._attrs.targets())
+        a.effects.exclude(self._attrs.outputs.targets())
         learnt = self._attribute_outputs(a.effects, reads, a.static)
         a.key = self._input_reads.settle(a.key, () if a.reads is None else a.reads.reads)
         a.rec = self._recorded(a)
@@ -480,7 +383,7 @@ class RecordingSteps:
                     p.grad = p.grad.clone()
         out = self._after(a.phase, a.rec)
         a.region.free()
-        if isinstance(why, _Learning):
+        if isinstance(why, Learning):
             self.journal.add("refuse", self._calls, why.reason, why)
         elif a.effects.writes_only():
             self._wrote(
@@ -529,8 +432,8 @@ class RecordingSteps:
         """The captured body; with attribute outputs learnt, the tensors it assigned are outputs too."""
         if a.assignment is None:
             return self._captured_body(a)
-        out, a.written = a.assignment.wrap(self._captured_body)(a)
-        return [*out, *(t for t in a.written.values() if isinstance(t, torch.Tensor))]
+        out, a.written = self._attrs.body(a.assignment, self._captured_body, a)
+        return out
 
     def _captured_body(self, a: Attempt) -> list[torch.Tensor]:
         args, kwargs = a.callargs.rebuild(a.static)
@@ -538,26 +441,6 @@ class RecordingSteps:
             return [self._body(a.phase, args, kwargs)]
         with a.reads:
             return [self._body(a.phase, args, kwargs)]
-
-    def _capture_why(self, a: Attempt, state: CallState) -> str | None:
-        """Why replays of the captured run would differ from eager outside the tensors it computes."""
-        private = self._private_draws(state)
-        if private is not None:
-            return private
-        why = a.effects.reason("the step", writes=self.on.side_effects)
-        if why is not None and a.effects.reason("the step", python_draws=False) is None:
-            return self._learn_choices(why, a.choices)
-        if (
-            why is None
-            and a.reads is not None
-            and (a.reads.escaped or not self._input_reads.draws_match(a.reads.draws))
-        ):
-            why = _HOST_DRAWS_CHANGED
-        if why is None:
-            why = self._choices_why(a)
-        if why is not None:
-            return why
-        return self._second_network(state) or self._beyond_the_model()
 
     def _capture_failed(self, a: Attempt, exc: Exception, watch: CompileWatch) -> Outcome:
         """A capture that raised: learn a read and retry, watch reads and retry, or run eagerly."""
@@ -601,7 +484,7 @@ class RecordingSteps:
         holds included): a difference refuses the signature, and the twin's body runs once."""
         if a.reference is None:
             return None
-        written = [*state.outside, *a.effects.named_written(), *self._attribute_values()]
+        written = [*state.outside, *a.effects.named_written(), *self._attrs.values()]
         now = end_state(*self._judged(), a.loss, clone=False, extra=written)
         found = difference(now, a.reference)
         self.journal.add("check", self._calls, "recording", found)
@@ -636,65 +519,6 @@ class RecordingSteps:
         graded = [*self._trainable, *self._foreign_leaves.leaves]
         return (self.model, self.optimizer, self.scaler, self.ema, graded)
 
-    # ----------------------------------------------------------------- what a run shows
-    def _beyond_the_model(self) -> str | None:
-        """Why replays of the run just watched (a recording's capture or its reference) would
-        differ from eager outside what ``SideEffects`` sees: a second network, what loss_fn changes."""
-        if self._foreign:
-            return (
-                f"loss_fn reaches {len(self._foreign)} tensor(s) requiring grad outside the model and the optimizer (a second "
-                "network): a replay would not give them this call's gradients"
-            )
-        if self._loss_inputs is not None:
-            changed = self._loss_inputs.changed(self._loss_key)
-            if changed is not None:
-                return f"loss_fn changes {changed}; a replay would not"
-        return self._forward_changes() or self._class_writes()
-
-    def _second_network(self, state: CallState) -> _Learning | None:
-        """The reference run's loss reached trainable parameters of a module loss_fn holds (a GAN's
-        discriminator, a teacher trained too): their gradients are recorded from the next recording
-        call (``memory/foreign.py``). None: none, or some owned by no such module (retires)."""
-        found = self._foreign
-        if not found:
-            return None
-        # the modules loss_fn holds outside the model, and one above it (a LightningModule's critic)
-        above = [v for v in self._code()[0].values() if isinstance(v, torch.nn.Module)]
-        if not self._foreign_leaves.learn(found, [*state.modules, *above]):
-            return None
-        self._foreign = []
-        return _Learning(
-            f"loss_fn reaches {len(found)} parameter(s) of a second network: their gradients are "
-            "recorded from the next recording call",
-            "foreign_grads",
-        )
-
-    def _forward_changes(self) -> str | None:
-        """Why replays would differ: the model's forward changed a value it names outside the model
-        (``STATS["n"] += 1`` in a global dict; the call state put it back before this run, so this
-        run's change is the call's one)."""
-        if self._forward_inputs is None:
-            return None
-        changed = self._forward_inputs.changed(self._forward_key)
-        if changed is not None:
-            return f"the model's forward changes {changed}; a replay would not"
-        if any(t._version != v for t, v in self._host_held):
-            return (
-                "the model's forward writes a CPU tensor it names (a global, a cell) beside a GPU "
-                "model: a CUDA graph would not replay that host op"
-            )
-        return None
-
-    def _class_writes(self) -> str | None:
-        """A class attribute the forward changed (``type(self).calls += 1``): a replay would not
-        (loss_fn's are its sources, found above)."""
-        if not self.on.side_effects:
-            return None
-        changed = self._code()[1].changed(self._forward_key, classes=True)
-        if changed is None:
-            return None
-        return f"forward changes class attribute {changed}; a replay would not"
-
     def _sole_user(self) -> bool:
         """A shared pool's other users' recordings would need freeing too: their reference runs beside it."""
         return self._pool is None or all(u is self for u in self._pool.users())
@@ -717,46 +541,3 @@ class RecordingSteps:
             f"{len(self._recordings)} earlier recording(s) freed, recorded again at their next call",
         )
         self._recordings.clear()
-
-    def _host_draws(self, found: Provenance | None) -> _Learning | None:
-        """The reference run's only effect was a draw from torch's CPU generator: learn the draws
-        (``found``, this run's) and the reads made of them, or, at first sight, watch the next
-        recording call's run for them. None: they cannot be keyed (a draw reaching the computation)."""
-        if not self.on.input_reads or not self.on.host_rng:
-            return None
-        if found is None:
-            if self._learn_draws:
-                return None
-            self._learn_draws = True
-            return _Learning("host draws: the next recording call learns them")
-        if found.escaped or not found.draws:
-            return None
-        if not self._input_reads.learn_draws(found.reads, found.draws):
-            return None
-        self._watch_reads = True  # the capture answers their reads
-        return _Learning(
-            f"{len(found.draws)} host draw(s), {len(found.reads)} read(s) of them: drawn before "
-            "choosing a recording from now on"
-        )
-
-
-class _Wrote(str):
-    """The reference run wrote into the model (and did nothing else a replay would not): it stands as the call."""
-
-
-class _Learning(str):
-    """A recording call's reference run stands as the call while something is learnt (host
-    draws, tensors loss_fn writes): not a retirement. ``reason``: the journal's."""
-
-    reason: str
-
-    def __new__(cls, text: str, reason: str = "host_draws") -> _Learning:
-        self = super().__new__(cls, text)
-        self.reason = reason
-        return self
-
-
-_HOST_DRAWS_CHANGED = (
-    "the step's draws from torch's CPU generator changed, or a drawn value reached its computation; "
-    "a replay would repeat the first draw"
-)

@@ -38,7 +38,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["MODULE_SLOTS", "Assignment", "AttributeOutputs", "attribute_storages", "held_entries"]
+__all__ = ["MODULE_SLOTS", "Assignment", "AttributeOutputs", "StepAttributes", "attribute_storages"]
+__all__ += ["held_entries"]
 
 _MISSING = object()
 #: where a module keeps its parameters, buffers and submodules (not plain attributes)
@@ -313,3 +314,53 @@ class Assignment:
                 else:
                     setattr(m, name, t)
         return out
+
+
+class StepAttributes:
+    """A whole step's attribute outputs (``rk.TrainStep``): learnt from its recording call's run
+    (the writes :class:`~replaykit.verify.side_effects.SideEffects` saw, the old tensors its ops
+    read), returned by the captured body beside the loss, bound as copies after each replay
+    (:meth:`Assignment.hand_out`: the whole step has no autograd output to hand back)."""
+
+    __slots__ = ("_model", "outputs")
+
+    def __init__(self, model: nn.Module, key_by_kind: Callable[[list[Target], bool], None]) -> None:
+        self._model = model
+        self.outputs = AttributeOutputs(model, key_by_kind)
+
+    def watched(self) -> set[int]:
+        """The storages whose reads a run is watched for (none: nothing to learn)."""
+        return attribute_storages(self._model)
+
+    def learn(
+        self, writes: Iterable[Write], read: Collection[int], own: Iterable[torch.Tensor]
+    ) -> tuple[list[Target], str | None, list[Target]]:
+        """Of a run's changing writes: the outputs (no longer effects), why none can be recorded
+        (a retirement), and those learnt now (that run stands as the call; the next records
+        them). ``own``: parameters, buffers and inputs, whose storages are no computed output."""
+        foreign = {t.untyped_storage().data_ptr() for t in own if t.layout == torch.strided}
+        outputs, states, why = self.outputs.sort(writes, read, foreign)
+        if why is not None:
+            return [], why, []
+        new = self.outputs.unknown(outputs, states)
+        if new:
+            self.outputs.learn(new, states)
+        return outputs, None, new
+
+    def values(self) -> list[tuple[str, torch.Tensor]]:
+        """The learnt attributes' tensors, named for the recording's check against eager."""
+        out = []
+        for m, name in self.outputs.targets():
+            value = m.get(name) if isinstance(m, dict) else getattr(m, name, None)
+            if isinstance(value, torch.Tensor):
+                out.append((f"attribute {type(m).__name__}.{name}", value))
+        return out
+
+    @staticmethod
+    def body(
+        assignment: Assignment, fn: Callable[..., list[torch.Tensor]], *args: Any
+    ) -> tuple[list[torch.Tensor], dict[int, torch.Tensor | str]]:
+        """``fn``'s outputs and the tensors it assigned after them (what the capture returns), and
+        what it assigned by target (what each replay binds)."""
+        out, written = assignment.wrap(fn)(*args)
+        return [*out, *(t for t in written.values() if isinstance(t, torch.Tensor))], written
