@@ -130,6 +130,7 @@ class TrainStep(RecordingSteps, Entry):
             collectives_in_graph=collectives_in_graph, ddp=ddp,
         )  # fmt: skip
         self.on = on = Switches(c.unsafe_disable)
+        self._ddp_wrapped = is_ddp(model) or ddp is not None  # read on every call
         self._trust = c.trust_optimizer or not on.optimizer_trust
         self.max_norm = max_norm  # keys the recordings: may change
         self.on_optimizer_step = (
@@ -508,14 +509,8 @@ class TrainStep(RecordingSteps, Entry):
         return hyper
 
     def _under_ddp(self) -> bool:
-        """Whether DDP wraps the model or the caller runs it (``ddp=``): fixed at construction,
-        read on every call (the optimizer's host values), so found once."""
-        under = self.__dict__.get("_ddp_wrapped")
-        if under is None:
-            under = self.__dict__["_ddp_wrapped"] = (
-                is_ddp(self.model) or self.config.ddp is not None
-            )
-        return under
+        """Whether DDP wraps the model or the caller runs it (``ddp=``): fixed, found once."""
+        return self._ddp_wrapped
 
     # ----------------------------------------------------------------- eager (the twin)
     def _body(self, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:
