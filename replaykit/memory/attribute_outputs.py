@@ -104,6 +104,16 @@ def _state(old: object, new: object, read: Collection[int]) -> bool:
     )
 
 
+def _alike(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same layout: what the module guard keys a state by (its slot)."""
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and a.device == b.device
+        and a.stride() == b.stride()
+    )
+
+
 def _is_buffer(m: object, name: Any) -> bool:
     return isinstance(m, nn.Module) and name in (m.__dict__.get("_buffers") or {})
 
@@ -299,8 +309,10 @@ class Assignment:
 
     def assign(self, result: tuple[Any, dict[int, torch.Tensor | str]], bind: bool = True) -> Any:
         """The forward's own outputs; with ``bind``, the replayed tensors assigned as eager's
-        forward assigns them. A tensor replacing a tensor is a plain dict write (the guard keys
-        only the kind); one replacing anything else goes through ``setattr``, which the guard sees."""
+        forward assigns them. A tensor replacing a tensor of its layout is a plain dict write (the
+        guard keys a state by shape, strides, dtype and device, the rest only as a tensor); one
+        replacing anything else goes through ``setattr``, which the guard sees: a state of another
+        shape (a batch of another size) keys the next call anew."""
         out, written = result
         if bind:
             targets = self._targets
@@ -309,7 +321,10 @@ class Assignment:
                     kind, _, j = t.partition(" ")
                     t = tree_leaves(out)[int(j)] if kind == "output" else written[int(j)]
                 m, d, name = targets[i]
-                if isinstance(d.get(name), torch.Tensor) or not isinstance(m, nn.Module):
+                old = d.get(name)
+                if not isinstance(m, nn.Module) or (
+                    isinstance(old, torch.Tensor) and _alike(old, t)
+                ):
                     d[name] = t  # a buffer's stays in _buffers; a held container's entry
                 else:
                     setattr(m, name, t)

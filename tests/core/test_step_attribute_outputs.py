@@ -116,3 +116,58 @@ def test_a_state_of_a_new_shape_records_anew() -> None:
         assert same(losses[0], losses[1]), i
         assert same(model.center, twin.center), i
     assert steps[0].counts["record"] >= 2, steps[0].summary()
+
+
+class PreviousBatch(nn.Module):
+    """Online smoothing: adds the previous batch's features where the batch size matches, then
+    keeps this batch's (a state whose shape follows the batch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net, self.head = nn.Linear(6, 6), nn.Linear(6, 3)
+        self.prev: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.net(x)
+        if self.prev is not None and self.prev.shape == h.shape:
+            h = h + 0.5 * self.prev
+        self.prev = h.detach()
+        return self.head(h)
+
+
+SIZES = (4, 4, 6, 4, 6, 6, 4, 6, 6, 4)
+
+
+def _previous_batch(replay: bool, capture: bool) -> tuple[list, rk.Recorder | rk.TrainStep | None]:
+    torch.manual_seed(0)
+    model = PreviousBatch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    entry: rk.Recorder | rk.TrainStep | None = None
+    if capture:
+        entry = rk.capture(model, backend="emulated") if replay else None
+    else:
+        entry = rk.TrainStep(model, _mse, opt, replay=replay, backend="emulated")
+    torch.manual_seed(1)
+    seen = []
+    for b in SIZES:
+        x = torch.randn(b, 6)
+        if capture:
+            opt.zero_grad()
+            _mse(model, x).backward()
+            opt.step()
+        else:
+            assert entry is not None
+            entry(x)
+        seen.append([model.prev.clone(), *(p.detach().clone() for p in model.parameters())])
+    return seen, entry if replay else None
+
+
+@pytest.mark.parametrize("capture", [False, True], ids=["step", "capture"])
+def test_a_state_whose_shape_follows_the_batch_replays_per_shape(capture: bool) -> None:
+    """A replay that binds a state of another shape than its slot's keys the next call anew: the
+    next call records or replays the recording made for that shape (it fed the old slot and
+    raised before)."""
+    eager, _ = _previous_batch(False, capture)
+    seen, entry = _previous_batch(True, capture)
+    assert same(seen, eager)
+    assert entry is not None and entry.counts["replay"] >= 2, entry.summary()
