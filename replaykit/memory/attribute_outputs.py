@@ -191,6 +191,7 @@ class AttributeOutputs:
             if (id(m) in names or not isinstance(m, nn.Module))  # a held container's entry
             and (_settable(m, name) or ((id(m), name) in states and _is_buffer(m, name)))
             and _held(new)
+            and not new.retains_grad  # type: ignore[union-attr]  # its .grad: no replay fills it
             and _storage(new) not in foreign
             and (
                 old is _MISSING

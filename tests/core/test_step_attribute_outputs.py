@@ -171,3 +171,45 @@ def test_a_state_whose_shape_follows_the_batch_replays_per_shape(capture: bool) 
     seen, entry = _previous_batch(True, capture)
     assert same(seen, eager)
     assert entry is not None and entry.counts["replay"] >= 2, entry.summary()
+
+
+class RetainsGrad(nn.Module):
+    """Grad-CAM style: keeps an activation whose gradient it retains; the loop reads ``.h.grad``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.l1(x))
+        h.retain_grad()
+        self.h = h
+        return self.l2(h)
+
+
+def _retained(replay: bool, capture: bool) -> list:
+    torch.manual_seed(0)
+    model = RetainsGrad()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = rk.TrainStep(model, _mse, opt, replay=replay, backend="emulated")
+    if capture and replay:
+        rk.capture(model, backend="emulated")
+    torch.manual_seed(1)
+    seen = []
+    for _ in range(5):
+        x = torch.randn(4, 6)
+        if capture:
+            opt.zero_grad()
+            _mse(model, x).backward()
+            opt.step()
+        else:
+            step(x)
+        seen.append(model.h.grad)
+    return seen
+
+
+@pytest.mark.parametrize("capture", [False, True], ids=["step", "capture"])
+def test_an_attribute_that_retains_its_grad_stays_eager(capture: bool) -> None:
+    """A replay's tensor would carry no ``.grad`` (eager's activation has this batch's): such a
+    write is no recorded output, and the calls run eagerly, exact."""
+    assert same(_retained(True, capture), _retained(False, capture))
