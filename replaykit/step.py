@@ -66,8 +66,6 @@ from .verify.step_check import StepSnapshot, difference, end_state, unique
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
-_use_count = torch._C._storage_Use_Count
-
 __all__ = ["EMA", "StepConfig", "StepRecording", "TrainStep"]
 
 
@@ -188,11 +186,9 @@ class TrainStep(RecordingSteps, Entry):
         self._recordings: dict[tuple, StepRecording] = {}
         self._refused: dict[tuple, str] = {}  # signatures whose recording differed from eager
         self._replayed = 0  # calls that replayed (the shadow check samples them)
-        # gradients handed out between micro-batches, copied out at a first phase
+        # gradients handed out (between micro-batches, or a parameter the optimizer does not step)
+        # and the static storages behind them, copied out before a replay overwrites them
         self._grads = StepGrads()
-        # static gradient storages handed out: their use count with no holder but the recordings
-        self._storages: list[int] = []
-        self._baseline: list[int] = []
         self._hooks_epoch, self._has_hooks = -1, False
 
     def _recording_state(self, c: StepConfig) -> None:
@@ -260,7 +256,7 @@ class TrainStep(RecordingSteps, Entry):
         if self._micro not in (0, self.config.accumulate):
             return False
         self._copy_out(self._calls)  # journaled at its own latest call
-        return not self._live_alias()
+        return not self._grads.live_alias()
 
     def static_tensors(self) -> list[torch.Tensor]:
         """Each recording's loss and the gradient buffers it leaves (what another graph in a shared pool may overwrite)."""
@@ -365,9 +361,14 @@ class TrainStep(RecordingSteps, Entry):
                     if rec is not None and rec.back is not None:  # it writes the batch
                         why = rec.back.refusal(callargs.tensors)
         alias = False
-        if why is None and rec is not None and phase == "first":
+        # before a replay that makes gradients anew: a first micro-batch, or a step leaving some
+        if (
+            why is None
+            and rec is not None
+            and (phase == "first" or (phase == "step" and rec.after))
+        ):
             self._copy_out(call)
-            alias = self.on.copy_out and self._live_alias()
+            alias = self.on.copy_out and self._grads.live_alias()
         if self._agreement is not None:  # every rank acts on the same route
             route = "eager" if why is not None or alias else "record" if rec is None else "replay"
             if self._agreement.agree(route) is not None and route != "eager":
@@ -612,34 +613,31 @@ class TrainStep(RecordingSteps, Entry):
         """Leave the gradients and attributes as eager would and hand back a copy of the loss."""
         if rec.assignment is not None:
             rec.assignment.hand_out([rec.loss], rec.written, self.on.attribute_outputs)
-        if phase == "step":  # gradients were None before and the replay assigns none
+        if phase in ("step", "last"):
             self._stepped()
-        elif phase == "last":  # zero_grad(set_to_none=True) ran in Python at capture only
-            self._stepped()
-            if not rec.tail:  # an eager tail's zero_grad left None
-                for p, g in zip(self._trainable, rec.grads_out, strict=True):
-                    p.grad = g
+            # zero_grad(set_to_none=True) ran in Python at capture only; a parameter the optimizer
+            # does not step keeps its gradient, as after eager's step (rec.after)
+            if rec.after or (phase == "last" and not rec.tail):
+                self._hand_grads(rec, rec.tail)
         else:  # between micro-batches eager's .grad holds the running sum: the static buffers
-            if rec.handed is None:  # its recording call: nobody but the recordings holds them yet
-                for g in rec.grads_out:
-                    if g is not None:
-                        self._track(g)
-                rec.handed = self._grads.handouts(rec.grads_out)
-            self._grads.hand_out(self._trainable, rec.grads_out, rec.handed)
+            self._hand_grads(rec)
         return rec.loss.clone()
 
-    def _track(self, g: torch.Tensor) -> None:
-        """A static gradient storage about to be handed out for the first time (at its recording
-        call: nobody but the recordings holds it yet): its use count then is its baseline."""
-        cdata = g.untyped_storage()._cdata
-        if cdata not in self._storages:
-            self._storages.append(cdata)
-            self._baseline.append(_use_count(cdata))
-
-    def _live_alias(self) -> bool:
-        """After copy-out: whether something else still shares a static gradient storage (a view,
-        ``.detach()`` or ``.data`` of a handed-out gradient, which copy-out cannot reach)."""
-        return any(map(operator.gt, map(_use_count, self._storages), self._baseline))
+    def _hand_grads(self, rec: StepRecording, after_tail: bool = False) -> None:
+        """Each ``.grad`` as the recorded call left it: a static buffer handed out (copied out
+        before a replay overwrites it while held), or None. ``after_tail``: an eager optimizer
+        step ran, and the gradients it zeroed stay None."""
+        if rec.handed is None:  # its recording call: nobody but the recordings holds them yet
+            for g in rec.grads_out:
+                if g is not None:
+                    self._grads.track(g)
+            rec.handed = self._grads.handouts(rec.grads_out)
+        grads, params, handed = rec.grads_out, self._trainable, rec.handed
+        if after_tail:
+            kept = [i for i, p in enumerate(params) if p.grad is not None]
+            grads, handed = [grads[i] for i in kept], [handed[i] for i in kept]
+            params = [params[i] for i in kept]
+        self._grads.hand_out(params, grads, handed)
 
     def _copy_out(self, call: int) -> None:
         """Before a first phase overwrites the gradient buffers, a handed-out gradient still held
@@ -680,7 +678,7 @@ class TrainStep(RecordingSteps, Entry):
         self._refused.clear()
         if self._ddp is not None:
             self._ddp.forget()
-        self._storages, self._baseline = [], []
+        self._grads.untrack()
         if not self.lifecycle.stopped():
             self._find_params()
 

@@ -37,15 +37,13 @@ from .verify.output import HeldOutput
 from .verify.side_effects import SideEffects
 from .verify.step_check import difference, end_state
 
-_use_count = torch._C._storage_Use_Count
-
 __all__ = ["Outcome", "RecordingSteps", "StepRecording"]
 
 
 class StepRecording:
     """One phase of one signature: its region, static inputs and loss, and the gradients it leaves."""
 
-    __slots__ = ("assignment", "back", "foreign", "grads_out", "handed", "keep", "loss")
+    __slots__ = ("after", "assignment", "back", "foreign", "grads_out", "handed", "keep", "loss")
     __slots__ += ("region", "static_inputs", "tail", "written")
 
     def __init__(
@@ -69,6 +67,9 @@ class StepRecording:
         self.grads_out = grads_out  # per parameter: the static gradient storage after it, or None
         self.keep = keep  # what the key names by id (incoming gradients, tensor hyperparameters): kept alive
         self.handed: list | None = None  # per buffer its hand-out (copy_out.py), at first use
+        # a step phase that leaves a gradient (a parameter the optimizer does not step) or found
+        # one: its replays set .grad as eager's step leaves it (None: the optimizer zeroed it)
+        self.after = False
         # the tensors the step assigns to attributes, bound after each replay (attribute_outputs.py)
         self.assignment: Assignment | None = None
         self.written: dict[int, torch.Tensor | str] = {}
@@ -214,7 +215,7 @@ class RecordingSteps(RunEffects):
         """Static copies of the batch (one per distinct tensor: ``step(x, x)`` keeps ``a is b``, as the
         key's aliasing says), private aliases of the incoming gradients (a handed-out alias given
         storage of its own later must not move what the recording reads), the region."""
-        before = list(map(_use_count, self._storages))  # a recording adds holders of its own
+        before = self._grads.counts()  # a recording adds holders of its own
         copies: dict[int, torch.Tensor] = {}
         static = [
             copies[id(t)] if id(t) in copies else copies.setdefault(id(t), aligned_copy(t))
@@ -401,6 +402,7 @@ class RecordingSteps(RunEffects):
         back = WriteBack.of(a.static, a.effects.version_moves()) if self.on.write_back else None
         rec = StepRecording(a.region, a.static, a.loss, grads_out, keep, a.foreign, tail, back)
         rec.assignment, rec.written = a.assignment, a.written
+        rec.after = any(g is not None for g in (*grads_out, *a.incoming))
         if tail:
             self._eager_tail(rec)
         return rec
@@ -505,10 +507,7 @@ class RecordingSteps(RunEffects):
             a.rec.back.copy_back(a.callargs.tensors, bump=not a.moved)
         new = f" (new {new})" if new else ""
         self.journal.add("record", self._calls, a.phase, f"recording {len(self._recordings)}{new}")
-        after = map(_use_count, self._storages)
-        self._baseline = [
-            b + n - c for b, n, c in zip(self._baseline, after, a.before, strict=True)
-        ]
+        self._grads.rebase(a.before)
         for p, g in zip(self._trainable, a.incoming, strict=True):
             if g is not None and (now := p.grad) is not None and now.data_ptr() == g.data_ptr():
                 p.grad = g  # accumulated into in place, as eager's: the tensor the call found

@@ -32,6 +32,7 @@ its outputs still held moves them from a finalizer, before its static memory goe
 
 from __future__ import annotations
 
+import operator
 import sys
 import weakref
 from collections.abc import Iterable, Sequence
@@ -377,13 +378,45 @@ class StepGrads:
     out and moves alone when held by name (``t.data = copy``): a holder that cannot reach keeps the
     step's call eager (``live_alias``)."""
 
-    __slots__ = ("__weakref__", "_handed", "_handouts", "_ids")
+    __slots__ = ("__weakref__", "_handed", "_handouts", "_ids", "baseline", "storages")
 
     def __init__(self) -> None:
         self._handouts: dict[tuple[int, int], Handout] = {}  # by static storage and offset
         self._handed: list[torch.Tensor] = []  # without the swap: aliases handed out since copy-out
         self._ids: set[int] = set()  # theirs (alive while listed)
+        # the static gradient storages handed out, and their use counts with no holder but the
+        # recordings (a recording call adds holders of its own: ``rebase``)
+        self.storages: list[int] = []
+        self.baseline: list[int] = []
         weakref.finalize(self, _release_all, self._handouts).atexit = False
+
+    def track(self, g: torch.Tensor) -> None:
+        """A static gradient storage about to be handed out for the first time (at its recording
+        call: nobody but the recordings holds it yet): its use count then is its baseline."""
+        cdata = _cdata(g)
+        if cdata not in self.storages:
+            self.storages.append(cdata)
+            self.baseline.append(_use_count(cdata))
+
+    def counts(self) -> list[int]:
+        """The tracked storages' use counts now."""
+        return list(map(_use_count, self.storages))
+
+    def rebase(self, before: Sequence[int]) -> None:
+        """A recording call made holders of its own since ``before`` (:meth:`counts`): they count
+        as the recordings'."""
+        self.baseline = [
+            b + n - c for b, n, c in zip(self.baseline, self.counts(), before, strict=True)
+        ]
+
+    def live_alias(self) -> bool:
+        """After copy-out: whether something else still shares a static gradient storage (a view,
+        ``.detach()`` or ``.data`` of a handed-out gradient, which copy-out cannot reach)."""
+        return any(map(operator.gt, map(_use_count, self.storages), self.baseline))
+
+    def untrack(self) -> None:
+        """The recordings were dropped: no storage is theirs any more."""
+        self.storages, self.baseline = [], []
 
     def handouts(self, grads: Sequence[torch.Tensor | None]) -> list[Handout | None]:
         """One recording's: per gradient buffer the hand-out it shares with the other phases'
