@@ -116,6 +116,26 @@ def zero_in_place_loop(
     return seen, entries
 
 
+def kept_after_set_to_none(device: str, backend: str | None) -> tuple[Seen, Any]:
+    """``zero_grad(set_to_none=True)``, keeping every step's first-layer gradient as a view (a
+    gradient-norm history): each kept view is a gradient of its own, read after every call.
+    ``backend`` None: eager. Returns what was seen and the recorder (None: eager)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(device)
+    opt = _optimizer("sgd", list(model.parameters()), device)
+    rec = rk.capture(model, backend=backend) if backend else None
+    seen: Seen = []
+    kept: list[torch.Tensor] = []
+    for x, y in batches(device):
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        kept.append(model[0].weight.grad.view(-1))
+        for k in kept:
+            look(k, model[0].weight.grad, seen)
+    return seen, rec
+
+
 def micro_batch_loop(
     keep: str, device: str, backend: str | None, accumulate: int, **kw: Any
 ) -> tuple[Seen, rk.TrainStep]:
