@@ -234,15 +234,14 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
             with self.held(why):
                 return self._eager(call, why, args, kwargs)
         if plan is None:
-            why = self._clear_aliases(call)
-            if why is not None:
+            if not self._copy_out(call) and (why := self._give_away(call)) is not None:
                 return self._eager(call, why, args, kwargs)
             return self._record_and_run(call, callargs, key, args, kwargs)
         if not plan.cleared:
             return self._first_use_call(call, plan, args, kwargs)
-        why = self._clear_aliases(call)
-        if why is not None or not self._plans:  # eager, or held gradients given away: record anew
+        if not self._copy_out(call):  # held gradients given away: every recording made anew
             self._choices.rewind()
+            why = self._give_away(call)
             if why is not None:
                 return self._eager(call, why, args, kwargs)
             return self._record_and_run(call, callargs, key, args, kwargs)

@@ -280,18 +280,12 @@ class RecorderReplay:
             self.journal.add("copy_out", call, None, f"{copied} tensors")
         return clean
 
-    def _clear_aliases(self, call: int) -> str | None:
-        """Before a replay or a recording: copy out (:meth:`_copy_out`), else give the held
-        gradients away (:meth:`_give_away`). None: the call may go on (with no recording left
-        when they were given away); else its eager reason."""
-        if self._copy_out(call):
-            return None
-        if not self._give_away(call):
-            return "live_alias"
-        return "retired" if self.lifecycle.retired else None
+    def _give_away(self, call: int) -> str | None:
+        """After a copy-out that left aliases: None when they were given away (no recording is
+        left: the call records anew), else the call's eager reason (``live_alias``, or
+        ``retired`` where that re-record spent the budget).
 
-    def _give_away(self, call: int) -> bool:
-        """Without the storage swap a ``.grad`` on a static buffer that a view or ``.data`` also
+        Without the storage swap a ``.grad`` on a static buffer that a view or ``.data`` also
         holds cannot move (``copy_out.py``): it becomes the caller's for good, and every recording
         that could write its memory is dropped (a re-record: each recording of this recorder, as
         graphs sharing a pool reuse each other's freed blocks; the held block stays allocated, so
@@ -300,17 +294,17 @@ class RecorderReplay:
         another entry point shares the pool (its graphs may use that memory too), nor while a
         replayed call's backward is pending (it reads the recordings)."""
         if self._hold.active or (self._pool is not None and not self._pool.sole(self)):
-            return False
+            return "live_alias"
         held = [a.given_away() for a in self._aliases.values() if a.dirty]
         if not held or not all(held):
-            return False
+            return "live_alias"
         self.lifecycle.rerecord(
             "grads_given_away",
             call,
             f"{sum(held)} gradient buffer(s) held beside .grad (a view, .data) that this torch "
             "cannot move: left with the caller, every recording dropped and recorded anew",
         )
-        return True
+        return "retired" if self.lifecycle.retired else None
 
     def _forward_replay(
         self, ctx: Any, step: _Step, tensors: tuple[torch.Tensor, ...]
