@@ -59,6 +59,21 @@ def test_a_grad_kept_across_zero_grad_in_place_is_the_gradient_under_capture(
     rec.release()
 
 
+def test_a_grad_given_away_drops_the_recordings_of_every_signature(
+    backend: str, device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches of two shapes: the held gradient is found by the second signature's first call; the
+    first signature's recording could write its memory too (graphs sharing a pool reuse each
+    other's freed blocks), so both are dropped and each records anew, then replays."""
+    _way("eager", monkeypatch)
+    eager, _ = zero_in_place_loop("view", device, None, rows=(8, 6))
+    replay, (rec,) = zero_in_place_loop("view", device, backend, rows=(8, 6))
+    assert same(eager, replay), rec.journal.format()
+    assert rec.counts["rerecord"] == 1 and not rec.eager_reasons, rec.summary()
+    assert rec.counts["record"] == 3 and rec.counts["replay"] == STEPS - 3, rec.summary()
+    rec.release()
+
+
 def test_a_grad_set_to_none_but_still_held_is_not_given_away(
     backend: str, device: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -73,12 +73,14 @@ def zero_in_place_loop(
     net: bool = True,
     optimizer: str = "sgd",
     amp: bool = False,
+    rows: tuple[int, ...] = (8,),
     **kw: Any,
 ) -> tuple[Seen, list]:
     """``zero_grad(set_to_none=False)``, backward, the kept tensor read, then clip and step.
     ``backend`` None: eager. ``opt_step``: the step replayed by an ``OptimizerStep`` made with
     these arguments; ``net``: the network replayed (``rk.capture`` with ``kw``); ``amp``: autocast
-    and a ``GradScaler`` (unscaling ``.grad`` in place). Returns what was seen and the entry points."""
+    and a ``GradScaler`` (unscaling ``.grad`` in place); ``rows``: each batch's rows, in turn
+    (several: a recording per signature). Returns what was seen and the entry points."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(device)
     params = list(model.parameters())
@@ -101,7 +103,9 @@ def zero_in_place_loop(
 
     seen: Seen = []
     kept = None
-    for x, y in batches(device):
+    for i, (x, y) in enumerate(batches(device)):
+        n = rows[i % len(rows)]
+        x, y = x[:n], y[:n]
         opt.zero_grad(set_to_none=False)
         with torch.autocast(device, dtype=dtype) if amp else contextlib.nullcontext():
             loss = F.cross_entropy(model(x).float(), y)
