@@ -74,6 +74,20 @@ def test_a_grad_given_away_drops_the_recordings_of_every_signature(
     rec.release()
 
 
+def test_a_give_away_past_the_rerecord_budget_retires(
+    backend: str, device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The give-away is a re-record: with none left (``max_rerecords=0``) the recorder retires,
+    says why, and the calls run eagerly (exact)."""
+    _way("eager", monkeypatch)
+    eager, _ = zero_in_place_loop("view", device, None)
+    with pytest.warns(rk.ReplayWarning, match=GIVEN):
+        replay, (rec,) = zero_in_place_loop("view", device, backend, max_rerecords=0)
+    assert same(eager, replay), rec.journal.format()
+    assert rec.retired and rec.retire_reason.startswith(GIVEN), rec.summary()
+    assert rec.eager_reasons["retired"] == STEPS - 1, rec.summary()
+
+
 def test_a_grad_set_to_none_but_still_held_is_not_given_away(
     backend: str, device: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
