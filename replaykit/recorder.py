@@ -234,23 +234,32 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
             with self.held(why):
                 return self._eager(call, why, args, kwargs)
         if plan is None:
-            if not self._copy_out(call):
-                return self._eager(call, "live_alias", args, kwargs)
-            with self.lifecycle.lock:
-                plan = self._record(call, callargs, key)
-            if plan is None:
-                return self._eager(call, self._not_recorded, args, kwargs)
-            shadow, plan.shadow = plan.shadow, None
-            if not plan.cleared:  # used eagerly first: its first replay verifies it
-                return self._first_use_call(call, plan, args, kwargs)
-            return self._replay(call, plan, callargs, args, kwargs, shadow)
+            if not self._copy_out(call) and (why := self._give_away(call)) is not None:
+                return self._eager(call, why, args, kwargs)
+            return self._record_and_run(call, callargs, key, args, kwargs)
         if not plan.cleared:
             return self._first_use_call(call, plan, args, kwargs)
-        if not self._copy_out(call):
+        if not self._copy_out(call):  # held gradients given away: every recording made anew
             self._choices.rewind()
-            return self._eager(call, "live_alias", args, kwargs)
+            why = self._give_away(call)
+            if why is not None:
+                return self._eager(call, why, args, kwargs)
+            return self._record_and_run(call, callargs, key, args, kwargs)
         self.journal.tick("replay", call)
         return self._replay(call, plan, callargs, args, kwargs)
+
+    def _record_and_run(
+        self, call: int, callargs: CallArgs, key: tuple, args: tuple, kwargs: dict
+    ) -> Any:
+        """Record this call's signature and run the call: replayed (verified), or eager."""
+        with self.lifecycle.lock:
+            plan = self._record(call, callargs, key)
+        if plan is None:
+            return self._eager(call, self._not_recorded, args, kwargs)
+        shadow, plan.shadow = plan.shadow, None
+        if not plan.cleared:  # used eagerly first: its first replay verifies it
+            return self._first_use_call(call, plan, args, kwargs)
+        return self._replay(call, plan, callargs, args, kwargs, shadow)
 
     def early_checks(self) -> str | None:
         """Inside ``paused()``: eager."""

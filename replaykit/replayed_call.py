@@ -280,6 +280,32 @@ class RecorderReplay:
             self.journal.add("copy_out", call, None, f"{copied} tensors")
         return clean
 
+    def _give_away(self, call: int) -> str | None:
+        """After a copy-out that left aliases: None when they were given away (no recording is
+        left: the call records anew), else the call's eager reason (``live_alias``, or
+        ``retired`` where that re-record spent the budget).
+
+        Without the storage swap a ``.grad`` on a static buffer that a view or ``.data`` also
+        holds cannot move (``copy_out.py``): it becomes the caller's for good, and every recording
+        that could write its memory is dropped (a re-record: each recording of this recorder, as
+        graphs sharing a pool reuse each other's freed blocks; the held block stays allocated, so
+        no new capture lands on it). AccumulateGrad adds into an existing ``.grad`` in place and
+        never adopts a buffer again, so the calls after the new recording replay. Not where
+        another entry point shares the pool (its graphs may use that memory too), nor while a
+        replayed call's backward is pending (it reads the recordings)."""
+        if self._hold.active or (self._pool is not None and not self._pool.sole(self)):
+            return "live_alias"
+        held = [a.given_away() for a in self._aliases.values() if a.dirty]
+        if not held or not all(held):
+            return "live_alias"
+        self.lifecycle.rerecord(
+            "grads_given_away",
+            call,
+            f"{sum(held)} gradient buffer(s) held beside .grad (a view, .data) that this torch "
+            "cannot move: left with the caller, every recording dropped and recorded anew",
+        )
+        return "retired" if self.lifecycle.retired else None
+
     def _forward_replay(
         self, ctx: Any, step: _Step, tensors: tuple[torch.Tensor, ...]
     ) -> tuple[torch.Tensor, ...]:

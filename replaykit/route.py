@@ -131,6 +131,8 @@ class Lifecycle:
         self._warned_share = False
         #: new recordings by the part of their key no earlier one shared (:data:`NEW_PARTS`)
         self.recorded_for: Counter[str] = Counter()
+        #: re-records by their cause's name (before any ``:``)
+        self.rerecorded_for: Counter[str] = Counter()
         #: held while recording and by other threads' eager calls: they wait for a recording under way
         self.lock = threading.RLock()
         for protection in sorted(on.off):
@@ -152,6 +154,7 @@ class Lifecycle:
         counts = ", ".join(f"{k} {v}" for k, v in self.counts.items() if v and k != "unsafe")
         reasons = "; ".join(f"{r} x{n}" for r, n in self.eager_reasons.most_common())
         new = "; ".join(f"{r} x{n}" for r, n in self.recorded_for.most_common())
+        again = "; ".join(f"{r} x{n}" for r, n in self.rerecorded_for.most_common())
         state = (
             f"retired: {self.retire_reason}"
             if self.retired
@@ -163,6 +166,7 @@ class Lifecycle:
             f"{self.name}: {counts or 'no calls'}"
             + (f" | eager: {reasons}" if reasons else "")
             + (f" | recorded anew for: {new}" if new else "")
+            + (f" | re-recorded for: {again}" if again else "")
             + f" | {state}"
         )
 
@@ -276,13 +280,14 @@ class Lifecycle:
             watch.rebaseline()
 
     # ----------------------------------------------------------------- re-record, retire, release
-    def rerecord(self, cause: str, call: int) -> None:
+    def rerecord(self, cause: str, call: int, detail: str | None = None) -> None:
         """Drop every recording for a well-defined change; the next call records anew (or retire: budget spent)."""
         if self.rerecords >= self.max_rerecords:
             self.retire(f"{cause} (re-record budget of {self.max_rerecords} spent)", call)
             return
         self.rerecords += 1
-        self.journal.add("rerecord", call, cause)
+        self.rerecorded_for[cause.split(":", 1)[0]] += 1
+        self.journal.add("rerecord", call, cause, detail)
         self._drop()
 
     def retire(

@@ -520,7 +520,7 @@ class RecordingSteps(RunEffects):
 
     def _sole_user(self) -> bool:
         """A shared pool's other users' recordings would need freeing too: their reference runs beside it."""
-        return self._pool is None or all(u is self for u in self._pool.users())
+        return self._pool is None or self._pool.sole(self)
 
     def _left_in_pool(self, scratch: Scratch) -> None:
         """The reference run left tensors in the pool: the earlier recordings, whose replays may

@@ -19,7 +19,13 @@ storage must be referenced by its recording alone:
 - a gradient buffer the recorder can reach (a parameter's ``.grad``) gets storage of its
   own: same values, same tensor, so every holder of that tensor keeps its values. This
   happens at forward time, before the replay; inside the replayed backward is too late;
-- an alias it cannot reach (a gradient kept by a callback after
+- without the swap, a gradient buffer that is ``.grad`` and is also held through a view or
+  ``.data`` cannot move: it is *given away* instead (:meth:`StaticAliases.given_away`): the
+  buffer stays ``.grad``, the caller's for good, and the entry point drops every recording that
+  could write its memory and records anew (journal ``rerecord``, ``grads_given_away``). Once
+  ``.grad`` exists AccumulateGrad adds into it in place and never adopts a buffer again, so the
+  later calls replay;
+- an alias it cannot reach or give away (a gradient kept by a callback after
   ``zero_grad(set_to_none=True)``, an output sharing a parameter's or an input's storage)
   makes the call route eager (reason ``live_alias``), which leaves static memory alone,
   until that holder lets go.
@@ -193,8 +199,9 @@ class GradHandout:
     ``.grad`` was None, and one still held at the next replay moves to memory of its own with every
     holder of that storage: they keep aliasing ``.grad``, and the replay accumulates into it in
     place, as eager does. Without the swap the buffers are handed out themselves: a held ``.grad``
-    moves alone (``t.data = copy``) only where nothing else holds its storage; otherwise the call
-    runs eagerly (``live_alias``) and leaves it in place, where eager's backward accumulates.
+    moves alone (``t.data = copy``) only where nothing else holds its storage; otherwise it stays
+    in place, where eager's backward accumulates: given away (:meth:`held_as_grad`) or, where it
+    is not ``.grad`` any more, the call runs eagerly (``live_alias``).
     """
 
     __slots__ = ("baseline", "cdatas", "handed", "handout", "pairs", "slots")
@@ -250,6 +257,17 @@ class GradHandout:
                 self._sync()  # fresh views are handed out from now on
             return moved
         return _own_memory(self._alone())
+
+    def held_as_grad(self) -> int:
+        """Without the swap, after copy-out: how many buffers are still held, where every one is
+        its parameter's ``.grad`` (a view or ``.data`` of it holds it too); 0 when none is held or
+        one is not ``.grad`` (kept after ``zero_grad(set_to_none=True)``: the next backward would
+        adopt a buffer again, and giving it away would never end)."""
+        if self.handout is not None:
+            return 0
+        held = {c for c, b in zip(self.cdatas, self.baseline, strict=True) if _use_count(c) != b}
+        grads = {_cdata(g) for p, _ in self.pairs if (g := p.grad) is not None}
+        return len(held) if held <= grads else 0
 
     def _alone(self) -> list[torch.Tensor]:
         """Without the swap: the ``.grad`` tensors on a buffer whose storage nothing else holds
@@ -342,6 +360,13 @@ class StaticAliases:
             self._grads_out = False
         self.dirty = self._outputs_out or self._grads_out
         return not self.dirty
+
+    def given_away(self) -> int:
+        """After a :meth:`copy_out` that left aliases: how many held gradient buffers can be given
+        to the caller (each is ``.grad``: :meth:`GradHandout.held_as_grad`); 0 when an alias is
+        left that cannot (an output, a buffer that is not ``.grad``). The caller then drops every
+        recording that could write their memory."""
+        return 0 if self._outputs_out else self._grads.held_as_grad()
 
     def copy_out(self) -> tuple[int, bool]:
         """Give held aliases their own storage; returns (copied, whether none is left)."""

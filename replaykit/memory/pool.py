@@ -78,6 +78,10 @@ class MemoryPool:
     def users(self) -> list[PoolUser]:
         return [u for r in self._users if (u := r()) is not None]
 
+    def sole(self, user: PoolUser) -> bool:
+        """Whether ``user`` is the only one recording here (no other's graphs may reuse its blocks)."""
+        return all(u is user for u in self.users())
+
     def claim(self, user: PoolUser, call: int, safe: bool = True) -> bool:
         """Before ``user`` records or replays: True when it may (the others hold nothing live here).
         ``safe=False`` (``unsafe_disable=["shared_pool"]``) skips the others' check."""

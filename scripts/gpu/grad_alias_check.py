@@ -13,8 +13,9 @@ overwritten by the next replay. Cases (``replaykit.testing.parity.kept_grads``):
   an ``OptimizerStep``, and ``rk.TrainStep`` keeping them between micro-batches: PASS needs the
   kept tensors' values, memory relation to ``.grad`` and identity bitwise eager's at every call,
   and replays where torch can move a held storage (2.12+); on a torch without (the H200's 2.11)
-  a held view or ``.data`` keeps ``rk.capture``'s and ``TrainStep``'s calls eager with the reason
-  ``live_alias`` (exact, said), a kept ``.grad`` alone still replays;
+  a held view or ``.data`` is given away by ``rk.capture`` (recorded anew, then replayed:
+  ``scripts/gpu/kept_grads_211.py`` checks that) and keeps ``TrainStep``'s calls eager with the
+  reason ``live_alias`` (exact, said), a kept ``.grad`` alone still replays;
 - the hazard catalogue's ``kept_grads`` patterns: the safe arm ends bitwise like eager (and
   replays where torch can move a held storage), the unsafe arm (``copy_out`` off) must diverge.
 """

@@ -5,9 +5,10 @@ accumulates into it, and between a whole step's micro-batches ``.grad`` is one r
 reference, view or ``.data`` of ``.grad`` kept by the caller *is* the gradient of every later
 step. A replay hands out its static gradient buffers, which the next replay overwrites, so copy-out
 moves a held gradient to memory of its own first, with every holder of its storage at once
-(``replaykit/memory/copy_out.py``); on a torch without the storage swap such a gradient stays put
-and the call runs eagerly (``live_alias``). Without copy-out the kept tensors hold a recorded
-buffer the replays overwrite, or accumulate twice into it.
+(``replaykit/memory/copy_out.py``). On a torch without the storage swap such a gradient stays put:
+a captured network gives it to the caller and records anew (``grads_given_away``; the later calls
+replay), the whole step runs the call eagerly (``live_alias``). Without copy-out the kept tensors
+hold a recorded buffer the replays overwrite, or accumulate twice into it.
 """
 
 from __future__ import annotations

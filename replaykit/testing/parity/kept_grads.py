@@ -73,12 +73,14 @@ def zero_in_place_loop(
     net: bool = True,
     optimizer: str = "sgd",
     amp: bool = False,
+    rows: tuple[int, ...] = (8,),
     **kw: Any,
 ) -> tuple[Seen, list]:
     """``zero_grad(set_to_none=False)``, backward, the kept tensor read, then clip and step.
     ``backend`` None: eager. ``opt_step``: the step replayed by an ``OptimizerStep`` made with
     these arguments; ``net``: the network replayed (``rk.capture`` with ``kw``); ``amp``: autocast
-    and a ``GradScaler`` (unscaling ``.grad`` in place). Returns what was seen and the entry points."""
+    and a ``GradScaler`` (unscaling ``.grad`` in place); ``rows``: each batch's rows, in turn
+    (several: a recording per signature). Returns what was seen and the entry points."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(device)
     params = list(model.parameters())
@@ -101,7 +103,9 @@ def zero_in_place_loop(
 
     seen: Seen = []
     kept = None
-    for x, y in batches(device):
+    for i, (x, y) in enumerate(batches(device)):
+        n = rows[i % len(rows)]
+        x, y = x[:n], y[:n]
         opt.zero_grad(set_to_none=False)
         with torch.autocast(device, dtype=dtype) if amp else contextlib.nullcontext():
             loss = F.cross_entropy(model(x).float(), y)
@@ -114,6 +118,26 @@ def zero_in_place_loop(
         kept = KEEP[keep](model[0].weight.grad)
     look(kept, model[0].weight.grad, seen)
     return seen, entries
+
+
+def kept_after_set_to_none(device: str, backend: str | None) -> tuple[Seen, Any]:
+    """``zero_grad(set_to_none=True)``, keeping every step's first-layer gradient as a view (a
+    gradient-norm history): each kept view is a gradient of its own, read after every call.
+    ``backend`` None: eager. Returns what was seen and the recorder (None: eager)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(device)
+    opt = _optimizer("sgd", list(model.parameters()), device)
+    rec = rk.capture(model, backend=backend) if backend else None
+    seen: Seen = []
+    kept: list[torch.Tensor] = []
+    for x, y in batches(device):
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        kept.append(model[0].weight.grad.view(-1))
+        for k in kept:
+            look(k, model[0].weight.grad, seen)
+    return seen, rec
 
 
 def micro_batch_loop(
