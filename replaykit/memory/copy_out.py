@@ -61,6 +61,13 @@ def _cdata(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
 
+#: the static tensors behind live hand-outs, by their memory's address (held weakly: an entry
+#: goes with its static tensor, so an address found here is that tensor's memory): a recording of
+#: another entry point that reads a handed-out tensor (a shared parameter's ``.grad``) reads the
+#: static memory, not the hand-out, which its owner's copy-out may move away
+_STATICS: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+
+
 class Handout:
     """What a recording's replays hand out: views of its static outputs on storage objects of
     their own (one per static storage, not owning its memory), and their use-count baselines.
@@ -119,6 +126,7 @@ class Handout:
     def _fresh(self, group: list[int]) -> None:
         """New handed-out views for one static storage (nobody holds them yet)."""
         storage = self.statics[group[0]].untyped_storage()
+        _STATICS[storage.data_ptr()] = self.statics[group[0]]
         own = _alias_storage(storage.data_ptr(), storage.device, storage.nbytes())
         for i in group:
             t = self.statics[i]
@@ -390,6 +398,17 @@ def _release_all(handouts: dict[tuple[int, int], Handout]) -> None:
         handout.move_held()
 
 
+def _on_static(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached; where it is a hand-out of another recording's static memory, a view of
+    that memory on the static tensor's own storage (which no copy-out moves)."""
+    storage = t.untyped_storage()
+    static = _STATICS.get(storage.data_ptr())
+    if static is None or static.untyped_storage()._cdata == storage._cdata:
+        return t.detach()
+    view = torch.empty(0, dtype=t.dtype, device=t.device)
+    return view.set_(static.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+
+
 class StepGrads:
     """The gradients a whole step hands out between micro-batches, and their copy-out before a
     first phase overwrites the static buffers.
@@ -482,12 +501,13 @@ class StepGrads:
 
     def private(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         """What a recording reads for the incoming gradients: aliases of their memory, never on a
-        handed-out storage, which a later copy-out moves with its holders."""
+        handed-out storage, which a later copy-out moves with its holders (this step's, or another
+        entry point's whose parameters this model shares)."""
         by_cdata = {h.cdatas[0]: h for h in self._handouts.values()}
         out: list[torch.Tensor | None] = []
         for g in grads:
             h = None if g is None else by_cdata.get(_cdata(g))
-            out.append(None if g is None else g.detach() if h is None else h.statics[0].detach())
+            out.append(None if g is None else _on_static(g) if h is None else h.statics[0].detach())
         return out
 
     def copy_out(self) -> int:

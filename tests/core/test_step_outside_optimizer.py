@@ -57,3 +57,42 @@ def test_without_copy_out_the_kept_gradients_are_overwritten() -> None:
     kept, _, step = _run(True, "emulated", negative_control("copy_out"))
     assert step.counts["replay"] >= 2, step.summary()
     assert not same(kept, eager_kept)
+
+
+def _shared(replay: bool) -> tuple[list, rk.TrainStep, rk.TrainStep]:
+    """Two steps share an encoder; B's optimizer trains only B's head (a probe), so B's call
+    leaves the encoder's gradient, and A's next call accumulates into it before stepping."""
+    torch.manual_seed(0)
+    enc = nn.Linear(8, 8)
+    a, b = (nn.Sequential(enc, nn.Tanh(), nn.Linear(8, k)) for k in (4, 2))
+
+    def loss(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(m(x), y % m[2].out_features)
+
+    sa = rk.TrainStep(
+        a, loss, torch.optim.SGD(a.parameters(), lr=0.1), backend="emulated", replay=replay
+    )
+    sb = rk.TrainStep(
+        b, loss, torch.optim.SGD(b[2].parameters(), lr=0.1), backend="emulated", replay=replay
+    )
+    torch.manual_seed(1)
+    seen = []
+    for i in range(10):
+        (sa if i % 2 == 0 else sb)(torch.randn(4, 8), torch.randint(0, 4, (4,)))
+        seen.append(
+            [enc.weight.grad, *(p.detach().clone() for p in (*a.parameters(), *b.parameters()))]
+        )
+    return seen, sa, sb
+
+
+def test_a_step_reading_another_steps_handed_out_gradient_reads_its_memory() -> None:
+    """A's recording reads the encoder gradient B handed out; B's copy-out, moving what A's
+    recording held, left A reading a stale copy (hostile round 7). It reads B's static memory,
+    and B, whose static gradient A's recording now holds, runs eagerly (``live_alias``): exact."""
+    eager, _, _ = _shared(False)
+    seen, sa, sb = _shared(True)
+    assert same(seen, eager)
+    assert sa.counts["record"] >= 2 and sb.eager_reasons["live_alias"] >= 1, (
+        sa.summary(),
+        sb.summary(),
+    )
