@@ -65,7 +65,7 @@ class RunEffects:
         choices: Watch | None,
     ) -> str | None:
         """Why the reference run must stand as the call (a replay would not repeat what it did), or None."""
-        private = self._private_draws(state)
+        private = self._private_draws(state) or self._rebound_outside(state)
         if private is not None:
             return private
         why = effects.reason("the step", writes=self.on.side_effects)
@@ -97,6 +97,14 @@ class RunEffects:
             "held_writes",
         )
 
+    def _rebound_outside(self, state: CallState) -> str | None:
+        """A run that bound a tensor attribute of a module ``loss_fn`` holds anew (a teacher's
+        centre): a replay would not; it stands, retired."""
+        name = state.rebound() if self.on.side_effects else None
+        if name is None:
+            return None
+        return f"loss_fn re-binds {name} (a module outside the model); a replay would not"
+
     def _private_draws(self, state: CallState) -> str | None:
         """A run that drew from a private host generator the call reaches (``random.Random``,
         numpy's: ``verify/host_generators.py``): a replay would repeat the draw; it stands, retired."""
@@ -115,7 +123,7 @@ class RunEffects:
 
     def _capture_why(self, a: Attempt, state: CallState) -> str | None:
         """Why replays of the captured run would differ from eager outside the tensors it computes."""
-        private = self._private_draws(state)
+        private = self._private_draws(state) or self._rebound_outside(state)
         if private is not None:
             return private
         why = a.effects.reason("the step", writes=self.on.side_effects)

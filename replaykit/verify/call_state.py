@@ -101,6 +101,8 @@ class CallState:
             for d in (m.__dict__.get(s) for s in _SLOTS)
             if d is not None
         ]
+        # the tensors they bind (plain attributes and buffers), by identity: see rebound()
+        self._bound = [(m, _tensor_bindings(m)) for o in modules for m in o.modules()]
         # their tensors, named: the judge compares them too
         self.outside = [
             (f"{type(m).__name__}[{i}] {n}", t)
@@ -113,6 +115,17 @@ class CallState:
         self.runs: list[HeldOutput] = []
         self._warnings = WarningRegistries() if whole else None
         self._dropout: DropoutStates | None = None
+
+    def rebound(self) -> str | None:
+        """A module outside the model (a teacher ``loss_fn`` holds) whose tensor attribute or buffer
+        a run bound to another tensor (``teacher.center = 0.9 * teacher.center + ...``): a replay
+        would not re-bind it. Its name, or None."""
+        for m, saved in self._bound:
+            now = _tensor_bindings(m)
+            if now.keys() != saved.keys() or any(now[k] is not v for k, v in saved.items()):
+                changed = [k for k in {*now, *saved} if now.get(k) is not saved.get(k)]
+                return f"{type(m).__name__}.{sorted(changed)[0]}"
+        return None
 
     def watching(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """Around the recording call's runs: the state kept outside Python's reach that a run
@@ -261,6 +274,13 @@ def _put_back_classes(saved: list[tuple[type, str, Any]]) -> None:
             delattr(cls, name)
         else:
             setattr(cls, name, value)
+
+
+def _tensor_bindings(m: nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors a module binds by name: its plain tensor attributes and its buffers."""
+    bound = {k: v for k, v in m.__dict__.items() if isinstance(v, torch.Tensor)}
+    bound.update((k, v) for k, v in (m.__dict__.get("_buffers") or {}).items() if v is not None)
+    return bound
 
 
 def _rebind(d: dict, saved: dict) -> None:

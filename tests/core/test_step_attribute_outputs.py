@@ -7,6 +7,7 @@ with the eager twin: loss, parameters, each ``.grad`` and its None pattern, and 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import pytest
@@ -213,3 +214,40 @@ def test_an_attribute_that_retains_its_grad_stays_eager(capture: bool) -> None:
     """A replay's tensor would carry no ``.grad`` (eager's activation has this batch's): such a
     write is no recorded output, and the calls run eagerly, exact."""
     assert same(_retained(True, capture), _retained(False, capture))
+
+
+def _teacher_centre(replay: bool, unsafe: tuple[str, ...] = ()) -> tuple[list, rk.TrainStep]:
+    """DINO's loss: ``loss_fn`` holds a frozen teacher whose centre it re-binds every call."""
+    torch.manual_seed(0)
+    student = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    teacher = copy.deepcopy(student).requires_grad_(False)
+    teacher.center = torch.zeros(3)
+
+    def loss_fn(s: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            out = teacher(x)
+            target = ((out - teacher.center) / 0.5).softmax(-1)
+            teacher.center = 0.9 * teacher.center + 0.1 * out.mean(0)
+        return -(target * torch.log_softmax(s(x), -1)).sum(-1).mean()
+
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+    step = rk.TrainStep(
+        student, loss_fn, opt, backend="emulated", replay=replay, unsafe_disable=unsafe
+    )
+    torch.manual_seed(1)
+    seen = []
+    for _ in range(6):
+        step(torch.randn(4, 6))
+        seen.append([teacher.center.clone(), *(p.detach().clone() for p in student.parameters())])
+    return seen, step
+
+
+def test_a_teacher_loss_fn_holds_re_binding_its_centre_stays_eager() -> None:
+    """A module outside the model is no recording's: its re-bound centre would stay the
+    recording call's. The step retires, naming it, exact; without ``side_effects``, it diverges."""
+    eager, _ = _teacher_centre(False)
+    seen, step = _teacher_centre(True)
+    assert same(seen, eager)
+    assert "re-binds Sequential.center" in step.summary(), step.summary()
+    unsafe, step = _teacher_centre(True, negative_control("side_effects"))
+    assert step.counts["replay"] >= 1 and not same(unsafe, eager)
