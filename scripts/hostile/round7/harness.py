@@ -55,7 +55,18 @@ def same(a, b):
 class PlainStep:
     """The documented body, by hand: what a user's own eager loop does."""
 
-    def __init__(self, model, loss_fn, optimizer, *, max_norm=None, ema=None, accumulate=1, precision="32", **_):
+    def __init__(
+        self,
+        model,
+        loss_fn,
+        optimizer,
+        *,
+        max_norm=None,
+        ema=None,
+        accumulate=1,
+        precision="32",
+        **_,
+    ):
         self.model, self.loss_fn, self.opt = model, loss_fn, optimizer
         self.max_norm, self.ema, self.acc, self.precision = max_norm, ema, accumulate, precision
         self.calls = 0
@@ -91,7 +102,9 @@ class Run:
         if self.mode == "plain":
             s = PlainStep(model, loss_fn, optimizer, **kw)
         else:
-            s = rk.TrainStep(model, loss_fn, optimizer, backend="emulated", replay=self.mode == "replay", **kw)
+            s = rk.TrainStep(
+                model, loss_fn, optimizer, backend="emulated", replay=self.mode == "replay", **kw
+            )
         self.trainsteps.append(s)
         return s
 
@@ -99,14 +112,16 @@ class Run:
         d = {}
         if model is not None:
             for n, p in model.named_parameters():
-                d["param:" + n] = clone(p) + (p.requires_grad,)
+                d["param:" + n] = (*clone(p), p.requires_grad)
                 d["grad:" + n] = clone(p.grad) if p.grad is not None else ("P", None)
             for n, b in model.named_buffers():
                 d["buf:" + n] = clone(b)
         if opt is not None:
             sd = opt.state_dict()
             d["opt_state"] = clone({str(k): v for k, v in sd["state"].items()})
-            d["opt_groups"] = clone([{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]])
+            d["opt_groups"] = clone(
+                [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]]
+            )
         if ema is not None:
             d["ema"] = clone(list(ema.tensors()))
         for k, v in extras.items():
@@ -182,7 +197,12 @@ def run_pattern(name, fn, timeout=60):
         except Exception as ex:
             n, info = step_info(c)
             tb = traceback.format_exc().splitlines()[-6:]
-            return name, "RAISED-UNCLEAR", n, f"{type(ex).__name__}: {str(ex)[:300]} | {info} | {' / '.join(tb)}"
+            return (
+                name,
+                "RAISED-UNCLEAR",
+                n,
+                f"{type(ex).__name__}: {str(ex)[:300]} | {info} | {' / '.join(tb)}",
+            )
         finally:
             _release(c)
         diff = compare(p, c)

@@ -29,13 +29,17 @@ def batches(n=STEPS, b=4, d=D, seed=1, sizes=None, dtype=torch.float32):
     out = []
     for i in range(n):
         bb = sizes[i % len(sizes)] if sizes else b
-        out.append((torch.randn(bb, d, generator=g, dtype=dtype), torch.randint(0, C, (bb,), generator=g)))
+        out.append(
+            (torch.randn(bb, d, generator=g, dtype=dtype), torch.randint(0, C, (bb,), generator=g))
+        )
     return out
 
 
 def seq_batches(lens, b=2, d=D, seed=1):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(b, t, d, generator=g), torch.randint(0, C, (b,), generator=g)) for t in lens]
+    return [
+        (torch.randn(b, t, d, generator=g), torch.randint(0, C, (b,), generator=g)) for t in lens
+    ]
 
 
 def mlp(d=D, h=16, o=C):
@@ -159,9 +163,14 @@ def c_transformer_block(r):
 
 def c_cnn(r):
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, C))
+    m = nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, C)
+    )
     g = torch.Generator().manual_seed(3)
-    data = [(torch.randn(2, 1, 6, 6, generator=g), torch.randint(0, C, (2,), generator=g)) for _ in range(6)]
+    data = [
+        (torch.randn(2, 1, 6, 6, generator=g), torch.randint(0, C, (2,), generator=g))
+        for _ in range(6)
+    ]
     train(r, m, ce, sgd(m), data)
 
 
@@ -208,7 +217,13 @@ def c_weight_tying(r):
     m = LM()
     g = torch.Generator().manual_seed(2)
     data = [(torch.randint(0, 10, (3, 5), generator=g),) for _ in range(6)]
-    train(r, m, lambda mm, t: F.cross_entropy(mm(t[:, :-1]).flatten(0, 1), t[:, 1:].flatten()), sgd(m), data)
+    train(
+        r,
+        m,
+        lambda mm, t: F.cross_entropy(mm(t[:, :-1]).flatten(0, 1), t[:, 1:].flatten()),
+        sgd(m),
+        data,
+    )
 
 
 def c_lstm(r):
@@ -227,6 +242,39 @@ def c_lstm(r):
     train(r, m, ce, sgd(m), seq_batches([5] * 6))
 
 
+def c_linear_probe_encoder_not_in_optimizer(r):
+    # the optimizer trains only the head; the encoder still requires grad (its .grad accumulates)
+    torch.manual_seed(0)
+    m = mlp()
+    train(r, m, ce, torch.optim.SGD(m[2].parameters(), lr=0.1), batches())
+
+
+def c_probe_loop_zero_grad_logs_encoder_grad(r):
+    torch.manual_seed(0)
+    m = mlp()
+    train(
+        r,
+        m,
+        ce,
+        torch.optim.SGD(m[2].parameters(), lr=0.1),
+        batches(),
+        between=lambda i, mm, s: mm.zero_grad(),
+    )
+
+
+def c_probe_not_in_optimizer_accumulate2(r):
+    torch.manual_seed(0)
+    m = mlp()
+    train(
+        r,
+        m,
+        ce,
+        torch.optim.SGD(m[2].parameters(), lr=0.1, momentum=0.9, fused=True),
+        batches(),
+        accumulate=2,
+    )
+
+
 # ============================================================================ MoE
 class MoE(nn.Module):
     """Top-2 gated mixture with a Switch-style load-balancing loss kept on self.aux_loss."""
@@ -242,7 +290,7 @@ class MoE(nn.Module):
 
     def forward(self, x):
         probs = self.gate(x).softmax(-1)
-        topv, topi = probs.topk(2, dim=-1)
+        _topv, topi = probs.topk(2, dim=-1)
         mask = torch.zeros_like(probs).scatter_(-1, topi, 1.0)  # one_hot reads max() on the host
         w = probs * mask
         out = sum(w[:, i : i + 1] * ex(x) for i, ex in enumerate(self.experts))
@@ -259,7 +307,9 @@ class MoE(nn.Module):
         elif self.mode == "counts":
             self.aux_loss = aux
             flat = topi.flatten()
-            self.tokens_per_expert = torch.zeros(self.e, dtype=torch.long).scatter_add_(0, flat, torch.ones_like(flat))
+            self.tokens_per_expert = torch.zeros(self.e, dtype=torch.long).scatter_add_(
+                0, flat, torch.ones_like(flat)
+            )
         return x + out
 
 
@@ -323,7 +373,7 @@ def m_accumulate2(r):
 def m_accumulate4_adamw(r):
     torch.manual_seed(0)
     m = MoENet(2)
-    train(r, m, moe_loss, adamw(m), batches(), keep=keep_aux, accumulate=4)
+    train(r, m, moe_loss, adamw(m), batches(12), keep=keep_aux, accumulate=4)
 
 
 def m_bf16_mixed(r):
@@ -336,7 +386,18 @@ def m_bf16_accumulate2_max_norm_ema(r):
     torch.manual_seed(0)
     m = MoENet(2)
     ema = rk.EMA(m, 0.9)
-    train(r, m, moe_loss, adamw(m), batches(), keep=keep_aux, precision="bf16-mixed", accumulate=2, max_norm=0.5, ema=ema)
+    train(
+        r,
+        m,
+        moe_loss,
+        adamw(m),
+        batches(),
+        keep=keep_aux,
+        precision="bf16-mixed",
+        accumulate=2,
+        max_norm=0.5,
+        ema=ema,
+    )
 
 
 def m_adam_default_eager_optimizer(r):
@@ -448,7 +509,17 @@ def m_on_optimizer_step_reads_aux(r):
     torch.manual_seed(0)
     m = MoENet(2)
     seen = []
-    step = r.step(m, moe_loss, sgd(m), accumulate=2, **({"on_optimizer_step": lambda: seen.append(m.moes[0].aux_loss.detach().clone())} if r.mode != "plain" else {}))
+    step = r.step(
+        m,
+        moe_loss,
+        sgd(m),
+        accumulate=2,
+        **(
+            {"on_optimizer_step": lambda: seen.append(m.moes[0].aux_loss.detach().clone())}
+            if r.mode != "plain"
+            else {}
+        ),
+    )
     for i, b in enumerate(batches()):
         loss = step(*b)
         if r.mode == "plain" and i % 2 == 1:
@@ -468,7 +539,9 @@ def m_aux_variable_seq_len(r):
         def forward(self, x):
             b, t, d = x.shape
             h = self.moe(x.reshape(b * t, d)).reshape(b, t, d)
-            self.moe.router_probs = self.moe.gate(x).softmax(-1).detach()  # (b, t, e): shape follows t
+            self.moe.router_probs = (
+                self.moe.gate(x).softmax(-1).detach()
+            )  # (b, t, e): shape follows t
             return self.head(h.mean(1))
 
     m = SeqMoE()
@@ -476,7 +549,14 @@ def m_aux_variable_seq_len(r):
     def loss_fn(mm, x, y):
         return F.cross_entropy(mm(x), y) + 0.01 * mm.moe.aux_loss
 
-    train(r, m, loss_fn, sgd(m), seq_batches([4, 6, 4, 6, 8, 4, 8, 6]), keep=lambda i, mm: {"aux": mm.moe.aux_loss, "rp": mm.moe.router_probs})
+    train(
+        r,
+        m,
+        loss_fn,
+        sgd(m),
+        seq_batches([4, 6, 4, 6, 8, 4, 8, 6]),
+        keep=lambda i, mm: {"aux": mm.moe.aux_loss, "rp": mm.moe.router_probs},
+    )
 
 
 # ============================================================================ states
@@ -568,7 +648,17 @@ def s_center_accumulate2(r):
 def s_center_accumulate4_ema_max_norm(r):
     torch.manual_seed(0)
     m = Centre(True)
-    train(r, m, ce, adamw(m), batches(), keep=keep_center, accumulate=4, ema=rk.EMA(m, 0.8), max_norm=0.3)
+    train(
+        r,
+        m,
+        ce,
+        adamw(m),
+        batches(12),
+        keep=keep_center,
+        accumulate=4,
+        ema=rk.EMA(m, 0.8),
+        max_norm=0.3,
+    )
 
 
 def s_center_user_keeps_history(r):
@@ -586,14 +676,34 @@ def s_center_user_keeps_history(r):
 def s_center_requires_grad_state(r):
     # a learnable-looking initial centre: the re-bound state carries a graph across calls
     torch.manual_seed(0)
-    m = Centre(False)
-    init = torch.zeros(C, requires_grad=True)
-    m.center = init
 
-    def keep(i, mm):
-        return {"center": mm.center, "init_grad": init.grad}
+    # (a prompt-like tensor: read with grad, re-bound to a fresh leaf; the loop logs each old leaf's grad)
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+            self.center = torch.zeros(C, requires_grad=True)
 
-    train(r, m, ce, sgd(m), batches(), keep=keep)
+        def forward(self, x):
+            out = self.net(x) - self.center
+            self.center = (0.9 * self.center + 0.1 * out.mean(0)).detach().requires_grad_()
+            return out
+
+    m = Net()
+    olds = []
+
+    def between(i, mm, s):
+        olds.append(mm.center)
+
+    train(
+        r,
+        m,
+        ce,
+        sgd(m),
+        batches(),
+        between=between,
+        keep=lambda i, mm: {"c": mm.center, "g": [o.grad for o in olds]},
+    )
 
 
 def s_running_mean_var_whitening(r):
@@ -695,7 +805,212 @@ def s_teacher_stats_written_in_loss_fn(r):
             teacher.center = 0.9 * teacher.center + 0.1 * tl.mean(0)
         return -(t * F.log_softmax(s(x), -1)).sum(-1).mean()
 
-    train(r, student, loss_fn, sgd(student), batches(), keep=lambda i, mm: {"tl": teacher.last_logits, "tc": teacher.center})
+    train(
+        r,
+        student,
+        loss_fn,
+        sgd(student),
+        batches(),
+        keep=lambda i, mm: {"tl": teacher.last_logits, "tc": teacher.center},
+    )
+
+
+def s_center_updated_in_loss_fn_on_model(r):
+    # the loss (not the forward) keeps the centre on the model
+    torch.manual_seed(0)
+    m = mlp()
+    m.center = torch.zeros(C)
+
+    def loss_fn(mm, x, y):
+        out = mm(x)
+        loss = F.cross_entropy(out - mm.center, y)
+        mm.center = 0.9 * mm.center + 0.1 * out.detach().mean(0)
+        return loss
+
+    train(r, m, loss_fn, sgd(m), batches(), keep=lambda i, mm: {"c": mm.center})
+
+
+class DINOLoss(nn.Module):
+    def __init__(self, inplace):
+        super().__init__()
+        self.inplace = inplace
+        self.register_buffer("center", torch.zeros(1, C))
+
+    def forward(self, s_out, t_out):
+        t = ((t_out - self.center) / 0.5).softmax(-1)
+        loss = -(t * F.log_softmax(s_out / 0.1, -1)).sum(-1).mean()
+        bc = t_out.detach().mean(0, keepdim=True)
+        if self.inplace:
+            self.center.mul_(0.9).add_(bc, alpha=0.1)
+        else:
+            self.center = self.center * 0.9 + bc * 0.1
+        return loss
+
+
+def _dino_loss_module(r, inplace):
+    torch.manual_seed(0)
+    student = mlp()
+    teacher = copy.deepcopy(student).requires_grad_(False)
+    crit = DINOLoss(inplace)
+
+    def loss_fn(s, x, y):
+        with torch.no_grad():
+            t = teacher(x)
+        return crit(s(x), t)
+
+    train(r, student, loss_fn, sgd(student), batches(), keep=lambda i, mm: {"c": crit.center})
+
+
+def s_dino_loss_module_rebind(r):
+    _dino_loss_module(r, False)
+
+
+def s_dino_loss_module_inplace(r):
+    _dino_loss_module(r, True)
+
+
+def s_loss_closure_dict_state(r):
+    torch.manual_seed(0)
+    m = mlp()
+    state = {"center": torch.zeros(C)}
+
+    def loss_fn(mm, x, y):
+        out = mm(x)
+        loss = F.cross_entropy(out - state["center"], y)
+        state["center"] = 0.9 * state["center"] + 0.1 * out.detach().mean(0)
+        return loss
+
+    train(r, m, loss_fn, sgd(m), batches(), keep=lambda i, mm: {"c": state["center"]})
+
+
+def s_teacher_written_only_in_loss_fn(r):
+    torch.manual_seed(0)
+    student = mlp()
+    teacher = copy.deepcopy(student).requires_grad_(False)
+
+    def loss_fn(s, x, y):
+        with torch.no_grad():
+            teacher.last = teacher(x)
+        return F.cross_entropy(s(x), y) + F.mse_loss(s(x), teacher.last)
+
+    def between(i, mm, st):
+        if i == 4:
+            with torch.no_grad():
+                teacher[0].weight.mul_(0.5)  # the loop refreshes the teacher (an EMA update)
+
+    train(
+        r,
+        student,
+        loss_fn,
+        sgd(student),
+        batches(),
+        keep=lambda i, mm: {"t": teacher.last},
+        between=between,
+    )
+
+
+def s_teacher_ema_updated_by_loop(r):
+    # BYOL/DINO: the loop lerps the teacher towards the student after each step; loss_fn reads it
+    torch.manual_seed(0)
+    student = mlp()
+    teacher = copy.deepcopy(student).requires_grad_(False)
+
+    def loss_fn(s, x, y):
+        with torch.no_grad():
+            t = teacher(x).softmax(-1)
+        return -(t * F.log_softmax(s(x), -1)).sum(-1).mean()
+
+    def keep(i, mm):
+        with torch.no_grad():
+            for pt, ps in zip(teacher.parameters(), mm.parameters(), strict=False):
+                pt.lerp_(ps, 0.1)
+        return {"t0": teacher[0].weight}
+
+    train(r, student, loss_fn, sgd(student), batches(), keep=keep)
+
+
+def s_center_multicrop_two_forwards(r):
+    # DINO multi-crop: loss_fn runs the model on two views; the centre moves twice per step
+    torch.manual_seed(0)
+    m = Centre(True)
+
+    def loss_fn(mm, x, y):
+        return ce(mm, x, y) + ce(mm, x.flip(0) * 0.5, y.flip(0))
+
+    train(r, m, loss_fn, sgd(m), batches(), keep=keep_center)
+
+
+def m_aux_multicrop_summed(r):
+    torch.manual_seed(0)
+    m = MoENet(2)
+
+    def loss_fn(mm, x, y):
+        total = 0
+        for view in (x, x * 0.5):
+            total = total + moe_loss(mm, view, y)
+        return total
+
+    train(r, m, loss_fn, sgd(m), batches(), keep=keep_aux)
+
+
+def s_center_shared_by_two_layers(r):
+    # two heads start from one centre tensor (the same object); each re-binds its own
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = Centre(False), Centre(False)
+            self.b.center = self.a.center
+
+        def forward(self, x):
+            return self.a(x) + self.b(x * 2)
+
+    m = Net()
+    train(
+        r,
+        m,
+        ce,
+        sgd(m),
+        batches(),
+        keep=lambda i, mm: {"a": mm.a.center, "b": mm.b.center, "same": mm.a.center is mm.b.center},
+    )
+
+
+def s_center_inplace_then_rebind(r):
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+            self.center = torch.zeros(C)
+
+        def forward(self, x):
+            out = self.net(x)
+            self.center.mul_(0.9)
+            self.center = self.center + 0.1 * out.detach().mean(0)
+            return out - self.center
+
+    m = Net()
+    train(r, m, ce, sgd(m), batches(), keep=lambda i, mm: {"c": mm.center})
+
+
+def l_moe_checkpoint_reload(r):
+    torch.manual_seed(0)
+    m = MoENet(2)
+    opt = sgd(m)
+    saved = {}
+
+    def between(i, mm, s):
+        if i == 2:
+            saved["m"] = copy.deepcopy(mm.state_dict())
+            saved["o"] = copy.deepcopy(opt.state_dict())
+        if i == 5:
+            mm.load_state_dict(saved["m"])
+            opt.load_state_dict(saved["o"])
+
+    train(r, m, moe_loss, opt, batches(), keep=keep_aux, between=between)
 
 
 def s_rope_cache_dict_by_len(r):
@@ -721,7 +1036,14 @@ def s_rope_cache_dict_by_len(r):
             return self.head(h.mean(1))
 
     m = Rope()
-    train(r, m, ce, sgd(m), seq_batches([4, 4, 6, 4, 6, 8, 4, 8]), keep=lambda i, mm: {"cache": dict(mm.cache)})
+    train(
+        r,
+        m,
+        ce,
+        sgd(m),
+        seq_batches([4, 4, 6, 4, 6, 8, 4, 8]),
+        keep=lambda i, mm: {"cache": dict(mm.cache)},
+    )
 
 
 def s_rope_cache_extended(r):
@@ -748,7 +1070,14 @@ def s_rope_cache_extended(r):
             return self.head(h.mean(1))
 
     m = Rope()
-    train(r, m, ce, sgd(m), seq_batches([4, 4, 6, 4, 6, 8, 4, 8]), keep=lambda i, mm: {"cos": mm.cos, "sin": mm.sin})
+    train(
+        r,
+        m,
+        ce,
+        sgd(m),
+        seq_batches([4, 4, 6, 4, 6, 8, 4, 8]),
+        keep=lambda i, mm: {"cos": mm.cos, "sin": mm.sin},
+    )
 
 
 def s_prev_batch_residual_shape_branch(r):
@@ -770,7 +1099,14 @@ def s_prev_batch_residual_shape_branch(r):
             return self.head(h)
 
     m = Net()
-    train(r, m, ce, sgd(m), batches(sizes=[4, 4, 6, 4, 6, 6, 4, 6]), keep=lambda i, mm: {"prev": mm.prev})
+    train(
+        r,
+        m,
+        ce,
+        sgd(m),
+        batches(sizes=[4, 4, 6, 4, 6, 6, 4, 6]),
+        keep=lambda i, mm: {"prev": mm.prev},
+    )
 
 
 def s_memory_bank_queue(r):
@@ -905,7 +1241,9 @@ def d_namespace_last_out(r):
             return out
 
     m = Net()
-    train(r, m, ce, sgd(m), batches(), keep=lambda i, mm: {"last": mm.log.last, "norm": mm.log.norm})
+    train(
+        r, m, ce, sgd(m), batches(), keep=lambda i, mm: {"last": mm.log.last, "norm": mm.log.norm}
+    )
 
 
 def d_dict_held_by_loss_closure(r):
@@ -1038,7 +1376,15 @@ def a_attn_accumulate2_logged(r):
 def a_attn_bf16_mixed(r):
     torch.manual_seed(0)
     m = Attn()
-    train(r, m, ce, sgd(m), seq_batches([5] * 8), keep=lambda i, mm: {"a": mm.last_attn}, precision="bf16-mixed")
+    train(
+        r,
+        m,
+        ce,
+        sgd(m),
+        seq_batches([5] * 8),
+        keep=lambda i, mm: {"a": mm.last_attn},
+        precision="bf16-mixed",
+    )
 
 
 # ============================================================================ odd writes
@@ -1057,7 +1403,14 @@ def x_same_tensor_two_attrs(r):
             return out
 
     m = Net()
-    train(r, m, ce, sgd(m), batches(), keep=lambda i, mm: {"a": mm.last, "b": mm.for_logging, "same": mm.last is mm.for_logging})
+    train(
+        r,
+        m,
+        ce,
+        sgd(m),
+        batches(),
+        keep=lambda i, mm: {"a": mm.last, "b": mm.for_logging, "same": mm.last is mm.for_logging},
+    )
 
 
 def x_attr_and_dict_same_tensor(r):
@@ -1165,7 +1518,14 @@ def x_attr_is_param_itself_plain(r):
             return self.lin(x)
 
     m = Net()
-    train(r, m, ce, sgd(m), batches(), keep=lambda i, mm: {"w": mm.refs["w"], "is_param": mm.refs["w"] is mm.lin.weight})
+    train(
+        r,
+        m,
+        ce,
+        sgd(m),
+        batches(),
+        keep=lambda i, mm: {"w": mm.refs["w"], "is_param": mm.refs["w"] is mm.lin.weight},
+    )
 
 
 def x_attr_is_buffer_alias(r):
@@ -1218,7 +1578,14 @@ def x_python_value_beside_tensor(r):
             return super().forward(x)
 
     m = Net(1)
-    train(r, m, moe_loss, sgd(m), batches(sizes=[4, 6]), keep=lambda i, mm: {"bs": mm.batch_size, "aux": mm.moes[0].aux_loss})
+    train(
+        r,
+        m,
+        moe_loss,
+        sgd(m),
+        batches(sizes=[4, 6]),
+        keep=lambda i, mm: {"bs": mm.batch_size, "aux": mm.moes[0].aux_loss},
+    )
 
 
 def x_python_counter_beside_tensor(r):
@@ -1232,7 +1599,14 @@ def x_python_counter_beside_tensor(r):
             return super().forward(x)
 
     m = Net(1)
-    train(r, m, moe_loss, sgd(m), batches(), keep=lambda i, mm: {"n": mm.ncalls, "aux": mm.moes[0].aux_loss})
+    train(
+        r,
+        m,
+        moe_loss,
+        sgd(m),
+        batches(),
+        keep=lambda i, mm: {"n": mm.ncalls, "aux": mm.moes[0].aux_loss},
+    )
 
 
 def x_attr_tensor_then_none_by_len(r):
@@ -1250,7 +1624,14 @@ def x_attr_tensor_then_none_by_len(r):
             return out
 
     m = Net()
-    train(r, m, ce, sgd(m), batches(sizes=[4, 3, 4, 4, 3, 3, 4, 3]), keep=lambda i, mm: {"e": mm.extra})
+    train(
+        r,
+        m,
+        ce,
+        sgd(m),
+        batches(sizes=[4, 3, 4, 4, 3, 3, 4, 3]),
+        keep=lambda i, mm: {"e": mm.extra},
+    )
 
 
 def x_state_dtype_changes(r):
@@ -1352,7 +1733,9 @@ def x_two_models_share_encoder(r):
     a = nn.Sequential(enc, nn.Linear(D, C))
     b = nn.Sequential(enc, nn.Linear(D, 2))
     sa = r.step(a, ce, torch.optim.SGD(a.parameters(), lr=0.1))
-    sb = r.step(b, lambda m, x, y: F.cross_entropy(m(x), y % 2), torch.optim.SGD(b[1].parameters(), lr=0.1))
+    sb = r.step(
+        b, lambda m, x, y: F.cross_entropy(m(x), y % 2), torch.optim.SGD(b[1].parameters(), lr=0.1)
+    )
     for i, (x, y) in enumerate(batches()):
         loss = (sa if i % 2 == 0 else sb)(x, y)
         r.snap(a, None, loss=loss, h=enc.last_h, bhead=b[1].weight)
@@ -1508,7 +1891,15 @@ def l_center_replaced_by_view(r):
         if i == 3:
             mm.center = table[1]
 
-    train(r, m, ce, sgd(m), batches(), keep=lambda i, mm: {"c": mm.center, "table": table}, between=between)
+    train(
+        r,
+        m,
+        ce,
+        sgd(m),
+        batches(),
+        keep=lambda i, mm: {"c": mm.center, "table": table},
+        between=between,
+    )
 
 
 def l_model_eval_then_train(r):
@@ -1563,7 +1954,11 @@ def l_param_replaced_state_kept(r):
     train(r, m, ce, opt, batches(), keep=keep_center, between=between)
 
 
-PATTERNS = {k: v for k, v in list(globals().items()) if k[:2] in ("c_", "m_", "s_", "d_", "a_", "x_", "l_") and callable(v)}
+PATTERNS = {
+    k: v
+    for k, v in list(globals().items())
+    if k[:2] in ("c_", "m_", "s_", "d_", "a_", "x_", "l_") and callable(v)
+}
 
 
 def main(names):
