@@ -1954,6 +1954,298 @@ def l_param_replaced_state_kept(r):
     train(r, m, ce, opt, batches(), keep=keep_center, between=between)
 
 
+def x_state_on_unregistered_module_in_list(r):
+    # a teacher kept in a list so it is not a submodule (no parameters, no state_dict): its centre
+    # is read and re-bound in the model's forward
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+            self._teacher = [Centre(False).requires_grad_(False)]
+
+        def forward(self, x):
+            with torch.no_grad():
+                t = self._teacher[0](x).softmax(-1)
+            return self.net(x) - t
+
+    m = Net()
+    train(r, m, ce, sgd(m), batches(), keep=lambda i, mm: {"tc": mm._teacher[0].center})
+
+
+def x_state_rebound_noncontiguous_by_loop(r):
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+            self.center = torch.zeros(2, C)
+
+        def forward(self, x):
+            out = self.net(x)
+            c = self.center
+            self.center = 0.9 * c + 0.1 * torch.stack([out.detach().mean(0), out.detach().std(0)])
+            return out - c[0] * c[1]
+
+    m = Net()
+
+    def between(i, mm, s):
+        if i == 4:
+            mm.center = torch.ones(C, 2).t()  # strides (1, 2)
+
+    train(r, m, ce, sgd(m), batches(), keep=lambda i, mm: {"c": mm.center}, between=between)
+
+
+def m_aux_under_activation_checkpoint(r):
+    torch.manual_seed(0)
+    from torch.utils.checkpoint import checkpoint
+
+    class Net(MoENet):
+        def forward(self, x):
+            h = torch.relu(self.inp(x))
+            for moe in self.moes:
+                h = checkpoint(moe, h, use_reentrant=False)
+            return self.head(h)
+
+    m = Net(2)
+    train(r, m, moe_loss, sgd(m), batches(), keep=keep_aux)
+
+
+def s_center_to_then_inplace(r):
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+            self.center = torch.zeros(C)
+
+        def forward(self, x):
+            out = self.net(x)
+            c = self.center.to(out.dtype)  # the same tensor when the dtype matches
+            y = out - c
+            c.mul_(0.9).add_(out.detach().mean(0), alpha=0.1)
+            self.center = c
+            return y
+
+    m = Net()
+    train(r, m, ce, sgd(m), batches(), keep=lambda i, mm: {"c": mm.center})
+
+
+def x_aux_float_zero_or_tensor(r):
+    torch.manual_seed(0)
+
+    class M(MoE):
+        def forward(self, x):
+            y = super().forward(x)
+            if x.shape[0] <= 4:
+                self.aux_loss = 0.0
+            return y
+
+    m = MoENet(1)
+    m.moes[0] = M()
+    train(r, m, moe_loss, sgd(m), batches(sizes=[6, 4, 6, 6, 4, 4, 6, 4]), keep=keep_aux)
+
+
+def _reg_only_net(r, use):
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+            self.extra = nn.Linear(C, C)
+
+        def forward(self, x):
+            out = self.net(x)
+            self.reg = self.extra(out.detach()).pow(2).mean()  # a parameter reached only through it
+            return out
+
+    m = Net()
+
+    def loss_fn(mm, x, y):
+        loss = ce(mm, x, y)
+        return loss + 0.1 * mm.reg if use else loss
+
+    train(r, m, loss_fn, sgd(m), batches(), keep=lambda i, mm: {"reg": mm.reg})
+
+
+def x_param_reached_only_through_attr(r):
+    _reg_only_net(r, True)
+
+
+def x_param_behind_unused_attr_grad_none(r):
+    _reg_only_net(r, False)
+
+
+def l_two_trainsteps_same_model_phases(r):
+    torch.manual_seed(0)
+    m = Centre(True)
+    opt = sgd(m)
+    s1 = r.step(m, ce, opt)
+    s2 = r.step(m, lambda mm, x, y: ce(mm, x, y) + 0.1 * mm.center.pow(2).sum(), opt, max_norm=1.0)
+    for i, b in enumerate(batches(10)):
+        if i == 5 and hasattr(s1, "release"):
+            s1.release()
+        loss = (s1 if i < 5 else s2)(*b)
+        r.snap(m, opt, loss=loss, c=m.center)
+
+
+def l_loop_rebinds_tensor_setting_each_step(r):
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+            self.temperature = torch.tensor(1.0)
+
+        def forward(self, x):
+            return self.net(x) / self.temperature
+
+    m = Net()
+
+    def between(i, mm, s):
+        mm.temperature = torch.tensor(1.0 + 0.1 * i)
+
+    train(r, m, ce, sgd(m), batches(), between=between)
+
+
+def l_loop_fills_tensor_setting_each_step(r):
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+            self.temperature = torch.tensor(1.0)
+            self.last_scaled = None
+
+        def forward(self, x):
+            out = self.net(x) / self.temperature
+            self.last_scaled = out.detach()
+            return out
+
+    m = Net()
+
+    def between(i, mm, s):
+        mm.temperature.fill_(1.0 + 0.1 * i)
+
+    train(r, m, ce, sgd(m), batches(), between=between, keep=lambda i, mm: {"ls": mm.last_scaled})
+
+
+def s_teacher_forward_plain_center(r):
+    # as s_teacher_center_in_loss_fn, the teacher's centre a plain attribute instead of a buffer
+    torch.manual_seed(0)
+    student = mlp()
+    teacher = Centre(False)
+    teacher.net.load_state_dict(student.state_dict())
+    teacher.requires_grad_(False)
+
+    def loss_fn(s, x, y):
+        with torch.no_grad():
+            t = teacher(x).softmax(-1)
+        return -(t * F.log_softmax(s(x), -1)).sum(-1).mean()
+
+    train(r, student, loss_fn, sgd(student), batches(), keep=lambda i, mm: {"tc": teacher.center})
+
+
+def s_dino_loss_module_plain_attr(r):
+    torch.manual_seed(0)
+
+    class Loss(DINOLoss):
+        def __init__(self):
+            super().__init__(False)
+            del self.center
+            self.center = torch.zeros(1, C)
+
+    student = mlp()
+    teacher = copy.deepcopy(student).requires_grad_(False)
+    crit = Loss()
+
+    def loss_fn(s, x, y):
+        with torch.no_grad():
+            t = teacher(x)
+        return crit(s(x), t)
+
+    train(r, student, loss_fn, sgd(student), batches(), keep=lambda i, mm: {"c": crit.center})
+
+
+def c_probe_acc2_loop_zero_grad(r):
+    torch.manual_seed(0)
+    m = mlp()
+    opt = torch.optim.SGD(m[2].parameters(), lr=0.1, momentum=0.9, fused=True)
+    train(
+        r,
+        m,
+        ce,
+        opt,
+        batches(),
+        accumulate=2,
+        between=lambda i, mm, s: mm.zero_grad() if i % 2 == 0 else None,
+    )
+
+
+def _gan(r, feat):
+    torch.manual_seed(0)
+
+    class Disc(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(D, 16)
+            self.out = nn.Linear(16, 1)
+
+        def forward(self, x):
+            h = torch.relu(self.body(x))
+            if feat:
+                self.feat = h
+            return self.out(h)
+
+    gen, disc = mlp(o=D), Disc()
+    og = torch.optim.SGD(gen.parameters(), lr=0.05, momentum=0.5, fused=True)
+    od = torch.optim.SGD(disc.parameters(), lr=0.05, momentum=0.5, fused=True)
+
+    def g_loss(g, z, real):
+        fake = g(z)
+        adv = F.softplus(-disc(fake)).mean()
+        if feat:
+            ff = disc.feat.mean(0)
+            disc(real)
+            return adv + F.mse_loss(ff, disc.feat.mean(0).detach())
+        return adv
+
+    def d_loss(d, real, fake):
+        return F.softplus(-d(real)).mean() + F.softplus(d(fake)).mean()
+
+    sg, sd = r.step(gen, g_loss, og), r.step(disc, d_loss, od)
+    g = torch.Generator().manual_seed(5)
+    for _ in range(7):
+        z, real = torch.randn(4, D, generator=g), torch.randn(4, D, generator=g) + 1
+        with torch.no_grad():
+            fake = gen(z)
+        ld = sd(real, fake)
+        lg = sg(z, real)
+        r.snap(
+            gen,
+            og,
+            ld=ld,
+            lg=lg,
+            **{"d:" + n: p for n, p in disc.named_parameters()},
+            **{"dgrad:" + n: p.grad for n, p in disc.named_parameters()},
+            f=getattr(disc, "feat", None),
+        )
+
+
+def x_gan_two_steps(r):
+    _gan(r, False)
+
+
+def x_gan_feature_matching_attr(r):
+    _gan(r, True)
+
+
 PATTERNS = {
     k: v
     for k, v in list(globals().items())

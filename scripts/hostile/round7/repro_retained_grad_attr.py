@@ -47,6 +47,9 @@ print(
 )
 print(
     "SAME"
-    if all((a is None) == (b is None) and (a is None or torch.equal(a, b)) for a, b in zip(e, r, strict=False))
+    if all(
+        (a is None) == (b is None) and (a is None or torch.equal(a, b))
+        for a, b in zip(e, r, strict=False)
+    )
     else "DIFF"
 )

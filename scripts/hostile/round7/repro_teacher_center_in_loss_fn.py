@@ -41,5 +41,14 @@ def run(replay):
 
 ce, we, _ = run(False)
 cr, wr, n = run(True)
-print("replays:", n, "| centre equal per call:", [torch.equal(a, b) for a, b in zip(ce, cr, strict=False)])
-print("SAME" if all(torch.equal(a, b) for a, b in zip(ce, cr, strict=False)) and torch.equal(we, wr) else "DIFF")
+print(
+    "replays:",
+    n,
+    "| centre equal per call:",
+    [torch.equal(a, b) for a, b in zip(ce, cr, strict=False)],
+)
+print(
+    "SAME"
+    if all(torch.equal(a, b) for a, b in zip(ce, cr, strict=False)) and torch.equal(we, wr)
+    else "DIFF"
+)
