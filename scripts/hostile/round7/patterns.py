@@ -1080,7 +1080,7 @@ def s_rope_cache_extended(r):
     )
 
 
-def s_prev_batch_residual_shape_branch(r):
+def s_prev_batch_residual_shape_branch(r, sizes=(4, 4, 6, 4, 6, 6, 4, 6)):
     # online smoothing: add the previous batch's features when the batch size matches
     torch.manual_seed(0)
 
@@ -1104,9 +1104,15 @@ def s_prev_batch_residual_shape_branch(r):
         m,
         ce,
         sgd(m),
-        batches(sizes=[4, 4, 6, 4, 6, 6, 4, 6]),
+        batches(sizes=list(sizes)),
         keep=lambda i, mm: {"prev": mm.prev},
     )
+
+
+def s_prev_batch_residual_branch_documented(r):
+    # the same model, sizes where the replay keeps the recording call's branch (documented limit)
+    torch.manual_seed(0)
+    s_prev_batch_residual_shape_branch(r, sizes=[4, 6, 4, 4, 4, 4, 4, 6])
 
 
 def s_memory_bank_queue(r):
@@ -2244,6 +2250,157 @@ def x_gan_two_steps(r):
 
 def x_gan_feature_matching_attr(r):
     _gan(r, True)
+
+
+def _aux_prev_read(r, acc):
+    # a consistency term against the previous call's aux loss, read in loss_fn before the forward
+    torch.manual_seed(0)
+    m = MoENet(1)
+
+    def loss_fn(mm, x, y):
+        prev = mm.moes[0].aux_loss
+        loss = moe_loss(mm, x, y)
+        if prev is not None:
+            loss = loss + 0.1 * (mm.moes[0].aux_loss - prev.detach()).pow(2)
+        return loss
+
+    train(r, m, loss_fn, sgd(m), batches(), keep=keep_aux, accumulate=acc)
+
+
+def m_aux_prev_read_in_loss_fn(r):
+    _aux_prev_read(r, 1)
+
+
+def m_aux_prev_read_in_loss_fn_acc2(r):
+    _aux_prev_read(r, 2)
+
+
+def l_center_inplace_between_microbatches(r):
+    torch.manual_seed(0)
+    m = Centre(False)
+
+    def between(i, mm, s):
+        if i % 2 == 1:
+            mm.center.mul_(0.5)
+
+    train(r, m, ce, sgd(m), batches(), keep=keep_center, between=between, accumulate=2)
+
+
+def x_bool_seen_state(r):
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+            self.seen = torch.zeros(C, dtype=torch.bool)
+
+        def forward(self, x):
+            out = self.net(x)
+            bonus = (~self.seen).to(out.dtype) * 0.1
+            self.seen = self.seen | (out.detach().argmax(-1)[:, None] == torch.arange(C)).any(0)
+            return out + bonus
+
+    m = Net()
+    train(r, m, ce, sgd(m), batches(), keep=lambda i, mm: {"seen": mm.seen})
+
+
+def x_best_loss_state_in_loss_fn(r):
+    torch.manual_seed(0)
+    m = mlp()
+    m.best = torch.tensor(float("inf"))
+
+    def loss_fn(mm, x, y):
+        loss = ce(mm, x, y)
+        mm.best = torch.minimum(mm.best, loss.detach())
+        return loss + 0.01 * (loss - mm.best)
+
+    train(r, m, loss_fn, sgd(m), batches(), keep=lambda i, mm: {"best": mm.best})
+
+
+def x_parent_writes_child_attr(r):
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(D, 16)
+            self.head = nn.Linear(16, C)
+
+        def forward(self, x):
+            h = torch.relu(self.body(x))
+            self.head.last_in = h.detach()
+            self.body.stats = {"mean": h.detach().mean()}
+            return self.head(h)
+
+    m = Net()
+    train(
+        r, m, ce, sgd(m), batches(), keep=lambda i, mm: {"li": mm.head.last_in, "st": mm.body.stats}
+    )
+
+
+def s_center_from_first_batch(r):
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+            self.center = None
+
+        def forward(self, x):
+            out = self.net(x)
+            bm = out.detach().mean(0)
+            self.center = bm if self.center is None else 0.9 * self.center + 0.1 * bm
+            return out - self.center
+
+    m = Net()
+    train(r, m, ce, sgd(m), batches(), keep=lambda i, mm: {"c": mm.center})
+
+
+def m_aux_flag_kwarg_alternating(r):
+    torch.manual_seed(0)
+    m = MoENet(2)
+
+    def loss_fn(mm, x, y, use_aux=True):
+        loss = F.cross_entropy(mm(x), y)
+        return loss + 0.01 * sum(moe.aux_loss for moe in mm.moes) if use_aux else loss
+
+    step = r.step(m, loss_fn, sgd(m))
+    for i, b in enumerate(batches(10)):
+        loss = step(*b, use_aux=i % 2 == 0)
+        r.snap(m, None, loss=loss, **keep_aux(i, m))
+
+
+def l_state_dict_kept_each_step(r):
+    torch.manual_seed(0)
+    m = Centre(True)
+    sds = []
+
+    def keep(i, mm):
+        sds.append(mm.state_dict())
+        return {"sds": [dict(sd) for sd in sds]}
+
+    train(r, m, ce, sgd(m), batches(), keep=keep)
+
+
+def l_on_optimizer_step_resets_center(r):
+    torch.manual_seed(0)
+    m = Centre(False)
+    kw = {}  # the plain arm resets after its own optimizer step, in the loop
+
+    def reset():
+        m.center = m.center * 0.5
+
+    opt = sgd(m)
+    if r.mode != "plain":
+        kw["on_optimizer_step"] = reset
+    step = r.step(m, ce, opt, accumulate=2, **kw)
+    for i, b in enumerate(batches()):
+        loss = step(*b)
+        if r.mode == "plain" and i % 2 == 1:
+            reset()
+        r.snap(m, opt, loss=loss, c=m.center)
 
 
 PATTERNS = {

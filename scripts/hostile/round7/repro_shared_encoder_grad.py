@@ -1,5 +1,5 @@
-"""Two TrainSteps share an encoder; B's optimizer trains only B's head (a probe), so after B's
-call eager leaves the encoder's .grad set (it is not B's to zero). B's replay leaves it None."""
+"""Two TrainSteps share an encoder; B's optimizer trains only B's head (a probe), so eager leaves
+the encoder's .grad set after B's call (not B's to zero). B's replay leaves it None."""
 
 import torch
 import torch.nn.functional as F
@@ -11,38 +11,26 @@ import replaykit as rk
 def run(replay):
     torch.manual_seed(0)
     enc = nn.Linear(8, 8)
-    a, b = (
-        nn.Sequential(enc, nn.Tanh(), nn.Linear(8, 4)),
-        nn.Sequential(enc, nn.Tanh(), nn.Linear(8, 2)),
-    )
+    a, b = (nn.Sequential(enc, nn.Tanh(), nn.Linear(8, k)) for k in (4, 2))
     lf = lambda m, x, y: F.cross_entropy(m(x), y % m[2].out_features)  # noqa: E731
-    sa = rk.TrainStep(
-        a, lf, torch.optim.SGD(a.parameters(), lr=0.1), backend="emulated", replay=replay
-    )
-    sb = rk.TrainStep(
-        b, lf, torch.optim.SGD(b[2].parameters(), lr=0.1), backend="emulated", replay=replay
-    )
-    g = torch.Generator().manual_seed(1)
-    out = []
+    kw = dict(backend="emulated", replay=replay)
+    sa = rk.TrainStep(a, lf, torch.optim.SGD(a.parameters(), lr=0.1), **kw)
+    sb = rk.TrainStep(b, lf, torch.optim.SGD(b[2].parameters(), lr=0.1), **kw)
+    g, out = torch.Generator().manual_seed(1), []
     for i in range(8):
-        x, y = torch.randn(4, 8, generator=g), torch.randint(0, 4, (4,), generator=g)
-        (sa if i % 2 == 0 else sb)(x, y)
+        (sa if i % 2 == 0 else sb)(
+            torch.randn(4, 8, generator=g), torch.randint(0, 4, (4,), generator=g)
+        )
         out.append(None if enc.weight.grad is None else enc.weight.grad.clone())
-    return out, (sa.counts["replay"], sb.counts["replay"])
+    return out, sb.counts["replay"]
 
 
-e, _ = run(False)
-r, n = run(True)
-ok = all(
-    (p is None and q is None) or (p is not None and q is not None and torch.equal(p, q))
+(e, _), (r, n) = run(False), run(True)
+print(
+    "B replays:", n, "| grad None: eager", [p is None for p in e], "replay", [q is None for q in r]
+)
+same = all(
+    (p is None) == (q is None) and (p is None or torch.equal(p, q))
     for p, q in zip(e, r, strict=False)
 )
-print(
-    "replays (a, b):",
-    n,
-    "| enc.weight.grad None after call: eager",
-    [p is None for p in e],
-    "replay",
-    [q is None for q in r],
-)
-print("SAME" if ok else "DIFF")
+print("SAME" if same else "DIFF")
