@@ -1041,7 +1041,7 @@ def s_rope_cache_dict_by_len(r):
         m,
         ce,
         sgd(m),
-        seq_batches([4, 4, 6, 4, 6, 8, 4, 8]),
+        seq_batches([4, 4, 6, 4, 6, 8, 4, 8, 6, 4, 8, 6]),
         keep=lambda i, mm: {"cache": dict(mm.cache)},
     )
 
@@ -1075,7 +1075,7 @@ def s_rope_cache_extended(r):
         m,
         ce,
         sgd(m),
-        seq_batches([4, 4, 6, 4, 6, 8, 4, 8]),
+        seq_batches([4, 4, 6, 4, 6, 8, 4, 8, 6, 4, 8, 6]),
         keep=lambda i, mm: {"cos": mm.cos, "sin": mm.sin},
     )
 
