@@ -1742,7 +1742,7 @@ def x_two_models_share_encoder(r):
     sb = r.step(
         b, lambda m, x, y: F.cross_entropy(m(x), y % 2), torch.optim.SGD(b[1].parameters(), lr=0.1)
     )
-    for i, (x, y) in enumerate(batches()):
+    for i, (x, y) in enumerate(batches(12)):
         loss = (sa if i % 2 == 0 else sb)(x, y)
         r.snap(a, None, loss=loss, h=enc.last_h, bhead=b[1].weight)
 

@@ -1,5 +1,6 @@
-"""Two TrainSteps share an encoder; B's optimizer trains only B's head (a probe), so eager leaves
-the encoder's .grad set after B's call (not B's to zero). B's replay leaves it None."""
+"""Two TrainSteps share an encoder; B's optimizer trains only B's head (a probe), so B's call leaves
+the encoder's .grad set and A's next step adds to it. As found, B's replay left it None; since
+6b460fc A's replay reads a stale copy of the gradient B handed out (the encoder drifts)."""
 
 import torch
 import torch.nn.functional as F
@@ -17,20 +18,16 @@ def run(replay):
     sa = rk.TrainStep(a, lf, torch.optim.SGD(a.parameters(), lr=0.1), **kw)
     sb = rk.TrainStep(b, lf, torch.optim.SGD(b[2].parameters(), lr=0.1), **kw)
     g, out = torch.Generator().manual_seed(1), []
-    for i in range(8):
+    for i in range(12):
         (sa if i % 2 == 0 else sb)(
             torch.randn(4, 8, generator=g), torch.randint(0, 4, (4,), generator=g)
         )
+        out.append(enc.weight.detach().clone())
         out.append(None if enc.weight.grad is None else enc.weight.grad.clone())
     return out, sb.counts["replay"]
 
 
 (e, _), (r, n) = run(False), run(True)
-print(
-    "B replays:", n, "| grad None: eager", [p is None for p in e], "replay", [q is None for q in r]
-)
-same = all(
-    (p is None) == (q is None) and (p is None or torch.equal(p, q))
-    for p, q in zip(e, r, strict=False)
-)
-print("SAME" if same else "DIFF")
+eq = [(p is None) == (q is None) and (p is None or torch.equal(p, q)) for p, q in zip(e, r, strict=False)]
+print("B replays:", n, "| (weight, grad) after each call equal:", list(zip(eq[::2], eq[1::2], strict=False)))
+print("SAME" if all(eq) else "DIFF")
