@@ -2403,6 +2403,38 @@ def l_on_optimizer_step_resets_center(r):
         r.snap(m, opt, loss=loss, c=m.center)
 
 
+def _shared_encoder(r, acc_a=1, acc_b=1, heads=2, n=16, b_trains_encoder=False):
+    # several heads share an encoder; each head's own step; some optimizers leave the encoder out
+    torch.manual_seed(0)
+    enc = nn.Sequential(nn.Linear(D, D), nn.Tanh())
+    models = [nn.Sequential(enc, nn.Linear(D, C)) for _ in range(heads)]
+    steps = []
+    for k, m in enumerate(models):
+        params = m.parameters() if k == 0 or b_trains_encoder else m[1].parameters()
+        opt = torch.optim.SGD(params, lr=0.1, momentum=0.9, fused=True)
+        steps.append(r.step(m, ce, opt, accumulate=acc_a if k == 0 else acc_b))
+    order = [k for k in range(heads) for _ in range(acc_a if k == 0 else acc_b)]
+    for i, b in enumerate(batches(n)):
+        loss = steps[order[i % len(order)]](*b)
+        r.snap(models[0], None, loss=loss, **{f"h{k}": m[1].weight for k, m in enumerate(models)})
+
+
+def x_shared_encoder_a_acc2(r):
+    _shared_encoder(r, acc_a=2)
+
+
+def x_shared_encoder_b_acc2(r):
+    _shared_encoder(r, acc_b=2)
+
+
+def x_shared_encoder_three_heads(r):
+    _shared_encoder(r, heads=3, n=18)
+
+
+def x_shared_encoder_both_train_it(r):
+    _shared_encoder(r, b_trains_encoder=True)
+
+
 PATTERNS = {
     k: v
     for k, v in list(globals().items())

@@ -28,6 +28,14 @@ def run(replay):
 
 
 (e, _), (r, n) = run(False), run(True)
-eq = [(p is None) == (q is None) and (p is None or torch.equal(p, q)) for p, q in zip(e, r, strict=False)]
-print("B replays:", n, "| (weight, grad) after each call equal:", list(zip(eq[::2], eq[1::2], strict=False)))
+eq = [
+    (p is None) == (q is None) and (p is None or torch.equal(p, q))
+    for p, q in zip(e, r, strict=False)
+]
+print(
+    "B replays:",
+    n,
+    "| (weight, grad) after each call equal:",
+    list(zip(eq[::2], eq[1::2], strict=False)),
+)
 print("SAME" if all(eq) else "DIFF")
