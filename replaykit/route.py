@@ -26,6 +26,7 @@ from .guards.module import ModuleGuard
 from .guards.storage import ModuleWatch
 from .guards.switches import key as switches_key
 from .journal import KINDS, Journal
+from .memory.copy_out import settle
 from .memory.pool import MemoryPool
 from .protections import Switches
 
@@ -406,6 +407,7 @@ class Entry:
     def admit(self, call: int) -> tuple[Any, str | None]:
         """May this call replay at all? ``(state key, None)``, or ``(None, eager reason)``. stopped
         -> :meth:`early_checks` -> owner thread -> mode -> :meth:`late_checks` -> gate."""
+        settle()  # what a collected recording's hand-outs put off while a capture ran
         life = self.lifecycle
         if life.retired or life.released:
             return None, "retired" if life.retired else "released"

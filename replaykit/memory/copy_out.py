@@ -191,9 +191,32 @@ def _own_memory(tensors: list[torch.Tensor]) -> int:
     return len(tensors)
 
 
+#: hand-outs whose recording was collected while a capture ran on this thread: moved at the
+#: next entry point's call (:func:`settle`)
+_DEFERRED: list[Handout] = []
+
+
+def _capturing() -> bool:
+    """A capture under way on this thread: a CUDA graph's (its stream is the current one) or the
+    tape's (a dispatch mode). A collected recording's copies made now would be recorded into it."""
+    if torch._C._len_torch_dispatch_stack() > 0:
+        return True
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _release(handout: Handout) -> None:
-    """A recording's aliases collected: held outputs move to memory of their own first."""
-    handout.move_held()
+    """A recording's aliases collected: held outputs move to memory of their own first (later,
+    where the garbage collector ran this inside a capture)."""
+    if _capturing():
+        _DEFERRED.append(handout)
+    else:
+        handout.move_held()
+
+
+def settle() -> None:
+    """The moves a capture put off (see :func:`_release`): done before a call's route."""
+    while _DEFERRED:
+        _DEFERRED.pop().move_held()
 
 
 class GradHandout:
@@ -395,7 +418,7 @@ class StaticAliases:
 def _release_all(handouts: dict[tuple[int, int], Handout]) -> None:
     """A whole step's hand-outs collected: held gradients move to memory of their own first."""
     for handout in handouts.values():
-        handout.move_held()
+        _release(handout)
 
 
 def _on_static(t: torch.Tensor) -> torch.Tensor:
