@@ -10,8 +10,6 @@ A mixin of :class:`~replaykit.step.TrainStep` (through ``RecordingSteps``): its 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from .guards.host_choices import Watch
@@ -19,9 +17,6 @@ from .guards.input_reads import Provenance
 from .verify.call_state import CallState
 from .verify.dispatch import StorageReads
 from .verify.side_effects import SideEffects
-
-if TYPE_CHECKING:
-    from .step_recording import Attempt
 
 __all__ = ["HOST_DRAWS_CHANGED", "Learning", "RunEffects", "Wrote"]
 
@@ -116,27 +111,33 @@ class RunEffects:
         learnt = self._choices.learnt(choices)
         return why if learnt is None else Learning(learnt, "host_choices")
 
-    def _choices_why(self, a: Attempt) -> str | None:
+    def _choices_why(self, choices: Watch | None) -> str | None:
         """A run whose draws are not those its key learnt (another count, another comparison, a
         value used): a replay of this key would not make them."""
-        return self._choices.changed("the step", a.choices)
+        return self._choices.changed("the step", choices)
 
-    def _capture_why(self, a: Attempt, state: CallState) -> str | None:
+    def _capture_why(
+        self,
+        effects: SideEffects,
+        reads: Provenance | None,
+        choices: Watch | None,
+        state: CallState,
+    ) -> str | None:
         """Why replays of the captured run would differ from eager outside the tensors it computes."""
         private = self._private_draws(state) or self._rebound_outside(state)
         if private is not None:
             return private
-        why = a.effects.reason("the step", writes=self.on.side_effects)
-        if why is not None and a.effects.reason("the step", python_draws=False) is None:
-            return self._learn_choices(why, a.choices)
+        why = effects.reason("the step", writes=self.on.side_effects)
+        if why is not None and effects.reason("the step", python_draws=False) is None:
+            return self._learn_choices(why, choices)
         if (
             why is None
-            and a.reads is not None
-            and (a.reads.escaped or not self._input_reads.draws_match(a.reads.draws))
+            and reads is not None
+            and (reads.escaped or not self._input_reads.draws_match(reads.draws))
         ):
             why = HOST_DRAWS_CHANGED
         if why is None:
-            why = self._choices_why(a)
+            why = self._choices_why(choices)
         if why is not None:
             return why
         return self._second_network(state) or self._beyond_the_model()
