@@ -137,6 +137,7 @@ def test_an_integration_imports_only_torch_and_its_library() -> None:
     } == set(INTEGRATIONS.values())
 
 
+@pytest.mark.slow  # a fresh process records and steps: torch imports again
 def test_recording_imports_no_library_that_is_not_imported() -> None:
     """A recording loads an integration only for a library the user imported (transformers is not pulled in)."""
     code = (

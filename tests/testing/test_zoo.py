@@ -79,6 +79,7 @@ def test_the_comparator_catches_a_difference() -> None:
     assert run.summary([result])["silent"] == ["transformer_lm/32/acc2"]
 
 
+@pytest.mark.slow  # a ResNet-18 RetinaNet in bf16 on the CPU: seconds a step
 def test_a_shared_head_under_autocast_is_routed_eager_with_its_reason() -> None:
     """RetinaNet's head runs over five FPN levels: eager casts its weights once (autocast's cache), a
     recording per use, so replay would differ in the last bits; the probe routes it eager instead."""
