@@ -27,6 +27,26 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="module")
+def fresh_process() -> dict:
+    """What one new interpreter saw: the modules importing the zoo's runner loaded, then whether
+    asking every model's availability changed sys.path or imported torchvision (one child for
+    both tests: each child imports torch again, seconds on a loaded machine)."""
+    code = (
+        "import json, sys\n"
+        "import replaykit.testing.zoo.run\n"
+        "from replaykit.testing import zoo\n"
+        "imported, before = sorted(sys.modules), list(sys.path)\n"
+        "[zoo.unavailable(n) for n in zoo.MODELS]\n"
+        "asked = {'sys.path unchanged': sys.path == before, 'torchvision': 'torchvision' in sys.modules}\n"
+        "print(json.dumps({'imported': imported, 'asked': asked}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    return json.loads(out.stdout.splitlines()[-1])
+
+
 def _needs(model: str) -> None:
     """The zoo's own availability check (torchvision may sit in the venv's zoo-site, see zoo.deps)."""
     why = zoo.unavailable(model)
@@ -34,7 +54,7 @@ def _needs(model: str) -> None:
         pytest.skip(why)
 
 
-def test_registry_names_and_lazy_imports() -> None:
+def test_registry_names_and_lazy_imports(fresh_process: dict) -> None:
     assert zoo.names(["all"]) == list(zoo.MODELS)
     assert zoo.names(["transformer_lm", "resnet18"]) == [
         "resnet18",
@@ -42,11 +62,7 @@ def test_registry_names_and_lazy_imports() -> None:
     ]  # registry order
     with pytest.raises(ValueError, match="unknown zoo model"):
         zoo.names(["resnet1000"])
-    code = "import replaykit.testing.zoo.run, json, sys; print(json.dumps(sorted(sys.modules)))"
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
-    )
-    loaded = {m.split(".")[0] for m in json.loads(out.stdout.splitlines()[-1])}
+    loaded = {m.split(".")[0] for m in fresh_process["imported"]}
     assert not loaded & {"torchvision", "timm", "lightning", "transformers"}
 
 
@@ -131,15 +147,7 @@ def test_the_command_line_prints_the_table(capsys: pytest.CaptureFixture[str]) -
     assert "transformer_lm" in out and "bitwise" in out and "silent differences: 0" in out
 
 
-def test_asking_whether_a_model_is_available_changes_nothing() -> None:
+def test_asking_whether_a_model_is_available_changes_nothing(fresh_process: dict) -> None:
     """Only building a zoo model may put zoo-site on sys.path: torchmetrics (so Lightning) imports any
     torchvision it can find, and the index's CUDA build fails beside a CPU torch unless the zoo imports it."""
-    code = (
-        "import sys, json; from replaykit.testing import zoo; before = list(sys.path)\n"
-        "[zoo.unavailable(n) for n in zoo.MODELS]\n"
-        "print(json.dumps([sys.path == before, 'torchvision' in sys.modules]))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
-    )
-    assert json.loads(out.stdout.splitlines()[-1]) == [True, False]
+    assert fresh_process["asked"] == {"sys.path unchanged": True, "torchvision": False}
