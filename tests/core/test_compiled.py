@@ -9,6 +9,9 @@ the next one records. On CUDA (``-m cuda``) inductor's kernels replay.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch._dynamo
@@ -132,9 +135,15 @@ def test_enable_determinism_makes_inductor_deterministic():
             setattr(inductor, n, v)
 
 
-@torch.compile
-def _scaled_gelu(x: torch.Tensor) -> torch.Tensor:
+def _gelu_times_1_5(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.gelu(x) * 1.5
+
+
+@functools.cache
+def _scaled_gelu() -> Callable[[torch.Tensor], torch.Tensor]:
+    """One compiled function for the module's tests, compiled at first use: ``torch.compile`` at
+    import loads inductor (2 s) in every worker that merely collects this file."""
+    return torch.compile(_gelu_times_1_5)
 
 
 class _CallsCompiled(torch.nn.Module):
@@ -145,7 +154,7 @@ class _CallsCompiled(torch.nn.Module):
         self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(_scaled_gelu(self.a(x)))
+        return self.b(_scaled_gelu()(self.a(x)))
 
 
 @pytest.mark.parametrize("unsafe", [(), negative_control("compiled_code")])

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tomllib
@@ -37,8 +38,47 @@ def _modules_after(code: str) -> set[str]:
     return set(json.loads(out.stdout.splitlines()[-1]))
 
 
-def test_import_replaykit_pulls_in_no_extra() -> None:
-    modules = _modules_after("import replaykit as rk\nrk.capture, rk.enable_determinism")
+FRESH = """
+import json, sys
+import replaykit as rk
+seen = {"torch_after_import": "torch" in sys.modules}
+rk.capture, rk.enable_determinism
+seen["torch_after_first_use"] = "torch" in sys.modules
+seen["after_capture"] = sorted(sys.modules)
+seen["all_listed"] = set(rk.__all__) <= set(dir(rk))
+seen["missing"] = [n for n in rk.__all__ if getattr(rk, n, None) is None]
+from replaykit import TrainStep, capture
+seen["same_objects"] = capture is rk.capture and TrainStep is rk.TrainStep
+try:
+    rk.no_such_name
+    seen["unknown_raises"] = False
+except AttributeError:
+    seen["unknown_raises"] = True
+import torch
+m = torch.nn.Linear(3, 3); rk.capture(m, backend="emulated")
+m(torch.randn(2, 3)).sum().backward()
+opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+step = rk.TrainStep(torch.nn.Linear(3, 3), lambda m, x: m(x).sum(), opt, backend="emulated", warmup=0)
+seen["after_recording"] = sorted(sys.modules)
+print(json.dumps(seen))
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh() -> dict[str, Any]:
+    """What one new interpreter saw at each point of FRESH, in the order the three tests below need:
+    ``import replaykit`` alone, first use of two names, every exported name, a recording and a whole
+    step. Each point only adds modules, so none hides one a later check looks for; one child serves
+    the three (each imported torch again: seconds on a loaded machine)."""
+    out = subprocess.run(
+        [sys.executable, "-c", FRESH], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.mark.slow  # the first to ask for `fresh`: a new interpreter imports torch, records, steps
+def test_import_replaykit_pulls_in_no_extra(fresh: dict[str, Any]) -> None:
+    modules = fresh["after_capture"]
     assert not {m for m in modules if m.split(".")[0] in NOT_IN_CORE}
     assert not {
         m
@@ -47,19 +87,12 @@ def test_import_replaykit_pulls_in_no_extra() -> None:
     }
 
 
-def test_the_package_root_is_lazy_and_still_exports_everything() -> None:
+def test_the_package_root_is_lazy_and_still_exports_everything(fresh: dict[str, Any]) -> None:
     """``import replaykit`` loads no core module; each exported name loads its own on first use."""
-    code = (
-        "import sys, replaykit as rk\n"
-        "assert 'torch' not in sys.modules, 'import replaykit loaded torch'\n"
-        "assert set(rk.__all__) <= set(dir(rk))\n"
-        "missing = [n for n in rk.__all__ if getattr(rk, n, None) is None]\n"
-        "assert not missing, missing\n"
-        "from replaykit import TrainStep, capture\n"
-        "assert capture is rk.capture and TrainStep is rk.TrainStep and 'torch' in sys.modules\n"
-        "try:\n    rk.no_such_name\nexcept AttributeError:\n    pass\nelse:\n    raise SystemExit('no AttributeError')"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    assert not fresh["torch_after_import"], "import replaykit loaded torch"
+    assert fresh["torch_after_first_use"]
+    assert fresh["all_listed"] and fresh["missing"] == []
+    assert fresh["same_objects"] and fresh["unknown_raises"]
 
 
 WORKFLOW_MODULES = sorted(
@@ -137,16 +170,9 @@ def test_an_integration_imports_only_torch_and_its_library() -> None:
     } == set(INTEGRATIONS.values())
 
 
-def test_recording_imports_no_library_that_is_not_imported() -> None:
+def test_recording_imports_no_library_that_is_not_imported(fresh: dict[str, Any]) -> None:
     """A recording loads an integration only for a library the user imported (transformers is not pulled in)."""
-    code = (
-        "import torch, replaykit as rk\n"
-        "m = torch.nn.Linear(3, 3); rk.capture(m, backend='emulated')\n"
-        "m(torch.randn(2, 3)).sum().backward()\n"
-        "step = rk.TrainStep(torch.nn.Linear(3, 3), lambda m, x: m(x).sum(),"
-        " torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1), backend='emulated', warmup=0)"
-    )
-    modules = _modules_after(code)
+    modules = fresh["after_recording"]
     assert "transformers" not in modules and "replaykit.integrations.transformers" not in modules
 
 

@@ -10,6 +10,8 @@ import sys
 import warnings
 from pathlib import Path
 
+import pytest
+
 import replaykit as rk
 from replaykit.protections import in_scope
 from replaykit.testing.hazards import KNOWN_LIMITS, PATTERNS, REPLAYED, run_all, run_pattern
@@ -37,6 +39,7 @@ def test_the_catalogue_lists_the_whole_step_patterns_in_the_classes_they_belong_
     assert {"foreign_grads", "autograd_modes", "host_values"} <= guards
 
 
+@pytest.mark.slow  # every whole-step pattern, Lightning Trainers included
 def test_the_whole_step_patterns_replay_most_of_the_time_and_never_fail() -> None:
     """Replay coverage of the new entry point on the emulated backend: routing everything eager
     would keep the contract and replay nothing."""

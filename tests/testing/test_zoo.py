@@ -27,6 +27,26 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="module")
+def fresh_process() -> dict:
+    """What one new interpreter saw: the modules importing the zoo's runner loaded, then whether
+    asking every model's availability changed sys.path or imported torchvision (one child for
+    both tests: each child imports torch again, seconds on a loaded machine)."""
+    code = (
+        "import json, sys\n"
+        "import replaykit.testing.zoo.run\n"
+        "from replaykit.testing import zoo\n"
+        "imported, before = sorted(sys.modules), list(sys.path)\n"
+        "[zoo.unavailable(n) for n in zoo.MODELS]\n"
+        "asked = {'sys.path unchanged': sys.path == before, 'torchvision': 'torchvision' in sys.modules}\n"
+        "print(json.dumps({'imported': imported, 'asked': asked}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    return json.loads(out.stdout.splitlines()[-1])
+
+
 def _needs(model: str) -> None:
     """The zoo's own availability check (torchvision may sit in the venv's zoo-site, see zoo.deps)."""
     why = zoo.unavailable(model)
@@ -34,7 +54,7 @@ def _needs(model: str) -> None:
         pytest.skip(why)
 
 
-def test_registry_names_and_lazy_imports() -> None:
+def test_registry_names_and_lazy_imports(fresh_process: dict) -> None:
     assert zoo.names(["all"]) == list(zoo.MODELS)
     assert zoo.names(["transformer_lm", "resnet18"]) == [
         "resnet18",
@@ -42,11 +62,7 @@ def test_registry_names_and_lazy_imports() -> None:
     ]  # registry order
     with pytest.raises(ValueError, match="unknown zoo model"):
         zoo.names(["resnet1000"])
-    code = "import replaykit.testing.zoo.run, json, sys; print(json.dumps(sorted(sys.modules)))"
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
-    )
-    loaded = {m.split(".")[0] for m in json.loads(out.stdout.splitlines()[-1])}
+    loaded = {m.split(".")[0] for m in fresh_process["imported"]}
     assert not loaded & {"torchvision", "timm", "lightning", "transformers"}
 
 
@@ -79,11 +95,13 @@ def test_the_comparator_catches_a_difference() -> None:
     assert run.summary([result])["silent"] == ["transformer_lm/32/acc2"]
 
 
+@pytest.mark.slow  # a ResNet-18 RetinaNet in bf16 on the CPU: seconds a step
 def test_a_shared_head_under_autocast_is_routed_eager_with_its_reason() -> None:
     """RetinaNet's head runs over five FPN levels: eager casts its weights once (autocast's cache), a
     recording per use, so replay would differ in the last bits; the probe routes it eager instead."""
     _needs("retinanet")
-    result = run.run_case(run.ZooCase("retinanet", "bf16-mixed", 1, steps=2))
+    # one image a step (a CPU bf16 step of two took 3 s): the second call still shows the routing
+    result = run.run_case(run.ZooCase("retinanet", "bf16-mixed", 1, steps=2, batch=1))
     assert result.verdict.startswith("eager: autocast_shared_weight"), result.verdict
     assert not result.diffs and "head.classification_head" in result.verdict
 
@@ -129,15 +147,7 @@ def test_the_command_line_prints_the_table(capsys: pytest.CaptureFixture[str]) -
     assert "transformer_lm" in out and "bitwise" in out and "silent differences: 0" in out
 
 
-def test_asking_whether_a_model_is_available_changes_nothing() -> None:
+def test_asking_whether_a_model_is_available_changes_nothing(fresh_process: dict) -> None:
     """Only building a zoo model may put zoo-site on sys.path: torchmetrics (so Lightning) imports any
     torchvision it can find, and the index's CUDA build fails beside a CPU torch unless the zoo imports it."""
-    code = (
-        "import sys, json; from replaykit.testing import zoo; before = list(sys.path)\n"
-        "[zoo.unavailable(n) for n in zoo.MODELS]\n"
-        "print(json.dumps([sys.path == before, 'torchvision' in sys.modules]))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
-    )
-    assert json.loads(out.stdout.splitlines()[-1]) == [True, False]
+    assert fresh_process["asked"] == {"sys.path unchanged": True, "torchvision": False}

@@ -242,6 +242,7 @@ def test_spec_files_and_bad_input(tmp_path: Path) -> None:
     assert not (tmp_path / "r").exists() or not list((tmp_path / "r").iterdir())  # nothing ran
 
 
+@pytest.mark.slow  # a batch of notebook runs, a kernel each
 def test_cli_quick_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     nb = make_notebook(tmp_path / "nb.ipynb", "assert x == 1", params='x = 0\nrun_dir = ""')
     args = [

@@ -9,7 +9,6 @@ parser accepts the documented arguments, and a notebook declares the ``-p`` para
 
 from __future__ import annotations
 
-import ast
 import importlib
 import importlib.util
 import json
@@ -179,19 +178,8 @@ def test_the_batch_spec_example_loads() -> None:
             check_parameters(ROOT / nb, params)
 
 
-def test_the_own_code_example_runs_on_a_cpu() -> None:
-    (example,) = [b for b in blocks("python") if 'backend="emulated"' in b]
-    proc = subprocess.run(
-        [sys.executable, "-c", example],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=os.environ | {"PYTHONPATH": str(ROOT)},
-    )
-    assert proc.returncode == 0, proc.stderr
-    counts = ast.literal_eval(proc.stdout.strip())
-    assert counts["replay"] > 0 and counts["eager"] == 0
+# The README's own-code example (rk.capture on the emulated backend) runs as written, and prints the
+# counts its comment says, in tests/core/test_readme_examples.py.
 
 
 # --- the offline recipe -------------------------------------------------------

@@ -158,13 +158,13 @@ def test_failing_notebook_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 @pytest.mark.slow
 def test_cell_timeout(tmp_path: Path) -> None:
     nb = make_notebook(tmp_path / "slow.ipynb", "import time\ntime.sleep(30)", "z = 3")
-    result = run_notebook(nb, {}, runs_dir=tmp_path / "runs", cell_timeout=2, progress=False)
+    result = run_notebook(nb, {}, runs_dir=tmp_path / "runs", cell_timeout=1, progress=False)
     s = result.summary
     assert not result.ok and (s["status"], s["reason"]) == ("failed", "timeout")
     assert s["duration_s"] < 20
     cell = s["failed_cell"]
     assert cell["source_index"] == 1 and cell["ename"] == "CellTimeoutError"
-    assert "timed out after 2 s" in cell["evalue"]
+    assert "timed out after 1 s" in cell["evalue"]
     assert cell["papermill"]["status"] == "failed"  # not the misleading "completed"
     assert [c["status"] for c in s["cells"]][-1] == "pending"
     executed = nbformat.read(result.notebook, as_version=4)

@@ -93,6 +93,7 @@ def test_a_sealed_notebook_is_evidence_and_edits_are_flagged(
     assert cli.evidence([str(tmp_path / "seal.ipynb")]) == 1
 
 
+@pytest.mark.slow  # two notebooks, a kernel each
 def test_failures_are_sealed_and_an_unfinished_run_is_never_a_pass(tmp_path: Path) -> None:
     failed = load_notebook(execute(tmp_path / "failed", PARAMS, seal_cell(["case a", "case b"])))
     assert failed.integrity == OK and failed.summary["status"] == "failed"

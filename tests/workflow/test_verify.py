@@ -328,11 +328,11 @@ def test_timeout_kills_the_run(tmp_path: Path) -> None:
         tmp_path / "tree", {"test_slow.py": "import time\n\ndef test_slow():\n    time.sleep(60)\n"}
     )
     selection = run_selection(
-        tree, markers=None, out_dir=tmp_path / "out", timeout=2, progress=False
+        tree, markers=None, out_dir=tmp_path / "out", timeout=1, progress=False
     )
     run = selection.runs[0]
-    assert run.returncode is None and run.error == "timed out after 2 s" and run.seconds < 30
-    assert not selection.ok and selection.run_errors() == ["r1: timed out after 2 s"]
+    assert run.returncode is None and run.error == "timed out after 1 s" and run.seconds < 30
+    assert not selection.ok and selection.run_errors() == ["r1: timed out after 1 s"]
 
 
 def test_summary_line_and_node_ids(tmp_path: Path) -> None:

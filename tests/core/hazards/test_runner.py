@@ -354,6 +354,7 @@ IN_A_CHILD = [
 ]
 
 
+@pytest.mark.slow  # starts the child worker: torch imports again
 def test_a_may_hang_pattern_runs_in_a_child_and_answers_as_here() -> None:
     outcome = run_pattern(IN_A_CHILD[0], "emulated")
     assert isinstance(outcome, Outcome)
