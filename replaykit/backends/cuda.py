@@ -34,6 +34,7 @@ from .base import (
     Subject,
     differentiable_indices,
 )
+from .collector import collector_paused
 from .gaps import open_gaps
 from .host_feeds import FeedSpecs, HostFeeds, Spec
 from .scratch import PoolScratch, Scratch, pool_routing
@@ -195,6 +196,7 @@ class CudaRecording(Recording):
             with (
                 torch.autograd.graph.saved_tensors_hooks(self._hooks.pack, self._hooks.unpack),
                 workspaces.own_workspaces(),
+                collector_paused(),
                 torch.cuda.graph(self._fwd, pool=pool),
                 self._feeds if self._feeds is not None else contextlib.nullcontext(),
             ):
@@ -254,6 +256,7 @@ class CudaRecording(Recording):
             with (
                 torch.cuda.device(self._device),
                 workspaces.own_workspaces(),
+                collector_paused(),
                 torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"),
                 torch.autocast("cuda", enabled=False),
             ):
@@ -448,6 +451,7 @@ class CudaRegion(Region):
         with (
             torch.cuda.device(self.device),
             workspaces.own_workspaces(),
+            collector_paused(),
             self._capture,
             open_gaps(self),
             self._feeds if self._feeds is not None else contextlib.nullcontext(),

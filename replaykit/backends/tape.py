@@ -31,6 +31,7 @@ from ..errors import ReplayError
 from ..guards.switches import Frozen
 from ..guards.switches import key as switches_key
 from ..verify.dispatch import WatchingMode, caller
+from .collector import collector_paused
 
 _aten = torch.ops.aten
 _MASKED_INDEX = {
@@ -527,8 +528,10 @@ class _Taping:
         self.host = _HostReads()
         self.report = _ReportCapturing()
         self.generator = _GeneratorEvents(tape)
+        self.collector = collector_paused()
 
     def __enter__(self) -> Tape:
+        self.collector.__enter__()
         self.hooks.__enter__()
         self.host.__enter__()
         self.report.__enter__()
@@ -545,7 +548,10 @@ class _Taping:
                 self.report.__exit__(*exc)
                 self.host.__exit__(*exc)
             finally:
-                self.hooks.__exit__(*exc)
+                try:
+                    self.hooks.__exit__(*exc)
+                finally:
+                    self.collector.__exit__(*exc)
 
 
 def record(

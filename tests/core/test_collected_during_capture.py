@@ -57,3 +57,28 @@ def test_a_held_output_of_a_recording_collected_inside_a_capture_keeps_its_value
     finally:
         gc.enable()
     assert rec_b.counts["replay"] >= 3, rec_b.summary()
+
+
+def test_a_collection_due_inside_a_capture_waits_for_its_end() -> None:
+    """With garbage from an earlier recording (its CUDA graphs, pools and hand-outs in a cycle)
+    and the collector set to run at nearly every allocation, a new recording still captures and
+    replays: collections wait for the capture's end (``backends/collector.py``)."""
+    torch.manual_seed(0)
+    old = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 16)).cuda()
+    rk.capture(old, backend="cuda")
+    x = torch.randn(8, 16, device="cuda")
+    for _ in range(3):
+        old(x).sum().backward()
+    cycle: list = [old]
+    cycle.append(cycle)
+    del old, cycle
+    threshold = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    try:
+        new = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)).cuda()
+        rec = rk.capture(new, backend="cuda")
+        for i in range(5):
+            new(x * i).sum().backward()
+    finally:
+        gc.set_threshold(*threshold)
+    assert not rec.retired and rec.counts["replay"] >= 3, rec.summary()
