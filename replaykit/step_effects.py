@@ -45,10 +45,10 @@ class RunEffects:
             f"the step assigns {names}: recorded from the next recording call", "first_write"
         )
 
-    def _attribute_reads(self) -> StorageReads | None:
-        """A watch over which of the model's tensor attributes a run's ops read (None: it holds none)."""
-        held = self._attrs.watched()
-        return StorageReads(held) if held else None
+    def _attribute_reads(self) -> StorageReads:
+        """A watch over which of the model's tensor attributes a run's ops read (one that holds
+        none, an aux loss set to None by the loop, needs no watching: nothing is read)."""
+        return StorageReads(self._attrs.watched())
 
     def _reference_why(
         self,

@@ -279,7 +279,7 @@ class RecordingSteps(RunEffects):
             choices = a.choices if a.choices is not None else contextlib.nullcontext()
             a.feeds = FeedSpecs() if self._feed_host else None
             feeds = a.feeds if a.feeds is not None else contextlib.nullcontext()
-            watch = reads if reads is not None else contextlib.nullcontext()
+            watch = reads if reads.watched else contextlib.nullcontext()
             with effects, found_or_not, choices, scratch, run.held(), feeds, watch:
                 eager = self._body(a.phase, a.args, a.kwargs)
         except BaseException:  # eager's exception: a cache it filled first stays in the pool
@@ -349,7 +349,7 @@ class RecordingSteps(RunEffects):
         reads = self._attribute_reads() if a.reference is None else None
         try:
             branches = recording_context(self.on.capture_branches)
-            learning = reads if reads is not None else contextlib.nullcontext()
+            learning = reads if reads is not None and reads.watched else contextlib.nullcontext()
             with a.effects, branches, watch, choices, a.run.held(), learning:
                 (a.loss, *_) = a.region.capture(
                     lambda: self._assigning_body(a), None if a.feeds is None else a.feeds.specs

@@ -251,3 +251,25 @@ def test_a_teacher_loss_fn_holds_re_binding_its_centre_stays_eager() -> None:
     assert "re-binds Sequential.center" in step.summary(), step.summary()
     unsafe, step = _teacher_centre(True, negative_control("side_effects"))
     assert step.counts["replay"] >= 1 and not same(unsafe, eager)
+
+
+def _reset_by_the_loop(replay: bool) -> tuple[list, rk.TrainStep | None]:
+    """The loop logs the aux loss and sets it to None after each step (so a stale one is never
+    read): the model then holds no tensor attribute when a call starts."""
+    torch.manual_seed(0)
+    model = MoE()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = rk.TrainStep(model, _moe_loss, opt, backend="emulated", replay=replay)
+    torch.manual_seed(1)
+    logged = []
+    for _ in range(6):
+        logged.append([step(torch.randn(4, 6)), model.aux_loss.detach()])
+        model.aux_loss = None
+    return logged, step if replay else None
+
+
+def test_an_attribute_the_loop_resets_to_none_replays() -> None:
+    eager, _ = _reset_by_the_loop(False)
+    seen, step = _reset_by_the_loop(True)
+    assert same(seen, eager)
+    assert step is not None and step.counts["replay"] >= 3, step.summary()
