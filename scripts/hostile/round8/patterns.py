@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import gc
 import sys
+import types
 import weakref
 
 import torch
@@ -834,6 +835,33 @@ def g_garbage_model_outputs_held_collected_later(r):
     _note(r, b)
 
 
+def g_garbage_detached_outputs_collected_in_recording(r):
+    """A's outputs kept; A dropped (cycle); B captured collects inside its forward each call."""
+    torch.manual_seed(0)
+    outs = []
+    a = _cycle_capture(r, collect=False)
+    oa = torch.optim.SGD(a.parameters(), lr=0.1)
+    for x, y in batches(4):
+        oa.zero_grad(set_to_none=False)
+        out = a(x)
+        outs.append(out.detach())
+        F.cross_entropy(out, y).backward()
+        oa.step()
+        r.snap(None, None, outs=list(outs))
+    _note(r, a)
+    del a, oa
+    b = _cycle_capture(r, collect=True)
+    ob = torch.optim.SGD(b.parameters(), lr=0.1)
+    for x, y in batches(4, seed=3):
+        ob.zero_grad(set_to_none=False)
+        out = b(x)
+        F.cross_entropy(out, y).backward()
+        ob.step()
+        outs.append(out)
+        r.snap(b.net, ob, outs=list(outs))
+    _note(r, b)
+
+
 def g_garbage_with_grad_views(r):
     """A (held grad views) dropped; B, shared pool, collects in forward; the views of A stay read."""
     pool = r.pool()
@@ -1330,10 +1358,158 @@ def m_kept_grad_reassigned_each_step(r):
         )
 
 
+def _shape_branch_heads(r, **cap):
+    """A head used only for small batches (a shape branch): its `.grad` appears late, from a
+    second signature's recording, after the first give-away."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.big, self.small = nn.Linear(D, 16), nn.Linear(16, C), nn.Linear(16, C)
+
+        def forward(self, x):
+            h = torch.relu(self.body(x))
+            return self.small(h) if x.shape[0] < 5 else self.big(h)
+
+    torch.manual_seed(0)
+    model = r.wrap(Net(), warmup=1, **cap)
+    o = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    kept = []
+    for x, y in batches(sizes=[6, 6, 6, 4, 6, 4, 4, 6]):
+        o.zero_grad(set_to_none=False)
+        F.cross_entropy(model(x), y).backward()
+        o.step()
+        kept = [p.grad.view(-1) for p in model.parameters() if p.grad is not None]
+        r.snap(model, o, kept=list(kept))
+
+
+def m_shape_branch_heads(r):
+    _shape_branch_heads(r)
+
+
+def m_shape_branch_heads_rerecord_budget1(r):
+    _shape_branch_heads(r, max_rerecords=1)
+
+
+def z_strict_max_rerecords0(r):
+    kloop(r, "sgdm", "view", cap={"max_rerecords": 0, "strict": True})
+
+
+def g_pool_collected_during_recording(r):
+    """A (outputs and gradient views held) is dropped; B in the same rk.MemoryPool collects in
+    its forward, at its recording call; A's held tensors are read right after each call."""
+    pool = r.pool()
+    torch.manual_seed(0)
+
+    def make(collect):
+        m = GcNet(collect)
+        m.cycle = [m]
+        if r.rk:
+            RECS[id(m)] = weakref.ref(rk.capture(m, backend="emulated", warmup=1, pool=pool))
+        return m
+
+    outs, kept = [], []
+    a = make(False)
+    oa = torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9)
+    for x, y in batches(3):
+        oa.zero_grad(set_to_none=True)
+        out = a(x)
+        outs.append(out.detach())
+        F.cross_entropy(out, y).backward()
+        oa.step()
+        kept.append(a.net[0].bias.grad.view(-1))
+        r.snap(None, None, outs=list(outs), kept=list(kept))
+    b = make(True)  # warmup=1: its first call records
+    ob = torch.optim.SGD(b.parameters(), lr=0.1)
+    for i, (x, y) in enumerate(batches(4, seed=3)):
+        if i == 0:  # garbage now: collected inside B's recording call (a capture under way)
+            _note(r, a)
+            del a, oa
+        ob.zero_grad(set_to_none=True)
+        F.cross_entropy(b(x), y).backward()
+        ob.step()
+        r.snap(b.net, ob, outs=list(outs), kept=list(kept))
+    _note(r, b)
+
+
+def g_two_recorders_collect_in_hook(r):
+    """gc.collect() inside a backward hook of B while A's dropped outputs are held."""
+    torch.manual_seed(0)
+    outs = []
+    a = _cycle_capture(r, collect=False)
+    oa = torch.optim.SGD(a.parameters(), lr=0.1)
+    for x, y in batches(3):
+        oa.zero_grad()
+        out = a(x)
+        outs.append(out)
+        F.cross_entropy(out, y).backward()
+        oa.step()
+        r.snap(None, None, outs=list(outs))
+    _note(r, a)
+    del a, oa
+    b = _cycle_capture(r, collect=False)
+    b.net[0].weight.register_hook(lambda g: (gc.collect(), g)[1])
+    ob = torch.optim.SGD(b.parameters(), lr=0.1)
+    for x, y in batches(4, seed=3):
+        ob.zero_grad()
+        out = b(x)
+        F.cross_entropy(out, y).backward()
+        ob.step()
+        r.snap(b.net, ob, outs=list(outs))
+    _note(r, b)
+
+
+class Cfg:
+    """A config/logger object with a back-reference (parent <-> child), as trainers keep."""
+
+    def __init__(self, owner_cycle=True):
+        self.lr = 0.1
+        self.owner = types.SimpleNamespace(cfg=self) if owner_cycle else None
+        self.items = [self]
+
+
+def x_capture_cyclic_plain_attribute(r):
+    torch.manual_seed(0)
+    model = mlp()
+    model.cfg = Cfg()
+    r.wrap(model, warmup=1)
+    o = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in batches():
+        o.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        o.step()
+        r.snap(model, o, loss=loss)
+
+
+def x_capture_cyclic_attribute_on_submodule(r):
+    torch.manual_seed(0)
+    model = mlp()
+    model[2].meta = Cfg(owner_cycle=False)
+    r.wrap(model, warmup=1)
+    o = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for x, y in batches():
+        o.zero_grad(set_to_none=False)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        o.step()
+        r.snap(model, o, loss=loss, kept=[model[0].weight.grad.view(-1)])
+
+
+def x_trainstep_cyclic_plain_attribute(r):
+    torch.manual_seed(0)
+    m = mlp()
+    m.cfg = Cfg()
+    o = torch.optim.SGD(m.parameters(), lr=0.1)
+    s = r.step(m, lambda mm, x, y: F.cross_entropy(mm(x), y), o)
+    for b in batches():
+        r.snap(m, o, loss=s(*b))
+
+
 PATTERNS = {
     k: v
     for k, v in list(globals().items())
-    if k[:2] in ("c_", "z_", "m_", "p_", "g_") and callable(v)
+    if k[:2] in ("c_", "z_", "m_", "p_", "g_", "x_") and callable(v)
 }
 
 
