@@ -1459,6 +1459,81 @@ def g_two_recorders_collect_in_hook(r):
     _note(r, b)
 
 
+def z_output_retain_grad_kept(r):
+    """`out.retain_grad()`; the loop keeps `out` and `out.grad` beside held parameter views."""
+    torch.manual_seed(0)
+    model = r.wrap(mlp(), warmup=1)
+    o = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    outs, ograds, kept = [], [], None
+    for x, y in batches():
+        o.zero_grad(set_to_none=False)
+        out = model(x)
+        out.retain_grad()
+        F.cross_entropy(out, y).backward()
+        o.step()
+        outs.append(out)
+        ograds.append(out.grad)
+        if kept is None:
+            kept = [p.grad.view(-1) for p in model.parameters()]
+        r.snap(model, o, outs=list(outs), ograds=list(ograds), kept=list(kept))
+
+
+def z_output_edited_in_place_kept(r):
+    """The loop clamps the (linear) output in place before the loss and keeps it."""
+    torch.manual_seed(0)
+    model = r.wrap(mlp(), warmup=1)
+    o = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    outs, kept = [], None
+    for x, y in batches():
+        o.zero_grad(set_to_none=False)
+        out = model(x)
+        out.mul_(0.5)
+        outs.append(out)
+        F.cross_entropy(out, y).backward()
+        o.step()
+        if kept is None:
+            kept = [p.grad.data for p in model.parameters()]
+        r.snap(model, o, outs=list(outs), kept=list(kept))
+
+
+def m_model_double_midway(r):
+    """`model.double()` at step 4 (casts params and `.grad` through `.data`), inputs cast too."""
+    torch.manual_seed(0)
+    model = r.wrap(mlp(), warmup=1)
+    o = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    kept = None
+    for i, (x, y) in enumerate(batches()):
+        if i == 4:
+            model.double()
+        if i >= 4:
+            x = x.double()
+        o.zero_grad(set_to_none=False)
+        F.cross_entropy(model(x), y).backward()
+        o.step()
+        if kept is None:
+            kept = [p.grad.view(-1) for p in model.parameters()]
+        r.snap(model, o, kept=list(kept), now=[p.grad for p in model.parameters()])
+
+
+def m_vector_to_parameters_midway(r):
+    """`parameters_to_vector` / `vector_to_parameters` (a restart from a flat copy) at step 4."""
+    torch.manual_seed(0)
+    model = r.wrap(mlp(), warmup=1)
+    o = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    kept, flat = None, None
+    for i, (x, y) in enumerate(batches()):
+        if i == 2:
+            flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+        if i == 4:
+            torch.nn.utils.vector_to_parameters(flat, model.parameters())
+        o.zero_grad(set_to_none=False)
+        F.cross_entropy(model(x), y).backward()
+        o.step()
+        if kept is None:
+            kept = [p.grad.view(-1) for p in model.parameters()]
+        r.snap(model, o, kept=list(kept))
+
+
 class Cfg:
     """A config/logger object with a back-reference (parent <-> child), as trainers keep."""
 
