@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
+import warnings
 import weakref
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import ReplayWarning
 from .grad_hooks import hooked
 from .signature import PLAIN_VALUES
 
@@ -408,8 +410,30 @@ def held_values(module: nn.Module) -> list[tuple[str, Any, Any]]:
                 and "hooks" not in name
                 and _polls(m, name, value)
             ):
-                out.append((f"{n or type(m).__name__}.{name}", value, value_key(value)))
+                try:
+                    out.append((f"{n or type(m).__name__}.{name}", value, value_key(value)))
+                except RecursionError:  # it refers to itself: not compared (``_unkeyable``)
+                    continue
     return out
+
+
+_warned_unkeyable: set[int] = set()
+
+
+def _unkeyable(name: str, value: Any) -> None:
+    """A plain object a module holds that refers to itself (a config whose ``owner`` is itself, a
+    trainer and its module) cannot be keyed by value; as the code guard does with such a value
+    (``guards/code.py``), it is keyed by identity and warned of once: a Python value read there
+    is frozen at the recording call."""
+    if id(value) in _warned_unkeyable:
+        return
+    _warned_unkeyable.add(id(value))
+    warnings.warn(
+        f"replaykit: {name} ({type(value).__name__}) refers to itself and cannot be keyed by value: "
+        "a Python value the forward reads there is frozen at the recording call",
+        ReplayWarning,
+        stacklevel=2,
+    )
 
 
 def _is_torch_class(module: nn.Module) -> bool:
@@ -527,9 +551,12 @@ class ModuleGuard:
 
     def _polled_changed(self) -> bool:
         entries = self._entries
-        if not entries:  # every call reads here: no learnt container entries, value_key itself
-            return any(value_key(v) != k for v, k in self._polled)
-        return any(_entries_key(v, entries) != k for v, k in self._polled)
+        try:
+            if not entries:  # every call reads here: no learnt container entries, value_key itself
+                return any(value_key(v) != k for v, k in self._polled)
+            return any(_entries_key(v, entries) != k for v, k in self._polled)
+        except RecursionError:  # one came to refer to itself: read the tree again (refresh)
+            return True
 
     def refresh(self) -> Verdict:
         """Read the tree: every module's plain values (the key), then identities against the baseline."""
@@ -549,7 +576,16 @@ class ModuleGuard:
                         keys.append((n, name, code))
                     continue
                 kind = kinds.get((id(m), name)) if kinds else None
-                k = _entries_key(value, self._entries) if kind is None else _kind_key(value, kind)
+                try:
+                    k = (
+                        _entries_key(value, self._entries)
+                        if kind is None
+                        else _kind_key(value, kind)
+                    )
+                except RecursionError:  # it refers to itself: keyed as the code guard keys such
+                    keys.append((n, name, ("unkeyable", id(value))))
+                    _unkeyable(_dotted(n, name), value)
+                    continue
                 keys.append((n, name, k))
                 if _polls(m, name, value):
                     polled.append((value, k))
