@@ -60,7 +60,7 @@ class RunEffects:
         choices: Watch | None,
     ) -> str | None:
         """Why the reference run must stand as the call (a replay would not repeat what it did), or None."""
-        private = self._private_draws(state) or self._rebound_outside(state)
+        private = self._host_state_changed(state)
         if private is not None:
             return private
         why = effects.reason("the step", writes=self.on.side_effects)
@@ -92,18 +92,18 @@ class RunEffects:
             "held_writes",
         )
 
-    def _rebound_outside(self, state: CallState) -> str | None:
-        """A run that bound a tensor attribute of a module ``loss_fn`` holds anew (a teacher's
-        centre): a replay would not; it stands, retired."""
+    def _host_state_changed(self, state: CallState) -> str | None:
+        """Python state the run changed that a replay would not: a private host generator the call
+        reaches drawn from (``random.Random``, numpy's: ``verify/host_generators.py``), a tensor
+        attribute of a module ``loss_fn`` holds re-bound (a teacher's centre). It stands, retired."""
+        if self.on.host_rng:
+            drawn = state.host_generators.drawn("the step")
+            if drawn is not None:
+                return drawn
         name = state.rebound() if self.on.side_effects else None
         if name is None:
             return None
         return f"loss_fn re-binds {name} (a module outside the model); a replay would not"
-
-    def _private_draws(self, state: CallState) -> str | None:
-        """A run that drew from a private host generator the call reaches (``random.Random``,
-        numpy's: ``verify/host_generators.py``): a replay would repeat the draw; it stands, retired."""
-        return state.host_generators.drawn("the step") if self.on.host_rng else None
 
     def _learn_choices(self, why: str, choices: Watch | None) -> str:
         """The run's only effect was drawing from Python's or numpy's RNG: draws that only chose
@@ -124,7 +124,7 @@ class RunEffects:
         state: CallState,
     ) -> str | None:
         """Why replays of the captured run would differ from eager outside the tensors it computes."""
-        private = self._private_draws(state) or self._rebound_outside(state)
+        private = self._host_state_changed(state)
         if private is not None:
             return private
         why = effects.reason("the step", writes=self.on.side_effects)

@@ -4,9 +4,10 @@ A collection can start at any Python allocation, inside a captured forward too, 
 destructors and finalizers of whatever it frees: an earlier recording's hand-outs moving held
 outputs (``memory/copy_out.py``), a CUDA graph and its pool going away. Inside a capture, their
 device work is recorded into the graph or invalidates it ("operation failed due to a previous
-error during capture"): on the H200 a capture failed so after a few hundred earlier tests' garbage
-had piled up, and every one of them passed with the collector off. ``torch.cuda.graph`` collects
-once before it begins; this keeps further collections out until the capture ends.
+error during capture"): on the H200 the full CUDA core suite failed a capture so, about 200 tests
+in, while each pair of files passed alone and the whole run passed with the collector off.
+``torch.cuda.graph`` collects once before it begins; this keeps further collections out until the
+capture ends.
 """
 
 from __future__ import annotations

@@ -525,13 +525,8 @@ class StepGrads:
     def private(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         """What a recording reads for the incoming gradients: aliases of their memory, never on a
         handed-out storage, which a later copy-out moves with its holders (this step's, or another
-        entry point's whose parameters this model shares)."""
-        by_cdata = {h.cdatas[0]: h for h in self._handouts.values()}
-        out: list[torch.Tensor | None] = []
-        for g in grads:
-            h = None if g is None else by_cdata.get(_cdata(g))
-            out.append(None if g is None else _on_static(g) if h is None else h.statics[0].detach())
-        return out
+        entry point's whose parameters this model shares): :func:`_on_static`."""
+        return [None if g is None else _on_static(g) for g in grads]
 
     def copy_out(self) -> int:
         """Before a first phase: held gradients get memory of their own; returns how many."""

@@ -17,23 +17,9 @@ from torch import nn
 import replaykit as rk
 from replaykit.protections import negative_control
 from replaykit.testing.hazards.recording_call import CentredHead
-from replaykit.testing.hazards.side_effects import MoE
+from replaykit.testing.hazards.side_effects import Cache, MoE
 
 from ._same import same
-
-
-class Feats(nn.Module):
-    """A forward that keeps its hidden activation in a dict it holds (for a feature loss)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(6, 8), nn.Linear(8, 3)
-        self.feats: dict[str, torch.Tensor] = {}
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.relu(self.fc1(x))
-        self.feats["h"] = h
-        return self.fc2(h)
 
 
 def _moe_loss(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -52,7 +38,7 @@ def _feats_loss(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
 CASES: dict[str, tuple[Callable[[], nn.Module], Callable, Callable[[nn.Module], torch.Tensor]]] = {
     "moe_aux_loss": (MoE, _moe_loss, lambda m: m.aux_loss),
     "dino_centre": (CentredHead, _mse, lambda m: m.center),
-    "held_dict_entry": (Feats, _feats_loss, lambda m: m.feats["h"]),
+    "held_dict_entry": (Cache, _feats_loss, lambda m: m.feats["h"]),
 }
 
 
