@@ -181,9 +181,11 @@ class RecorderRecording:
             with state.output().held():
                 made.shadow = self._reference(made, callargs, state)
             # the recording is answered the values the probe read: no sync inside it
+            answered = None
             if reads.reads:  # and the key's host draws' reads (made before this call)
                 drawn = self._input_reads.drawn_to is not None
-                fn = Provenance(made.static_inputs, dict(reads.reads), draws=drawn).wrap(fn)
+                answered = Provenance(made.static_inputs, dict(reads.reads), draws=drawn)
+                fn = answered.wrap(fn)
             branches = recording_context(self.on.capture_branches)
             cached = weight_caches.uncached() if self.on.call_state else contextlib.nullcontext()
             runs: list[Watch] = []  # warm-up's and the capture's draws: the keyed choices, moved
@@ -200,6 +202,8 @@ class RecorderRecording:
                         self._feed_host,
                     )
                 )
+            if answered is not None:
+                made.recording.host_memory = answered.staged  # the graph copies from it
             watch.check()
             self._recorded_draws(made, runs, state)
         except Exception as exc:

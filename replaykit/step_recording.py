@@ -350,7 +350,8 @@ class RecordingSteps(RunEffects):
         try:
             branches = recording_context(self.on.capture_branches)
             learning = reads if reads is not None and reads.watched else contextlib.nullcontext()
-            with a.effects, branches, watch, choices, a.run.held(), learning:
+            standing = self._stand_ins(a)
+            with a.effects, branches, watch, choices, a.run.held(), learning, standing:
                 (a.loss, *_) = a.region.capture(
                     lambda: self._assigning_body(a), None if a.feeds is None else a.feeds.specs
                 )
@@ -398,6 +399,7 @@ class RecordingSteps(RunEffects):
         """The capture's recording; an optimizer step left out of it runs now, as after a replay."""
         grads_out = [p.grad for p in self._trainable]  # per parameter: its storage after, or None
         keep = [*(g for g in a.private if g is not None), *tensors_of(self.optimizer)]
+        keep += [] if a.reads is None else a.reads.staged  # host memory the graph copies from
         tail = self._tail.eager is not None and a.phase in ("step", "last")
         back = WriteBack.of(a.static, a.effects.version_moves()) if self.on.write_back else None
         rec = StepRecording(a.region, a.static, a.loss, grads_out, keep, a.foreign, tail, back)
@@ -429,6 +431,12 @@ class RecordingSteps(RunEffects):
             a.foreign = ForeignBuffers(self._foreign_leaves.leaves)
             a.foreign.begin()
         return {id(p): p.grad for m in state.modules for p in m.parameters()}
+
+    def _stand_ins(self, a: Attempt) -> contextlib.AbstractContextManager:
+        """A second network's leaves stood in for during the capture (``memory/foreign.py``)."""
+        if a.foreign is None:
+            return contextlib.nullcontext()
+        return self._foreign_leaves.standing_in()
 
     def _assigning_body(self, a: Attempt) -> list[torch.Tensor]:
         """The captured body; with attribute outputs learnt, the tensors it assigned are outputs too."""

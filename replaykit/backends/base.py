@@ -58,6 +58,8 @@ class Recording(ABC):
     # same memory on storage objects of copy-out's (memory/copy_out.py), kept up to date in place
     # by it; None: the buffers themselves
     handed_grads: list[torch.Tensor | None] | None = None
+    # host memory the graphs copy from at each replay (a capture's pinned staging): kept with them
+    host_memory: list[torch.Tensor] | None = None
     generation: int = 0
     _builder: Callable[[Sequence[torch.Tensor]], Any] | None = None
 

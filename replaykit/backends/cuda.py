@@ -308,6 +308,7 @@ class CudaRecording(Recording):
         self._targets = []  # stand-ins alias the parameters' memory: a module moved off the GPU must not stay pinned
         self._hooks = _SavedHooks()
         self._feeds = None
+        self.host_memory = None
 
 
 def register(
@@ -401,7 +402,9 @@ class CudaBackend(Backend):
 
     def record(self, subject: Subject) -> Recording:
         for t in subject.static_inputs:
-            if t.device != self.device:
+            # host inputs the forward reads on the host (lengths) or copies over (fed: host_feeds)
+            host = t.device.type == "cpu" and not t.requires_grad
+            if t.device != self.device and not host:
                 raise ReplayError(f"input on {t.device}, recorder on {self.device}")
         with torch.cuda.device(self.device):
             return CudaRecording(subject, self.pool, self.device, self.spend)

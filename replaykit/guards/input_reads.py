@@ -11,7 +11,12 @@ aten program that made each; parameters, buffers, state, random ops and in-place
 *state*. A host read (``aten._local_scalar_dense``) of an input-derived tensor is answered from
 this call's values (no sync inside a capture), or read and its program noted in an eager pass;
 a read of state passes through to the backends' refusal. Reads inside C++ with no ``.item()``
-(``pack_padded_sequence``'s lengths) count as reads of the whole tensor.
+(``pack_padded_sequence``'s lengths) count as reads of the whole tensor; so does a copy to the
+GPU of an integer tensor computed on the host from inputs (the sort indices of an unsorted packed
+batch), or back (their inverse, for the lengths): a capture refuses such copies from pageable
+memory, so one to the GPU copies from a pinned snapshot that the recording keeps and one to the
+host is answered from the key. An input's own memory is not read so: it is copied anew at each
+replay (``backends/host_feeds.py``).
 
 :class:`InputReads` keeps per key the programs and the variants recorded; a call evaluates its
 key's programs (one sync for all) and picks the matching variant; a key with no reads pays one
@@ -32,6 +37,8 @@ from ..errors import ReplayError
 from ..verify.dispatch import WatchingMode, written, written_positions
 
 _READ = torch.ops.aten._local_scalar_dense.default
+_TO_COPY = torch.ops.aten._to_copy.default
+_PASS = object()  # Provenance._copy: not a copy it makes itself
 
 
 class _Tag:
@@ -96,11 +103,17 @@ class Provenance(WatchingMode):
         self._discover = discover
         self._host_draws = draws
         self.reads: list[tuple[tuple, Any]] = []
+        # pinned copies of input-derived host tensors a capture moved to the GPU (``_staged``): the
+        # graph reads them at every replay, so the recording keeps them (not cleared on exit)
+        self.staged: list[torch.Tensor] = []
         self.draws: list[tuple] = []  # host draws (``draws=True``), in the order the run made them
         self.escaped = False  # a host draw's value reached anything but input-derived computations
         self._nodes: dict[int, tuple] = {}
         self._keep: list[torch.Tensor] = []  # the ids above stay theirs while the mode runs
         self._storages: dict[int, int] = {}
+        self._input_storages: set[int] = set()
+        # storages of empty tensors made from input-derived arguments, unfilled: (program, numel)
+        self._fresh: dict[int, tuple[tuple, int]] = {}
 
     def wrap(self, fn: Any) -> Any:
         """``fn`` run under this mode at each call (a backend calls its forward several times)."""
@@ -113,6 +126,8 @@ class Provenance(WatchingMode):
 
     def __enter__(self) -> Provenance:
         self._nodes, self._keep, self._storages, self.reads = {}, [], {}, []
+        self._input_storages = {_storage(t) for t in self._sources}
+        self._fresh = {}
         self.draws, self.escaped, self._drawn = [], False, set()
         for i, t in enumerate(self._sources):
             self._track(t, (_IN, i))
@@ -121,6 +136,7 @@ class Provenance(WatchingMode):
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
         self._nodes, self._keep, self._storages, self._drawn = {}, [], {}, set()
+        self._fresh = {}
 
     def _track(self, t: torch.Tensor, node: tuple) -> None:
         self._nodes[id(t)] = node
@@ -135,6 +151,30 @@ class Provenance(WatchingMode):
             if id(t) in self._nodes and _storage(t) == storage:
                 del self._nodes[id(t)]
         del self._storages[storage]
+
+    def _derived(self, t: Any) -> bool:
+        return id(t) in self._nodes
+
+    def _filled(self, func: Any, args: tuple, kwargs: dict, out: Any) -> bool:
+        """An in-place op that fills a whole fresh tensor (``empty_like(p).scatter_(0, p,
+        arange)``: ``invert_permutation``) from input-derived arguments: the tensor is
+        input-derived after it, its program the op's (which makes the empty tensor anew when
+        evaluated)."""
+        targets = written(func, args, kwargs)
+        if len(targets) != 1 or not args or targets[0] is not args[0]:
+            return False
+        made = self._fresh.pop(_storage(args[0]), None)
+        if made is None or args[0].storage_offset() != 0 or args[0].numel() != made[1]:
+            return False
+        enc_args = (made[0], *(self._encode(a) for a in args[1:]))
+        enc_kwargs = self._encode(tuple(sorted(kwargs.items())))
+        if any(a is _UNTRACKED for a in enc_args) or enc_kwargs is _UNTRACKED:
+            return False
+        node = (func, enc_args, enc_kwargs, None)
+        self._track(args[0], node)
+        if out is not args[0] and isinstance(out, torch.Tensor):
+            self._track(out, node)
+        return True
 
     def _encode(self, a: Any) -> Any:
         if isinstance(a, torch.Tensor):
@@ -153,16 +193,20 @@ class Provenance(WatchingMode):
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
         kwargs = kwargs or {}
-        if func is _READ and args and id(args[0]) in self._nodes:
+        if func is _READ and args and self._derived(args[0]):
             return self._read(func, args[0])
         whole = _WHOLE_READS.get(func)
-        if whole is not None and id(args[whole]) in self._nodes:
+        if whole is not None and self._derived(args[whole]) and args[whole].device.type == "cpu":
             self._read_whole(args[whole])
-        out = self.run(func, args, kwargs)
+        out = self._copy(func, args, kwargs)
+        if out is _PASS:
+            out = self.run(func, args, kwargs)
         drawn = bool(self._drawn) and any(
             id(t) in self._drawn for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
         )
         if written_positions(func):
+            if not drawn and self._filled(func, args, kwargs, out):
+                return out
             for t in written(func, args, kwargs):
                 self._untrack_storage(_storage(t))
             self.escaped |= drawn
@@ -174,10 +218,19 @@ class Provenance(WatchingMode):
             self._track(out, node)
             self._drawn.add(id(out))
             return out
+        empty = func._schema.name.split("::")[-1].startswith(("empty", "new_empty"))
+        if empty and not drawn and isinstance(out, torch.Tensor):
+            enc_args, enc_kwargs = self._encode(args), self._encode(tuple(sorted(kwargs.items())))
+            if enc_args is not _UNTRACKED and enc_kwargs is not _UNTRACKED:
+                # no value yet: input-derived once an in-place op fills it (found by storage:
+                # the caller's tensor object may not be the one returned here)
+                self._keep.append(out)
+                self._fresh[_storage(out)] = ((func, enc_args, enc_kwargs, None), out.numel())
+            return out
         if (
             torch.Tag.nondeterministic_seeded in func.tags
             or any(tag in func.tags for tag in _DATA_DEPENDENT)
-            or func._schema.name.split("::")[-1].startswith(("empty", "new_empty"))
+            or empty
         ):
             self.escaped |= drawn
             return out
@@ -212,12 +265,41 @@ class Provenance(WatchingMode):
         self.reads.append((program, value))
         return value
 
-    def _read_whole(self, t: torch.Tensor) -> None:
-        """A kernel's own host read of all of ``t`` (a packed sequence's lengths): noted as one
-        read whose value is the tuple of its elements. The kernel reads ``t`` itself, so there is
-        nothing to answer: a known program only needs its value noted for the key."""
-        if t.device.type != "cpu" or t.dtype.is_floating_point or t.dtype.is_complex:
-            return  # not a host read (a device tensor), or not one this key could hold exactly
+    def _copy(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A copy between the host and the GPU of an input-derived integer tensor (an unsorted
+        packed batch's sort indices go over, its inverse comes back for the lengths) is a read of
+        the whole tensor, which keys the recording. A capture refuses such copies from pageable
+        memory: one to the GPU copies from a pinned snapshot the recording keeps (the graph reads it
+        at every replay, its value fixed by the key), one to the host is answered from the key.
+        Returns the copy's result, or ``_PASS`` (run the op as it is)."""
+        t, to = args[0] if args else None, kwargs.get("device")
+        if func is not _TO_COPY or to is None or not self._derived(t):
+            return _PASS
+        to = torch.device(to)
+        if t.device.type == "cpu" and to.type == "cuda":
+            if _storage(t) in self._input_storages:  # an input's own memory: fed (host_feeds.py)
+                return _PASS
+            if self._read_whole(t) is None or not torch.cuda.is_current_stream_capturing():
+                return _PASS
+            with _disable_current_modes():
+                staged = t.pin_memory()
+            self.staged.append(staged)
+            return self.run(func, (staged, *args[1:]), {**kwargs, "non_blocking": True})
+        if t.device.type == "cuda" and to.type == "cpu" and _plain_copy(t, kwargs):
+            value = self._read_whole(t)
+            if value is None or not torch.cuda.is_current_stream_capturing():
+                return _PASS
+            with _disable_current_modes():
+                return torch.tensor(value, dtype=t.dtype).reshape(t.shape)
+        return _PASS
+
+    def _read_whole(self, t: torch.Tensor) -> tuple | None:
+        """A read of all of ``t`` (a kernel's own on the host, a packed sequence's lengths; or a
+        copy's): noted as one read whose value is the tuple of its elements. A kernel reads ``t``
+        itself, so a known program only needs its value noted for the key. None: not a read this
+        key can hold exactly (floats: each batch would be a key of its own)."""
+        if t.dtype.is_floating_point or t.dtype.is_complex:
+            return None
         program = (self._nodes[id(t)], t.dtype, _WHOLE)
         if program in self._answers:
             value = self._answers[program]
@@ -227,6 +309,17 @@ class Provenance(WatchingMode):
         else:
             raise NewInputRead(program)
         self.reads.append((program, value))
+        return value
+
+
+def _plain_copy(t: torch.Tensor, kwargs: dict) -> bool:
+    """A ``.cpu()`` or ``.to("cpu")``: the same dtype and a layout a tuple of values rebuilds."""
+    return (
+        kwargs.get("dtype") in (None, t.dtype)
+        and kwargs.get("layout") in (None, torch.strided)
+        and not kwargs.get("pin_memory")
+        and t.layout == torch.strided
+    )
 
 
 def _host_draw(func: Any, args: tuple, kwargs: dict, out: Any) -> bool:

@@ -194,3 +194,31 @@ def test_a_read_of_an_argument_itself_keys_the_recording():
     )
     assert same and not rec.retired, rec.journal.format()
     assert rec.counts["replay"] >= 2, rec.journal.format()
+
+
+class InverseOrder(nn.Module):
+    """Slices at a bound read from an inverse permutation built as ``invert_permutation`` builds
+    it (an empty tensor filled in place), on the device of the order it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+        inverse = torch.empty_like(order)
+        inverse.scatter_(0, order, torch.arange(order.numel(), device=order.device))
+        return self.lin(x[:, : 1 + int(inverse[0])])
+
+
+def test_a_read_of_an_input_derived_tensor_filled_in_place_keys_the_recording(backend, device):
+    """The filled tensor is input-derived: its read keys the recording (it read as state before
+    and retired); each order gets a recording of its own."""
+    torch.manual_seed(0)
+
+    def make(i):
+        order = torch.tensor([2, 0, 1] if i % 2 else [1, 2, 0], device=device)
+        return torch.randn(2, 5, 4, device=device), order
+
+    same, rec = _captured_run(InverseOrder().to(device), device, backend, 6, make)
+    assert same and not rec.retired, rec.journal.format()
+    assert rec.counts["record"] == 2 and rec.counts["replay"] == 4, rec.summary()

@@ -215,3 +215,47 @@ def test_a_cuda_rnn_without_dropout_replays_exactly(cuda_device: str, kind: str)
         replayed, runner = _train(make, batches, wrap, cuda_device)
         assert _equal(eager, replayed), wrap
         assert runner.counts["replay"] >= 3, runner.journal.format()
+
+
+class _HostOrdered(nn.Module):
+    """Rows reordered by an order the forward computes on the host from the lengths and moves to
+    the GPU: only that copy reads the lengths, so only it can key the recording."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(F, 3)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        order = lengths.argsort(descending=True, stable=True).to(x.device)
+        return self.lin(x[order]) * torch.arange(1, 5, device=x.device).view(4, 1, 1)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("packing", ["sorted", "unsorted"])
+@pytest.mark.parametrize("wrap", ["step", "capture"])
+def test_cuda_packed_sequences_replay_keyed_by_their_lengths(
+    cuda_device: str, wrap: str, packing: str
+) -> None:
+    """The lengths stay on the host beside a GPU net; an unsorted batch's sort indices move to the
+    GPU inside the capture, from pinned memory the recording keeps (a capture refuses pageable)."""
+    batches = _batches(6, packing, cuda_device)
+    eager, _ = _train(lambda: Tagger("gru", packing), batches, "eager", cuda_device)
+    replayed, runner = _train(lambda: Tagger("gru", packing), batches, wrap, cuda_device)
+    assert _equal(eager, replayed)
+    assert runner.counts["replay"] >= 2, runner.journal.format()
+    assert not runner.retired
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("wrap", ["step", "capture"])
+def test_cuda_a_host_order_moved_to_the_gpu_keys_the_recording(cuda_device: str, wrap: str) -> None:
+    """Each length pattern's order gets its recording; without the input-read key the first
+    order is replayed for every batch."""
+    batches = _batches(6, "unsorted", cuda_device)
+    eager, _ = _train(_HostOrdered, batches, "eager", cuda_device)
+    replayed, runner = _train(_HostOrdered, batches, wrap, cuda_device)
+    assert _equal(eager, replayed)
+    assert runner.counts["replay"] >= 2, runner.journal.format()
+    off = negative_control("input_reads")
+    unsafe, _ = _train(_HostOrdered, batches, wrap, cuda_device, unsafe_disable=off)
+    assert not _equal(eager, unsafe)
