@@ -540,7 +540,9 @@ class TrainStep(RecordingSteps, Entry):
             if (
                 self._walking
             ):  # the recording call: does the loss reach parameters we do not hand gradients to?
-                self._foreign = foreign_leaves([loss], [*self.params, *self._foreign_leaves.leaves])
+                self._foreign = foreign_leaves(
+                    [loss], [*self.params, *self._foreign_leaves.known()]
+                )
             scaler = c.scaler
             scaled = loss / c.accumulate if c.accumulate > 1 else loss
             if scaler is not None:

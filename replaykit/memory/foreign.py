@@ -10,11 +10,18 @@ as eager does, into the caller's gradient tensor or as a new one. Only leaves ow
 module ``loss_fn`` holds are taken, found by name: each call checks the owner still holds the
 same tensor (a discriminator whose weight was replaced keys anew), which a bare tensor could
 not tell.
+
+A leaf's gradient accumulator is made once and kept while any autograd graph holds it: a GAN
+loop's discriminator loss, still alive at the generator step, holds the one its eager step made on
+the default stream, and a captured backward through it would wait on that stream, which a CUDA
+capture refuses. :meth:`ForeignLeaves.standing_in` puts a new leaf on the same memory in each
+leaf's place for the capture, whose accumulator is made inside it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -26,27 +33,67 @@ def _layout(g: torch.Tensor | None) -> tuple | None:
     return None if g is None else (g.dtype, g.device, tuple(g.shape), g.stride())
 
 
-def _owned(top: nn.Module, path: tuple[str, ...]) -> torch.Tensor | None:
-    """The parameter ``top`` holds under that dotted path now (a layer replaced holds another):
-    read from the modules' own dicts, as ``get_parameter`` does, without its checks (per call)."""
+def _module_at(top: nn.Module, path: tuple[str, ...]) -> nn.Module | None:
     m: nn.Module | None = top
-    for name in path[:-1]:
+    for name in path:
         m = m.__dict__["_modules"].get(name)
         if m is None:
             return None
-    return m.__dict__["_parameters"].get(path[-1])
+    return m
+
+
+def _owned(top: nn.Module, path: tuple[str, ...]) -> torch.Tensor | None:
+    """The parameter ``top`` holds under that dotted path now (a layer replaced holds another):
+    read from the modules' own dicts, as ``get_parameter`` does, without its checks (per call)."""
+    m = _module_at(top, path[:-1])
+    return None if m is None else m.__dict__["_parameters"].get(path[-1])
 
 
 class ForeignLeaves:
     """The leaves outside the model a step's loss reached, each with the module (one loss_fn holds)
     and the dotted name it is held under."""
 
-    __slots__ = ("_checked", "_owners", "leaves")
+    __slots__ = ("_checked", "_owners", "leaves", "standing")
 
     def __init__(self, checked: bool = True) -> None:
         self._checked = checked  # protection foreign_owners: the owners are asked per call
         self.leaves: list[torch.Tensor] = []
         self._owners: list[tuple[nn.Module, tuple[str, ...]]] = []
+        self.standing: list[torch.Tensor] = []  # the stand-ins while standing_in() runs
+
+    def known(self) -> list[torch.Tensor]:
+        """The leaves, and their stand-ins while a capture runs: none of them is a new leaf."""
+        return [*self.leaves, *self.standing]
+
+    @contextlib.contextmanager
+    def standing_in(self) -> Iterator[None]:
+        """Around a capture: each leaf's place in its owner taken by a new leaf on the same memory
+        with the leaf's ``.grad``; after, the leaf is back with the ``.grad`` its stand-in was left.
+        Left as it is: a leaf held under two names (a tied weight: one stand-in would take half its
+        gradient), with hooks (they stay on the leaf), or no longer its owner's."""
+        places = []
+        for (top, path), p in zip(self._owners, self.leaves, strict=True):
+            parent = _module_at(top, path[:-1])
+            if (
+                parent is None
+                or parent.__dict__["_parameters"].get(path[-1]) is not p
+                or p._backward_hooks
+                or getattr(p, "_post_accumulate_grad_hooks", None)
+                or sum(q is p for _, q in top.named_parameters(remove_duplicate=False)) != 1
+            ):
+                continue
+            stand_in = nn.Parameter(p.detach(), requires_grad=p.requires_grad)
+            stand_in.grad = p.grad
+            parent.__dict__["_parameters"][path[-1]] = stand_in
+            places.append((parent, path[-1], p, stand_in))
+        self.standing = [s for *_, s in places]
+        try:
+            yield
+        finally:
+            for parent, name, p, stand_in in places:
+                parent.__dict__["_parameters"][name] = p
+                p.grad = stand_in.grad
+            self.standing = []
 
     def learn(self, found: Sequence[torch.Tensor], modules: Iterable[nn.Module]) -> bool:
         """Take ``found`` (leaves not known yet) if each is a parameter of one of ``modules``;

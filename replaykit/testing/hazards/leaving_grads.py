@@ -111,10 +111,10 @@ PATTERNS: list[Pattern] = [
         lambda m, a: _gan(m, a, False, "step"),
         guard="foreign_grads",
         api="step",
-        cpu_only="on the H200 the capture fails, guarded or not, and the step retires, exact: the "
+        cpu_only="on the H200 the unsafe arm's capture fails and the step retires, exact: the "
         "discriminator's loss, still alive, holds its parameters' gradient accumulators made on the "
-        "default stream, which the captured backward would have to wait on; with that loss kept "
-        "detached the same loop replays (step_gan_generator_trainable_disc_loss_detached, H200)",
+        "default stream, which the captured backward would have to wait on; the guarded step stands "
+        "in for them during the capture (memory/foreign.py), the unsafe one knows of no leaves",
     ),
     HC.pattern(
         "step_gan_generator_trainable_disc_loss_detached",
@@ -169,7 +169,10 @@ PATTERNS.append(
         HAZARD,
         "a GAN generator step through a trainable discriminator whose head is replaced midway",
         lambda d: Generator().to(d),
-        lambda m, a: _gan(m, a, False, "step", _replaced_layer),
+        # the discriminator's loss kept detached: without the owners check the new head's
+        # parameters are nobody's leaves, and their accumulators (the loss holds them, made on the
+        # default stream) would fail a CUDA capture instead of showing the stale head
+        lambda m, a: _gan(m, a, False, "step", _replaced_layer, keep_graph=False),
         guard="foreign_owners",
         api="step",
     )
