@@ -5,7 +5,8 @@ re-flattening the weights into a new cuDNN buffer, whenever it finds a parameter
 run on the recorder's stand-ins used to read as a side effect (every ``rk.capture`` of a
 recurrent net retired). ``pack_padded_sequence`` reads its lengths on the host inside the
 packing kernel, where no ``.item()`` shows: a recording not keyed by them replays the first
-batch's lengths (a crash on the emulated backend, a silent difference on CUDA). cuDNN's RNN
+batch's lengths (a crash on the emulated backend, a silent difference on CUDA); an unsorted
+batch's sort indices go to the GPU and back, copies keyed the same way. cuDNN's RNN
 dropout draws from a private state that a recording call's extra runs would advance: on
 CUDA such a net runs eagerly (``replaykit/guards/recurrent.py``).
 """
@@ -113,8 +114,8 @@ def _stepped(steps: int = 6, packed: bool = False, **step_kwargs: object):
 
 
 _CPU_LENGTHS = (
-    "on CUDA rk.capture refuses the CPU lengths tensor (its capture fails and it retires), with "
-    "or without the key"
+    "run on the CPU only: on CUDA the arm retired (its capture failed on the CPU lengths) until "
+    "2026-12-03, and has not run there since the guarded arm replays"
 )
 
 PATTERNS: list[Pattern] = [
@@ -158,7 +159,8 @@ PATTERNS: list[Pattern] = [
         lambda d: PackedTagger(False).to(d),
         _stepped(packed=True),
         guard="input_reads",
-        cpu_only="on CUDA the sort's indices are copied to the GPU inside the capture: it fails and retires",
+        cpu_only="run on the CPU only: on CUDA the arm retired (the capture refused the sort "
+        "indices' copy) until 2026-12-03, and has not run there since the guarded arm replays",
         api="step",
     ),
     HC.pattern(
