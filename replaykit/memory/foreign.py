@@ -21,6 +21,7 @@ leaf's place for the capture, whose accumulator is made inside it.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 
 import torch
@@ -69,20 +70,25 @@ class ForeignLeaves:
     def standing_in(self) -> Iterator[None]:
         """Around a capture: each leaf's place in its owner taken by a new leaf on the same memory
         with the leaf's ``.grad``; after, the leaf is back with the ``.grad`` its stand-in was left.
-        Left as it is: a leaf held under two names (a tied weight: one stand-in would take half its
-        gradient), with hooks (they stay on the leaf), or no longer its owner's."""
+        Left as it is: a leaf held under two names, in one owner or two (a tied weight: one
+        stand-in would take half its gradient), with hooks (they stay on the leaf), a subclass of
+        ``nn.Parameter``, or no longer its owner's."""
         places = []
+        tops = {id(top): top for top, _ in self._owners}.values()
+        names = Counter(id(q) for t in tops for _, q in t.named_parameters(remove_duplicate=False))
         for (top, path), p in zip(self._owners, self.leaves, strict=True):
             parent = _module_at(top, path[:-1])
             if (
                 parent is None
                 or parent.__dict__["_parameters"].get(path[-1]) is not p
+                or type(p) is not nn.Parameter  # a subclass: its constructor is its own
                 or p._backward_hooks
                 or getattr(p, "_post_accumulate_grad_hooks", None)
-                or sum(q is p for _, q in top.named_parameters(remove_duplicate=False)) != 1
+                or names[id(p)] != 1
             ):
                 continue
             stand_in = nn.Parameter(p.detach(), requires_grad=p.requires_grad)
+            stand_in.__dict__.update(p.__dict__)  # attributes set on the weight (a gain) stay
             stand_in.grad = p.grad
             parent.__dict__["_parameters"][path[-1]] = stand_in
             places.append((parent, path[-1], p, stand_in))
@@ -108,11 +114,19 @@ class ForeignLeaves:
         return True
 
     def key(self) -> tuple:
-        """Per leaf: still its owner's, whether it requires grad, its gradient's None pattern and layout."""
+        """Per leaf: still its owner's, whether it requires grad, its memory (``p.data = ...``
+        re-binds it: a recording reads the memory it was captured on), its gradient's None pattern
+        and layout."""
         if not self.leaves:
             return ()
         return tuple(
-            (not self._checked or _owned(m, n) is p, p.requires_grad, _layout(p.grad))
+            (
+                not self._checked or _owned(m, n) is p,
+                p.requires_grad,
+                p.data_ptr(),
+                p.dtype,
+                _layout(p.grad),
+            )
             for (m, n), p in zip(self._owners, self.leaves, strict=True)
         )
 
