@@ -39,6 +39,12 @@ from ..verify.dispatch import WatchingMode, written, written_positions
 _READ = torch.ops.aten._local_scalar_dense.default
 _TO_COPY = torch.ops.aten._to_copy.default
 _PASS = object()  # Provenance._copy: not a copy it makes itself
+#: In-place ops that fill an empty tensor with values of their arguments (no draw: a random fill,
+#: ``bernoulli_``, is a draw a replay's evaluation would repeat, not a function of the inputs)
+_FILLS = frozenset(
+    {"scatter_", "index_copy_", "copy_", "fill_", "zero_", "index_put_", "index_fill_", "put_"}
+    | {"masked_fill_", "masked_scatter_"}
+)
 
 
 class _Tag:
@@ -161,7 +167,12 @@ class Provenance(WatchingMode):
         input-derived after it, its program the op's (which makes the empty tensor anew when
         evaluated)."""
         targets = written(func, args, kwargs)
-        if len(targets) != 1 or not args or targets[0] is not args[0]:
+        if (
+            func._schema.name.split("::")[-1] not in _FILLS
+            or torch.Tag.nondeterministic_seeded in func.tags
+            or len(targets) != 1
+            or targets[0] is not args[0]
+        ):
             return False
         made = self._fresh.pop(_storage(args[0]), None)
         if made is None or args[0].storage_offset() != 0 or args[0].numel() != made[1]:

@@ -222,3 +222,46 @@ def test_a_read_of_an_input_derived_tensor_filled_in_place_keys_the_recording(ba
     same, rec = _captured_run(InverseOrder().to(device), device, backend, 6, make)
     assert same and not rec.retired, rec.journal.format()
     assert rec.counts["record"] == 2 and rec.counts["replay"] == 4, rec.summary()
+
+
+class RandomRows(nn.Module):
+    """Scales by how many rows a coin keeps: an empty tensor filled by a draw, read on the host."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        keep = torch.empty_like(idx, dtype=torch.float32).bernoulli_(0.5)
+        return self.lin(x) * (int(keep.sum()) + 1)
+
+
+def _drawing_run(backend, device, replay):
+    """Six steps from one seed: the losses, the parameters and torch's CPU generator after each."""
+    torch.manual_seed(0)
+    model = RandomRows().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = rk.capture(model, backend=backend) if replay else None
+    torch.manual_seed(3)
+    seen = []
+    for _ in range(6):
+        loss = model(torch.randn(3, 4, device=device), torch.arange(4)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        seen.append((loss.detach(), *(p.detach().clone() for p in model.parameters())))
+        seen.append((torch.get_rng_state(),))
+    return seen, rec
+
+
+def test_an_empty_tensor_filled_by_a_draw_is_not_input_derived(backend, device):
+    """The draw is no function of the inputs: its read stays a read of state (the call retires,
+    exact); evaluated as a program it would draw again before each call and key by that draw."""
+    eager, _ = _drawing_run(backend, device, False)
+    seen, rec = _drawing_run(backend, device, True)
+    assert all(
+        torch.equal(a, b)
+        for x, y in zip(eager, seen, strict=True)
+        for a, b in zip(x, y, strict=True)
+    )
+    assert rec.counts["replay"] == 0, rec.summary()
