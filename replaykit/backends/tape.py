@@ -30,7 +30,7 @@ from torch.utils._pytree import tree_leaves
 from ..errors import ReplayError
 from ..guards.switches import Frozen
 from ..guards.switches import key as switches_key
-from ..verify.dispatch import WatchingMode, caller
+from ..verify.dispatch import WatchingMode, caller, written
 from .collector import collector_paused
 
 _aten = torch.ops.aten
@@ -41,6 +41,14 @@ _MASKED_INDEX = {
     _aten._index_put_impl_.default,
 }
 _DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
+_EMPTIES = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+#: ops that read only an argument's sizes, dtype and device
+_SHAPE_ONLY = _EMPTIES | {"new_zeros", "new_ones", "new_full", "zeros_like", "ones_like"}
+_SHAPE_ONLY |= {"full_like", "rand_like", "randn_like", "randint_like", "resize_", "set_"}
+
+
+def _storage_of(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
 
 
 def _set_version_counters(tensors: Sequence[torch.Tensor], versions: Sequence[int]) -> None:
@@ -186,8 +194,13 @@ def shares_state(g: torch.Generator, other: torch.Generator) -> bool:
 _HOST_READS = {torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__array__}
 
 
+_PAD_PACKED = torch._C._VariableFunctions._pad_packed_sequence
+
+
 class _HostReads(TorchFunctionMode):
-    """Refuses reads of tensor data that bypass the dispatcher (on a CPU they would be frozen silently)."""
+    """Refuses reads of tensor data that bypass the dispatcher (on a CPU they would be frozen
+    silently); ``_pad_packed_sequence``'s lengths, which its C++ writes into an empty tensor past the
+    dispatcher, are made by aten calls the tape records instead (the same values)."""
 
     def __torch_function__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
@@ -196,6 +209,12 @@ class _HostReads(TorchFunctionMode):
             raise ReplayError(
                 f"Tensor.{func.__name__}() reads a tensor's values on the host; a graph would freeze the value read at capture"
             )
+        if func is _PAD_PACKED:
+            padded, _ = func(*args, **(kwargs or {}))
+            batch_sizes, batch_first = args[1], args[2]
+            rows = torch.arange(padded.shape[0 if batch_first else 1], device=batch_sizes.device)
+            # lengths[b]: the steps whose batch holds row b (the C++ loop's count)
+            return padded, (batch_sizes.unsqueeze(0) > rows.unsqueeze(1)).sum(1)
         return func(*args, **(kwargs or {}))
 
 
@@ -206,6 +225,7 @@ class _TapeMode(WatchingMode):
         super().__init__()
         self.tape = tape
         self.generators = generators
+        self.unfilled: set[int] = set()  # storages of empty tensors no taped op has written
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
@@ -215,8 +235,33 @@ class _TapeMode(WatchingMode):
         if why is not None:
             raise ReplayError(why)
         out = self.run(func, args, kwargs)
+        self._unfilled_reads(func, args, kwargs, out)
         self.tape._append(func, args, kwargs, out)
         return out
+
+    def _unfilled_reads(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """An empty tensor's memory read before any taped op wrote it was filled by C++ past the
+        dispatcher (a composite op's pointer loop): a replay makes the tensor anew and reads it
+        unfilled, so the recording is refused. Views and shape-only factories read no data."""
+        name = func._schema.name.split("::")[-1] if hasattr(func, "_schema") else ""
+        if name in _EMPTIES:
+            if isinstance(out, torch.Tensor) and out.numel():
+                self.unfilled.add(_storage_of(out))
+            return
+        if not self.unfilled:
+            return
+        wrote = {_storage_of(t) for t in written(func, args, kwargs)}
+        if not getattr(func, "is_view", False) and name not in _SHAPE_ONLY:
+            for t in tree_leaves((args, kwargs)):
+                if isinstance(t, torch.Tensor) and t.numel():
+                    s = _storage_of(t)
+                    if s in self.unfilled and s not in wrote:
+                        raise ReplayError(
+                            f"{func} reads memory an empty tensor was given by code past the "
+                            f"dispatcher (a composite op's C++ loop){caller()}; a replay would read "
+                            "it unfilled"
+                        )
+        self.unfilled -= wrote
 
 
 class Tape:

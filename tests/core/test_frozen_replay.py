@@ -9,6 +9,7 @@ Refused: what a graph capture cannot replay fails the record ("capture failed: .
 from __future__ import annotations
 
 import copy
+import ctypes
 
 import pytest
 import torch
@@ -453,6 +454,16 @@ def _tolist(m: nn.Module, h: torch.Tensor) -> torch.Tensor:
     return h * torch.tensor(h.sum(0).tolist())  # on a CPU this bypasses the dispatcher
 
 
+_TWOS = torch.full((4,), 2.0)
+
+
+def _filled_past_dispatcher(m: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """An empty tensor filled by a raw memory copy, as a composite op's C++ loop fills one."""
+    buf = torch.empty(h.shape[1], dtype=h.dtype)
+    ctypes.memmove(buf.data_ptr(), _TWOS.data_ptr(), buf.numel() * buf.element_size())
+    return h * buf
+
+
 def _default_generator(m: nn.Module, h: torch.Tensor) -> torch.Tensor:
     return h * torch.rand(h.shape, generator=torch.default_generator)
 
@@ -473,8 +484,9 @@ def _private_generator(m: nn.Module, h: torch.Tensor) -> torch.Tensor:
         (_mask, "boolean mask"),
         (_tolist, "tolist"),
         (_private_generator, "private torch.Generator"),
+        (_filled_past_dispatcher, "past the dispatcher"),
     ],
-    ids=["item", "nonzero", "bool_mask", "tolist", "private_generator"],
+    ids=["item", "nonzero", "bool_mask", "tolist", "private_generator", "filled_past_dispatcher"],
 )
 def test_what_a_capture_cannot_replay_fails_the_record(body, message: str) -> None:
     """The backend's own refusal (the recorder's probe, switched off here, refuses these first)."""

@@ -259,3 +259,29 @@ def test_cuda_a_host_order_moved_to_the_gpu_keys_the_recording(cuda_device: str,
     off = negative_control("input_reads")
     unsafe, _ = _train(_HostOrdered, batches, wrap, cuda_device, unsafe_disable=off)
     assert not _equal(eager, unsafe)
+
+
+class _MeanOverLengths(nn.Module):
+    """Averages over each sequence's own steps with the lengths ``pad_packed_sequence`` returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn, self.head = nn.GRU(F, H, batch_first=True), nn.Linear(H, 3)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        padded, lens = pad_packed_sequence(self.rnn(packed)[0], batch_first=True, total_length=T)
+        return self.head(padded.sum(1) / lens.to(x.device)[:, None].float())
+
+
+@pytest.mark.parametrize("wrap", ["step", "capture"])
+def test_the_lengths_pad_packed_sequence_returns_replay(backend: str, wrap: str) -> None:
+    """Its C++ writes them into an empty tensor past the dispatcher: the tape makes them with
+    aten calls instead (else it refuses to record a read of unfilled memory)."""
+    device = "cuda" if backend == "cuda" else "cpu"
+    batches = _batches(6, "unsorted", device)
+    eager, _ = _train(_MeanOverLengths, batches, "eager", device)
+    replayed, runner = _train(_MeanOverLengths, batches, wrap, device)
+    assert _equal(eager, replayed)
+    if backend != "cuda":  # on CUDA the lengths' copy to the GPU is of host memory made in the call
+        assert runner.counts["replay"] >= 2, runner.journal.format()
