@@ -47,7 +47,7 @@ def same(a, b):
     if a[0] == "T":
         return a[2:] == b[2:] and torch.equal(a[1], b[1])
     if a[0] == "L":
-        return len(a[1]) == len(b[1]) and all(same(x, y) for x, y in zip(a[1], b[1]))
+        return len(a[1]) == len(b[1]) and all(same(x, y) for x, y in zip(a[1], b[1], strict=False))
     if a[0] == "D":
         return a[1].keys() == b[1].keys() and all(same(a[1][k], b[1][k]) for k in a[1])
     return a[1] == b[1]
@@ -129,7 +129,7 @@ class Run:
 def compare(e: Run, c: Run):
     if len(e.steps) != len(c.steps):
         return f"step count {len(e.steps)} vs {len(c.steps)}"
-    for i, (a, b) in enumerate(zip(e.steps, c.steps)):
+    for i, (a, b) in enumerate(zip(e.steps, c.steps, strict=False)):
         if a.keys() != b.keys():
             return f"step {i}: keys differ {sorted(set(a) ^ set(b))[:4]}"
         for k in a:

@@ -18,9 +18,9 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from harness import run_pattern  # noqa: E402
+from harness import run_pattern
 
-import replaykit as rk  # noqa: E402
+import replaykit as rk
 
 PATTERNS: dict[str, object] = {}
 STEPS = 8
@@ -211,8 +211,13 @@ reg("gan_d_batchnorm", gan, d_kind="bn", keep="alive")
 reg("gan_d_batchnorm_cumulative", gan, d_kind="bn_cma", keep="alive")
 reg("gan_amp_bf16", gan, keep="alive", step_kw={"precision": "bf16-mixed"})
 reg("gan_accumulate2", gan, keep="alive", step_kw={"accumulate": 2})
-reg("gan_amp_bf16_acc2_adam_d", gan, keep="alive", d_opt_kind="adam",
-    step_kw={"precision": "bf16-mixed", "accumulate": 2})
+reg(
+    "gan_amp_bf16_acc2_adam_d",
+    gan,
+    keep="alive",
+    d_opt_kind="adam",
+    step_kw={"precision": "bf16-mixed", "accumulate": 2},
+)
 reg("gan_d_via_trainstep", gan, d_via="trainstep")
 reg("gan_wgan_clip_inplace", gan, keep="alive", wgan_clip="inplace", loss_form="wgan")
 reg("gan_wgan_clip_data_rebind", gan, keep="alive", wgan_clip="rebind", loss_form="wgan")
@@ -285,8 +290,18 @@ def _double_d(i, ctx):
         ctx["D"].to(torch.float64).to(torch.float32)
 
 
-reg("gan_d_head_replaced_opt_told", gan, keep="alive", midway=functools.partial(_replace_head, tell_opt=True))
-reg("gan_d_head_replaced_opt_not_told", gan, keep="alive", midway=functools.partial(_replace_head, tell_opt=False))
+reg(
+    "gan_d_head_replaced_opt_told",
+    gan,
+    keep="alive",
+    midway=functools.partial(_replace_head, tell_opt=True),
+)
+reg(
+    "gan_d_head_replaced_opt_not_told",
+    gan,
+    keep="alive",
+    midway=functools.partial(_replace_head, tell_opt=False),
+)
 reg("gan_d_head_replaced_detached", gan, midway=functools.partial(_replace_head, tell_opt=True))
 reg("gan_d_frozen_midway", gan, keep="alive", midway=_freeze)
 reg("gan_d_unfrozen_midway", gan, keep="alive", midway=_unfreeze)
@@ -431,7 +446,9 @@ def distill_online(run):
 
     def loss_fn(s, x, y):
         ls, lt = s(x), T(x)  # teacher logits not detached: its grads accumulate too
-        return F.cross_entropy(ls, y) + F.kl_div(F.log_softmax(ls, -1), F.softmax(lt, -1), reduction="batchmean")
+        return F.cross_entropy(ls, y) + F.kl_div(
+            F.log_softmax(ls, -1), F.softmax(lt, -1), reduction="batchmean"
+        )
 
     step = run.step(S, loss_fn, s_opt)
     kept = []
@@ -475,7 +492,11 @@ def distill_mutual(run):
 def distill_frozen(run):
     torch.manual_seed(0)
     S = nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 3))
-    T = nn.Sequential(nn.Linear(6, 24), nn.Dropout(0.2), nn.Linear(24, 3)).eval().requires_grad_(False)
+    T = (
+        nn.Sequential(nn.Linear(6, 24), nn.Dropout(0.2), nn.Linear(24, 3))
+        .eval()
+        .requires_grad_(False)
+    )
     s_opt = torch.optim.SGD(S.parameters(), lr=0.05, momentum=0.9, fused=True)
 
     def loss_fn(s, x, y):
@@ -505,7 +526,7 @@ def gan_ema_d(run):
         d_opt.step()
         kept.append(dl)
         with torch.no_grad():
-            for pe, p in zip(D_ema.parameters(), D.parameters()):
+            for pe, p in zip(D_ema.parameters(), D.parameters(), strict=False):
                 pe.mul_(0.9).add_(p, alpha=0.1)
         gl = step(z2)
         run.snap([G, D, D_ema], [g_opt, d_opt], gl=gl, dl=dl.detach())
@@ -528,12 +549,21 @@ def gan_rk_ema(run):
         d_opt.step()
         kept.append(dl)
         gl = step(z2)
-        run.snap([G, D], [g_opt, d_opt], gl=gl, ema=[t for t in ema.state_dict().values() if isinstance(t, torch.Tensor)] if hasattr(ema, "state_dict") else None)
+        run.snap(
+            [G, D],
+            [g_opt, d_opt],
+            gl=gl,
+            ema=[t for t in ema.state_dict().values() if isinstance(t, torch.Tensor)]
+            if hasattr(ema, "state_dict")
+            else None,
+        )
 
 
 # ============================================================================ packed sequences
 class PackedRNN(nn.Module):
-    def __init__(self, cell="lstm", bidir=False, sorted_=False, use="h", layers=1, emb=False, total=None):
+    def __init__(
+        self, cell="lstm", bidir=False, sorted_=False, use="h", layers=1, emb=False, total=None
+    ):
         super().__init__()
         self.emb = nn.Embedding(20, 6, padding_idx=0) if emb else None
         kinds = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}
@@ -561,7 +591,9 @@ def _lengths(mode, i, B=4, T=7):
     if mode == "fixed":
         L = torch.tensor([5, 7, 2, 4])
     elif mode == "cycle":
-        L = [torch.tensor([5, 7, 2, 4]), torch.tensor([7, 3, 3, 1]), torch.tensor([6, 6, 6, 6])][i % 3]
+        L = [torch.tensor([5, 7, 2, 4]), torch.tensor([7, 3, 3, 1]), torch.tensor([6, 6, 6, 6])][
+            i % 3
+        ]
     elif mode == "random":
         L = torch.randint(1, T + 1, (B,), generator=g)
     elif mode == "sorted_cycle":
@@ -586,7 +618,7 @@ def packed(run, *, api="capture", lmode="cycle", as_list=False, steps=STEPS, T=7
         step = run.step(m, loss_fn, opt)
     for i in range(steps):
         L = _lengths(lmode, i, T=T)
-        Tcur = T if mk.get("total") or lmode != "random" else T
+        Tcur = T
         if mk.get("emb"):
             g = torch.Generator().manual_seed(950 + i)
             x = torch.randint(1, 20, (4, Tcur), generator=g)
@@ -617,14 +649,36 @@ reg("packed_lstm_same_multiset_perm_trainstep", packed, api="step", lmode="cycle
 reg("packed_lstm_lengths_list_capture", packed, as_list=True)
 reg("packed_lstm_lengths_list_trainstep", packed, api="step", as_list=True)
 reg("packed_lstm_sorted_capture", packed, lmode="sorted_cycle", sorted_=True)
-reg("packed_gru_sorted_trainstep", packed, api="step", lmode="sorted_cycle", sorted_=True, cell="gru")
+reg(
+    "packed_gru_sorted_trainstep",
+    packed,
+    api="step",
+    lmode="sorted_cycle",
+    sorted_=True,
+    cell="gru",
+)
 reg("packed_gru_unsorted_pad_lengths_capture", packed, cell="gru", use="pad")
 reg("packed_gru_unsorted_pad_lengths_trainstep", packed, api="step", cell="gru", use="pad")
-reg("packed_gru_pad_total_length_perm_capture", packed, cell="gru", use="pad", total=7, lmode="cycle2")
+reg(
+    "packed_gru_pad_total_length_perm_capture",
+    packed,
+    cell="gru",
+    use="pad",
+    total=7,
+    lmode="cycle2",
+)
 reg("packed_rnn_bidir_capture", packed, cell="rnn", bidir=True)
 reg("packed_lstm_bidir_2layer_pad_trainstep", packed, api="step", bidir=True, layers=2, use="pad")
 reg("packed_lstm_embedding_capture", packed, emb=True, use="pad")
-reg("packed_gru_bidir_pad_perm_trainstep", packed, api="step", cell="gru", bidir=True, use="pad", lmode="cycle2")
+reg(
+    "packed_gru_bidir_pad_perm_trainstep",
+    packed,
+    api="step",
+    cell="gru",
+    bidir=True,
+    use="pad",
+    lmode="cycle2",
+)
 
 
 class MaskToPacked(nn.Module):
@@ -643,7 +697,9 @@ class MaskToPacked(nn.Module):
             # random truncation: each sequence keeps a random prefix of at least 1 token
             cut = torch.empty_like(lengths).random_(1, 8)
             lengths = torch.minimum(lengths, cut)
-        packed = pack_padded_sequence(self.emb(ids), lengths, batch_first=True, enforce_sorted=False)
+        packed = pack_padded_sequence(
+            self.emb(ids), lengths, batch_first=True, enforce_sorted=False
+        )
         _, h = self.rnn(packed)
         return self.head(h[-1])
 
@@ -676,8 +732,16 @@ def mask_packed(run, *, api="capture", word_dropout=False, vary=True):
 
 reg("packed_lengths_from_mask_capture", mask_packed)
 reg("packed_lengths_from_mask_trainstep", mask_packed, api="step")
-reg("packed_random_truncation_empty_like_random_capture", mask_packed, word_dropout=True, vary=False)
-reg("packed_random_truncation_empty_like_random_trainstep", mask_packed, api="step", word_dropout=True, vary=False)
+reg(
+    "packed_random_truncation_empty_like_random_capture", mask_packed, word_dropout=True, vary=False
+)
+reg(
+    "packed_random_truncation_empty_like_random_trainstep",
+    mask_packed,
+    api="step",
+    word_dropout=True,
+    vary=False,
+)
 
 
 # ================================================================= input-derived host reads
@@ -757,7 +821,9 @@ class HostReads(nn.Module):
             keep = torch.empty_like(idx, dtype=torch.float32).bernoulli_(0.5)
             h = h * (int(keep.sum()) + 1)
         elif k == "scatter_add_counts":
-            cnt = torch.zeros(4, dtype=torch.long).scatter_add_(0, idx.clamp(0, 3), torch.ones_like(idx))
+            cnt = torch.zeros(4, dtype=torch.long).scatter_add_(
+                0, idx.clamp(0, 3), torch.ones_like(idx)
+            )
             h = h * (int(cnt.argmax()) + 1)
         elif k == "index_select_sorted":
             s, order = torch.sort(idx)
@@ -777,9 +843,17 @@ def host_reads(run, *, kind, api="capture", idx_mode="cycle", steps=STEPS):
     for i in range(steps):
         (x,) = data(1000 + i, (4, 6))
         if idx_mode == "sizes":
-            idx = [torch.tensor([1, 3, 0, 0]), torch.tensor([2, 2, 0, 0]), torch.tensor([4, 0, 0, 0])][i % 3]
+            idx = [
+                torch.tensor([1, 3, 0, 0]),
+                torch.tensor([2, 2, 0, 0]),
+                torch.tensor([4, 0, 0, 0]),
+            ][i % 3]
         elif idx_mode == "cycle":
-            idx = [torch.tensor([3, 1, 2, 0]), torch.tensor([0, 2, 1, 3]), torch.tensor([2, 2, 5, 1])][i % 3]
+            idx = [
+                torch.tensor([3, 1, 2, 0]),
+                torch.tensor([0, 2, 1, 3]),
+                torch.tensor([2, 2, 5, 1]),
+            ][i % 3]
         elif idx_mode == "random":
             idx = torch.randint(0, 6, (4,), generator=torch.Generator().manual_seed(1100 + i))
         y = torch.tensor([0, 1, 2, 1])
@@ -796,16 +870,38 @@ def host_reads(run, *, kind, api="capture", idx_mode="cycle", steps=STEPS):
 
 
 for _k in [
-    "argmax_int", "max_slice", "invert_perm", "invert_perm_host_read", "invert_perm_tolist",
-    "zeros_like_scatter_read", "empty_like_index_put_read", "empty_like_fill_then_add",
-    "bool_mask", "bincount", "one_hot", "one_hot_infer", "repeat_interleave", "unique",
-    "any_branch", "randperm_like", "bernoulli_like", "scatter_add_counts", "index_select_sorted",
+    "argmax_int",
+    "max_slice",
+    "invert_perm",
+    "invert_perm_host_read",
+    "invert_perm_tolist",
+    "zeros_like_scatter_read",
+    "empty_like_index_put_read",
+    "empty_like_fill_then_add",
+    "bool_mask",
+    "bincount",
+    "one_hot",
+    "one_hot_infer",
+    "repeat_interleave",
+    "unique",
+    "any_branch",
+    "randperm_like",
+    "bernoulli_like",
+    "scatter_add_counts",
+    "index_select_sorted",
 ]:
     reg(f"read_{_k}_capture", host_reads, kind=_k)
     reg(f"read_{_k}_trainstep", host_reads, kind=_k, api="step")
 reg("read_tolist_split_capture", host_reads, kind="tolist_split", idx_mode="sizes")
 reg("read_tolist_split_trainstep", host_reads, kind="tolist_split", api="step", idx_mode="sizes")
-reg("read_invert_perm_random_trainstep", host_reads, kind="invert_perm_host_read", api="step", idx_mode="random", steps=14)
+reg(
+    "read_invert_perm_random_trainstep",
+    host_reads,
+    kind="invert_perm_host_read",
+    api="step",
+    idx_mode="random",
+    steps=14,
+)
 reg("read_argmax_random_capture", host_reads, kind="argmax_int", idx_mode="random", steps=14)
 
 
@@ -873,8 +969,13 @@ def gan_kept_grad_refs(run):
         gl = step(z2)
         if refs is None:
             refs = [p.grad for p in D.parameters()]  # a logger keeps the grad tensors
-        run.snap([G, D], [g_opt, d_opt], gl=gl, refs=refs,
-                 same_obj=[r is p.grad for r, p in zip(refs, D.parameters())])
+        run.snap(
+            [G, D],
+            [g_opt, d_opt],
+            gl=gl,
+            refs=refs,
+            same_obj=[r is p.grad for r, p in zip(refs, D.parameters(), strict=False)],
+        )
 
 
 @pattern("gan_d_registered_in_g_not_in_opt")
@@ -1003,7 +1104,9 @@ def main(argv):
         verdict, n, detail = run_pattern(name, PATTERNS[name])
         counts[verdict] = counts.get(verdict, 0) + 1
         rows.append((name, verdict, n, detail))
-        print(f"{name:58s} | {verdict:16s} | {n:3d} | {time.time() - t:5.1f}s | {detail}", flush=True)
+        print(
+            f"{name:58s} | {verdict:16s} | {n:3d} | {time.time() - t:5.1f}s | {detail}", flush=True
+        )
     print()
     print(f"SUMMARY {len(sel)} patterns in {time.time() - t0:.0f}s: {counts}")
     return rows
