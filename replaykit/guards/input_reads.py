@@ -167,6 +167,9 @@ class Provenance(WatchingMode):
         input-derived after it, its program the op's (which makes the empty tensor anew when
         evaluated)."""
         targets = written(func, args, kwargs)
+        # any write ends a tensor's freshness: a fill after another op's write (an ``out=``
+        # result) would keep that op's values, which its program would not make
+        mades = [self._fresh.pop(_storage(t), None) for t in targets]
         if (
             func._schema.name.split("::")[-1] not in _FILLS
             or torch.Tag.nondeterministic_seeded in func.tags
@@ -174,7 +177,7 @@ class Provenance(WatchingMode):
             or targets[0] is not args[0]
         ):
             return False
-        made = self._fresh.pop(_storage(args[0]), None)
+        made = mades[0]
         if made is None or args[0].storage_offset() != 0 or args[0].numel() != made[1]:
             return False
         enc_args = (made[0], *(self._encode(a) for a in args[1:]))

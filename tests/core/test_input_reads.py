@@ -265,3 +265,32 @@ def test_an_empty_tensor_filled_by_a_draw_is_not_input_derived(backend, device):
         for a, b in zip(x, y, strict=True)
     )
     assert rec.counts["replay"] == 0, rec.summary()
+
+
+class StateThenFill(nn.Module):
+    """An empty tensor written first with the model's state (an ``out=`` result), then partly
+    filled from the inputs: its values are the state's where the fill did not reach."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("offset", torch.tensor([3, 1, 2]))
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        t = torch.empty_like(idx)
+        torch.add(self.offset, 0, out=t)
+        t.index_fill_(0, idx[:1], 0)
+        return self.lin(x[:, : 1 + int(t.sum())])
+
+
+def test_a_fill_after_a_write_of_state_is_not_input_derived(backend, device):
+    """The read is of state (it retires): were the tensor input-derived, a call would evaluate its
+    program from a new empty tensor and key by values eager never read."""
+    torch.manual_seed(0)
+    model = StateThenFill().to(device)
+
+    def make(i):
+        return torch.randn(2, 8, 4, device=device), torch.tensor([i % 3, 0, 1], device=device)
+
+    same, rec = _captured_run(model, device, backend, 4, make)
+    assert same and rec.retired, rec.journal.format()
