@@ -47,8 +47,10 @@ _SHAPE_ONLY = _EMPTIES | {"new_zeros", "new_ones", "new_full", "zeros_like", "on
 _SHAPE_ONLY |= {"full_like", "rand_like", "randn_like", "randint_like", "resize_", "set_"}
 
 
-def _storage_of(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
+def _storage_of(t: torch.Tensor) -> StorageWeakRef:
+    """The storage itself (hashed by its object, not its data's address: ``resize_`` moves the
+    data, and a freed block's address is given to later results)."""
+    return StorageWeakRef(t.untyped_storage())
 
 
 def _set_version_counters(tensors: Sequence[torch.Tensor], versions: Sequence[int]) -> None:
@@ -225,7 +227,7 @@ class _TapeMode(WatchingMode):
         super().__init__()
         self.tape = tape
         self.generators = generators
-        self.unfilled: set[int] = set()  # storages of empty tensors no taped op has written
+        self.unfilled: set[StorageWeakRef] = set()  # empty tensors' storages no op has written
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
@@ -255,13 +257,16 @@ class _TapeMode(WatchingMode):
             for t in tree_leaves((args, kwargs)):
                 if isinstance(t, torch.Tensor) and t.numel():
                     s = _storage_of(t)
-                    if s in self.unfilled and s not in wrote:
+                    if s in self.unfilled and s not in wrote and not s.expired():
                         raise ReplayError(
                             f"{func} reads memory an empty tensor was given by code past the "
                             f"dispatcher (a composite op's C++ loop){caller()}; a replay would read "
                             "it unfilled"
                         )
         self.unfilled -= wrote
+        self.unfilled = {
+            s for s in self.unfilled if not s.expired()
+        }  # freed: a later one may reuse
 
 
 class Tape:
