@@ -158,9 +158,6 @@ class Provenance(WatchingMode):
                 del self._nodes[id(t)]
         del self._storages[storage]
 
-    def _derived(self, t: Any) -> bool:
-        return id(t) in self._nodes
-
     def _filled(self, func: Any, args: tuple, kwargs: dict, out: Any) -> bool:
         """An in-place op that fills a whole fresh tensor (``empty_like(p).scatter_(0, p,
         arange)``: ``invert_permutation``) from input-derived arguments: the tensor is
@@ -207,10 +204,14 @@ class Provenance(WatchingMode):
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
         kwargs = kwargs or {}
-        if func is _READ and args and self._derived(args[0]):
+        if func is _READ and args and id(args[0]) in self._nodes:
             return self._read(func, args[0])
         whole = _WHOLE_READS.get(func)
-        if whole is not None and self._derived(args[whole]) and args[whole].device.type == "cpu":
+        if (
+            whole is not None
+            and id(args[whole]) in self._nodes
+            and args[whole].device.type == "cpu"
+        ):
             self._read_whole(args[whole])
         out = self._copy(func, args, kwargs)
         if out is _PASS:
@@ -287,7 +288,7 @@ class Provenance(WatchingMode):
         at every replay, its value fixed by the key), one to the host is answered from the key.
         Returns the copy's result, or ``_PASS`` (run the op as it is)."""
         t, to = args[0] if args else None, kwargs.get("device")
-        if func is not _TO_COPY or to is None or not self._derived(t):
+        if func is not _TO_COPY or to is None or id(t) not in self._nodes:
             return _PASS
         to = torch.device(to)
         if t.device.type == "cpu" and to.type == "cuda":

@@ -1,8 +1,9 @@
 """Round 10 hostile patterns: the tape's unfilled-read refusal (d2a2496), the critic stand-ins'
 data_ptr key (c76b30a), input-derived fills (f1bc229, 354203f). Run:
 
-  cd /tmp/r10 && OMP_NUM_THREADS=1 PYTHONPATH=/tmp/r10 /work/main/.venv/bin/python \
-      scripts/hostile/round10/patterns.py [name-prefix ...]
+  OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/hostile/round10/patterns.py [name-prefix ...]
+
+The harness is round 9's (one copy).
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ from __future__ import annotations
 import functools
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence, pad_sequence
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "round9"))
 from harness import run_pattern
 
 PATTERNS: dict[str, object] = {}
