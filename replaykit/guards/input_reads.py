@@ -206,13 +206,9 @@ class Provenance(WatchingMode):
         kwargs = kwargs or {}
         if func is _READ and args and id(args[0]) in self._nodes:
             return self._read(func, args[0])
-        whole = _WHOLE_READS.get(func)
-        if (
-            whole is not None
-            and id(args[whole]) in self._nodes
-            and args[whole].device.type == "cpu"
-        ):
-            self._read_whole(args[whole])
+        read = args[_WHOLE_READS[func]] if func in _WHOLE_READS else None
+        if id(read) in self._nodes and read.device.type == "cpu":
+            self._read_whole(read)
         out = self._copy(func, args, kwargs)
         if out is _PASS:
             out = self.run(func, args, kwargs)
