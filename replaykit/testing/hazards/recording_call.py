@@ -411,6 +411,9 @@ PATTERNS: list[Pattern] = [
         unsafe_never=(
             "torch < 2.5 runs it eagerly (autocast_region)" if FREES_HELD_CASTS else None
         ),
+        cpu_only="on the H200 (torch 2.11) the unsafe capture backs through the reference run's "
+        "cached cast, whose node ran on the legacy stream: the capture fails ('would make the "
+        "legacy stream depend on a capturing blocking stream') and the step retires, exact",
     ),
     *HC.twins(
         "parametrize_cached_region",
