@@ -59,6 +59,25 @@ def _module_values(mods: list[tuple[str, nn.Module]]) -> tuple:
     return values + tensors
 
 
+def _contained_modules(value: Any, depth: int = 2) -> list[nn.Module]:
+    """The modules a container or plain object holds (``{"teacher": t}``, ``self.nets = [a, b]``),
+    ``depth`` levels down: :func:`value_key` keys a module by identity alone."""
+    if depth == 0 or isinstance(value, (nn.Module, torch.Tensor, str, bytes)):
+        return []
+    if isinstance(value, dict):
+        items: Iterable[Any] = value.values()
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = value
+    elif type(value).__module__.partition(".")[0] in ("builtins", "torch", "numpy"):
+        return []
+    else:
+        items = getattr(value, "__dict__", {}).values()
+    found: list[nn.Module] = []
+    for v in items:
+        found += [v] if isinstance(v, nn.Module) else _contained_modules(v, depth - 1)
+    return found
+
+
 class LossInputs:
     """Where ``loss_fn``'s host values live; ``key()`` is their values now."""
 
@@ -194,6 +213,9 @@ class LossInputs:
             return ("tensor", Pinned(value))
         if isinstance(value, _SKIPPED) or type(value).__module__.startswith("torch."):
             return ("id", id(value))
+        held = _contained_modules(value)  # a teacher in a dict: keyed as a teacher named alone
+        if held:
+            return (value_key(value), tuple(self._value(m) for m in held))
         return value_key(value)
 
     def _walk(self, fn: Any, name: str, depth: int) -> None:

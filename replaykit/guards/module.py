@@ -284,6 +284,13 @@ def value_key(value: Any) -> Any:
     return ("id", id(value))
 
 
+def _tensor_slots(m: nn.Module) -> tuple:
+    """``m``'s own parameters and buffers by identity, held (:class:`Pinned`)."""
+    return tuple(
+        (k, Pinned(t)) for k, t in (*m._parameters.items(), *m._buffers.items()) if t is not None
+    )
+
+
 def _entries_key(value: Any, entries: dict[int, dict[Any, bool]]) -> Any:
     """``value_key``, but a held dict's or plain object's learnt entries keyed by kind."""
     learnt = entries.get(id(value)) if entries else None
@@ -514,10 +521,6 @@ class ModuleGuard:
     def _names(self) -> Iterator[tuple[str, nn.Module]]:
         return self._module.named_modules(remove_duplicate=True)
 
-    def _all(self) -> list[tuple[str, nn.Module]]:
-        """The registered tree, then modules held outside it (see :func:`hidden_modules`)."""
-        return [*self._names(), *hidden_modules(self._module)]
-
     def rebaseline(self) -> None:
         """Take the tree as it is now as the reference for identities (done while no recording exists)."""
         self._unwatch()
@@ -566,7 +569,8 @@ class ModuleGuard:
         kinds = self._kinds
         for _, m in mods:
             _swap_dicts(m, True)  # a dict replaced wholesale (rare) is watched again
-        for n, m in self._all():
+        hidden = hidden_modules(self._module)
+        for n, m in [*mods, *hidden]:
             for name, value in m.__dict__.items():
                 if name in _SKIP or name in _CONTAINERS or "hooks" in name:
                     continue
@@ -591,6 +595,8 @@ class ModuleGuard:
                     polled.append((value, k))
             if kinds:  # a buffer the forward re-binds and reads (a state): keyed by its slot
                 keys += [(n, b, _kind_key(t, True)) for b, t in _state_buffers(m, kinds)]
+        # a teacher held in a dict, its weights loaded as new tensors: the graph reads the old ones
+        keys += [(n, "tensors", _tensor_slots(m)) for n, m in hidden]
         self._polled = polled
         key = self._interned.setdefault(tuple(keys), len(self._interned))
         return Verdict(key, *self._identity(mods))

@@ -272,6 +272,24 @@ def _temperature_at(
     return before
 
 
+class _DictTeacher(MLP):
+    """A student minus a frozen teacher kept in a plain dict attribute (not a registered module)."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__()
+        self.held = {"teacher": MLP().to(device).requires_grad_(False)}
+        self.to(device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) - self.held["teacher"](x)
+
+
+def _reload_teacher(model: nn.Module, step: int) -> None:
+    """Before each step the teacher's weights are loaded as new tensors (``assign=True``)."""
+    teacher = model.held["teacher"]
+    teacher.load_state_dict({k: v * 0.9 for k, v in teacher.state_dict().items()}, assign=True)
+
+
 PATTERNS: list[Pattern] = [
     HC.pattern(
         "submodule_bn_eval",
@@ -285,6 +303,14 @@ PATTERNS: list[Pattern] = [
         "model.drop.eval() on a submodule after recording",
         mlp(p=0.5),
         lambda m, a: loop(m, a, steps=4, before=set_at(2, lambda m: m.drop.eval())),
+        guard="module_state",
+    ),
+    *HC.twins(  # hostile round 10's teacher, held by the model: its tensors key the recording
+        "teacher_in_dict_reloaded",
+        "a frozen teacher in a plain dict attribute, its weights loaded as new tensors each step",
+        _DictTeacher,
+        looped(steps=4, before=_reload_teacher),
+        stepped(steps=4, before=each_step(_reload_teacher)),
         guard="module_state",
     ),
     HC.pattern(

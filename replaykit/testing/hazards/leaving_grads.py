@@ -148,38 +148,6 @@ PATTERNS: list[Pattern] = [
 ]
 
 
-def _teacher_in_dict_reloaded(model: nn.Module, arm: Arm) -> Extras:
-    """Distillation from a frozen teacher that ``loss_fn`` reaches through a dict; before each
-    step the teacher's weights are loaded as new tensors (``load_state_dict(assign=True)``)."""
-    teacher = MLP().to(arm.device).requires_grad_(False)
-    held = {"teacher": teacher}
-
-    def distil(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return (m(x) - held["teacher"](x)).pow(2).mean()
-
-    step = arm.train_step(model, distil, sgd(model))
-    kept: Extras = {}
-    for i in range(5):
-        new = {k: v * 0.9 for k, v in teacher.state_dict().items()}
-        teacher.load_state_dict(new, assign=True)
-        kept[f"loss{i}"] = step(arm.randn(4, 6)).detach()
-    return kept
-
-
-KNOWN_LIMITS: list[Pattern] = [
-    HC.pattern(
-        "step_frozen_teacher_in_dict_reloaded",
-        "a frozen teacher loss_fn reaches through a dict, its weights loaded as new tensors each step",
-        built(MLP),
-        _teacher_in_dict_reloaded,
-        api="step",
-    ),
-]
-"""Still silent differences (docs/limits.md): kept out of ``PATTERNS``. A frozen teacher's
-weights replaced by new tensors are seen where ``loss_fn`` names the teacher itself (its guard keys
-the module) but not through a container (hostile round 10): the recording reads the old tensors."""
-
-
 def _replaced_layer(disc: nn.Module, d_opt: torch.optim.Optimizer, i: int) -> None:
     """At the fourth step the discriminator's head is re-initialised as a new layer, which its
     optimizer steps instead of the old one (whose gradients stay as they were: same layout)."""

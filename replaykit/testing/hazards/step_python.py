@@ -19,8 +19,8 @@ from torch import nn
 
 from . import user_settings
 from .host_state import ARRAY_COPY_LIVE
-from .pattern import Arm, Extras, Pattern, loop, mlp, sgd, step_loop
-from .writing import HazardClass
+from .pattern import MLP, Arm, Extras, Pattern, loop, mlp, sgd, step_loop
+from .writing import HazardClass, built
 
 HAZARD = "step_python"
 HC = HazardClass(HAZARD)
@@ -427,6 +427,24 @@ def _lambda_lr_float(model: nn.Module, arm: Arm) -> Extras:
     return kept
 
 
+def _teacher_in_dict_reloaded(model: nn.Module, arm: Arm) -> Extras:
+    """Distillation from a frozen teacher that ``loss_fn`` reaches through a dict; before each
+    step the teacher's weights are loaded as new tensors (``load_state_dict(assign=True)``)."""
+    teacher = MLP().to(arm.device).requires_grad_(False)
+    held = {"teacher": teacher}
+
+    def distil(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return (m(x) - held["teacher"](x)).pow(2).mean()
+
+    step = arm.train_step(model, distil, sgd(model))
+    kept: Extras = {}
+    for i in range(5):
+        new = {k: v * 0.9 for k, v in teacher.state_dict().items()}
+        teacher.load_state_dict(new, assign=True)
+        kept[f"loss{i}"] = step(arm.randn(4, 6)).detach()
+    return kept
+
+
 PATTERNS: list[Pattern] = [
     HC.pattern(
         "step_forward_hook_stats",
@@ -573,6 +591,14 @@ PATTERNS: list[Pattern] = [
         "the loss divides by the mean of a deque of recent losses the loop appends to",
         mlp(),
         _loss_deque,
+        guard="loss_inputs",
+        api="step",
+    ),
+    HC.pattern(  # hostile round 10: silent until a module in a container keyed its tensors
+        "step_frozen_teacher_in_dict_reloaded",
+        "a frozen teacher loss_fn reaches through a dict, its weights loaded as new tensors each step",
+        built(MLP),
+        _teacher_in_dict_reloaded,
         guard="loss_inputs",
         api="step",
     ),
