@@ -38,7 +38,6 @@ from .guards.distributed import ddp_refusal, is_ddp
 from .guards.fills import Fills
 from .guards.host_choices import HostChoices
 from .guards.input_reads import InputReads
-from .guards.module import epoch as guard_epoch
 from .guards.module import gradient_hooks
 from .guards.optimizer import (
     GRAD,
@@ -49,6 +48,7 @@ from .guards.optimizer import (
 )
 from .guards.signature import SIGNATURE_PARTS, UnhashableArgument, signature, split_call
 from .guards.storage import GLOBAL_HOOKS, module_hooks
+from .guards.watch import epoch as guard_epoch
 from .memory.attribute_outputs import StepAttributes
 from .memory.copy_out import StepGrads
 from .memory.foreign import ForeignLeaves

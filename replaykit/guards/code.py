@@ -28,7 +28,8 @@ from torch import nn
 
 from ..errors import ReplayWarning
 from ..verify.snapshot import held_state
-from .module import Pinned, cell_filled, code_names, value_key
+from .keys import Pinned, cell_filled, module_key, value_key
+from .module import code_names
 
 _DEPTH = 3  # functions reached through functions: helpers of helpers, not the whole program
 #: guarded by the step itself, or by identity (a tensor's memory is what a graph reads)
@@ -39,43 +40,6 @@ _SKIPPED = (
     ModuleType,
     type,
 )
-_CONTAINERS = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
-
-
-def _module_values(mods: list[tuple[str, nn.Module]]) -> tuple:
-    """A criterion module's plain settings (``mods``: its submodules but the model's, which its own
-    guard reads), and its parameters and buffers by identity (``CrossEntropyLoss.weight`` replaced)."""
-    values = tuple(
-        (n, k, value_key(v))
-        for n, m in mods
-        for k, v in m.__dict__.items()
-        if k not in _CONTAINERS
-        and "hooks" not in k
-        and not isinstance(v, (torch.Tensor, nn.Module))
-    )
-    tensors = tuple(
-        (n, k, id(t)) for n, m in mods for k, t in (*m._parameters.items(), *m._buffers.items())
-    )
-    return values + tensors
-
-
-def _contained_modules(value: Any, depth: int = 2) -> list[nn.Module]:
-    """The modules a container or plain object holds (``{"teacher": t}``, ``self.nets = [a, b]``),
-    ``depth`` levels down: :func:`value_key` keys a module by identity alone."""
-    if depth == 0 or isinstance(value, (nn.Module, torch.Tensor, str, bytes)):
-        return []
-    if isinstance(value, dict):
-        items: Iterable[Any] = value.values()
-    elif isinstance(value, (list, tuple, set, frozenset)):
-        items = value
-    elif type(value).__module__.partition(".")[0] in ("builtins", "torch", "numpy"):
-        return []
-    else:
-        items = getattr(value, "__dict__", {}).values()
-    found: list[nn.Module] = []
-    for v in items:
-        found += [v] if isinstance(v, nn.Module) else _contained_modules(v, depth - 1)
-    return found
 
 
 class LossInputs:
@@ -85,8 +49,6 @@ class LossInputs:
 
     def __init__(self, loss_fn: Callable[..., Any] | None, model: nn.Module) -> None:
         self._model_ids = {id(m) for m in model.modules()}
-        self._trees: dict[int, list[tuple[str, nn.Module]]] = {}
-        self._keep: list[nn.Module] = []
         self._seen: set[int] = set()
         self._attributes: set[tuple[int, str]] = set()  # (module, attribute) keyed already
         self._sources: list[tuple[str, Callable[[], Any]]] = []
@@ -151,17 +113,6 @@ class LossInputs:
         an open file): ``next()`` moves it, and its position can be neither copied nor put back."""
         return [name for name, get in self._iterators if isinstance(_get(get), Iterator)]
 
-    def _submodules(self, module: nn.Module) -> list[tuple[str, nn.Module]]:
-        """A criterion's submodules outside the model, listed once per criterion (a per-call walk of a
-        tree that holds the model would cost what the model's guard saves)."""
-        mods = self._trees.get(id(module))
-        if mods is None:
-            mods = self._trees[id(module)] = [
-                (n, m) for n, m in module.named_modules() if id(m) not in self._model_ids
-            ]
-            self._keep.append(module)  # the id stays its own
-        return mods
-
     # ----------------------------------------------------------------- finding the sources
     def _add(self, name: str, get: Callable[[], Any]) -> None:
         found = _get(get)
@@ -204,18 +155,11 @@ class LossInputs:
 
     def _value(self, value: Any) -> Any:
         if isinstance(value, nn.Module):
-            return (
-                ("model", id(value))
-                if id(value) in self._model_ids
-                else ("module", id(value), _module_values(self._submodules(value)))
-            )
+            return ("model", id(value)) if id(value) in self._model_ids else module_key(value)
         if isinstance(value, torch.Tensor):
             return ("tensor", Pinned(value))
         if isinstance(value, _SKIPPED) or type(value).__module__.startswith("torch."):
             return ("id", id(value))
-        held = _contained_modules(value)  # a teacher in a dict: keyed as a teacher named alone
-        if held:
-            return (value_key(value), tuple(self._value(m) for m in held))
         return value_key(value)
 
     def _walk(self, fn: Any, name: str, depth: int) -> None:
@@ -538,7 +482,11 @@ class ForwardInputs(LossInputs):
     def _keyed(self, value: Any) -> bool:
         """Plain values, and tensors by identity: a module-level tensor the script re-binds
         (``SCALE = torch.tensor(s)``) is another input, and a graph reads the old one's memory."""
-        return _plain(value) or _loose_tensor(value)
+        return _plain(value) or _loose_tensor(value) or self._outside(value)
+
+    def _outside(self, value: Any) -> bool:
+        """A module outside the tree (a global teacher): :func:`module_key` reads its state."""
+        return isinstance(value, nn.Module) and id(value) not in self._model_ids
 
     def held_tensors(self) -> list[torch.Tensor]:
         """The tensors the forward names through globals and closure cells (a running total it adds

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..guards.module import cell_filled, hidden_modules
+from ..guards.keys import cell_filled
+from ..guards.module import hidden_modules
 from ..guards.recurrent import DropoutStates, dropout_states, watching
 from . import weight_caches
 from .host_generators import HostGenerators, forward_named

@@ -28,7 +28,8 @@ from typing import Any
 
 from torch import nn
 
-from ..guards.module import cell_filled, code_names, is_ndarray
+from ..guards.keys import cell_filled, is_ndarray
+from ..guards.module import code_names
 
 __all__ = ["HostGenerators", "forward_named", "is_host_generator"]
 

@@ -15,7 +15,9 @@ import torch
 from torch import nn
 
 from ..guards.distributed import repeated_by_replay
-from ..guards.module import held_values, listen_for_writes, value_key
+from ..guards.keys import value_key
+from ..guards.module import held_values
+from ..guards.watch import listen_for_writes
 from ..memory.attribute_outputs import MODULE_SLOTS, AttributeOutputs, held_entries
 from ..memory.layout import copy_into
 from ..memory.write_back import inexact

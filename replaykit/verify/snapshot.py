@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from ..guards.module import hidden_modules, is_ndarray
+from ..guards.keys import is_ndarray
+from ..guards.module import hidden_modules
 from ..guards.recurrent import restore_cuda_rng
 from .host_generators import is_host_generator
 

@@ -14,7 +14,8 @@ from torch import nn
 
 import replaykit as rk
 from replaykit.guards import module as guards
-from replaykit.guards.module import ModuleGuard, value_key
+from replaykit.guards.keys import value_key
+from replaykit.guards.module import ModuleGuard
 from replaykit.protections import negative_control
 
 
@@ -383,7 +384,7 @@ def test_the_probe_leaves_no_reference_cycle() -> None:
 def test_a_re_bound_tensor_never_meets_its_predecessors_key() -> None:
     """A key names a tensor by identity and holds it: Python gives a new tensor a freed one's
     ``id``, and a graph keyed by the old tensor reads the old memory (a global re-bound each step)."""
-    from replaykit.guards.module import value_key
+    from replaykit.guards.keys import value_key
 
     old = value_key(torch.tensor(0.0))  # the key is the tensor's only holder now
     for i in range(1, 2000):

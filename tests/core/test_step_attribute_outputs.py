@@ -230,12 +230,14 @@ def _teacher_centre(replay: bool, unsafe: tuple[str, ...] = ()) -> tuple[list, r
 
 def test_a_teacher_loss_fn_holds_re_binding_its_centre_stays_eager() -> None:
     """A module outside the model is no recording's: its re-bound centre would stay the
-    recording call's. The step retires, naming it, exact; without ``side_effects``, it diverges."""
+    recording call's. The step retires, naming it, exact; without ``side_effects`` (and
+    ``loss_inputs``, whose key reads the teacher's tensor attributes too: a new centre every call
+    is a new recording every call), it diverges."""
     eager, _ = _teacher_centre(False)
     seen, step = _teacher_centre(True)
     assert same(seen, eager)
     assert "re-binds Sequential.center" in step.summary(), step.summary()
-    unsafe, step = _teacher_centre(True, negative_control("side_effects"))
+    unsafe, step = _teacher_centre(True, negative_control("side_effects", "loss_inputs"))
     assert step.counts["replay"] >= 1 and not same(unsafe, eager)
 
 

@@ -170,7 +170,9 @@ PATTERNS.append(
         # parameters are nobody's leaves, and their accumulators (the loss holds them, made on the
         # default stream) would fail a CUDA capture instead of showing the stale head
         lambda m, a: _gan(m, a, False, "step", _replaced_layer, keep_graph=False),
-        guard="foreign_owners",
+        # loss_fn's key reads the discriminator's state too since hostile round 11 (a new head is
+        # a new key): both are switched off for the old head to replay
+        guard="foreign_owners+loss_inputs",
         api="step",
     )
 )

@@ -1,0 +1,272 @@
+"""What a value keys as: the part of a recording's key that says "the code would read the same".
+
+A graph reads tensors by address and freezes every Python value it was recorded with, so a key
+holds tensors and modules by identity, *held* (:class:`Pinned`, :class:`Same`: a freed object's
+``id`` is reused, and a new object must not meet the old one's key), and plain values by value.
+:func:`value_key` is that rule for one value; :func:`module_key` for a module code reaches outside
+any guarded tree (a teacher in a dict, a criterion, a global): its whole state, every call.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+from collections import deque
+from operator import attrgetter
+from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import watch
+from .signature import PLAIN_VALUES
+from .watch import CONTAINERS, in_tree
+
+SKIP = frozenset({"_replaykit_recorder", "_non_persistent_buffers_set"})
+#: What a module runs instead of its class's forward: a patched ``forward``, ``module.compile()``'s
+#: ``_compiled_call_impl``, a torch.compile wrapper's own. Keyed by identity (the module guard's
+#: code key), never walked nor polled: dynamo's context holds inductor's config (~0.5 ms a walk).
+CODE = frozenset(
+    {
+        "forward",
+        "_forward",
+        "_compiled_call_impl",
+        "dynamo_ctx",
+        "get_compiler_config",
+        "_torchdynamo_orig_callable",
+        "_torchdynamo_wrapper_id",
+    }
+)
+
+
+class Pinned:
+    """A tensor in a key, by identity, held: Python reuses a freed object's ``id``, so a script
+    that re-binds a global tensor each step (``SCALE = torch.tensor(s)``) could meet its old key
+    with a new tensor while the graph reads the old one's memory. A key that holds the tensor
+    keeps its ``id`` from being reused while the recording keyed by it lives."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Pinned) and other.tensor is self.tensor
+
+    def __hash__(self) -> int:
+        return id(self.tensor)
+
+
+def value_key(value: Any) -> Any:
+    """A hashable key that changes whenever ``value`` would make a forward behave differently.
+    Floats are keyed by their bits (``-0.0`` is not ``0.0``; a NaN equals itself), tensors and
+    callables by identity (a graph reads a tensor's memory, whatever it holds)."""
+    if isinstance(value, float):
+        return ("f", value.hex())
+    if isinstance(value, PLAIN_VALUES):
+        return (type(value), value)
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(value_key(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((value_key(k), value_key(v)) for k, v in value.items()))
+    if isinstance(value, complex):
+        return ("c", value.real.hex(), value.imag.hex())
+    if isinstance(value, (set, frozenset)):
+        return (type(value), frozenset(value_key(v) for v in value))
+    if isinstance(value, deque):
+        return ("deque", tuple(value_key(v) for v in value))
+    if is_ndarray(value):  # by contents: an array updated in place keeps its identity
+        return ("ndarray", value.dtype.str, value.shape, value.tobytes())
+    if is_numpy_generator(value):
+        return ("np-rng", id(value), value_key(value.bit_generator.state))
+    if isinstance(
+        value, FunctionType
+    ):  # by code and captured values: a new lambda each step may reuse an id
+        cells = tuple(
+            value_key(c.cell_contents) if cell_filled(c) else None for c in value.__closure__ or ()
+        )
+        return (
+            "fn",
+            id(value.__code__),
+            cells,
+            value_key(value.__defaults__),
+            value_key(value.__kwdefaults__),
+        )
+    if isinstance(value, functools.partial):
+        return ("partial", value_key(value.func), value_key(value.args), value_key(value.keywords))
+    if isinstance(value, torch.Tensor):
+        return ("tensor", Pinned(value))
+    if isinstance(value, nn.Module):
+        return module_key(value)
+    if isinstance(value, weakref.ReferenceType):
+        return ("weakref", value_key(value()))
+    if isinstance(value, MethodType) and isinstance(value.__self__, nn.Module):
+        return ("method", Same(value.__func__), module_key(value.__self__))
+    if isinstance(value, (BuiltinFunctionType, MethodType, type, ModuleType)):
+        return ("id", id(value))
+    attrs = getattr(value, "__dict__", None)
+    if attrs is not None:
+        return ("obj", id(value), value_key(attrs))
+    names = slots(value)
+    if names:
+        return ("slots", id(value), tuple((k, value_key(getattr(value, k, None))) for k in names))
+    return ("id", id(value))
+
+
+def module_key(m: nn.Module) -> Any:
+    """A module code reaches outside a guarded tree (a teacher in a dict, a criterion, a global):
+    every submodule by identity, its plain attributes (``training`` too) and each parameter's,
+    buffer's and tensor attribute's identity, memory and ``requires_grad``. A graph reads those
+    tensors' memory: a teacher loaded as new tensors, a re-bound ``.data``, a replaced head or an
+    unfrozen weight is a new recording. A module of a guarded tree is keyed by identity: its
+    guard reads the rest."""
+    if in_tree(m):
+        return ("tree", Same(m))
+    state = _outside.get(m)
+    if state is None:
+        state = _outside[m] = _Outside(m)
+    return ("module", Same(m), *state.key())
+
+
+def outside_module(value: Any) -> bool:
+    """A module held outside every guarded tree: :func:`module_key` reads it each call."""
+    return isinstance(value, nn.Module) and not in_tree(value)
+
+
+class _Outside:
+    """One outside module's state, as :func:`module_key` reads it. Its tree is watched
+    (:func:`~replaykit.guards.watch.watch_outside`), so the walk runs again only when a write was
+    reported or a mutable value it holds changed; every call reads the tensors' memory and
+    ``requires_grad`` (changed in C: no write is reported). ``version`` counts distinct walks."""
+
+    __slots__ = ("__weakref__", "epoch", "module", "polled", "tensors", "version", "walked")
+
+    def __init__(self, m: nn.Module) -> None:
+        self.module, self.epoch, self.version, self.walked = weakref.ref(m), -1, 0, None
+        self.tensors: list[torch.Tensor] = []
+        self.polled: list[tuple[Any, Any]] = []
+
+    def key(self) -> tuple:
+        if (
+            self.epoch != watch.outside_epoch()
+            or any(value_key(v) != k for v, k in self.polled)
+            or not watch.outside(self.module())
+        ):
+            self._walk()
+        t = self.tensors
+        return self.version, tuple(map(_data_ptr, t)), tuple(map(_requires_grad, t))
+
+    def _walk(self) -> None:
+        m = self.module()
+        watch.watch_outside(m)
+        busy = _keying.__dict__.setdefault("modules", set())
+        if id(m) in busy:  # it holds itself: keyed by what the outer walk reads
+            return
+        busy.add(id(m))
+        try:
+            self.epoch, self.tensors, self.polled = watch.outside_epoch(), [], []
+            walked = tuple(map(self._submodule, _submodules(m)))
+        finally:
+            busy.discard(id(m))
+        if walked != self.walked:
+            self.walked, self.version = walked, self.version + 1
+
+    def _submodule(self, sub: nn.Module) -> tuple:
+        if in_tree(sub):  # a distiller holding the model: its guard's
+            return ("tree", Same(sub))
+        plain = []
+        for k, v in sub.__dict__.items():
+            if k in CONTAINERS or k in SKIP or "hooks" in k:
+                continue
+            if k in CODE:  # a patched forward, a compile wrapper: by identity, never walked
+                plain.append((k, Same(v)))
+                continue
+            key = value_key(v)
+            plain.append((k, key))
+            if isinstance(v, torch.Tensor):
+                self.tensors.append(v)
+            elif _mutable(v):
+                self.polled.append((v, key))
+        held = [
+            (k, t) for k, t in (*sub._parameters.items(), *sub._buffers.items()) if t is not None
+        ]
+        self.tensors += [t for _, t in held]
+        return (Same(sub), tuple((k, Pinned(t)) for k, t in held), tuple(plain))
+
+
+_outside: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_keying = (
+    threading.local()
+)  # .modules: ids of the modules being walked (a module that holds itself)
+_data_ptr = torch.Tensor.data_ptr
+_requires_grad = attrgetter("requires_grad")
+
+
+def _submodules(m: nn.Module) -> list[nn.Module]:
+    """``m``'s tree, a guarded tree's modules not entered (their guard reads them)."""
+    found, todo, seen = [], [m], set()
+    while todo:
+        sub = todo.pop()
+        if id(sub) in seen:
+            continue
+        seen.add(id(sub))
+        found.append(sub)
+        if sub is m or not in_tree(sub):
+            todo += [c for c in reversed(sub._modules.values()) if c is not None]
+    return found
+
+
+def _mutable(v: Any) -> bool:
+    """A value that changes without a reported write (a dict, a plain object, another module)."""
+    if isinstance(v, (list, dict, set, deque, nn.Module)) or is_ndarray(v):
+        return True
+    return hasattr(v, "__dict__") and not isinstance(
+        v, (torch.Tensor, type, FunctionType, MethodType, BuiltinFunctionType, ModuleType)
+    )
+
+
+class Same:
+    """A key part equal only to the same object. It holds the object, so no other object takes
+    its id while the key is kept (a new ``module.compile()`` must not key as the old one)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Same) and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+
+def is_ndarray(value: Any) -> bool:
+    """A numpy array (numpy is not imported for this: a type check by module name)."""
+    return (
+        type(value).__module__ == "numpy" and hasattr(value, "tobytes") and hasattr(value, "shape")
+    )
+
+
+def is_numpy_generator(value: Any) -> bool:
+    return type(value).__module__.startswith("numpy.random") and hasattr(value, "bit_generator")
+
+
+def cell_filled(cell: Any) -> bool:
+    """Whether a closure cell holds a value (an empty one raises on read)."""
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def slots(value: Any) -> tuple[str, ...]:
+    return tuple(
+        k
+        for c in type(value).__mro__
+        for k in getattr(c, "__slots__", ())
+        if k not in ("__weakref__", "__dict__")
+    )
