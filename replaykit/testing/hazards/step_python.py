@@ -428,8 +428,9 @@ def _lambda_lr_float(model: nn.Module, arm: Arm) -> Extras:
 
 
 def _teacher_in_dict_reloaded(model: nn.Module, arm: Arm) -> Extras:
-    """Distillation from a frozen teacher that ``loss_fn`` reaches through a dict; before each
-    step the teacher's weights are loaded as new tensors (``load_state_dict(assign=True)``)."""
+    """Distillation from a frozen teacher that ``loss_fn`` reaches through a dict; at the third
+    step a new checkpoint of it is loaded as new tensors (``load_state_dict(assign=True)``), as a
+    loop does per epoch (every step: exact too, a new recording each call; hostile round 10)."""
     teacher = MLP().to(arm.device).requires_grad_(False)
     held = {"teacher": teacher}
 
@@ -438,9 +439,10 @@ def _teacher_in_dict_reloaded(model: nn.Module, arm: Arm) -> Extras:
 
     step = arm.train_step(model, distil, sgd(model))
     kept: Extras = {}
-    for i in range(5):
-        new = {k: v * 0.9 for k, v in teacher.state_dict().items()}
-        teacher.load_state_dict(new, assign=True)
+    for i in range(6):
+        if i == 2:
+            new = {k: v * 0.9 for k, v in teacher.state_dict().items()}
+            teacher.load_state_dict(new, assign=True)
         kept[f"loss{i}"] = step(arm.randn(4, 6)).detach()
     return kept
 
@@ -596,7 +598,7 @@ PATTERNS: list[Pattern] = [
     ),
     HC.pattern(  # hostile round 10: silent until a module in a container keyed its tensors
         "step_frozen_teacher_in_dict_reloaded",
-        "a frozen teacher loss_fn reaches through a dict, its weights loaded as new tensors each step",
+        "a frozen teacher loss_fn reaches through a dict, a new checkpoint of it loaded as new tensors midway",
         built(MLP),
         _teacher_in_dict_reloaded,
         guard="loss_inputs",
