@@ -13,14 +13,13 @@ import functools
 import threading
 import weakref
 from collections import deque
-from operator import attrgetter
+from operator import attrgetter, is_
 from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any
 
 import torch
 from torch import nn
 
-from . import watch
 from .signature import PLAIN_VALUES
 from .watch import CONTAINERS, in_tree
 
@@ -136,71 +135,80 @@ def outside_module(value: Any) -> bool:
 
 
 class _Outside:
-    """One outside module's state, as :func:`module_key` reads it. Its tree is watched
-    (:func:`~replaykit.guards.watch.watch_outside`), so the walk runs again only when a write was
-    reported or a mutable value it holds changed; every call reads the tensors' memory and
-    ``requires_grad`` (changed in C: no write is reported). ``version`` counts distinct walks."""
+    """One outside module's state, read in full on every call: a write to it need not pass
+    ``setattr`` (``vars(teacher)["k"] = ...``, a list inside a tuple, a closure cell), so nothing
+    is cached but the last state read, held (its objects' ids stay theirs), to number it:
+    ``version`` counts the distinct states met; the tensors' memory and ``requires_grad`` are
+    part of every key."""
 
-    __slots__ = ("__weakref__", "epoch", "module", "polled", "tensors", "version", "walked")
+    __slots__ = ("__weakref__", "keys", "module", "objects", "version")
 
     def __init__(self, m: nn.Module) -> None:
-        self.module, self.epoch, self.version, self.walked = weakref.ref(m), -1, 0, None
-        self.tensors: list[torch.Tensor] = []
-        self.polled: list[tuple[Any, Any]] = []
+        self.module, self.version = weakref.ref(m), 0
+        self.objects: list[Any] = []  # submodules, tensors, code: compared by identity
+        self.keys: list[Any] = []  # plain values: compared by value key
 
     def key(self) -> tuple:
-        if (
-            self.epoch != watch.outside_epoch()
-            or any(value_key(v) != k for v, k in self.polled)
-            or not watch.outside(self.module())
-        ):
-            self._walk()
-        t = self.tensors
-        return self.version, tuple(map(_data_ptr, t)), tuple(map(_requires_grad, t))
-
-    def _walk(self) -> None:
         m = self.module()
-        watch.watch_outside(m)
         busy = _keying.__dict__.setdefault("modules", set())
-        if id(m) in busy:  # it holds itself: keyed by what the outer walk reads
-            return
+        if id(m) in busy:  # it holds itself: keyed by what the outer read sees
+            return (self.version,)
         busy.add(id(m))
         try:
-            self.epoch, self.tensors, self.polled = watch.outside_epoch(), [], []
-            walked = tuple(map(self._submodule, _submodules(m)))
+            objects, keys, tensors = self._read(m)
         finally:
             busy.discard(id(m))
-        if walked != self.walked:
-            self.walked, self.version = walked, self.version + 1
+        same = len(objects) == len(self.objects) and all(map(is_, objects, self.objects))
+        if not same or keys != self.keys:
+            self.objects, self.keys, self.version = objects, keys, self.version + 1
+        # changed in C, no write to see: the memory a graph reads (a re-bound or transposed
+        # ``.data``), and whether autograd gives the tensor a gradient
+        return (
+            self.version,
+            tuple(map(_data_ptr, tensors)),
+            tuple(map(_stride, tensors)),
+            tuple(map(_size, tensors)),
+            tuple(map(_requires_grad, tensors)),
+        )
 
-    def _submodule(self, sub: nn.Module) -> tuple:
-        if in_tree(sub):  # a distiller holding the model: its guard's
-            return ("tree", Same(sub))
-        plain = []
-        for k, v in sub.__dict__.items():
-            if k in CONTAINERS or k in SKIP or "hooks" in k:
+    @staticmethod
+    def _read(m: nn.Module) -> tuple[list[Any], list[Any], list[torch.Tensor]]:
+        objects: list[Any] = []
+        keys: list[Any] = []
+        tensors: list[torch.Tensor] = []
+        for sub in _submodules(m):
+            objects += (sub, type(sub))  # a class swapped runs another forward
+            if in_tree(sub):  # a distiller holding the model: its guard's
                 continue
-            if k in CODE:  # a patched forward, a compile wrapper: by identity, never walked
-                plain.append((k, Same(v)))
-                continue
-            key = value_key(v)
-            plain.append((k, key))
-            if isinstance(v, torch.Tensor):
-                self.tensors.append(v)
-            elif _mutable(v):
-                self.polled.append((v, key))
-        held = [
-            (k, t) for k, t in (*sub._parameters.items(), *sub._buffers.items()) if t is not None
-        ]
-        self.tensors += [t for _, t in held]
-        return (Same(sub), tuple((k, Pinned(t)) for k, t in held), tuple(plain))
+            for k, v in sub.__dict__.items():
+                if k in CONTAINERS or k in SKIP:
+                    continue
+                if "hooks" in k:  # a hook added on a teacher changes what its forward returns
+                    if isinstance(v, dict):
+                        keys.append((k, len(v)))
+                        objects += v.values()
+                    continue
+                if k in CODE or isinstance(v, torch.Tensor):  # by identity (code: never walked)
+                    objects.append(v)
+                    keys.append(k)
+                    if isinstance(v, torch.Tensor):
+                        tensors.append(v)
+                else:
+                    keys.append((k, value_key(v)))
+            for k, t in (*sub._parameters.items(), *sub._buffers.items()):
+                keys.append(k)
+                objects.append(t)
+                if t is not None:
+                    tensors.append(t)
+        return objects, keys, tensors
 
 
 _outside: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_keying = (
-    threading.local()
-)  # .modules: ids of the modules being walked (a module that holds itself)
+#: ids of the modules being read (a module that holds itself)
+_keying = threading.local()
 _data_ptr = torch.Tensor.data_ptr
+_stride = torch.Tensor.stride
+_size = torch.Tensor.size
 _requires_grad = attrgetter("requires_grad")
 
 
@@ -216,15 +224,6 @@ def _submodules(m: nn.Module) -> list[nn.Module]:
         if sub is m or not in_tree(sub):
             todo += [c for c in reversed(sub._modules.values()) if c is not None]
     return found
-
-
-def _mutable(v: Any) -> bool:
-    """A value that changes without a reported write (a dict, a plain object, another module)."""
-    if isinstance(v, (list, dict, set, deque, nn.Module)) or is_ndarray(v):
-        return True
-    return hasattr(v, "__dict__") and not isinstance(
-        v, (torch.Tensor, type, FunctionType, MethodType, BuiltinFunctionType, ModuleType)
-    )
 
 
 class Same:

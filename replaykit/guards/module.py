@@ -110,6 +110,8 @@ def _needs_polling(value: Any) -> bool:
         or is_numpy_generator(value)
         or outside_module(value)  # a teacher kept with object.__setattr__, or its bound __call__
         or (isinstance(value, MethodType) and outside_module(value.__self__))
+        or (isinstance(value, FunctionType) and value.__closure__)  # a cell a loop re-binds
+        or (isinstance(value, tuple) and any(map(_needs_polling, value)))  # a list in a tuple
     ):
         return True
     if isinstance(
@@ -290,6 +292,7 @@ class ModuleGuard:
             swap_dicts(m, True)  # a dict replaced wholesale (rare) is watched again
         hidden = hidden_modules(self._module)
         for n, m in [*mods, *hidden]:
+            keys.append((n, "__class__", Same(type(m))))  # a class swapped: another forward
             for name, value in m.__dict__.items():
                 if name in SKIP or name in CONTAINERS or "hooks" in name:
                     continue

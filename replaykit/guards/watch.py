@@ -4,8 +4,8 @@ Re-reading a large tree's values every call costs thousands of reads, so *writes
 one process-wide ``nn.Module.__setattr__``/``__delattr__`` wrapper, dict subclasses for a watched
 module's ``_parameters``, ``_buffers``, ``_modules`` and hook dicts (``functional_call`` and
 ``ModuleList.append`` write them directly), and ``Tensor.register_hook`` wrappers all bump one
-epoch. A guarded tree's dicts say so (:func:`in_tree`); a module outside every tree that a key
-reads (a teacher in a dict) is watched for good by :func:`watch_outside`.
+epoch. A guarded tree's dicts say so (:func:`in_tree`). A module outside every tree is not
+watched: what keys it (``keys.module_key``) reads it in full on every call.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ CONTAINERS = ("_parameters", "_buffers", "_modules")
 HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 
 _counter = itertools.count(1)
-_state = {"epoch": 0, "outside": 0}  # bumped (from the counter) on every watched write
+_state = {"epoch": 0}  # bumped (from the counter) on every watched write
 _watched: Counter[int] = Counter()  # id(module) or id(parameter) -> number of guards watching it
 #: the object behind each watched id: an id outlives its object (a guard never closed, its model
 #: collected), and a new object given that id (a loss module built inside a forward) is not watched
@@ -70,48 +70,38 @@ def bump() -> None:
     _state["epoch"] = next(_counter)
 
 
-def outside_epoch() -> int:
-    """Changes whenever a module :func:`watch_outside` watches is written (a tree's writes do not)."""
-    return _state["outside"]
-
-
-def _bump_outside() -> None:
-    _state["epoch"] = _state["outside"] = next(_counter)
-
-
 class _WatchedDict(dict):
     """A module's ``_parameters``/``_buffers``/``_modules`` dict that reports writes."""
 
     __slots__ = ("__weakref__",)
     tree = True  # in_tree: a guarded tree's module
-    _report = staticmethod(bump)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         dict.__setitem__(self, key, value)
-        self._report()
+        bump()
 
     def __delitem__(self, key: Any) -> None:
         dict.__delitem__(self, key)
-        self._report()
+        bump()
 
     def pop(self, *args: Any) -> Any:
-        self._report()
+        bump()
         return dict.pop(self, *args)
 
     def popitem(self) -> Any:
-        self._report()
+        bump()
         return dict.popitem(self)
 
     def clear(self) -> None:
-        self._report()
+        bump()
         dict.clear(self)
 
     def update(self, *args: Any, **kwargs: Any) -> None:
         dict.update(self, *args, **kwargs)
-        self._report()
+        bump()
 
     def setdefault(self, key: Any, default: Any = None) -> Any:
-        self._report()
+        bump()
         return dict.setdefault(self, key, default)
 
     def __reduce__(self) -> tuple:  # pickles and deep-copies as a plain dict
@@ -140,7 +130,7 @@ _original_delattr = nn.Module.__delattr__
 def _setattr(self: nn.Module, name: str, value: Any) -> None:
     _original_setattr(self, name, value)
     if is_watched(self):
-        _bump_outside() if id(self) in _outside_ids else bump()
+        bump()
         writes = getattr(_local, "writes", None)
         if writes is not None:
             writes.append((self, name))
@@ -149,7 +139,7 @@ def _setattr(self: nn.Module, name: str, value: Any) -> None:
 def _delattr(self: nn.Module, name: str) -> None:
     _original_delattr(self, name)
     if is_watched(self):
-        _bump_outside() if id(self) in _outside_ids else bump()
+        bump()
 
 
 def _watch_hooks(register: Any) -> Any:
@@ -218,38 +208,3 @@ def watchers(obj: Any) -> int:
 def in_tree(m: nn.Module) -> bool:
     """``m`` belongs to a guarded tree (its dicts are the tree's watched ones)."""
     return getattr(type(m.__dict__.get("_parameters")), "tree", False)
-
-
-class _OutsideDict(_WatchedDict):
-    """The same dict on a module outside every guarded tree (:func:`watch_outside`)."""
-
-    __slots__ = ()
-    tree = False
-    _report = staticmethod(_bump_outside)
-
-
-#: ids of the modules :func:`watch_outside` watches (an id reused by a tree's module costs at most
-#: a needless walk of the outside ones)
-_outside_ids: set[int] = set()
-
-
-def watch_outside(m: nn.Module) -> None:
-    """Report writes to ``m``'s modules outside every guarded tree (a teacher a key reads):
-    ``setattr``, ``load_state_dict(assign=True)``, ``ModuleList.append`` bump the epoch. For good:
-    the module's key holds it (its id stays its own)."""
-    install()
-    for sub in m.modules():
-        if in_tree(sub):
-            continue
-        if not is_watched(sub):
-            watch(sub)
-        _outside_ids.add(id(sub))
-        d = sub.__dict__
-        for name in CONTAINERS:
-            if name in d and type(d[name]) is dict:
-                d[name] = _OutsideDict(d[name])
-
-
-def outside(m: nn.Module) -> bool:
-    """``m``'s dicts are still :func:`watch_outside`'s (a guard's ``close()`` hands back plain ones)."""
-    return type(m.__dict__.get("_parameters")) is _OutsideDict

@@ -99,19 +99,41 @@ def _temperature(kd: KD, teacher: nn.Module, student: nn.Module) -> None:
     kd.teacher.scale = torch.full((), 0.5, device=student.weight.device)
 
 
+def _past_setattr(kd: KD, teacher: nn.Module, student: nn.Module) -> None:
+    vars(kd.teacher)["gain"] = 0.5  # no write is reported (hostile round 12)
+
+
+def _class_swapped(kd: KD, teacher: nn.Module, student: nn.Module) -> None:
+    kd.teacher.__class__ = Doubled
+
+
+def _hook_added(kd: KD, teacher: nn.Module, student: nn.Module) -> None:
+    kd.teacher.register_forward_hook(lambda m, args, out: out * 2)
+
+
 CHANGES = {
     "student_copied_in": _copy_student,
     "data_rebound": _rebind_data,
     "unfrozen": _unfreeze,
     "tensor_attribute_rebound": _temperature,
+    "value_written_past_setattr": _past_setattr,
+    "class_swapped": _class_swapped,
+    "forward_hook_added": _hook_added,
 }
 
 
 class Scaled(nn.Linear):
-    """A teacher whose output a plain tensor attribute scales."""
+    """A teacher whose output a plain tensor attribute and a float scale."""
+
+    gain = 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x) * self.scale
+        return super().forward(x) * self.scale * self.gain
+
+
+class Doubled(Scaled):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 2
 
 
 @pytest.mark.parametrize("change", sorted(CHANGES))

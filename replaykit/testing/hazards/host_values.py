@@ -440,7 +440,8 @@ PATTERNS += [
         "a schedule function held as a module attribute, its closure advanced by the loop",
         built(ScheduledScale),
         _scheduled_scale,
-        guard="forward_inputs",
+        # the module guard polls a closure function attribute too since hostile round 12
+        guard="forward_inputs+module_state",
     ),
     *(
         HC.pattern(name, what, built(net), _settings_at(attr, 2, value), guard="forward_inputs")
