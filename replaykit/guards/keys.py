@@ -116,11 +116,11 @@ def value_key(value: Any) -> Any:
 
 def module_key(m: nn.Module) -> Any:
     """A module code reaches outside a guarded tree (a teacher in a dict, a criterion, a global):
-    every submodule by identity, its plain attributes (``training`` too) and each parameter's,
-    buffer's and tensor attribute's identity, memory and ``requires_grad``. A graph reads those
-    tensors' memory: a teacher loaded as new tensors, a re-bound ``.data``, a replaced head or an
-    unfrozen weight is a new recording. A module of a guarded tree is keyed by identity: its
-    guard reads the rest."""
+    every submodule by identity and class, its plain attributes (``training`` too) and hooks, and
+    each parameter's, buffer's and tensor attribute's identity, memory, strides, shape and
+    ``requires_grad`` (:class:`_Outside`). A graph reads those tensors' memory: a teacher loaded as
+    new tensors, a re-bound ``.data``, a replaced head or an unfrozen weight is a new recording.
+    A module of a guarded tree is keyed by identity: its guard reads the rest."""
     if in_tree(m):
         return ("tree", Same(m))
     state = _outside.get(m)
@@ -138,8 +138,8 @@ class _Outside:
     """One outside module's state, read in full on every call: a write to it need not pass
     ``setattr`` (``vars(teacher)["k"] = ...``, a list inside a tuple, a closure cell), so nothing
     is cached but the last state read, held (its objects' ids stay theirs), to number it:
-    ``version`` counts the distinct states met; the tensors' memory and ``requires_grad`` are
-    part of every key."""
+    ``version`` counts the states met (a state met again is a new version: recorded anew, exact);
+    the tensors' memory, strides, shape and ``requires_grad`` are part of every key."""
 
     __slots__ = ("__weakref__", "keys", "module", "objects", "version")
 
