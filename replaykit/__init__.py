@@ -53,7 +53,7 @@ __all__ = [
     "recorder_of",
 ]
 
-# The package root is lazy so that ``replaykit.workflow`` (no torch) and ``replaykit.tables`` load
+# The package root is lazy so that ``replaykit.workflow`` (no torch) loads
 # without the core: a name below is imported from its module the first time it is asked for.
 _HOMES = {
     "EMA": "step",

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from replaykit import tables  # noqa: E402
+from replaykit.workflow import tables  # noqa: E402
 from replaykit.workflow.evidence import result_text  # noqa: E402
 from replaykit.workflow.runs import run_notebook, summary_line  # noqa: E402
 

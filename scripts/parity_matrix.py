@@ -17,9 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from replaykit import tables
 from replaykit.testing.parity import matrix
 from replaykit.testing.parity.scenario import quiet_replay_warnings
+from replaykit.workflow import tables
 from replaykit.workflow.fingerprint import fingerprint
 
 

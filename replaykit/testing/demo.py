@@ -15,9 +15,9 @@ import warnings
 
 import torch
 
-from replaykit import tables
 from replaykit.errors import ReplayWarning
 from replaykit.verify.determinism import enable_determinism
+from replaykit.workflow import tables
 
 from .nets import DetectionNet
 from .parity.scenario import VERDICT_COLUMNS

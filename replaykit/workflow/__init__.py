@@ -23,6 +23,7 @@ colab         run the notebooks as Colab's Run all does, then their evidence
 notebook      helpers the notebooks call (environment check, a widget form)
 git           the one git runner (GitError); interpreters: ask an interpreter what it is
 errors        WorkflowError, the root of every error above
+tables        plain-text and Markdown tables from rows of dicts (the workflow's and the benches')
 cli           the commands: ``replaykit-workflow`` = ``python -m replaykit.workflow``
               ``{pack,run,batch,verify,evidence,bisect} ...``; scripts/*.py are shims
 """

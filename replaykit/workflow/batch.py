@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replaykit import tables
+from replaykit.workflow import tables
 from replaykit.workflow.cells import (
     WRONG_INTERPRETER,
     declares,

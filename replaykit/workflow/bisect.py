@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replaykit import tables
+from replaykit.workflow import tables
 from replaykit.workflow.cells import error_cell, run_cell
 from replaykit.workflow.errors import WorkflowError
 from replaykit.workflow.fingerprint import notebook_path

@@ -362,7 +362,7 @@ def verify_parser() -> argparse.ArgumentParser:
 
 
 def verify(argv: list[str] | None = None) -> int:
-    from replaykit import tables
+    from replaykit.workflow import tables
     from replaykit.workflow.verify import resolve_tree, run_selection
 
     args = verify_parser().parse_args(argv)

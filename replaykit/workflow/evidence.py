@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replaykit import tables
+from replaykit.workflow import tables
 
 from .bootstrap import file_sha256
 from .folders import INDEX_FILE, SUMMARY_FILE

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from replaykit import tables
+from replaykit.workflow import tables
 from replaykit.workflow.folders import INDEX_FILE, slug, unique_folder
 from replaykit.workflow.verdict import tree_text
 

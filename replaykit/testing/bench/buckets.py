@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from replaykit import tables
+from replaykit.workflow import tables
 
 from ...memory.pool import MemoryPool
 from ...step import TrainStep

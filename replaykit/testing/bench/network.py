@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from replaykit import tables
 from replaykit.capturing import capture
+from replaykit.workflow import tables
 
 from ..nets import DetectionNet
 from .timing import (

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from replaykit import tables
 from replaykit.capturing import capture
+from replaykit.workflow import tables
 
 from ...step import TrainStep
 from ...verify.bitwise import diff_states

@@ -437,7 +437,7 @@ def build_parser():
 
 
 def main(argv: list[str] | None = None) -> int:
-    from replaykit import tables
+    from replaykit.workflow import tables
 
     args = build_parser().parse_args(argv)
     chosen = cases(
