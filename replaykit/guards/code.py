@@ -28,17 +28,18 @@ from torch import nn
 
 from ..errors import ReplayWarning
 from ..verify.snapshot import held_state
-from .keys import Pinned, cell_filled, module_key, value_key
+from .keys import Pinned, cell_filled, function_attributes, module_key, value_key
 from .module import code_names
 
 _DEPTH = 3  # functions reached through functions: helpers of helpers, not the whole program
-#: guarded by the step itself, or by identity (a tensor's memory is what a graph reads)
-_SKIPPED = (
+#: keyed by identity (a tensor's memory is what a graph reads; a module object, a class: code)
+_SKIPPED = (torch.Tensor, ModuleType, type)
+#: torch's objects that hold a schedule code may read (``sched.last_epoch``, ``opt.param_groups[0]
+#: ["lr"]``, a ``Normal``'s ``scale`` re-bound): keyed by their state (``value_key``), not identity
+_STATEFUL = (
     torch.optim.Optimizer,
     torch.optim.lr_scheduler.LRScheduler,
-    torch.Tensor,
-    ModuleType,
-    type,
+    torch.distributions.Distribution,
 )
 
 
@@ -69,6 +70,8 @@ class LossInputs:
         self._keyed_at: set[tuple[int, str]] = set()
         # every name the walked code reads (a whole step's loss_fn: ``model.aux_weight()``)
         self.names: set[str] = set()
+        # the user's functions walked: their attributes are keyed, and put back by the call state
+        self.functions: list[FunctionType] = []
         self.unwatched: list[str] = []
         if loss_fn is not None:
             self._walk(loss_fn, "loss_fn", 0)
@@ -158,6 +161,8 @@ class LossInputs:
             return ("model", id(value)) if id(value) in self._model_ids else module_key(value)
         if isinstance(value, torch.Tensor):
             return ("tensor", Pinned(value))
+        if isinstance(value, _STATEFUL):
+            return value_key(value)
         if isinstance(value, _SKIPPED) or type(value).__module__.startswith("torch."):
             return ("id", id(value))
         return value_key(value)
@@ -188,6 +193,7 @@ class LossInputs:
             if id(fn) not in self._model_ids:
                 self._add(name, lambda: fn)
                 self._walk(type(fn).forward, f"{type(fn).__name__}.forward", depth + 1)
+                self.held_class(type(fn))  # ``Focal.gamma``, ``type(self).calls += 1``
                 self._class_code(type(fn), ("forward",), depth + 1)
         elif isinstance(fn, BuiltinFunctionType) or not hasattr(fn, "__dict__"):
             if depth == 0:
@@ -197,6 +203,7 @@ class LossInputs:
         elif callable(fn) and not isinstance(fn, type):
             self._add(name, lambda: fn)
             self._walk(type(fn).__call__, f"{type(fn).__name__}.__call__", depth + 1)
+            self.held_class(type(fn))  # a callable criterion's class defaults and counters
             self._class_code(type(fn), ("__call__",), depth + 1)
 
     def _holds_model(self, obj: Any) -> bool:
@@ -234,6 +241,10 @@ class LossInputs:
         code = fn.__code__
         names = code_names(code)
         self.names |= names
+        if not _library(_home(fn)):  # ``lf.aux``, ``scaled.scale``: read through its own name
+            if not self.functions:  # one source for all: most have none (a check each per call)
+                self._add("the attributes of the functions it runs", self._function_attributes)
+            self.functions.append(fn)
         for var, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
             filled = cell_filled(cell)
             if filled and isinstance(cell.cell_contents, ModuleType):
@@ -261,6 +272,10 @@ class LossInputs:
                     self.global_names.append((globals_, global_name))
                     self._add(f"global {global_name!r}", lambda g=globals_, n=global_name: g.get(n))
                 self._follow(value, global_name, depth, names)
+
+    def _function_attributes(self) -> tuple:
+        """The functions' own ``__dict__`` (not copies: the call state puts them back in place)."""
+        return tuple(f.__dict__ for f in self.functions if f.__dict__)
 
     def _once(self, where: tuple[int, str]) -> bool:
         """Whether ``where`` (a namespace's id and a name) is keyed for the first time: a global
@@ -520,7 +535,11 @@ def _code_entry(value: Any) -> Any:
     what it captures when that is a string, an int, None or code (a decorator's wrapper captures
     the function and its settings); ``_MISSING`` for anything else (data, keyed by value: a float
     too, which ``value_key`` tells from ``-0.0``). Defaults are checked once (``_plain_defaults``)."""
-    if type(value) is FunctionType and value.__kwdefaults__ is None:
+    if (
+        type(value) is FunctionType
+        and value.__kwdefaults__ is None
+        and not function_attributes(value)
+    ):
         if value.__closure__ is None:
             return (value, value.__defaults__)
         cells = tuple(c.cell_contents if cell_filled(c) else None for c in value.__closure__)

@@ -92,6 +92,7 @@ def value_key(value: Any) -> Any:
             cells,
             value_key(value.__defaults__),
             value_key(value.__kwdefaults__),
+            value_key(function_attributes(value)),
         )
     if isinstance(value, functools.partial):
         return ("partial", value_key(value.func), value_key(value.args), value_key(value.keywords))
@@ -99,6 +100,10 @@ def value_key(value: Any) -> Any:
         return ("tensor", Pinned(value))
     if isinstance(value, nn.Module):
         return module_key(value)
+    if isinstance(value, torch.optim.Optimizer):  # code reading ``opt.param_groups[0]["lr"]``
+        return ("optimizer", id(value), tuple(map(_group_key, value.param_groups)))
+    if isinstance(value, torch.optim.lr_scheduler.LRScheduler):  # ``sched.last_epoch``
+        return ("scheduler", id(value), value_key(_without(vars(value), "optimizer")))
     if isinstance(value, weakref.ReferenceType):
         return ("weakref", value_key(value()))
     if isinstance(value, MethodType) and isinstance(value.__self__, nn.Module):
@@ -112,6 +117,22 @@ def value_key(value: Any) -> Any:
     if names:
         return ("slots", id(value), tuple((k, value_key(getattr(value, k, None))) for k in names))
     return ("id", id(value))
+
+
+def function_attributes(fn: FunctionType) -> dict[str, Any]:
+    """A function's own attributes (``lf.aux = 0.5``, ``lf.calls += 1``): values its code may read
+    through its name. ``__wrapped__`` is code, keyed as the function is."""
+    found = fn.__dict__
+    return _without(found, "__wrapped__") if "__wrapped__" in found else found
+
+
+def _group_key(group: dict[str, Any]) -> Any:
+    """A param group's hyperparameters (``params``: the step's, by identity elsewhere)."""
+    return value_key(_without(group, "params"))
+
+
+def _without(d: dict[str, Any], name: str) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if k != name}
 
 
 def module_key(m: nn.Module) -> Any:
