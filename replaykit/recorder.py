@@ -28,6 +28,7 @@ from .guards.signature import (
     SIGNATURE_PARTS,
     CallArgs,
     UnhashableArgument,
+    arguments_written,
     signature,
     split_call,
 )
@@ -135,6 +136,7 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
         self._fills = Fills()  # writes into the model: a first write, a cache, per-call Python
         self._attributes = AttributeOutputs(module, self.lifecycle.guard.key_by_kind)
         self._free_after_backward = False
+        self._arguments_written = False  # a recording call's forward wrote into its arguments
         self._dropout_buffers: list[torch.Tensor] = []  # cuDNN's, seen by a recording call
         # the plan of the replayed call whose backward is pending
         self._pending_plan: Plan | None = None
@@ -344,9 +346,13 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
         """The module's own forward on ``tensors``; with ``params``, those stand in for ``originals``."""
         args, kwargs = callargs.rebuild(tensors)
         if params is None:
-            return self._call_forward(*args, **kwargs)
-        with self.lifecycle.lock, stand_ins(self.module, originals, params):
-            return self._call_forward(*args, **kwargs)
+            out = self._call_forward(*args, **kwargs)
+        else:
+            with self.lifecycle.lock, stand_ins(self.module, originals, params):
+                out = self._call_forward(*args, **kwargs)
+        # the rebuilt containers are not the caller's: a write into one is seen here, not there
+        self._arguments_written |= arguments_written(callargs, args, kwargs, tensors)
+        return out
 
     def _record(self, call: int, callargs: CallArgs, key: tuple) -> Plan | None:
         """The recording call (the route's entry): its steps are in :mod:`.recording`; a kept

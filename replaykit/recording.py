@@ -161,6 +161,7 @@ class RecorderRecording:
         """Probe, reference, capture (each run's output held); False: the recording call failed
         (retired, or the call compiles: ``_not_recorded`` says which)."""
         fn = self._forward_of(made, callargs)
+        self._arguments_written = False
         # draws from torch's CPU generator seen before (beside a GPU model): the probe finds them
         reads = Provenance(made.static_inputs, discover=True, draws=self._learn_draws)
         watch = CompileWatch(self.backend.name == "emulated", self.on.compiled_code)
@@ -170,6 +171,7 @@ class RecorderRecording:
             with state.output().held(), draws or contextlib.nullcontext():
                 made.refusal = self._probe(made, reads.wrap(fn), callargs.tensors)
                 made.refusal = made.refusal or self._class_writes(before)
+            made.refusal = made.refusal or self._arguments_refusal()
             made.refusal = made.refusal or self._learn_attributes(made)
             made.refusal = self._private_draws(state) or self._draws_refusal(made.refusal, draws)
             made.refusal = self._cpu_draws_refusal(made.refusal, reads)
@@ -332,6 +334,18 @@ class RecorderRecording:
         if changed is None:
             return None
         return Refusal("call", f"forward changes class attribute {changed}; a replay would not")
+
+    def _arguments_refusal(self) -> Refusal | None:
+        """The probe's forward wrote into a container it was passed (``sink.append``, ``feats["h"]
+        = h``): the caller's container is eager's alone to fill, so the signature runs eagerly."""
+        if not (self._arguments_written and self.on.record_probe):
+            return None
+        return Refusal(
+            "signature",
+            "arguments_written",
+            "the forward writes into a container it is passed (a list appended to, a dict "
+            "filled): a replay runs no Python, the caller's container would stay as it was",
+        )
 
     def _reference(self, made: Made, callargs: CallArgs, state: CallState) -> Shadow | None:
         """The verification's eager forward, from the state before the call (the probe's changes put

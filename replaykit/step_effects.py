@@ -14,6 +14,7 @@ import torch
 
 from .guards.host_choices import Watch
 from .guards.input_reads import Provenance
+from .guards.signature import CallArgs, arguments_written
 from .verify.call_state import CallState
 from .verify.dispatch import StorageReads
 from .verify.side_effects import SideEffects
@@ -90,6 +91,16 @@ class RunEffects:
             f"loss_fn writes {len(written)} tensor(s) it holds in place: kept in the "
             "step's snapshots from the next recording call",
             "held_writes",
+        )
+
+    def _arguments_why(self, call: CallArgs, args: tuple, kwargs: dict) -> str | None:
+        """The run wrote into a container the caller passed (``out["loss"] = ...``): a replay runs
+        no Python, so the caller's container would stay empty. It stands, retired."""
+        if not (self.on.side_effects and arguments_written(call, args, kwargs, call.tensors)):
+            return None
+        return (
+            "loss_fn writes into a container it is passed (a list appended to, a dict filled): "
+            "a replay runs no Python, the caller's container would stay as it was"
         )
 
     def _host_state_changed(self, state: CallState) -> str | None:

@@ -290,6 +290,7 @@ class RecordingSteps(RunEffects):
             self._walking = False
         effects.also_changed(a.static)
         why = self._attribute_outputs(effects, reads, a.callargs.tensors)
+        why = why or self._arguments_why(a.callargs, a.args, a.kwargs)
         why = why or self._reference_why(effects, found, held, versions, state, a.choices)
         why = why or self._choices_why(a.choices)
         if why is not None:

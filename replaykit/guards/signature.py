@@ -47,6 +47,24 @@ class CallArgs:
         return args, kwargs
 
 
+def arguments_written(
+    call: CallArgs, args: tuple, kwargs: dict, tensors: Sequence[torch.Tensor]
+) -> bool:
+    """Whether code wrote into the containers of the arguments it was called with (``(args,
+    kwargs)``, rebuilt from ``call`` around ``tensors``): a list appended to, a dict filled (a
+    ``sink`` for features, an ``out`` dict for the loss). A replay runs no Python: the caller's
+    container would stay as it was, so such a call is eager's alone."""
+    if call.spec is None:
+        return False
+    leaves, spec = tree_flatten((args, kwargs))
+    if spec != call.spec:
+        return True
+    expected = list(call.leaves)
+    for slot, t in zip(call.tensor_slots, tensors, strict=True):
+        expected[slot] = t
+    return not all(a is b for a, b in zip(leaves, expected, strict=True))
+
+
 class UnhashableArgument(TypeError):
     """A non-tensor argument that cannot be part of a signature; ``reason`` is the eager route."""
 

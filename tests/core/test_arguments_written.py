@@ -1,0 +1,78 @@
+"""Code that writes into a container the caller passes (hostile round 13): a forward's
+``sink.append(...)`` or ``feats["h"] = h``, a loss_fn's ``out["loss"] = loss.detach()``.
+
+A replay runs no Python, and a recording call runs the forward on containers rebuilt around its
+static inputs: the caller's container stayed empty, even at the recording call. Such a call is
+eager's alone: the signature runs eagerly (capture), the step retires (TrainStep).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import replaykit as rk
+
+from ._same import same
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor, box: Any) -> torch.Tensor:
+        out = self.b(self.a(x).relu())
+        if isinstance(box, list):
+            box.append(out.detach().sum())
+        elif isinstance(box, dict):
+            box["h"] = out.detach()
+        return out
+
+
+def _run(case: str, backend: str | None, unsafe: tuple[str, ...] = ()) -> list[Any]:
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def loss_fn(m: nn.Module, x: torch.Tensor, y: torch.Tensor, out: dict) -> torch.Tensor:
+        loss = (m(x, None) - y).pow(2).mean()
+        out["loss"] = loss.detach()
+        return loss
+
+    step = None
+    if backend is not None and case == "step":
+        step = rk.TrainStep(model, loss_fn, opt, backend=backend, unsafe_disable=unsafe)
+    elif backend is not None:
+        rk.capture(model, backend=backend, unsafe_disable=unsafe)
+    kept: list[Any] = []
+    sink: list[torch.Tensor] = []
+    g = torch.Generator().manual_seed(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(5):
+            x, y, box = torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g), {}
+            if step is not None:
+                step(x, y, box)
+            elif case == "step":
+                loss_fn(model, x, y, box).backward()
+            else:
+                held = sink if case == "list" else box
+                (model(x, held) - y).pow(2).mean().backward()
+            if step is None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            kept.append(sorted(box.items()))
+    return [*model.state_dict().values(), kept, sink]
+
+
+@pytest.mark.parametrize("case", ["list", "dict", "step"])
+def test_written_argument_reaches_the_caller(backend: str, case: str) -> None:
+    eager = _run(case, None)
+    assert same(eager, _run(case, backend))
+    unsafe = "side_effects" if case == "step" else "record_probe"
+    assert not same(eager, _run(case, backend, (unsafe,)))
