@@ -35,6 +35,7 @@ from .memory.outputs import OutputTree
 from .verify import weight_caches
 from .verify.call_state import CallState
 from .verify.contexts import recording as recording_context
+from .verify.output import HeldOutput
 from .verify.probe import Findings, Refusal, probe
 from .verify.shadow import Shadow
 from .verify.snapshot import StateSnapshot
@@ -59,6 +60,16 @@ class Made(Findings):
     @property
     def params(self) -> list[torch.Tensor]:
         return [p for _, p in self.named]
+
+
+def _files_refusal(run: HeldOutput) -> Refusal | None:
+    """The probe's forward opened a file for writing: a replay runs no Python. It retires (the
+    call's eager run writes it again: a write cannot be taken back)."""
+    if not run.written_files:
+        return None
+    return Refusal(
+        "module", f"the forward opens {run.written_files[0]!r} for writing: a replay would not"
+    )
 
 
 _HOST_WRITE = (
@@ -168,10 +179,11 @@ class RecorderRecording:
         draws = self._choices.watch() if self.on.host_rng and self.on.record_probe else None
         try:
             before = self._forward_inputs.key() if self._forward_inputs is not None else ()
-            with state.output().held(), draws or contextlib.nullcontext():
+            with state.output().held() as run, draws or contextlib.nullcontext():
                 made.refusal = self._probe(made, reads.wrap(fn), callargs.tensors)
                 made.refusal = made.refusal or self._class_writes(before)
             made.refusal = made.refusal or self._arguments_refusal()
+            made.refusal = made.refusal or (_files_refusal(run) if self.on.record_probe else None)
             made.refusal = made.refusal or self._learn_attributes(made)
             made.refusal = self._private_draws(state) or self._draws_refusal(made.refusal, draws)
             made.refusal = self._cpu_draws_refusal(made.refusal, reads)

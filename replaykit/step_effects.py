@@ -17,6 +17,7 @@ from .guards.input_reads import Provenance
 from .guards.signature import CallArgs, arguments_written
 from .verify.call_state import CallState
 from .verify.dispatch import StorageReads
+from .verify.output import HeldOutput
 from .verify.side_effects import SideEffects
 
 __all__ = ["HOST_DRAWS_CHANGED", "Learning", "RunEffects", "Wrote"]
@@ -101,6 +102,16 @@ class RunEffects:
         return (
             "loss_fn writes into a container it is passed (a list appended to, a dict filled): "
             "a replay runs no Python, the caller's container would stay as it was"
+        )
+
+    def _files_why(self, run: HeldOutput) -> str | None:
+        """The run's own code opened a file for writing (a loss appended to a CSV): a replay runs
+        no Python, and no later run can take a write back. It stands, retired."""
+        if not (self.on.side_effects and run.written_files):
+            return None
+        return (
+            f"the step opens {run.written_files[0]!r} for writing: a replay runs no Python, "
+            "the file would not be written"
         )
 
     def _host_state_changed(self, state: CallState) -> str | None:

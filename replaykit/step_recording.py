@@ -290,7 +290,7 @@ class RecordingSteps(RunEffects):
             self._walking = False
         effects.also_changed(a.static)
         why = self._attribute_outputs(effects, reads, a.callargs.tensors)
-        why = why or self._arguments_why(a.callargs, a.args, a.kwargs)
+        why = why or self._arguments_why(a.callargs, a.args, a.kwargs) or self._files_why(run)
         why = why or self._reference_why(effects, found, held, versions, state, a.choices)
         why = why or self._choices_why(a.choices)
         if why is not None:
@@ -374,7 +374,8 @@ class RecordingSteps(RunEffects):
         learnt = self._attribute_outputs(a.effects, reads, a.static)
         a.key = self._input_reads.settle(a.key, () if a.reads is None else a.reads.reads)
         a.rec = self._recorded(a)
-        why = learnt or self._capture_why(a.effects, a.reads, a.choices, state)
+        why = learnt or self._files_why(a.run)
+        why = why or self._capture_why(a.effects, a.reads, a.choices, state)
         if why is None:
             return None
         # the body ran once, as eager's: its effects stand (an input's write too); no recording kept

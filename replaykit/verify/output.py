@@ -10,7 +10,10 @@ standing run's warnings issued again, for the filters to decide as for one eager
 
 from __future__ import annotations
 
+import builtins
+import io
 import logging
+import os
 import sys
 import threading
 import warnings
@@ -65,6 +68,8 @@ class HeldOutput:
     def __init__(self, held: bool = True) -> None:
         self.items: list[tuple[Any, Any]] = []
         self._held = held  # False: the run prints as it goes (nothing held)
+        # files the run's own code opened for writing: no run can take a write back
+        self.written_files: list[str] = []
 
     @contextmanager
     def held(self) -> Iterator[HeldOutput]:
@@ -74,6 +79,7 @@ class HeldOutput:
         me = threading.get_ident()
         with _lock:
             if not _holders:
+                _watch_opens()
                 sys.stdout = _Stream(sys.stdout, "stdout")
                 sys.stderr = _Stream(sys.stderr, "stderr")
                 global _original_showwarning
@@ -106,6 +112,56 @@ class HeldOutput:
     def drop(self) -> None:
         """Forget what the run printed (a run that does not stand as the call)."""
         self.items = []
+
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+_original_open, _original_os_open = builtins.open, os.open
+
+
+def _watch_opens() -> None:
+    """``open`` (builtins' and io's) and ``os.open`` note a file a held run opens for writing;
+    put back with the streams (not an audit hook: one runs at every ``id()`` for good)."""
+    builtins.open = io.open = _open  # type: ignore[assignment]
+    os.open = _os_open  # type: ignore[assignment]
+
+
+def _open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+    if any(c in mode for c in "wax+"):
+        _note(file)
+    return _original_open(file, mode, *args, **kwargs)
+
+
+def _os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+    if flags & _WRITE_FLAGS:
+        _note(path)
+    return _original_os_open(path, flags, *args, **kwargs)
+
+
+def _note(path: Any) -> None:
+    held = _holders.get(threading.get_ident())
+    if held and _users_code(sys._getframe(2)):
+        held[-1].written_files.append(str(path))
+
+
+def _users_code(frame: Any) -> bool:
+    """Whether the nearest frame outside the standard library's I/O is the user's code, not a
+    library's (torch's compile caches, triton's, a tempfile): those are not the step's effects."""
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        root = name.partition(".")[0]
+        if root not in ("io", "_io", "os", "codecs", "pathlib", "builtins", "_pyio"):
+            return root not in sys.stdlib_module_names and not _library_file(
+                frame.f_code.co_filename
+            )
+        frame = frame.f_back
+    return False
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _library_file(path: str) -> bool:
+    return "site-packages" in path or "dist-packages" in path or path.startswith(_PACKAGE)
 
 
 def _showwarning(
@@ -181,5 +237,11 @@ def _unwrap() -> None:
     if isinstance(sys.stderr, _Stream):
         sys.stderr = sys.stderr._original
     logging.Logger.handle = _original_handle  # type: ignore[method-assign]
+    if builtins.open is _open:
+        builtins.open = _original_open
+    if io.open is _open:
+        io.open = _original_open
+    if os.open is _os_open:
+        os.open = _original_os_open
     if warnings.showwarning is _showwarning:
         warnings.showwarning = _original_showwarning
