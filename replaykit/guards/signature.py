@@ -122,6 +122,17 @@ def _leaf_key(x: Any) -> tuple:
     )
 
 
+def _tagged(tensors: list[torch.Tensor]) -> tuple:
+    """Python attributes set on an input tensor (``x.weight = 0.5``, a batch's tag) that code
+    may read: keyed by value as a plain argument is (a graph would freeze them). Usually none:
+    one ``__dict__`` look per tensor."""
+    return tuple(
+        (i, tuple((k, _leaf_key(v)) for k, v in t.__dict__.items()))
+        for i, t in enumerate(tensors)
+        if t.__dict__
+    )
+
+
 def aliasing(tensors: list[torch.Tensor]) -> tuple[int, ...]:
     """For each tensor argument, the index of the first argument that is the same tensor."""
     if len(tensors) < 2:
@@ -168,11 +179,12 @@ def signature(
         _dense_only(call.tensors)
         raise
     aliases = aliasing(call.tensors) if exact_arguments else ()
+    tagged = _tagged(call.tensors) if exact_arguments else ()
     if call.spec is None:  # the same five parts (SIGNATURE_PARTS)
-        return (len(tensors), tensors, aliases, (), autocast_key(device_type))
+        return (len(tensors), tensors, aliases, tagged, autocast_key(device_type))
     slots = set(call.tensor_slots)
     leaf = _leaf_key if exact_arguments else _loose_key
-    constants = tuple(leaf(x) for i, x in enumerate(call.leaves) if i not in slots)
+    constants = (*(leaf(x) for i, x in enumerate(call.leaves) if i not in slots), *tagged)
     return (
         str(call.spec),
         tensors,

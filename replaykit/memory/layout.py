@@ -78,8 +78,9 @@ def same_layout(t: torch.Tensor) -> torch.Tensor:
 def aligned_copy(t: torch.Tensor) -> torch.Tensor:
     """A private copy of ``t`` with its sizes, strides and address alignment (broadcast dimensions
     kept). Not its storage offset: a batch sliced at offset ``i * n`` from a preloaded dataset would
-    otherwise need a buffer as large as the dataset's prefix and a recording per offset."""
-    t = t.detach()
+    otherwise need a buffer as large as the dataset's prefix and a recording per offset. Python
+    attributes set on ``t`` (a batch's tag, keyed by the signature) go with it: code reads them."""
+    tags, t = t.__dict__, t.detach()
     item = t.element_size()
     align = ALIGNMENT.get(t.device.type, 512)
     storage = torch.empty(extent(t) + align // item, dtype=t.dtype, device=t.device)
@@ -91,4 +92,6 @@ def aligned_copy(t: torch.Tensor) -> torch.Tensor:
             f"an input at address {t.data_ptr():#x} is not aligned to its element size"
         )
     copy_into(static, t)
+    if tags:
+        static.__dict__.update(tags)
     return static

@@ -76,3 +76,51 @@ def test_written_argument_reaches_the_caller(backend: str, case: str) -> None:
     assert same(eager, _run(case, backend))
     unsafe = "side_effects" if case == "step" else "record_probe"
     assert not same(eager, _run(case, backend, (unsafe,)))
+
+
+class Weighted(nn.Sequential):
+    """A forward that reads a tag the data pipeline sets on the batch (``x.weight = 0.5``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * getattr(x, "weight", 1.0)
+
+
+def _tagged_run(entry: str, backend: str | None, unsafe: tuple[str, ...] = ()) -> tuple[list, dict]:
+    torch.manual_seed(0)
+    model = Weighted(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def loss_fn(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (m(x) - y).pow(2).mean()
+
+    step = None
+    if backend is not None and entry == "step":
+        step = rk.TrainStep(model, loss_fn, opt, backend=backend)
+    elif backend is not None:
+        rk.capture(model, backend=backend, unsafe_disable=unsafe)
+    g = torch.Generator().manual_seed(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in range(8):
+            x, y = torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g)
+            x.weight = 1.0 if i < 4 else 0.5
+            if step is not None:
+                step(x, y)
+                continue
+            loss_fn(model, x, y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    counts = step.counts if step is not None else rk.recorder_of(model).counts if backend else {}
+    return list(model.state_dict().values()), dict(counts)
+
+
+@pytest.mark.parametrize("entry", ["capture", "step"])
+def test_a_tag_on_an_input_tensor_is_keyed(backend: str, entry: str) -> None:
+    """The signature keys an input's Python attributes by value, and the static copies carry
+    them: a new tag records anew, and replays."""
+    eager, _ = _tagged_run(entry, None)
+    replayed, counts = _tagged_run(entry, backend)
+    assert same(eager, replayed)
+    assert counts["replay"] >= 2 and counts["record"] >= 2  # one recording per tag, replayed
+    if entry == "capture":
+        assert not same(eager, _tagged_run(entry, backend, ("argument_values",))[0])
