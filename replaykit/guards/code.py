@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import os
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -293,6 +294,9 @@ class LossInputs:
         """``settings.SCALE`` or ``helpers.scaled(x)`` through an imported module of the user's: its plain
         attributes that the code names are keyed, its functions walked. A library's (torch, numpy, the
         standard library) are not: they are not a schedule, and walking them would cost every call."""
+        # a flag read from the environment (``os.environ["FLAG"]``, ``os.getenv``)
+        if module is os and names & {"environ", "getenv"} and self._once((id(os), "environ")):
+            self._add("os.environ", lambda: dict(os.environ))
         if _library(module.__name__):
             return
         for attr in sorted(names):

@@ -13,6 +13,7 @@ import functools
 import threading
 import weakref
 from collections import deque
+from contextvars import ContextVar
 from operator import attrgetter, is_
 from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any
@@ -23,6 +24,7 @@ from torch import nn
 from .signature import PLAIN_VALUES
 from .watch import CONTAINERS, in_tree
 
+_UNSET = object()  # a ContextVar with no value and no default
 SKIP = frozenset({"_replaykit_recorder", "_non_persistent_buffers_set"})
 #: What a module runs instead of its class's forward: a patched ``forward``, ``module.compile()``'s
 #: ``_compiled_call_impl``, a torch.compile wrapper's own. Keyed by identity (the module guard's
@@ -78,6 +80,8 @@ def value_key(value: Any) -> Any:
         return ("deque", tuple(value_key(v) for v in value))
     if is_ndarray(value):  # by contents: an array updated in place keeps its identity
         return ("ndarray", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, ContextVar):  # ``TEMPERATURE.get()``: the value set in this context
+        return ("contextvar", id(value), value_key(value.get(_UNSET)))
     if is_numpy_generator(value):
         return ("np-rng", id(value), value_key(value.bit_generator.state))
     if isinstance(

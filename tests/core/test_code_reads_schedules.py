@@ -4,7 +4,8 @@
   by ``loss_fn`` or a forward (keyed by identity, they replayed the recording call's value);
 - a function's own attributes (``lf.aux = 0.5`` set by the loop, ``lf.calls += 1``): neither
   keyed nor put back between the recording call's runs;
-- a callable criterion's class attributes (``Focal.gamma`` changed by the loop).
+- a callable criterion's class attributes (``Focal.gamma`` changed by the loop);
+- an environment variable (``os.environ``) or a ``ContextVar`` the loop sets.
 
 Each runs an eager loop and the same loop through replaykit from one seed, compared bitwise;
 its unsafe arm (the guard switched off) must differ.
@@ -12,6 +13,8 @@ its unsafe arm (the guard switched off) must differ.
 
 from __future__ import annotations
 
+import contextvars
+import os
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -126,7 +129,34 @@ def _class_default(model: nn.Module, opt: torch.optim.Optimizer) -> tuple:
     return Focal(), before
 
 
+TEMPERATURE: contextvars.ContextVar[float] = contextvars.ContextVar("temperature", default=1.0)
+
+
+def _environment_flag(model: nn.Module, opt: torch.optim.Optimizer) -> tuple:
+    os.environ["RK_TEST_TEMPERATURE"] = "1.0"
+
+    def loss_fn(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (m(x) / float(os.environ["RK_TEST_TEMPERATURE"]) - y).pow(2).mean()
+
+    def before(i: int) -> None:
+        if i == 3:
+            os.environ["RK_TEST_TEMPERATURE"] = "2.0"
+
+    return loss_fn, before
+
+
+def _context_variable(model: nn.Module, opt: torch.optim.Optimizer) -> tuple:
+    TEMPERATURE.set(1.0)
+
+    def loss_fn(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (m(x) / TEMPERATURE.get() - y).pow(2).mean()
+
+    return loss_fn, lambda i: TEMPERATURE.set(2.0) if i == 3 else None
+
+
 CASES = {
+    "environment_flag": _environment_flag,
+    "context_variable": _context_variable,
     "scheduler_epoch": _scheduler_epoch,
     "float_lr_read": _float_lr_read,
     "function_attribute": _function_attribute,
