@@ -3,14 +3,13 @@ data_ptr key (c76b30a), input-derived fills (f1bc229, 354203f). Run:
 
   OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/hostile/round10/patterns.py [name-prefix ...]
 
-The harness is round 9's (one copy).
+The harness is scripts/hostile/harness.py (round 9's profile).
 """
 
 from __future__ import annotations
 
 import functools
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -18,20 +17,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence, pad_sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "round9"))
-from harness import run_pattern
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness import Patterns, data, run_table
 
-PATTERNS: dict[str, object] = {}
+PATTERNS = Patterns()
+reg = PATTERNS.reg
 STEPS = 6
-
-
-def reg(name, fn, **kw):
-    PATTERNS[name] = functools.partial(fn, **kw)
-
-
-def data(seed, *shapes):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(*s, generator=g) for s in shapes]
 
 
 # ============================================================ (a) forward bodies, one model each
@@ -590,18 +581,7 @@ for _h in (
 
 
 def main(argv):
-    sel = [n for n in PATTERNS if not argv or any(n.startswith(a) for a in argv)]
-    counts = {}
-    t0 = time.time()
-    for name in sel:
-        t = time.time()
-        verdict, n, detail = run_pattern(name, PATTERNS[name])
-        counts[verdict] = counts.get(verdict, 0) + 1
-        print(
-            f"{name:44s} | {verdict:16s} | {n:3d} | {time.time() - t:5.1f}s | {detail[:400]}",
-            flush=True,
-        )
-    print(f"\nSUMMARY {len(sel)} patterns in {time.time() - t0:.0f}s: {counts}")
+    return run_table(PATTERNS, argv)
 
 
 if __name__ == "__main__":

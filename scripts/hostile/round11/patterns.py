@@ -4,9 +4,9 @@ tensors' identities). Run:
 
   OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/hostile/round11/patterns.py [name-prefix ...]
 
-The harness is round 9's (one copy). Each pattern runs the same loop twice from one seed, eager
-and through replaykit, and compares every parameter, grad (None pattern), buffer, optimizer state
-and loss after each step.
+The harness is scripts/hostile/harness.py (round 9's profile). Each pattern runs the same loop
+twice from one seed, eager and through replaykit, and compares every parameter, grad (None
+pattern), buffer, optimizer state and loss after each step.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import copy
 import dataclasses
 import functools
 import sys
-import time
 import types
 import weakref
 from pathlib import Path
@@ -23,20 +22,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "round9"))
-from harness import run_pattern
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness import Patterns, data, run_table
 
-PATTERNS: dict[str, object] = {}
+PATTERNS = Patterns()
+reg = PATTERNS.reg
 STEPS = 6
-
-
-def reg(name, fn, **kw):
-    PATTERNS[name] = functools.partial(fn, **kw)
-
-
-def data(seed, *shapes):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(*s, generator=g) for s in shapes]
 
 
 def seeded(seed, *shape):
@@ -1141,18 +1132,7 @@ for _how in ("inplace", "rebind", "assign", "foreach_lerp", "averaged_model", "r
 
 
 def main(argv):
-    sel = [n for n in PATTERNS if not argv or any(n.startswith(a) for a in argv)]
-    counts = {}
-    t0 = time.time()
-    for name in sel:
-        t = time.time()
-        verdict, n, detail = run_pattern(name, PATTERNS[name])
-        counts[verdict] = counts.get(verdict, 0) + 1
-        print(
-            f"{name:44s} | {verdict:16s} | {n:3d} | {time.time() - t:5.1f}s | {detail[:400]}",
-            flush=True,
-        )
-    print(f"\nSUMMARY {len(sel)} patterns in {time.time() - t0:.0f}s: {counts}")
+    return run_table(PATTERNS, argv)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@ _Outside, guards/watch.py watch_outside). Run:
 
   OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/hostile/round12/patterns.py [name-prefix ...]
 
-Round 9's harness: each pattern runs the same loop twice from one seed (eager, then replaykit)
-and compares every parameter, grad (None pattern), buffer, optimizer state and loss per step.
+The harness (scripts/hostile/harness.py, round 9's profile): each pattern runs the same loop twice
+from one seed (eager, then replaykit) and compares every parameter, grad (None pattern), buffer,
+optimizer state and loss per step.
 """
 
 from __future__ import annotations
@@ -12,27 +13,18 @@ from __future__ import annotations
 import copy
 import functools
 import sys
-import time
 from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "round9"))
-from harness import run_pattern
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness import Patterns, data, run_table
 
-PATTERNS: dict[str, object] = {}
+PATTERNS = Patterns()
+reg = PATTERNS.reg
 STEPS = 6
-
-
-def reg(name, fn, **kw):
-    PATTERNS[name] = functools.partial(fn, **kw)
-
-
-def data(seed, *shapes):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(*s, generator=g) for s in shapes]
 
 
 def mse(a, b):
@@ -655,18 +647,7 @@ reg("E_averaged_dictp", ema_avg, api="dictp")
 
 
 def main(argv):
-    sel = [n for n in PATTERNS if not argv or any(n.startswith(a) for a in argv)]
-    counts = {}
-    t0 = time.time()
-    for name in sel:
-        t = time.time()
-        verdict, n, detail = run_pattern(name, PATTERNS[name])
-        counts[verdict] = counts.get(verdict, 0) + 1
-        print(
-            f"{name:34s} | {verdict:16s} | {n:3d} | {time.time() - t:5.1f}s | {detail[:330]}",
-            flush=True,
-        )
-    print(f"\nSUMMARY {len(sel)} patterns in {time.time() - t0:.0f}s: {counts}")
+    return run_table(PATTERNS, argv, name_width=34, detail_cap=330)
 
 
 if __name__ == "__main__":

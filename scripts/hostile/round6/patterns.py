@@ -1,17 +1,22 @@
 """Hostile patterns for rk.capture: tensor attribute outputs/states, held containers, gradient hooks.
 
-Run: cd /tmp/hostile6 && OMP_NUM_THREADS=1 PYTHONPATH=/work/main /work/main/.venv/bin/python patterns.py [names...]
+Run: OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/hostile/round6/patterns.py [names...]
+The harness is scripts/hostile/harness.py (profile ROUND6).
 """
 
 from __future__ import annotations
 
 import sys
 import types
+from collections import Counter
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from harness import run_pattern
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness import ROUND6, run_pattern
 
 STEPS = 8
 D = 8
@@ -1906,12 +1911,10 @@ def main(names):
     for name, fn in PATTERNS.items():
         if names and name not in names:
             continue
-        row = run_pattern(name, fn)
+        row = (name, *run_pattern(name, fn, ROUND6))
         rows.append(row)
         print(f"{row[0]:40s} | {row[1]:24s} | {row[2]:3d} | {row[3]}", flush=True)
     print()
-    from collections import Counter
-
     print(Counter(r[1] for r in rows))
 
 

@@ -1,9 +1,11 @@
 """Hostile patterns for rk.TrainStep: tensors a forward (or loss_fn) assigns to attributes, states
 read and re-bound, held dicts/objects, plus ordinary loops as controls.
 
-Run: cd scripts/hostile/round7 && OMP_NUM_THREADS=1 PYTHONPATH=../../.. /work/main/.venv/bin/python patterns.py [names...]
+Run: OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/hostile/round7/patterns.py [prefix...]
 Prefixes: c_ control, m_ MoE aux loss, s_ state (centre/running stats), d_ held dict/object,
 a_ attention/logging, x_ odd writes (identity, views, None, Python values), l_ loop edits.
+The harness is scripts/hostile/harness.py (profile ROUND7: a plain hand loop, TrainStep's eager
+twin and the replay, compared after every call).
 """
 
 from __future__ import annotations
@@ -11,13 +13,17 @@ from __future__ import annotations
 import copy
 import sys
 import types
+from collections import Counter
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from harness import run_pattern
 from torch import nn
 
 import replaykit as rk
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness import ROUND7, run_pattern, select
 
 STEPS = 8
 D = 8
@@ -774,11 +780,12 @@ def s_center_momentum_schedule_python(r):
     train(r, m, ce, sgd(m), batches(), keep=keep_center, between=between)
 
 
-def s_teacher_center_in_loss_fn(r):
-    # DINO: the teacher (held by loss_fn, not the trained model) keeps its centre
+def _teacher_centre(r, buffer: bool):
+    """DINO: the teacher (held by loss_fn, not the trained model) keeps its centre, a buffer or a
+    plain attribute."""
     torch.manual_seed(0)
     student = mlp()
-    teacher = Centre(True)
+    teacher = Centre(buffer)
     teacher.net.load_state_dict(student.state_dict())
     teacher.requires_grad_(False)
 
@@ -788,6 +795,10 @@ def s_teacher_center_in_loss_fn(r):
         return -(t * F.log_softmax(s(x), -1)).sum(-1).mean()
 
     train(r, student, loss_fn, sgd(student), batches(), keep=lambda i, mm: {"tc": teacher.center})
+
+
+def s_teacher_center_in_loss_fn(r):
+    _teacher_centre(r, buffer=True)
 
 
 def s_teacher_stats_written_in_loss_fn(r):
@@ -2143,19 +2154,7 @@ def l_loop_fills_tensor_setting_each_step(r):
 
 
 def s_teacher_forward_plain_center(r):
-    # as s_teacher_center_in_loss_fn, the teacher's centre a plain attribute instead of a buffer
-    torch.manual_seed(0)
-    student = mlp()
-    teacher = Centre(False)
-    teacher.net.load_state_dict(student.state_dict())
-    teacher.requires_grad_(False)
-
-    def loss_fn(s, x, y):
-        with torch.no_grad():
-            t = teacher(x).softmax(-1)
-        return -(t * F.log_softmax(s(x), -1)).sum(-1).mean()
-
-    train(r, student, loss_fn, sgd(student), batches(), keep=lambda i, mm: {"tc": teacher.center})
+    _teacher_centre(r, buffer=False)
 
 
 def s_dino_loss_module_plain_attr(r):
@@ -2443,13 +2442,9 @@ PATTERNS = {
 
 
 def main(names):
-    from collections import Counter
-
     rows = []
-    for name, fn in PATTERNS.items():
-        if names and not any(name.startswith(n) for n in names):
-            continue
-        row = run_pattern(name, fn)
+    for name in select(PATTERNS, names):
+        row = (name, *run_pattern(name, PATTERNS[name], ROUND7))
         rows.append(row)
         print(f"{row[0]:38s} | {row[1]:22s} | {row[2]:3d} | {row[3]}", flush=True)
     print()

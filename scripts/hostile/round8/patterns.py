@@ -1,9 +1,10 @@
 """Hostile round 8: held `.grad` buffers (views, `.data`, references) under rk.capture / TrainStep,
 with the storage swap (this torch) and without it (torch 2.11: the recorder gives the buffer away).
 
-Run: cd scripts/hostile/round8 && OMP_NUM_THREADS=1 PYTHONPATH=../../.. /work/main/.venv/bin/python patterns.py [prefix...]
+Run: OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/hostile/round8/patterns.py [prefix...]
 Prefixes: c_ control, z_ zero_grad(set_to_none=False) loops, m_ mixed/midway changes,
 p_ shared pools / several entry points, g_ garbage collection.
+The harness is scripts/hostile/harness.py (profile ROUND8, each pattern under storage_swap on/off).
 """
 
 from __future__ import annotations
@@ -13,13 +14,17 @@ import gc
 import sys
 import types
 import weakref
+from collections import Counter
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from harness import run_pattern
 from torch import nn
 
 import replaykit as rk
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness import ROUND8, run_pattern, select, storage_swap
 
 STEPS = 8
 D = 8
@@ -1589,15 +1594,11 @@ PATTERNS = {
 
 
 def main(args):
-    from collections import Counter
-
     rows = []
-    for name, fn in PATTERNS.items():
-        if args and not any(name.startswith(a) for a in args):
-            continue
-        res = {}
+    for name in select(PATTERNS, args):
+        fn, res = PATTERNS[name], {}
         for col, swap in (("swap", True), ("noswap", False)):
-            res[col] = run_pattern(name, fn, swap)
+            res[col] = run_pattern(name, fn, ROUND8, within=storage_swap(swap))
         rows.append((name, res))
         for col in ("swap", "noswap"):
             cls, n, info = res[col]

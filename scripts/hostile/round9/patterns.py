@@ -1,8 +1,9 @@
 """Round 9 hostile patterns: GAN / teacher loops (a second trainable network reached by loss_fn),
 packed sequences, and input-derived host reads. Run:
 
-  cd /tmp/r9 && OMP_NUM_THREADS=1 PYTHONPATH=/tmp/r9 /work/main/.venv/bin/python \
-      scripts/hostile/round9/patterns.py [name-prefix ...]
+  OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/hostile/round9/patterns.py [name-prefix ...]
+
+The harness is scripts/hostile/harness.py (rounds 9-12 share its default profile, ROUND9).
 """
 
 from __future__ import annotations
@@ -10,37 +11,22 @@ from __future__ import annotations
 import copy
 import functools
 import sys
-import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from harness import run_pattern
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness import Patterns, data, run_table
 
 import replaykit as rk
 
-PATTERNS: dict[str, object] = {}
+PATTERNS = Patterns()
+reg = PATTERNS.reg
+pattern = PATTERNS.pattern
 STEPS = 8
-
-
-def pattern(name):
-    def deco(fn):
-        PATTERNS[name] = fn
-        return fn
-
-    return deco
-
-
-def reg(name, fn, **kw):
-    PATTERNS[name] = functools.partial(fn, **kw)
-
-
-def data(seed, *shapes):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(*s, generator=g) for s in shapes]
 
 
 # ======================================================================================= GAN
@@ -1096,20 +1082,7 @@ for _h in ("empty_fill", "full_like", "empty_copy_flip"):
 
 # ====================================================================================== main
 def main(argv):
-    sel = [n for n in PATTERNS if not argv or any(n.startswith(a) for a in argv)]
-    rows, counts = [], {}
-    t0 = time.time()
-    for name in sel:
-        t = time.time()
-        verdict, n, detail = run_pattern(name, PATTERNS[name])
-        counts[verdict] = counts.get(verdict, 0) + 1
-        rows.append((name, verdict, n, detail))
-        print(
-            f"{name:58s} | {verdict:16s} | {n:3d} | {time.time() - t:5.1f}s | {detail}", flush=True
-        )
-    print()
-    print(f"SUMMARY {len(sel)} patterns in {time.time() - t0:.0f}s: {counts}")
-    return rows
+    return run_table(PATTERNS, argv, name_width=58, detail_cap=None)
 
 
 if __name__ == "__main__":
