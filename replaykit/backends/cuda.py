@@ -38,6 +38,7 @@ from .collector import collector_paused
 from .gaps import open_gaps
 from .host_feeds import FeedSpecs, HostFeeds, Spec
 from .scratch import PoolScratch, Scratch, pool_routing
+from .seeding import SeedingRefused
 
 
 class _Saved:
@@ -199,6 +200,7 @@ class CudaRecording(Recording):
                 collector_paused(),
                 torch.cuda.graph(self._fwd, pool=pool),
                 self._feeds if self._feeds is not None else contextlib.nullcontext(),
+                SeedingRefused(),
             ):
                 return forward()
         except BaseException:
@@ -458,6 +460,7 @@ class CudaRegion(Region):
             self._capture,
             open_gaps(self),
             self._feeds if self._feeds is not None else contextlib.nullcontext(),
+            SeedingRefused(),
         ):
             outs = body()
         self.graph = self._capture.cuda_graph  # the last segment's (a gap began a new one)

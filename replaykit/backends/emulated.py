@@ -5,7 +5,8 @@ It mirrors ``cuda.py``: warm-up on stand-ins, then one forward recorded as a
 CPU run shows what a GPU run would do when a host value changes and no guard catches it. Its
 saved tensors resolve to the latest replay's activations (one set per recording: what the hold
 protects); static outputs and gradient buffers are overwritten in place without a version
-bump. What a capture refuses is refused at record (``capture failed: ...``).
+bump. What a capture refuses is refused at record (``capture failed: ...``), seeding torch's
+generator included (:class:`~.seeding.SeedingRefused`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.cuda.random
+import torch.random
 
 from ..errors import ReplayError
 from ..guards.signature import autocast_key
@@ -30,6 +33,7 @@ from .base import (
 from .gaps import open_gaps
 from .host_feeds import Spec
 from .scratch import Exposure, Scratch, TrackedScratch
+from .seeding import SeedingRefused
 from .tape import Tape, record
 
 
@@ -75,7 +79,8 @@ class EmulatedRecording(Recording):
                 )
             del outs
 
-        tape, outs = record(forward, [*static_inputs, *leaves], subject.generators)
+        with SeedingRefused():
+            tape, outs = record(forward, [*static_inputs, *leaves], subject.generators)
         self.differentiable = differentiable_indices(outs)
         self.static_outputs = outs
         grads: Sequence[torch.Tensor | None] = [None] * len(self._targets)
@@ -196,7 +201,7 @@ class TapeRegion(Region):
         self, body: Callable[[], list[torch.Tensor]], host_feeds: Sequence[Spec] | None = None
     ) -> list[torch.Tensor]:
         self._born = self._exposure.epoch  # a capture sees what is live: it is not in its way
-        with self.tape.recording(), open_gaps(self):
+        with self.tape.recording(), SeedingRefused(), open_gaps(self):
             outs = body()
         self.tape.seal(outs)
         return outs

@@ -13,7 +13,8 @@ writes into that tensor; the rest are fresh each replay. Refused as a capture wo
 freeze them: host reads of device data and data-dependent shapes (``.item()``, ``nonzero``,
 masks; ``tolist()`` through a ``TorchFunctionMode``), random ops on a private generator not
 registered with the recording (a registered one is drawn from anew at each replay, as a CUDA
-graph's ``register_generator_state`` does).
+graph's ``register_generator_state`` does), and a generator moved past the tape's events (a
+``Generator.manual_seed`` in the step: a capture refuses it, a replay would not repeat it).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.random
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
@@ -223,10 +225,13 @@ class _HostReads(TorchFunctionMode):
 class _TapeMode(WatchingMode):
     """Appends each aten call to the tape; refuses what a capture could not replay."""
 
-    def __init__(self, tape: Tape, generators: Sequence[torch.Generator] = ()) -> None:
+    def __init__(
+        self, tape: Tape, generators: Sequence[torch.Generator], rng: _GeneratorEvents
+    ) -> None:
         super().__init__()
         self.tape = tape
         self.generators = generators
+        self.rng = rng
         self.unfilled: set[StorageWeakRef] = set()  # empty tensors' storages no op has written
 
     def __torch_dispatch__(
@@ -236,7 +241,12 @@ class _TapeMode(WatchingMode):
         why = untapeable(func, args, kwargs, self.generators)
         if why is not None:
             raise ReplayError(why)
-        out = self.run(func, args, kwargs)
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.rng.check(lambda: f"{func}{caller()}")  # a draw: where the tape left them
+            out = self.run(func, args, kwargs)
+            self.rng.moved()
+        else:
+            out = self.run(func, args, kwargs)
         self._unfilled_reads(func, args, kwargs, out)
         self.tape._append(func, args, kwargs, out)
         return out
@@ -285,6 +295,7 @@ class Tape:
         self._statics: list[torch.Tensor] = []
         self._versions: tuple[int, ...] = ()
         self._device_types: tuple[str, ...] = ()
+        self._rng: _GeneratorEvents | None = None  # while recording: where the generators are
         #: the process-wide switches recorded under: a replay re-dispatches each op, and
         #: ``aten.convolution`` would choose oneDNN or the native kernel anew; a graph does not
         self.switches: tuple = switches_key()
@@ -338,6 +349,8 @@ class Tape:
         """Host work a replay runs at this point of the sequence (:mod:`.gaps`): the tensors it
         touches are read by reference, like any the tape did not produce."""
         self._ops.append(_Op(work, (), {}))
+        if self._rng is not None:  # it ran now and runs at each replay: its draws are on the tape
+            self._rng.moved()
 
     def pack(self, t: torch.Tensor) -> Any:
         """A saved tensor: its slot (read at unpack from the latest replay), or itself (a constant)."""
@@ -539,20 +552,35 @@ def _set_cpu_state(state: torch.Tensor) -> None:
     torch.default_generator.set_state(state)
 
 
-class _GeneratorEvents:
-    """The CPU generator's state read and set by the recorded code go on the tape. Checkpoint's
-    recompute sets the generator back to the state its forward read (not aten ops); on the tape the
-    read is the state at that point of each replay and the set restores it, so a replay draws as
-    eager does (a CUDA graph does it through its graph-safe state)."""
+_STATE_NAMES = ("get_rng_state", "set_rng_state")  # torch's and torch.random's: taped
+_MOVED_FAILS = (
+    ": a CUDA capture refuses to reseed the generator it draws from, and a replay runs no Python, "
+    "so it would not repeat this where eager does at every call; seed before the call"
+)
 
-    def __init__(self, tape: Tape) -> None:
+
+class _GeneratorEvents:
+    """The generators while the tape records. ``torch.get_rng_state``/``set_rng_state`` go on the
+    tape: checkpoint's recompute sets back the state its forward read, and a replay reads and sets
+    it as eager does (a CUDA graph through its graph-safe state). A generator moved otherwise
+    (``Generator.manual_seed``, ``.set_state``: found moved since the tape's last draw, read or set)
+    fails the recording, as a reseed fails a CUDA capture; a replay would not repeat it."""
+
+    def __init__(self, tape: Tape, generators: Sequence[torch.Generator] = ()) -> None:
         self.tape = tape
+        self.watched = [(torch.default_generator, "torch's default generator")]
+        if torch.cuda.is_initialized():  # a model on a GPU draws from these
+            cuda = torch.cuda.default_generators
+            self.watched += [(g, f"{g.device}'s default generator") for g in cuda]
+        self.watched += [(g, "the module's torch.Generator") for g in generators]
+        self.states: list[torch.Tensor] = []  # each generator's state after the tape's last event
+        self._saved: list[tuple[Any, str, Any]] = []
 
     def __enter__(self) -> None:
-        self._get, self._set = torch.get_rng_state, torch.set_rng_state
         tape = self.tape
 
         def get_rng_state() -> torch.Tensor:
+            self.check(lambda: f"torch.get_rng_state(){caller()}")  # the state read: eager's
             state = _get_cpu_state()
             tape._append(_get_cpu_state, (), {}, state)
             return state
@@ -560,24 +588,47 @@ class _GeneratorEvents:
         def set_rng_state(new_state: torch.Tensor) -> None:
             _set_cpu_state(new_state)
             tape._append(_set_cpu_state, (new_state,), {}, None)
+            self.moved()
 
-        torch.get_rng_state, torch.set_rng_state = get_rng_state, set_rng_state
+        self.moved()
+        for module in (torch, torch.random):
+            self._saved += [(module, n, getattr(module, n)) for n in _STATE_NAMES]
+            module.get_rng_state, module.set_rng_state = get_rng_state, set_rng_state
+        tape._rng = self
 
     def __exit__(self, *exc: object) -> None:
-        torch.get_rng_state, torch.set_rng_state = self._get, self._set
+        self.tape._rng = None
+        for module, name, original in reversed(self._saved):
+            setattr(module, name, original)
+        self._saved = []
+
+    def moved(self) -> None:
+        """The tape moved the generators (a draw, a set, gap work): their states now are its."""
+        self.states = [g.get_state() for g, _ in self.watched]
+
+    def check(self, where: Callable[[], str]) -> None:
+        """Refuse when a generator is not where the tape's last event left it."""
+        with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():  # no mode sees it
+            pairs = zip(self.watched, self.states, strict=True)
+            moved = [which for (g, which), s in pairs if not torch.equal(g.get_state(), s)]
+        if moved:
+            raise ReplayError(
+                f"{moved[0]} was seeded or set inside the recorded code (Generator.manual_seed, "
+                f".seed or .set_state; found before {where()}){_MOVED_FAILS}"
+            )
 
 
 class _Taping:
     """``with tape.recording():`` the dispatch mode, the saved-tensor hooks, the capture report and the
-    generator's state events together."""
+    generators' events together."""
 
     def __init__(self, tape: Tape, generators: Sequence[torch.Generator] = ()) -> None:
         self.tape = tape
         self.hooks = torch.autograd.graph.saved_tensors_hooks(tape.pack, tape.unpack)
-        self.mode = _TapeMode(tape, generators)
+        self.generator = _GeneratorEvents(tape, generators)
+        self.mode = _TapeMode(tape, generators, self.generator)
         self.host = _HostReads()
         self.report = _ReportCapturing()
-        self.generator = _GeneratorEvents(tape)
         self.collector = collector_paused()
 
     def __enter__(self) -> Tape:
@@ -602,6 +653,8 @@ class _Taping:
                     self.hooks.__exit__(*exc)
                 finally:
                     self.collector.__exit__(*exc)
+        if not exc or exc[0] is None:  # a generator moved after the tape's last event
+            self.generator.check(lambda: "the end of the recorded code")
 
 
 def record(

@@ -679,14 +679,20 @@ PATTERNS: list[Pattern] = [
             ),
         )
     ),
-    # silent once; the recording's verification (its first replay against eager) routes it eager
+    # both backends refuse a seed inside recorded code (backends/seeding.py), as a CUDA capture
+    # does for another seed: the recording fails, the entry point retires, exact
     Pattern(
         "manual_seed_in_forward",
         "side_effects",
         "torch.manual_seed inside forward (not an aten op)",
         lambda d: Seeded().to(d),
         lambda m, a: loop(m, a, steps=4),
-        guard="verify_recording+host_rng",  # beside a GPU model host_rng sees the reseed first
+        guard="verify_recording+host_rng",
+        unsafe_never=(
+            "the backends refuse the seed themselves (backends/seeding.py: a CUDA capture refuses "
+            "another seed, and lets the same seed through as a no-op that eager's reset is not), "
+            "with or without the guards; tests/core/test_reseed_in_step.py checks the refusal"
+        ),
     ),
     # the tape replays the recompute's generator rewind as a CUDA graph does
     HC.pattern(
