@@ -135,8 +135,7 @@ class Recorder(RecorderRecording, RecorderReplay, Entry):
         self._feed_host = self._learn_draws = False
         self._fills = Fills()  # writes into the model: a first write, a cache, per-call Python
         self._attributes = AttributeOutputs(module, self.lifecycle.guard.key_by_kind)
-        self._free_after_backward = False
-        self._arguments_written = False  # a recording call's forward wrote into its arguments
+        self._free_after_backward = self._arguments_written = False  # see _forward_of
         self._dropout_buffers: list[torch.Tensor] = []  # cuDNN's, seen by a recording call
         # the plan of the replayed call whose backward is pending
         self._pending_plan: Plan | None = None

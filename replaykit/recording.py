@@ -172,7 +172,6 @@ class RecorderRecording:
         """Probe, reference, capture (each run's output held); False: the recording call failed
         (retired, or the call compiles: ``_not_recorded`` says which)."""
         fn = self._forward_of(made, callargs)
-        self._arguments_written = False
         # draws from torch's CPU generator seen before (beside a GPU model): the probe finds them
         reads = Provenance(made.static_inputs, discover=True, draws=self._learn_draws)
         watch = CompileWatch(self.backend.name == "emulated", self.on.compiled_code)
@@ -182,9 +181,7 @@ class RecorderRecording:
             with state.output().held() as run, draws or contextlib.nullcontext():
                 made.refusal = self._probe(made, reads.wrap(fn), callargs.tensors)
                 made.refusal = made.refusal or self._class_writes(before)
-            made.refusal = made.refusal or self._arguments_refusal()
-            made.refusal = made.refusal or (_files_refusal(run) if self.on.record_probe else None)
-            made.refusal = made.refusal or self._learn_attributes(made)
+            made.refusal = made.refusal or self._eager_only(run) or self._learn_attributes(made)
             made.refusal = self._private_draws(state) or self._draws_refusal(made.refusal, draws)
             made.refusal = self._cpu_draws_refusal(made.refusal, reads)
             settled = self._input_reads.settle(made.key, reads.reads)
@@ -236,6 +233,7 @@ class RecorderRecording:
         """The forward a recording runs: with the attribute outputs learnt so far, it returns the
         tensors it assigned beside its outputs (``memory/attribute_outputs.py``)."""
         made.assignment = self._attributes.assignment()
+        self._arguments_written = False  # what its runs write into their arguments, from here
         fn = partial(self._run_forward, callargs, made.params)
         return fn if made.assignment is None else made.assignment.wrap(fn)
 
@@ -347,11 +345,14 @@ class RecorderRecording:
             return None
         return Refusal("call", f"forward changes class attribute {changed}; a replay would not")
 
-    def _arguments_refusal(self) -> Refusal | None:
-        """The probe's forward wrote into a container it was passed (``sink.append``, ``feats["h"]
-        = h``): the caller's container is eager's alone to fill, so the signature runs eagerly."""
-        if not (self._arguments_written and self.on.record_probe):
+    def _eager_only(self, run: HeldOutput) -> Refusal | None:
+        """What the probe's forward did that only eager can do, as the caller sees it: wrote into
+        a container it was passed (``sink.append``, ``feats["h"] = h``: the caller's is eager's
+        alone to fill, so the signature runs eagerly), or opened a file for writing (retires)."""
+        if not self.on.record_probe:
             return None
+        if not self._arguments_written:
+            return _files_refusal(run)
         return Refusal(
             "signature",
             "arguments_written",

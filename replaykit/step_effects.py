@@ -144,9 +144,10 @@ class RunEffects:
         reads: Provenance | None,
         choices: Watch | None,
         state: CallState,
+        run: HeldOutput,
     ) -> str | None:
         """Why replays of the captured run would differ from eager outside the tensors it computes."""
-        private = self._host_state_changed(state)
+        private = self._files_why(run) or self._host_state_changed(state)
         if private is not None:
             return private
         why = effects.reason("the step", writes=self.on.side_effects)

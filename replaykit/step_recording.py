@@ -374,8 +374,7 @@ class RecordingSteps(RunEffects):
         learnt = self._attribute_outputs(a.effects, reads, a.static)
         a.key = self._input_reads.settle(a.key, () if a.reads is None else a.reads.reads)
         a.rec = self._recorded(a)
-        why = learnt or self._files_why(a.run)
-        why = why or self._capture_why(a.effects, a.reads, a.choices, state)
+        why = learnt or self._capture_why(a.effects, a.reads, a.choices, state, a.run)
         if why is None:
             return None
         # the body ran once, as eager's: its effects stand (an input's write too); no recording kept

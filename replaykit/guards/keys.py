@@ -84,20 +84,8 @@ def value_key(value: Any) -> Any:
         return ("contextvar", id(value), value_key(value.get(_UNSET)))
     if is_numpy_generator(value):
         return ("np-rng", id(value), value_key(value.bit_generator.state))
-    if isinstance(
-        value, FunctionType
-    ):  # by code and captured values: a new lambda each step may reuse an id
-        cells = tuple(
-            value_key(c.cell_contents) if cell_filled(c) else None for c in value.__closure__ or ()
-        )
-        return (
-            "fn",
-            id(value.__code__),
-            cells,
-            value_key(value.__defaults__),
-            value_key(value.__kwdefaults__),
-            value_key(function_attributes(value)),
-        )
+    if isinstance(value, FunctionType):
+        return _function_key(value)
     if isinstance(value, functools.partial):
         return ("partial", value_key(value.func), value_key(value.args), value_key(value.keywords))
     if isinstance(value, torch.Tensor):
@@ -121,6 +109,22 @@ def value_key(value: Any) -> Any:
     if names:
         return ("slots", id(value), tuple((k, value_key(getattr(value, k, None))) for k in names))
     return ("id", id(value))
+
+
+def _function_key(fn: FunctionType) -> tuple:
+    """By code, captured values, defaults and own attributes: a new lambda each step may reuse an
+    id."""
+    cells = tuple(
+        value_key(c.cell_contents) if cell_filled(c) else None for c in fn.__closure__ or ()
+    )
+    return (
+        "fn",
+        id(fn.__code__),
+        cells,
+        value_key(fn.__defaults__),
+        value_key(fn.__kwdefaults__),
+        value_key(function_attributes(fn)),
+    )
 
 
 def function_attributes(fn: FunctionType) -> dict[str, Any]:
