@@ -73,7 +73,8 @@ REGISTRY: dict[str, Protection] = {
         Protection(
             "param_identity",
             "both",
-            "parameters swapped (functional_call) or registered anew (parametrize) replay the recorded ones",
+            "parameters swapped (functional_call) or registered anew (parametrize) replay the recorded ones; "
+            "a whole step's optimizer steps a layer frozen between two micro-batches with its recorded gradient",
         ),
         Protection(
             "argument_values",
@@ -249,7 +250,8 @@ REGISTRY: dict[str, Protection] = {
         Protection(
             "state_identity",
             "step",
-            "optimizer, scaler and EMA state tensors replaced (load_state_dict, add_param_group) replay the old ones",
+            "optimizer, scaler and EMA state tensors replaced (load_state_dict, add_param_group), or a group's "
+            "params edited (a parameter moved to another group), replay the old ones",
         ),
         Protection(
             "grad_inputs",

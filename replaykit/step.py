@@ -41,6 +41,7 @@ from .guards.input_reads import InputReads
 from .guards.module import gradient_hooks
 from .guards.optimizer import (
     GRAD,
+    FrozenGrads,
     OptimizerTail,
     OptimizerWatch,
     optimizer_hooks,
@@ -131,9 +132,8 @@ class TrainStep(RecordingSteps, Entry):
         self._ddp_wrapped = is_ddp(model) or ddp is not None  # read on every call
         self._trust = c.trust_optimizer or not on.optimizer_trust
         self.max_norm = max_norm  # keys the recordings: may change
-        self.on_optimizer_step = (
-            on_optimizer_step  # Python run after every optimizer step (a replay runs none)
-        )
+        # Python run after every optimizer step (a replay runs none)
+        self.on_optimizer_step = on_optimizer_step
         self._device = module_device(model) or torch.device("cpu")
         self._backend: Backend | None = resolve_backend(backend, model, c.pool) if replay else None
         # shared with other entry points (None: the backend's private pool); read per call
@@ -143,8 +143,8 @@ class TrainStep(RecordingSteps, Entry):
         self.lifecycle = self._lifecycle(
             f"TrainStep({type(model).__name__})", model, c.strict, max_rerecords
         )
-        if on.state_identity:
-            self.lifecycle.add_watch(OptimizerWatch(optimizer, scaler, ema))
+        if on.state_identity:  # which parameters each group steps: unless param_identity is off
+            self.lifecycle.add_watch(OptimizerWatch(optimizer, scaler, ema, on.param_identity))
         self._per_call_state()
         self._recording_state(c)
         self._distributed_state(c)
@@ -163,11 +163,8 @@ class TrainStep(RecordingSteps, Entry):
         ranks = dist.is_available() and dist.is_initialized()
         if ranks and c.replay_timeout is not None:
             self._watchdog = Watchdog(c.replay_timeout, dist.get_rank())
-        if (
-            ranks
-            and (wrapper is not None or c.process_group is not None)
-            and self.on.rank_agreement
-        ):
+        grouped = wrapper is not None or c.process_group is not None
+        if ranks and grouped and self.on.rank_agreement:
             group = c.process_group if c.process_group is not None else wrapper.process_group
             self._agreement = RankAgreement(group, self._watchdog)
 
@@ -177,6 +174,7 @@ class TrainStep(RecordingSteps, Entry):
         self._rg: tuple[bool, ...] = ()
         self._rg_key = 0
         self._trainable: list[nn.Parameter] = []
+        self._frozen = FrozenGrads(self.on.param_identity)  # see _frozen_grad
         self._tail = OptimizerTail()  # where the optimizer step runs
         self._tail_failed = False  # a capture failed inside the optimizer step
         self._find_params()
@@ -277,12 +275,8 @@ class TrainStep(RecordingSteps, Entry):
 
     def _find_params(self) -> None:
         """The model's and the optimizer's parameters (again after a re-record: a group may have been added)."""
-        self.params = unique(
-            [
-                *self.model.parameters(),
-                *(p for g in self.optimizer.param_groups for p in g["params"]),
-            ]
-        )
+        stepped = self._frozen.stepping(self.optimizer)
+        self.params = unique([*self.model.parameters(), *stepped])
         refusal = ddp_refusal(self.model)
         tail = self._tail.place(self.optimizer, self.scaler, self.device, self._trust)
         if tail is not None and self._under_ddp():  # the reduction's gap would end the step
@@ -306,6 +300,7 @@ class TrainStep(RecordingSteps, Entry):
             self._rg = rg
             self._rg_key = self._rg_keys.setdefault(rg, len(self._rg_keys))
             self._trainable = [p for p, r in zip(self.params, rg, strict=True) if r]
+            self._frozen.refresh(self.params)
             self._hooks_epoch = -1
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -336,11 +331,18 @@ class TrainStep(RecordingSteps, Entry):
 
     def late_checks(self, call: int) -> str | None:
         """What a reference step that raised left in the pool, looked at before any replay can
-        overwrite it; then hooks (Python a replay skips)."""
+        overwrite it; then hooks (Python a replay skips); then a frozen parameter's gradient."""
         if self._unchecked is not None:
             scratch, self._unchecked = self._unchecked, None
             self._left_in_pool(scratch)
-        return "hooks" if self.on.hooks and self._hooks() else None
+        return "hooks" if self.on.hooks and self._hooks() else self._frozen_grad()
+
+    def _frozen_grad(self) -> str | None:
+        """Eager (:class:`FrozenGrads`) when this call steps the optimizer in its graph while a
+        frozen parameter it steps holds a ``.grad``; that step zeroes it: the next call replays."""
+        if self._frozen.params and self._micro == self.config.accumulate:
+            return self._frozen.reason() if self._tail.eager is None else None
+        return None
 
     def _route(self, phase: str, args: tuple, kwargs: dict) -> torch.Tensor:
         call = self._calls
@@ -518,11 +520,7 @@ class TrainStep(RecordingSteps, Entry):
         """One micro-batch, and the optimizer step after the last: the twin's code and the recorded code."""
         c = self.config
         dtype = PRECISIONS[c.precision]
-        ctx = (
-            torch.autocast(self._device.type, dtype=dtype)
-            if dtype is not None
-            else contextlib.nullcontext()
-        )
+        ctx = torch.autocast(self._device.type, dtype=dtype) if dtype is not None else _NULL
         # under DDP: its forward, no_sync on accumulation micro-batches; captured (split): the
         # wrapped module, DDP's host work between the graphs (backends/gaps.py, reduction.py).
         # ddp= (the caller runs DDP's forward): the model, the reducer armed before an eager
@@ -537,9 +535,8 @@ class TrainStep(RecordingSteps, Entry):
         with quiet:
             with ctx:
                 loss = check_loss(c.loss_fn(model, *args, **kwargs))
-            if (
-                self._walking
-            ):  # the recording call: does the loss reach parameters we do not hand gradients to?
+            # the recording call: does the loss reach parameters we do not hand gradients to?
+            if self._walking:
                 self._foreign = foreign_leaves(
                     [loss], [*self.params, *self._foreign_leaves.known()]
                 )
@@ -609,6 +606,9 @@ class TrainStep(RecordingSteps, Entry):
         self, phase: str, key: tuple, callargs: Any, args: tuple, kwargs: dict
     ) -> torch.Tensor:
         """The recording call (the route's entry): its named steps are in :mod:`.step_recording`."""
+        why = self._frozen_grad()  # again: a re-record after late_checks re-found the parameters
+        if why is not None:
+            return self._eager(phase, why, args, kwargs)
         return self._record_call(phase, key, callargs, args, kwargs)
 
     def _after(self, phase: str, rec: StepRecording) -> torch.Tensor:
