@@ -35,8 +35,10 @@ class Net(nn.Module):
         return out
 
 
-def _run(case: str, backend: str | None, unsafe: tuple[str, ...] = ()) -> list[Any]:
-    model = Net()
+def _run(
+    case: str, backend: str | None, unsafe: tuple[str, ...] = (), device: str = "cpu"
+) -> list[Any]:
+    model = Net().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
     def loss_fn(m: nn.Module, x: torch.Tensor, y: torch.Tensor, out: dict) -> torch.Tensor:
@@ -56,6 +58,7 @@ def _run(case: str, backend: str | None, unsafe: tuple[str, ...] = ()) -> list[A
         warnings.simplefilter("ignore")
         for _ in range(5):
             x, y, box = torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g), {}
+            x, y = x.to(device), y.to(device)
             if step is not None:
                 step(x, y, box)
             elif case == "step":
@@ -71,11 +74,11 @@ def _run(case: str, backend: str | None, unsafe: tuple[str, ...] = ()) -> list[A
 
 
 @pytest.mark.parametrize("case", ["list", "dict", "step"])
-def test_written_argument_reaches_the_caller(backend: str, case: str) -> None:
-    eager = _run(case, None)
-    assert same(eager, _run(case, backend))
+def test_written_argument_reaches_the_caller(backend: str, device: str, case: str) -> None:
+    eager = _run(case, None, device=device)
+    assert same(eager, _run(case, backend, device=device))
     unsafe = "side_effects" if case == "step" else "record_probe"
-    assert not same(eager, _run(case, backend, (unsafe,)))
+    assert not same(eager, _run(case, backend, (unsafe,), device))
 
 
 class Weighted(nn.Sequential):
@@ -85,9 +88,11 @@ class Weighted(nn.Sequential):
         return super().forward(x) * getattr(x, "weight", 1.0)
 
 
-def _tagged_run(entry: str, backend: str | None, unsafe: tuple[str, ...] = ()) -> tuple[list, dict]:
+def _tagged_run(
+    entry: str, backend: str | None, unsafe: tuple[str, ...] = (), device: str = "cpu"
+) -> tuple[list, dict]:
     torch.manual_seed(0)
-    model = Weighted(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    model = Weighted(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
     def loss_fn(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -102,7 +107,10 @@ def _tagged_run(entry: str, backend: str | None, unsafe: tuple[str, ...] = ()) -
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for i in range(8):
-            x, y = torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g)
+            x, y = (
+                torch.randn(5, 6, generator=g).to(device),
+                torch.randn(5, 3, generator=g).to(device),
+            )
             x.weight = 1.0 if i < 4 else 0.5
             if step is not None:
                 step(x, y)
@@ -115,12 +123,12 @@ def _tagged_run(entry: str, backend: str | None, unsafe: tuple[str, ...] = ()) -
 
 
 @pytest.mark.parametrize("entry", ["capture", "step"])
-def test_a_tag_on_an_input_tensor_is_keyed(backend: str, entry: str) -> None:
+def test_a_tag_on_an_input_tensor_is_keyed(backend: str, device: str, entry: str) -> None:
     """The signature keys an input's Python attributes by value, and the static copies carry
     them: a new tag records anew, and replays."""
-    eager, _ = _tagged_run(entry, None)
-    replayed, counts = _tagged_run(entry, backend)
+    eager, _ = _tagged_run(entry, None, device=device)
+    replayed, counts = _tagged_run(entry, backend, device=device)
     assert same(eager, replayed)
     assert counts["replay"] >= 2 and counts["record"] >= 2  # one recording per tag, replayed
     if entry == "capture":
-        assert not same(eager, _tagged_run(entry, backend, ("argument_values",))[0])
+        assert not same(eager, _tagged_run(entry, backend, ("argument_values",), device)[0])

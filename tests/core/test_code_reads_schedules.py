@@ -28,16 +28,25 @@ import replaykit as rk
 from ._same import same
 
 STEPS = 6
+ON = {"device": "cpu"}  # the device of the test running now (the eager arm has no backend)
+
+
+@pytest.fixture(autouse=True)
+def _on_device(device: str) -> None:
+    ON["device"] = device
 
 
 def _net() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)).to(ON["device"])
 
 
 def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(1)
-    return [(torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g)) for _ in range(STEPS)]
+    batches = [
+        (torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g)) for _ in range(STEPS)
+    ]
+    return [(x.to(ON["device"]), y.to(ON["device"])) for x, y in batches]
 
 
 def _loop(
@@ -191,7 +200,7 @@ def _capture_loop(backend: str | None, unsafe: tuple[str, ...] = ()) -> list[Any
     _scaled.scale = 1.0  # type: ignore[attr-defined]
     holder = nn.Linear(1, 1)  # the scheduler's own optimizer, outside the captured model
     sched = torch.optim.lr_scheduler.StepLR(torch.optim.SGD(holder.parameters(), lr=0.1), 1)
-    model = ScheduledNet(sched)
+    model = ScheduledNet(sched).to(ON["device"])
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     if backend is not None:
         rk.capture(model, backend=backend, unsafe_disable=unsafe)

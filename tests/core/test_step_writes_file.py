@@ -17,10 +17,12 @@ from torch import nn
 import replaykit as rk
 
 
-def _train(path: Path, backend: str | None, unsafe: tuple[str, ...] = ()) -> tuple[int, dict]:
+def _train(
+    path: Path, backend: str | None, unsafe: tuple[str, ...] = (), device: str = "cpu"
+) -> tuple[int, dict]:
     path.write_text("")
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
     def loss_fn(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -37,7 +39,10 @@ def _train(path: Path, backend: str | None, unsafe: tuple[str, ...] = ()) -> tup
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for _ in range(5):
-            x, y = torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g)
+            x, y = (
+                torch.randn(5, 6, generator=g).to(device),
+                torch.randn(5, 3, generator=g).to(device),
+            )
             if step is not None:
                 step(x, y)
             else:
@@ -47,13 +52,19 @@ def _train(path: Path, backend: str | None, unsafe: tuple[str, ...] = ()) -> tup
     return path.read_text().count("\n"), dict(step.counts) if step is not None else {}
 
 
-def test_step_that_writes_a_file_writes_it_once_per_call(backend: str, tmp_path: Path) -> None:
+def test_step_that_writes_a_file_writes_it_once_per_call(
+    backend: str, device: str, tmp_path: Path
+) -> None:
     path = tmp_path / "log.csv"
-    lines, _ = _train(path, None)
-    replayed, counts = _train(path, backend)
+    lines, _ = _train(path, None, device=device)
+    replayed, counts = _train(path, backend, device=device)
     assert replayed == lines == 5
     assert counts["replay"] == 0
-    assert _train(path, backend, ("side_effects",))[0] != lines
+    assert _train(path, backend, ("side_effects",), device)[0] != lines
+
+
+def _device(backend: str) -> str:
+    return "cuda" if backend == "cuda" else "cpu"
 
 
 class Logging(nn.Sequential):
@@ -66,7 +77,7 @@ class Logging(nn.Sequential):
 
 
 def _logging_model(path: Path, backend: str, unsafe: tuple[str, ...] = ()) -> Logging:
-    model = Logging(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    model = Logging(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)).to(_device(backend))
     model.path = str(path)
     rk.capture(model, backend=backend, unsafe_disable=unsafe)
     return model
@@ -77,7 +88,7 @@ def test_capture_of_a_forward_that_writes_a_file_retires(backend: str, tmp_path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for _ in range(4):
-            model(torch.randn(5, 6)).sum().backward()
+            model(torch.randn(5, 6, device=_device(backend))).sum().backward()
     recorder = rk.recorder_of(model)
     assert recorder.counts["replay"] == 0
     assert "log.csv" in (recorder.retire_reason or "")
@@ -90,5 +101,5 @@ def test_capture_unsafe_arm_replays_the_file_write_away(backend: str, tmp_path: 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for _ in range(4):
-            model(torch.randn(5, 6)).sum().backward()
+            model(torch.randn(5, 6, device=_device(backend))).sum().backward()
     assert Path(model.path).read_text().count("\n") != 4
