@@ -324,7 +324,8 @@ class ModuleGuard:
             if kinds:  # a buffer the forward re-binds and reads (a state): keyed by its slot
                 keys += [(n, b, _kind_key(t, True)) for b, t in _state_buffers(m, kinds)]
         keys += self._tensor_attribute_keys(mods, polled)
-        self._polled = polled
+        # each object once: a transformers config, held by every layer, is read once per call
+        self._polled = list({id(v): (v, k) for v, k in polled}.values())
         key = self._interned.setdefault(tuple(keys), len(self._interned))
         return Verdict(key, *self._identity(mods))
 
