@@ -29,6 +29,12 @@ _SEEDERS = [
     for name in ("manual_seed", "seed", "manual_seed_all", "seed_all")
     if hasattr(module, name)
 ]
+#: why a seed inside recorded code fails the recording (here, and the tape's generator watch)
+WHY_REFUSED = (
+    ": a CUDA capture refuses to reseed the generator it draws from, and a replay runs no Python, "
+    "so it would not reseed where eager does at every call; seed before the call, or make fixed "
+    "noise once outside it"
+)
 _SEEDING_FILES = ("torch/random.py", "torch/cuda/random.py", "replaykit/backends/seeding.py")
 
 
@@ -71,9 +77,7 @@ class SeedingRefused:
             shown = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
             self.why = self.why or (
                 f"{label}({shown}) seeds torch's generator inside the recorded code"
-                f"{_seeded_at()}: a CUDA capture refuses to reseed the generator it draws from, "
-                "and a replay runs no Python, so it would not reseed where eager does at every "
-                "call; seed before the call, or make fixed noise once outside it"
+                f"{_seeded_at()}{WHY_REFUSED}"
             )
             raise ReplayError(self.why)
 

@@ -34,6 +34,7 @@ from ..guards.switches import Frozen
 from ..guards.switches import key as switches_key
 from ..verify.dispatch import WatchingMode, caller, written
 from .collector import collector_paused
+from .seeding import WHY_REFUSED
 
 _aten = torch.ops.aten
 _MASKED_INDEX = {
@@ -553,10 +554,6 @@ def _set_cpu_state(state: torch.Tensor) -> None:
 
 
 _STATE_NAMES = ("get_rng_state", "set_rng_state")  # torch's and torch.random's: taped
-_MOVED_FAILS = (
-    ": a CUDA capture refuses to reseed the generator it draws from, and a replay runs no Python, "
-    "so it would not repeat this where eager does at every call; seed before the call"
-)
 
 
 class _GeneratorEvents:
@@ -614,7 +611,7 @@ class _GeneratorEvents:
         if moved:
             raise ReplayError(
                 f"{moved[0]} was seeded or set inside the recorded code (Generator.manual_seed, "
-                f".seed or .set_state; found before {where()}){_MOVED_FAILS}"
+                f".seed or .set_state; found before {where()}){WHY_REFUSED}"
             )
 
 
