@@ -53,10 +53,12 @@ HARNESS = {
     "code_guard_vs.py",
     "core_shape.py",
     "demo.py",
+    "guard_cost.py",
     "overhead_vs.py",
     "parity_matrix.py",
 }  # entry points over replaykit.testing and runs (core_shape, call_walk: the core's size and tangle;
-# overhead_vs, code_guard_vs: the replay path's host time, the code guard's key, against an older commit)
+# overhead_vs, code_guard_vs: the replay path's host time, the code guard's key, against an older commit;
+# guard_cost: the guards' per-call cost docs/limits quotes)
 
 
 def test_scripts_holds_the_shims_and_the_harness_entry_points_only() -> None:
